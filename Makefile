@@ -1,0 +1,40 @@
+# muonbench: thin aliases; logic lives in Python. `make help` lists targets.
+SHELL := /bin/bash
+PY_SYS ?= $(shell PYENV_VERSION=$$(cat .python-version) pyenv which python 2>/dev/null || command -v python3.12 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BRIDGE_VERSION := 0.6.2
+
+.DEFAULT_GOAL := help
+.PHONY: help install test test-gpu bench bench-smoke collect report lint typecheck docker-build docker-shell
+
+help: ## List targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PY_SYS) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip==25.3
+	$(PY) -m pip install -q -e '.[test]'
+	# Megatron-Bridge source only (no Transformer Engine here): read by the offline recipe tests, never imported.
+	$(PY) -m pip install -q --no-deps megatron-bridge==$(BRIDGE_VERSION)
+	touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
+
+test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
+	$(PY) -m pytest -q tests
+
+test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
+	$(PY) -m pytest -q -m gpu tests
+
+bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report
+	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
+	$(PY) -m bench.collect
+	$(PY) -m bench.report
+
+lint: $(STAMP) ## ruff lint
+	$(PY) -m ruff check optim bench recipes tests
+
+typecheck: $(STAMP) ## mypy strict on optim/
+	$(PY) -m mypy

@@ -1,0 +1,1 @@
+"""muonbench bench."""

@@ -1,0 +1,53 @@
+"""Composition and cross-group validation of the config tree (bench/config.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.config import ConfigError, config_hash, load
+
+
+def test_default_composes_typed() -> None:
+    root = load([])
+    assert type(root.optimizer).__name__ == "MuonSchema"
+    assert root.parallelism.dp == 2
+
+
+def test_unknown_option_lists_available() -> None:
+    with pytest.raises(ConfigError, match="qwen3_moe_tiny"):
+        load(["model=does_not_exist"])
+
+
+def test_typo_in_field_fails_at_compose() -> None:
+    with pytest.raises(Exception, match="momentun"):
+        load(["optimizer.momentun=0.9"])
+
+
+def test_wrong_type_fails_at_compose() -> None:
+    with pytest.raises(Exception, match="num_ns_steps"):
+        load(["optimizer.num_ns_steps=five"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        (["parallelism.world_size=3", "parallelism.gpus_per_node=3", "parallelism.tp=2"], "parallelism.world_size"),
+        (["parallelism.ep=3", "parallelism.world_size=6", "parallelism.gpus_per_node=6"], "parallelism.ep"),
+        (["parallelism.gbs=7"], "parallelism.gbs"),
+        (["parallelism.pp=2", "parallelism.vp=3"], "model.num_layers"),
+        (["optimizer.tp_mode=sideways"], "optimizer.tp_mode"),
+        (["engine.device=cuda"], "engine.backend"),
+    ],
+)
+def test_layout_rules_name_field_value_rule(overrides: list[str], field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(overrides)
+    assert str(info.value).startswith(field + "=")
+
+
+def test_hash_changes_with_workload_not_with_bench() -> None:
+    a = load([])
+    b = load(["bench.steps=50"])
+    c = load(["optimizer.num_ns_steps=6"])
+    assert config_hash(a) == config_hash(b)
+    assert config_hash(a) != config_hash(c)
