@@ -1,0 +1,1 @@
+"""Quality bench: time-to-target-loss for AdamW, Muon, MOP and SOAP-REKLS on real text available offline."""

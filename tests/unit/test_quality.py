@@ -1,0 +1,67 @@
+"""Quality bench: the data pipeline is fixed and disjoint, the tokenizer round-trips, every optimizer trains."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bench.quality import data, run
+
+
+def test_split_fixed_disjoint_and_covering() -> None:
+    a, b = data.stdlib_corpus(), data.stdlib_corpus()
+    assert a == b, "the split must be a pure function of the stdlib file names"
+    train, val = set(a.train_files), set(a.val_files)
+    assert not train & val
+    assert len(val) >= 10 and len(train) >= 9 * len(val) - 9
+    assert all(f.suffix == ".py" for f in train | val)
+
+
+def test_tokenizer_round_trips_python_source(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+    corpus = data.stdlib_corpus()
+    tok = data.train_tokenizer(corpus, 1024)
+    text = corpus.val_files[0].read_text(encoding="utf-8")[:4000] + "\n# ünïcödé ✓\n"
+    assert tok.decode(tok.encode(text).ids) == text
+    again = data.train_tokenizer(corpus, 1024)  # from the cache
+    assert again.encode(text).ids == tok.encode(text).ids
+
+
+def test_schedule_completes_at_last_step() -> None:
+    cfg = run.parse_cli(["steps=100", "eval_every=10"])
+    peak = 1e-3
+    assert run.lr_at(0, cfg, peak) < peak
+    assert math.isclose(run.lr_at(cfg.steps - 1, cfg, peak), cfg.min_lr_frac * peak)
+    assert max(run.lr_at(s, cfg, peak) for s in range(cfg.steps)) == pytest.approx(peak)
+
+
+def test_bad_cli_names_key_and_allowed() -> None:
+    with pytest.raises(ValueError, match="unknown key 'stepz'"):
+        run.parse_cli(["stepz=3"])
+    with pytest.raises(ValueError, match="profile='tpu'"):
+        run.parse_cli(["profile=tpu"])
+    with pytest.raises(ValueError, match="'lion'"):
+        run.parse_cli(["optimizers=adamw,lion"])
+
+
+def test_crossing_interpolates() -> None:
+    curve = [dict(step=10, val_loss=5.0, wall_s=1.0), dict(step=20, val_loss=3.0, wall_s=2.0)]
+    assert run.crossing(curve, 4.0, "step") == pytest.approx(15.0)
+    assert run.crossing(curve, 2.0, "step") is None
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon", "mop", "soap_rekls"])
+def test_ten_step_smoke_per_optimizer(name: str, tmp_path, monkeypatch) -> None:
+    """10 steps of the proxy with each optimizer: finite losses, a validation point, a loss drop."""
+    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+    cfg = run.parse_cli(["steps=10", "eval_every=5", "seq_len=32", "batch_size=4", "hidden_size=32",
+                         "vocab_size=512", "val_batches=2", f"optimizers={name}"])
+    corpus = data.stdlib_corpus()
+    tok = data.train_tokenizer(corpus, cfg.vocab_size)
+    train = data.encode_split(corpus, tok, "train")
+    val = data.fixed_val_batches(data.encode_split(corpus, tok, "val"), batch_size=4, seq_len=32, num_batches=2)
+    out = run.train_one(name, 3e-3, cfg, train, val, tok.get_vocab_size(), lambda _: None)
+    assert out["status"] == "ok"
+    assert [p["step"] for p in out["curve"]] == [5, 10]
+    assert out["curve"][-1]["val_loss"] < math.log(tok.get_vocab_size())
