@@ -1,0 +1,79 @@
+"""Muon: MomentUm Orthogonalized by Newton-Schulz (Jordan 2024; Moonlight arXiv 2502.16982).
+
+Semantics of emerging-optimizers 0.3.0 `Muon` (EMA momentum, decoupled weight decay, scale modes), with
+two deliberate differences: all matrices of one shape are orthogonalized in one batched call instead of a Python
+loop over parameters, and momentum of bf16/fp16 parameters is kept in fp32. On CUDA, `optim.kernels` is used when
+that package is importable and reports itself available (bf16 iterate only); otherwise plain torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from optim.configs import MuonConfig
+from optim.functional.newton_schulz import newton_schulz, ns_coefficients
+from optim.functional.split import RowSplit
+from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
+
+try:
+    from optim import kernels as _kernels  # type: ignore[attr-defined]
+except ImportError:
+    _kernels = None
+
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def kernels_available() -> bool:
+    """True when the optional CUDA kernels package imports and says it can run here."""
+    return _kernels is not None and bool(_kernels.available())
+
+
+class Muon(OrthogonalizedOptimizer):
+    """Muon over 2-D matrices and 3-D expert stacks.
+
+    Args:
+        params: tensors, (name, tensor) pairs, or param-group dicts; groups may override lr, momentum and
+            weight_decay.
+        config: algorithm settings (see MuonConfig).
+        splits: fused parameters to split before orthogonalization (see optim.routing).
+    """
+
+    config: MuonConfig
+
+    def __init__(
+        self, params: Any, config: MuonConfig | None = None, *, splits: Mapping[torch.Tensor, RowSplit] | None = None
+    ) -> None:
+        config = config or MuonConfig()
+        super().__init__(params, config, splits=splits)
+        custom = config.custom_coefficients if config.coefficient_type == "custom" else None
+        self.coefficients = ns_coefficients(config.coefficient_type, config.num_ns_steps, custom)
+        self._kernels_ok: bool | None = None
+
+    def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        cfg = self.config
+        if x.is_cuda and cfg.ns_precision == "bf16":
+            if self._kernels_ok is None:
+                self._kernels_ok = kernels_available()
+            if self._kernels_ok:
+                assert _kernels is not None
+                out = _kernels.orthogonalize(
+                    x,
+                    coeffs=self.coefficients,
+                    eps=cfg.eps,
+                    use_gram=cfg.use_gram_ns,
+                    restart_iterations=cfg.gram_restart_iterations,
+                )
+                return out.to(x.dtype), None
+        out = newton_schulz(
+            x,
+            num_steps=cfg.num_ns_steps,
+            coefficients=self.coefficients,
+            compute_dtype=NS_DTYPES[cfg.ns_precision],
+            eps=cfg.eps,
+            use_gram=cfg.use_gram_ns,
+            restart_iterations=cfg.gram_restart_iterations,
+        )
+        return out, None
