@@ -63,6 +63,21 @@ class ModelConfig:
     rotary_base: float = 10000.0
     tie_embeddings: bool = False
     moe_aux_loss_coeff: float = 1e-3
+    # -- appended by conf+flops (issue 2): router and rope details the HF / Megatron builders need, and proxy info.
+    moe_router_score_function: str = "softmax"
+    """`softmax` (Qwen3) or `sigmoid` (Kimi K2 / DeepSeek-V3)."""
+    moe_router_topk_scaling_factor: float = 1.0
+    """Scale of the routed-expert output (Kimi K2: 2.827)."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free load balancing bias (Kimi K2: True)."""
+    rope_scaling_factor: float = 1.0
+    """YaRN factor (Kimi K2: 32); 1.0 = no rope scaling."""
+    rope_original_max_position_embeddings: int = 0
+    """YaRN original context (Kimi K2: 4096); 0 when rope_scaling_factor == 1."""
+    mtp_num_layers: int = 0
+    """Multi-token-prediction layers (both published models: 0)."""
+    proxy_of: str = ""
+    """For a proxy or slice: the full model whose architecture it keeps (e.g. `qwen3_30b_a3b`); '' for a real model."""
 
 
 # --------------------------------------------------------------------------------------------------------------
