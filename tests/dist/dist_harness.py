@@ -1,0 +1,41 @@
+"""Spawn N gloo ranks in-process (torch.multiprocessing spawn + FileStore) and run one worker function on each.
+
+Workers are module-level functions `fn(rank, world_size, *args)`; an exception on any rank fails the test with that
+rank's traceback. Each spawn costs a torch import per process, so tests batch several checks into one spawn.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, fn: Callable[..., None], world_size: int, store_path: str, args: tuple[Any, ...]) -> None:
+    torch.set_num_threads(1)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
+    try:
+        fn(rank, world_size, *args)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
+    """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; raises if any rank fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_entry, args=(fn, world_size, os.path.join(tmp, "store"), args), nprocs=world_size,
+                           join=True, start_method="spawn")
+
+
+def subgroups(world_size: int, size: int) -> tuple[list[dist.ProcessGroup], int]:
+    """Partition ranks into consecutive groups of `size` (every rank must call this); returns (groups, my index)."""
+    groups = [dist.new_group(list(range(i, i + size))) for i in range(0, world_size, size)]
+    return groups, dist.get_rank() // size
