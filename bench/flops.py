@@ -1,0 +1,480 @@
+"""Model FLOPs as Megatron counts them, and Newton-Schulz (NS) FLOPs per step and per GPU.
+
+Model FLOPs follow MCore `megatron/training/training.py::num_floating_point_operations` (= MB
+`training/utils/flop_utils.py`) for dense-sequence (BSHD) batches. NS FLOPs count the matmuls of k NS steps on every
+matrix the matrix optimizer orthogonalizes, for one m x n matrix with m the short side:
+
+- plain: k * (4 m^2 n + 2 m^3)   (A = X X^T: 2 m^2 n; B = bA + cA^2: 2 m^3; X <- aX + BX: 2 m^2 n)
+- syrk:  k * (3 m^2 n + m^3)     (one triangle of the symmetric products X X^T and A A)
+- gram:  3 s m^2 n + (4 k - 3 s) m^3   (Gram-NS: iterate on the m x m Gram matrix; s = 1 + restarts segments,
+  each costing one SYRK Gram m^2 n and one Q X product 2 m^2 n, a segment of L steps costs (4 L - 3) m^3 with
+  symmetric products; k = 5 with a restart after step 2 gives 6 m^2 n + 14 m^3)
+
+Norms, casts, momentum and scaling are memory-bound and not counted. Imports no torch (a login node can run it):
+`python -m bench.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.schema import ModelConfig, ParallelismConfig
+
+CONVENTIONS: tuple[str, ...] = ("plain", "syrk", "gram")
+FORMULAS: dict[str, str] = {
+    "plain": "k*(4*m^2*n + 2*m^3)",
+    "syrk": "k*(3*m^2*n + m^3)",
+    "gram": "3*s*m^2*n + (4*k - 3*s)*m^3, s = 1 + restarts (k=5, restart after step 2: 6*m^2*n + 14*m^3)",
+}
+TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise")
+DISTRIBUTIONS: tuple[str, ...] = ("layerwise", "none")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Model FLOPs (Megatron)
+# --------------------------------------------------------------------------------------------------------------
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int = 1) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
+    multiple = divisible_by * tp
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+def _layer_counts(model: ModelConfig) -> tuple[int, int]:
+    """(dense, MoE) FFN layers; MTP layers take the type of the last decoder layer, as in Megatron."""
+    if model.num_experts == 0:
+        return model.num_layers + model.mtp_num_layers, 0
+    n_dense = model.num_dense_layers
+    n_moe = model.num_layers - n_dense
+    last_is_moe = n_moe > 0
+    return n_dense + (0 if last_is_moe else model.mtp_num_layers), n_moe + (model.mtp_num_layers if last_is_moe else 0)
+
+
+def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float]:
+    """Training FLOPs per token by term (forward + backward), at sequence length `model.seq_length`.
+
+    Every leading 6 = 2 FLOP per multiply-add x 3 (forward GEMM + two backward GEMMs). Uncounted, as in Megatron:
+    recompute, router GEMM, norms, softmax, rope, embedding lookup.
+    """
+    h, s = model.hidden_size, model.seq_length
+    g = 3 if model.gated_linear_unit else 2  # SwiGLU: gate, up, down projections; plain MLP: up, down
+    n_dense, n_moe = _layer_counts(model)
+    n_layers = model.num_layers + model.mtp_num_layers
+    mlp = 6 * h * (
+        g * model.ffn_hidden_size * n_dense  # dense FFN layers
+        + g * model.moe_ffn_hidden_size * model.moe_router_topk * n_moe  # top-k routed experts per token
+        + g * model.moe_shared_expert_intermediate_size * n_moe  # shared expert (every token)
+    )
+    nh = model.num_attention_heads
+    if model.attention == "mla":
+        d_qk, d_rope, d_v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        if model.q_lora_rank:
+            # q down (h -> r_q) + q up (r_q -> n_h (d_qk + d_rope)) + q norm (the "+ 1")
+            q_term = model.q_lora_rank * (h + nh * (d_qk + d_rope) + 1)
+        else:
+            q_term = h * nh * (d_qk + d_rope)  # one q projection
+        attn_linear = 6 * n_layers * (
+            q_term
+            + model.kv_lora_rank * (h + nh * (d_qk + d_v) + 1)  # kv down (latent) + kv up (k, v) + kv norm
+            + h * d_rope  # kv down, the shared rope rows
+            + nh * d_v * h  # output projection
+        )
+        # QK^T over d_qk + d_rope and AV over d_v: 2 FLOP x 3 x s x (...) / 2 for the causal half
+        attn_core = 3 * n_layers * s * nh * (d_qk + d_rope + d_v)
+    else:
+        q = nh * model.kv_channels  # query projection width
+        kv = model.num_query_groups * model.kv_channels  # key (and value) width under GQA
+        attn_linear = 6 * n_layers * (h * (q + 2 * kv) + q * h)  # fused QKV + output projection
+        attn_core = 6 * n_layers * q * s  # QK^T and AV: 2 GEMMs x 2 FLOP x 3 x q x s / 2 (causal)
+    mtp = 6 * model.mtp_num_layers * (3 * h + 2 * h * h)  # MTP norms and eh projection
+    v_pad = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    logits = 6 * h * v_pad * (1 + model.mtp_num_layers)  # output layer over the padded vocabulary
+    return {"mlp": float(mlp), "attn_linear": float(attn_linear + mtp), "attn_core": float(attn_core),
+            "logits": float(logits)}
+
+
+def model_flops_per_token(model: ModelConfig, *, tp: int = 1) -> float:
+    """Megatron's training FLOPs per token (forward + backward) at `model.seq_length`."""
+    return sum(model_flops_breakdown(model, tp=tp).values())
+
+
+def model_flops_per_step(model: ModelConfig, par: ParallelismConfig) -> float:
+    """FLOPs of one global batch: GBS x seq tokens (vocabulary padded for `par.tp`)."""
+    return par.gbs * model.seq_length * model_flops_per_token(model, tp=par.tp)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# NS FLOPs per matrix
+# --------------------------------------------------------------------------------------------------------------
+def _ns_flops_mn(m: float, n: float, num_steps: int, convention: str, restart_iterations: tuple[int, ...]) -> float:
+    """NS FLOPs with the Gram side m given explicitly (m x m Gram, contracted over n)."""
+    k = num_steps
+    if convention == "plain":
+        return k * (4 * m * m * n + 2 * m**3)
+    if convention == "syrk":
+        return k * (3 * m * m * n + m**3)
+    if convention == "gram":
+        segments = 1 + sum(1 for r in set(restart_iterations) if 0 < r < k)
+        return 3 * segments * m * m * n + (4 * k - 3 * segments) * m**3
+    raise ValueError(f"convention={convention!r}: must be one of {list(CONVENTIONS)}")
+
+
+def ns_flops(rows: int, cols: int, num_steps: int = 5, convention: str = "plain", *,
+             restart_iterations: tuple[int, ...] = (2,)) -> float:
+    """FLOPs of `num_steps` NS steps on one rows x cols matrix (transposed so that m = min side); see module doc."""
+    if rows < 1 or cols < 1:
+        raise ValueError(f"rows x cols={rows}x{cols}: both sides must be >= 1")
+    if num_steps < 1:
+        raise ValueError(f"num_steps={num_steps}: must be >= 1")
+    return _ns_flops_mn(min(rows, cols), max(rows, cols), num_steps, convention, restart_iterations)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The matrices a matrix optimizer orthogonalizes
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NSMatrix:
+    """One kind of orthogonalized matrix (Megatron weight, out x in) and how many the model holds."""
+
+    name: str
+    """Megatron parameter name pattern, with the split part in brackets (e.g. `self_attention.linear_qkv[q]`)."""
+    rows: int
+    cols: int
+    count: int
+    """Instances in the whole model."""
+    kind: str
+    """Short label for tables, e.g. `attn_q`, `expert_fc1`, `mla_kv_up`."""
+    expert: bool
+    """Routed-expert weight (owned by EP ranks); shared experts are not experts here, as in MCore's routing."""
+    layer_type: str
+    """`all` (every decoder layer: attention), `dense` (dense FFN layers) or `moe` (MoE layers)."""
+    per_layer: int = 1
+    """Instances per layer of `layer_type`."""
+    tp_partition_dim: int = 0
+    """Dim split by tensor parallelism: 0 rows (column-parallel), 1 cols (row-parallel), -1 replicated."""
+
+
+def enumerate_ns_matrices(model: ModelConfig, *, split_qkv: bool = True, split_mla: bool = False,
+                          split_gate_up: bool = False, include_router: bool = True) -> list[NSMatrix]:
+    """Every matrix the optimizer orthogonalizes, after the configured splits (embedding and output go to Adam).
+
+    split_qkv: GQA `linear_qkv` as separate Q (n_h d), K and V (n_g d) matrices (MCore's muon_split_qkv).
+    split_mla: kv_down into latent and rope rows, kv_up into K and V, q_up into no-rope and rope rows (MCore does not
+    split MLA). split_gate_up: SwiGLU fc1 as separate gate and up matrices (MCore orthogonalizes them jointly).
+    include_router: the MoE router weight is Muon-managed in MCore.
+    """
+    n_dense, n_moe = _layer_counts(model)
+    n_all = model.num_layers + model.mtp_num_layers
+    layers = {"all": n_all, "dense": n_dense, "moe": n_moe}
+    out: list[NSMatrix] = []
+
+    def add(name: str, rows: int, cols: int, kind: str, layer_type: str, *, per_layer: int = 1,
+            expert: bool = False, tp_dim: int = 0) -> None:
+        if layers[layer_type] and per_layer:
+            out.append(NSMatrix(name=name, rows=rows, cols=cols, count=per_layer * layers[layer_type], kind=kind,
+                                expert=expert, layer_type=layer_type, per_layer=per_layer, tp_partition_dim=tp_dim))
+
+    h, nh = model.hidden_size, model.num_attention_heads
+    sa = "self_attention"
+    if model.attention == "mla":
+        d_qk, d_rope, d_v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
+        r_q, r_kv = model.q_lora_rank, model.kv_lora_rank
+        q_src = r_q if r_q else h
+        if r_q:
+            add(f"{sa}.linear_q_down_proj", r_q, h, "mla_q_down", "all", tp_dim=-1)
+        q_name, q_kind = (f"{sa}.linear_q_up_proj", "mla_q_up") if r_q else (f"{sa}.linear_q_proj", "mla_q")
+        if split_mla:
+            add(f"{q_name}[nope]", nh * d_qk, q_src, f"{q_kind}_nope", "all")
+            add(f"{q_name}[rope]", nh * d_rope, q_src, f"{q_kind}_rope", "all")
+            add(f"{sa}.linear_kv_down_proj[latent]", r_kv, h, "mla_kv_down_latent", "all", tp_dim=-1)
+            add(f"{sa}.linear_kv_down_proj[rope]", d_rope, h, "mla_kv_down_rope", "all", tp_dim=-1)
+            add(f"{sa}.linear_kv_up_proj[k]", nh * d_qk, r_kv, "mla_kv_up_k", "all")
+            add(f"{sa}.linear_kv_up_proj[v]", nh * d_v, r_kv, "mla_kv_up_v", "all")
+        else:
+            add(q_name, nh * (d_qk + d_rope), q_src, q_kind, "all")
+            add(f"{sa}.linear_kv_down_proj", r_kv + d_rope, h, "mla_kv_down", "all", tp_dim=-1)
+            add(f"{sa}.linear_kv_up_proj", nh * (d_qk + d_v), r_kv, "mla_kv_up", "all")
+        add(f"{sa}.linear_proj", h, nh * d_v, "attn_proj", "all", tp_dim=1)
+    else:
+        q, kv = nh * model.kv_channels, model.num_query_groups * model.kv_channels
+        if split_qkv:
+            add(f"{sa}.linear_qkv[q]", q, h, "attn_q", "all")
+            add(f"{sa}.linear_qkv[k]", kv, h, "attn_k", "all")
+            add(f"{sa}.linear_qkv[v]", kv, h, "attn_v", "all")
+        else:
+            add(f"{sa}.linear_qkv", q + 2 * kv, h, "attn_qkv", "all")
+        add(f"{sa}.linear_proj", h, q, "attn_proj", "all", tp_dim=1)
+
+    def ffn(prefix: str, kind: str, width: int, layer_type: str, per_layer: int, expert: bool) -> None:
+        if not width:
+            return
+        if model.gated_linear_unit and split_gate_up:
+            add(f"{prefix}.linear_fc1[gate]", width, h, f"{kind}_gate", layer_type, per_layer=per_layer, expert=expert)
+            add(f"{prefix}.linear_fc1[up]", width, h, f"{kind}_up", layer_type, per_layer=per_layer, expert=expert)
+        else:
+            g = 2 if model.gated_linear_unit else 1
+            add(f"{prefix}.linear_fc1", g * width, h, f"{kind}_fc1", layer_type, per_layer=per_layer, expert=expert)
+        add(f"{prefix}.linear_fc2", h, width, f"{kind}_fc2", layer_type, per_layer=per_layer, expert=expert,
+            tp_dim=1)
+
+    ffn("mlp", "dense", model.ffn_hidden_size, "dense", 1, False)
+    if model.num_experts:
+        if include_router:
+            add("mlp.router", model.num_experts, h, "router", "moe", tp_dim=-1)
+        ffn("mlp.experts", "expert", model.moe_ffn_hidden_size, "moe", model.num_experts, True)
+        ffn("mlp.shared_experts", "shared", model.moe_shared_expert_intermediate_size, "moe", 1, False)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Per-GPU load under a parallel layout
+# --------------------------------------------------------------------------------------------------------------
+def stage_layers(model: ModelConfig, par: ParallelismConfig) -> list[list[int]]:
+    """Decoder layer indices per pipeline rank (Megatron layout string, or an even split into pp x vp chunks)."""
+    pp, n = par.pp, model.num_layers
+    if par.pipeline_layout:
+        text = par.pipeline_layout.replace(",", "")
+        for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # unroll (..)*n, then x*n, as Megatron does
+            text = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), text)
+        chunks = text.split("|")
+        if len(chunks) % pp or set(text) - set("EtLm|"):
+            raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: needs a multiple of pp={pp} "
+                             "stages of E (embedding), t (decoder), m (MTP), L (loss)")
+        sizes = [c.count("t") for c in chunks]
+    else:
+        chunks_n = pp * par.vp
+        sizes = [n // chunks_n] * chunks_n
+    if sum(sizes) != n:
+        raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: holds {sum(sizes)} decoder layers, "
+                         f"model.num_layers={n}")
+    out: list[list[int]] = [[] for _ in range(pp)]
+    start = 0
+    for i, size in enumerate(sizes):  # chunk i runs on pipeline rank i % pp (virtual stage i // pp)
+        out[i % pp].extend(range(start, start + size))
+        start += size
+    return out
+
+
+def _shard_cost(mat: NSMatrix, tp: int, tp_mode: str, k: int, restarts: tuple[int, ...]) -> dict[str, float]:
+    """NS FLOPs one GPU spends on its part of `mat` when the weight is split over `tp` ranks."""
+    if tp == 1 or mat.tp_partition_dim < 0 or tp_mode == "duplicated":  # full NS on every TP rank
+        return {c: ns_flops(mat.rows, mat.cols, k, c, restart_iterations=restarts) for c in CONVENTIONS}
+    split, other = (mat.rows, mat.cols) if mat.tp_partition_dim == 0 else (mat.cols, mat.rows)
+    if tp_mode == "blockwise":  # each shard orthogonalized alone
+        return {c: ns_flops(split // tp, other, k, c, restart_iterations=restarts) for c in CONVENTIONS}
+    # distributed: the split dim is contracted (Gram of the other side, all-reduced); A^2 redundant on every rank
+    return {c: _ns_flops_mn(other, split / tp, k, c, restarts) for c in CONVENTIONS}
+
+
+@dataclass(slots=True)
+class _Bin:
+    cost: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CONVENTIONS, 0.0))
+    kinds: Counter[str] = field(default_factory=Counter)
+
+
+def _lpt(items: list[tuple[str, dict[str, float]]], bins: list[_Bin]) -> None:
+    """Largest (plain cost) first onto the least-loaded bin; whole matrices only."""
+    heap = [(b.cost["plain"], i) for i, b in enumerate(bins)]
+    heapq.heapify(heap)
+    for kind, cost in sorted(items, key=lambda it: -it[1]["plain"]):
+        _, i = heapq.heappop(heap)
+        for c in CONVENTIONS:
+            bins[i].cost[c] += cost[c]
+        bins[i].kinds[kind] += 1
+        heapq.heappush(heap, (bins[i].cost["plain"], i))
+
+
+def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: int = 5, split_qkv: bool = True,
+                    split_mla: bool = False, split_gate_up: bool = False, include_router: bool = True,
+                    distributed: str = "layerwise", tp_mode: str = "blockwise",
+                    restart_iterations: tuple[int, ...] = (2,)) -> dict[str, Any]:
+    """NS FLOPs per GPU per step: max and mean over GPUs, per pipeline stage, per matrix kind.
+
+    Placement: PP splits layers (`stage_layers`); each EP rank owns num_experts / ep experts of each MoE layer of its
+    stage (dealt over its expert-DP ranks); non-expert matrices of a stage are spread over its DP x CP ranks
+    (distributed='layerwise': whole matrices, cost-aware LPT on top of the expert loads; 'none': every DP rank
+    orthogonalizes all of them). TP (ETP for experts) per `tp_mode`. The assignment uses the plain cost; the SYRK
+    and Gram columns are evaluated on the same assignment.
+    """
+    if distributed not in DISTRIBUTIONS:
+        raise ValueError(f"distributed={distributed!r}: must be one of {list(DISTRIBUTIONS)}")
+    if tp_mode not in TP_MODES:
+        raise ValueError(f"tp_mode={tp_mode!r}: must be one of {list(TP_MODES)}")
+    mats = enumerate_ns_matrices(model, split_qkv=split_qkv, split_mla=split_mla, split_gate_up=split_gate_up,
+                                 include_router=include_router)
+    dp_slots = par.dp * par.cp
+    expert_dp = max(1, par.expert_dp)
+    experts_per_rank = model.num_experts // par.ep if model.num_experts else 0
+    stages: list[dict[str, Any]] = []
+    all_bins: list[_Bin] = []
+    for rank, layer_ids in enumerate(stage_layers(model, par)):
+        n_type = {"all": len(layer_ids), "dense": sum(1 for i in layer_ids if i < model.num_dense_layers)}
+        n_type["moe"] = n_type["all"] - n_type["dense"] if model.num_experts else 0
+        if not model.num_experts:
+            n_type["dense"] = n_type["all"]
+        expert_items, dense_items = [], []
+        for m in mats:
+            tp = par.etp if m.expert else par.tp
+            cost = _shard_cost(m, tp, tp_mode, num_steps, restart_iterations)
+            per_rank = experts_per_rank if m.expert else m.per_layer
+            items, n = (expert_items, per_rank * n_type[m.layer_type]) if m.expert else \
+                (dense_items, m.per_layer * n_type[m.layer_type])
+            items.extend([(m.kind, cost)] * n)
+        e_bins = [_Bin() for _ in range(expert_dp if distributed == "layerwise" else 1)]
+        _lpt(expert_items, e_bins)
+        bins = [_Bin(cost=dict(e_bins[j % len(e_bins)].cost), kinds=Counter(e_bins[j % len(e_bins)].kinds))
+                for j in range(dp_slots)]  # expert loads tiled over the stage's DP slots
+        if distributed == "layerwise":
+            _lpt(dense_items, bins)
+        else:
+            for b in bins:
+                _lpt(dense_items, [b])
+        worst = max(bins, key=lambda b: b.cost["plain"])
+        stages.append({
+            "pp_rank": rank, "layers": len(layer_ids), "dense_layers": n_type["dense"], "moe_layers": n_type["moe"],
+            "max": dict(worst.cost), "mean": {c: sum(b.cost[c] for b in bins) / len(bins) for c in CONVENTIONS},
+            "kinds_on_max_gpu": dict(worst.kinds),
+        })
+        all_bins.extend(bins)
+    worst_stage = max(stages, key=lambda s: s["max"]["plain"])
+    return {
+        "max": {c: max(b.cost[c] for b in all_bins) for c in CONVENTIONS},
+        "mean": {c: sum(b.cost[c] for b in all_bins) / len(all_bins) for c in CONVENTIONS},
+        "min": {c: min(b.cost[c] for b in all_bins) for c in CONVENTIONS},
+        "max_pp_rank": worst_stage["pp_rank"],
+        "kinds_on_max_gpu": worst_stage["kinds_on_max_gpu"],
+        "stages": stages,
+        "matrices": mats,
+        "options": {"num_steps": num_steps, "split_qkv": split_qkv, "split_mla": split_mla,
+                    "split_gate_up": split_gate_up, "include_router": include_router, "distributed": distributed,
+                    "tp_mode": tp_mode, "restart_iterations": list(restart_iterations)},
+    }
+
+
+def ns_flops_per_step(mats: list[NSMatrix], num_steps: int = 5, convention: str = "plain", *,
+                      restart_iterations: tuple[int, ...] = (2,)) -> float:
+    """NS FLOPs of one optimizer step, each matrix orthogonalized once (no TP duplication)."""
+    return sum(m.count * ns_flops(m.rows, m.cols, num_steps, convention, restart_iterations=restart_iterations)
+               for m in mats)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Summary and CLI
+# --------------------------------------------------------------------------------------------------------------
+def summary(model: ModelConfig, par: ParallelismConfig, **ns_options: Any) -> dict[str, Any]:
+    """Everything the CLI prints, as one JSON-ready dict (FLOPs as floats)."""
+    load = ns_load_per_gpu(model, par, **ns_options)
+    opts = load["options"]
+    k, restarts = opts["num_steps"], tuple(opts["restart_iterations"])
+    mats: list[NSMatrix] = load["matrices"]
+    per_step = {c: ns_flops_per_step(mats, k, c, restart_iterations=restarts) for c in CONVENTIONS}
+    model_step = model_flops_per_step(model, par)
+    out: dict[str, Any] = {
+        "model": model.name, "parallelism": par.name, "world_size": par.world_size, "seq_length": model.seq_length,
+        "gbs": par.gbs, "tokens_per_step": par.gbs * model.seq_length,
+        "model_flops_per_token": model_flops_per_token(model, tp=par.tp),
+        "model_flops_per_token_breakdown": model_flops_breakdown(model, tp=par.tp),
+        "model_flops_per_step": model_step, "model_flops_per_gpu_per_step": model_step / par.world_size,
+        "ns_formulas": FORMULAS, "ns_options": opts,
+    }
+    for c in CONVENTIONS:
+        sfx = "" if c == "plain" else f"_{c}"
+        out[f"ns_flops_per_step{sfx}"] = per_step[c]
+        out[f"ns_flops_per_gpu_max{sfx}"] = load["max"][c]
+        out[f"ns_flops_per_gpu_mean{sfx}"] = load["mean"][c]
+    out["ns_to_model_flops_per_gpu"] = load["max"]["plain"] / (model_step / par.world_size)
+    out["ns_max_pp_rank"] = load["max_pp_rank"]
+    on_max = load["kinds_on_max_gpu"]
+    out["ns_matrices"] = [
+        {"kind": m.kind, "name": m.name, "rows": m.rows, "cols": m.cols, "count": m.count, "expert": m.expert,
+         "layer_type": m.layer_type, "count_on_max_gpu": on_max.get(m.kind, 0),
+         **{f"flops_each_{c}": ns_flops(m.rows, m.cols, k, c, restart_iterations=restarts) for c in CONVENTIONS},
+         "flops_per_step_plain": m.count * ns_flops(m.rows, m.cols, k, "plain")}
+        for m in mats]
+    out["ns_stages"] = load["stages"]
+    return out
+
+
+def _print_text(s: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=140)
+    br = s["model_flops_per_token_breakdown"]
+    console.print(f"Model FLOPs (Megatron), {s['model']} at seq {s['seq_length']}, {s['parallelism']}")
+    t = Table()
+    for col in ("term", "GFLOP/token"):
+        t.add_column(col, justify="right" if col != "term" else "left")
+    for term, v in br.items():
+        t.add_row(term, f"{v / 1e9:.2f}")
+    t.add_row("total", f"{s['model_flops_per_token'] / 1e9:.2f}")
+    console.print(t)
+    console.print(f"per step (GBS {s['gbs']} x {s['seq_length']} = {s['tokens_per_step']:,} tokens): "
+                  f"{s['model_flops_per_step']:.4g} FLOP; per GPU ({s['world_size']}): "
+                  f"{s['model_flops_per_gpu_per_step']:.4g}")
+    o = s["ns_options"]
+    console.print(f"Newton-Schulz matrices (k={o['num_steps']}; split_qkv={o['split_qkv']} split_mla={o['split_mla']}"
+                  f" split_gate_up={o['split_gate_up']} router={o['include_router']}); TF = 1e12 FLOP")
+    t = Table()
+    for col in ("kind", "shape (out x in)", "count", "on max GPU", "plain TF", "syrk TF", "gram TF", "plain TF/step"):
+        t.add_column(col, justify="left" if col == "kind" else "right")
+    for m in s["ns_matrices"]:
+        t.add_row(m["kind"], f"{m['rows']}x{m['cols']}", f"{m['count']:,}", f"{m['count_on_max_gpu']:,}",
+                  f"{m['flops_each_plain'] / 1e12:.4g}", f"{m['flops_each_syrk'] / 1e12:.4g}",
+                  f"{m['flops_each_gram'] / 1e12:.4g}", f"{m['flops_per_step_plain'] / 1e12:.4g}")
+    console.print(t)
+    console.print(f"NS FLOPs per GPU per step ({o['distributed']}, tp_mode {o['tp_mode']}), by pipeline rank")
+    t = Table()
+    for col in ("pp rank", "layers (dense/moe)", "max plain", "max syrk", "max gram", "mean plain"):
+        t.add_column(col, justify="right")
+    for st in s["ns_stages"]:
+        t.add_row(str(st["pp_rank"]), f"{st['layers']} ({st['dense_layers']}/{st['moe_layers']})",
+                  *(f"{st['max'][c]:.4g}" for c in CONVENTIONS), f"{st['mean']['plain']:.4g}")
+    console.print(t)
+    for c in CONVENTIONS:
+        sfx = "" if c == "plain" else f"_{c}"
+        console.print(f"{c:5s} {FORMULAS[c]}\n      per step {s['ns_flops_per_step' + sfx]:.4g}, per GPU max "
+                      f"{s['ns_flops_per_gpu_max' + sfx]:.4g}, mean {s['ns_flops_per_gpu_mean' + sfx]:.4g}")
+    console.print(f"NS (plain, max GPU) / model FLOPs per GPU: {s['ns_to_model_flops_per_gpu']:.4f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.flops model=... parallelism=... [optimizer.split_mla=true ...] [format=json]`."""
+    import json
+    import sys
+
+    from bench.config import load
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    fmt = "text"
+    for a in [a for a in args if a.startswith("format=")]:
+        fmt = a.split("=", 1)[1]
+        args.remove(a)
+    if fmt not in ("text", "json"):
+        raise ValueError(f"format={fmt!r}: must be one of ['text', 'json']")
+    root = load(args)
+    opt = root.optimizer
+    opts: dict[str, Any] = {
+        "num_steps": getattr(opt, "num_ns_steps", 5),
+        "split_qkv": getattr(opt, "split_qkv", True),
+        "split_mla": getattr(opt, "split_mla", False),
+        "split_gate_up": getattr(opt, "split_gate_up", False),
+        "include_router": getattr(opt, "router_to_matrix_optimizer", True),
+        "distributed": getattr(opt, "distributed", "layerwise"),
+        "tp_mode": {"distributed_gram": "distributed", "auto": "blockwise"}.get(
+            getattr(opt, "tp_mode", "blockwise"), getattr(opt, "tp_mode", "blockwise")),
+    }
+    s = summary(root.model, root.parallelism, **opts)
+    if fmt == "json":
+        print(json.dumps(s, indent=1, sort_keys=True))
+    else:
+        _print_text(s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
