@@ -1,0 +1,187 @@
+"""Launchers: `local` runs torchrun on this machine; `slurm` writes an sbatch script (srun + torchrun) and submits it.
+
+Both start the same worker, `python -m bench.worker <run_dir>`, which reads its config from `<run_dir>/run.json`.
+Process start-up, rendezvous and killing the other ranks when one fails are torchrun's job; nothing here re-does it.
+No value reaches a shell unquoted: the local launcher passes an argv list (no shell), the sbatch text is built by
+`bench.slurm.write_sbatch`, which quotes with `shlex.quote`.
+
+No torch import at module top (a login node launches without torch); the GPU check imports it lazily.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from bench.schema import RootConfig
+
+WORKER_MODULE = "bench.worker"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchResult:
+    """How the launched job ended (for `local`; a submitted Slurm job has returncode None)."""
+
+    command: list[str]
+    returncode: int | None
+    timed_out: bool = False
+    stderr_tail: str = ""
+    submitted: bool = False
+
+
+def worker_argv(run_dir: str | Path) -> list[str]:
+    """The module invocation every launcher runs under torchrun: `-m bench.worker <run_dir>`."""
+    return ["-m", WORKER_MODULE, str(run_dir)]
+
+
+def nproc_per_node(cfg: RootConfig) -> int:
+    """Processes per node: launcher.nproc_per_node, else parallelism.gpus_per_node."""
+    return cfg.launcher.nproc_per_node or cfg.parallelism.gpus_per_node
+
+
+def num_nodes(cfg: RootConfig) -> int:
+    return cfg.launcher.nodes or cfg.parallelism.nodes
+
+
+def check_layout(cfg: RootConfig) -> None:
+    """Launcher rules (before anything starts): processes x nodes must equal world_size; local is one node."""
+    nproc, nodes = nproc_per_node(cfg), num_nodes(cfg)
+    if nproc * nodes != cfg.parallelism.world_size:
+        raise ValueError(
+            f"launcher.nproc_per_node={nproc}: nproc_per_node x nodes must equal parallelism.world_size "
+            f"({nproc} x {nodes} != {cfg.parallelism.world_size})"
+        )
+    if cfg.launcher.name == "local" and nodes != 1:
+        raise ValueError(
+            f"parallelism.nodes={nodes}: launcher=local runs on this machine only; use launcher=slurm for several nodes"
+        )
+
+
+def check_device(cfg: RootConfig) -> None:
+    """A CUDA run needs enough CUDA GPUs here (local launcher only; a Slurm job checks on its nodes)."""
+    if cfg.launcher.name != "local" or cfg.engine.device != "cuda":
+        return
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    need = nproc_per_node(cfg)
+    if have == 0:
+        raise ValueError(
+            f"engine.name={cfg.engine.name!r} with engine.device=cuda needs a CUDA GPU, and this machine has none "
+            "(torch.cuda.device_count() = 0). Run it on a GPU machine, or use engine=hf engine.device=cpu."
+        )
+    if have < need:
+        raise ValueError(f"launcher=local needs {need} GPUs on this machine (nproc_per_node) but it has {have}")
+
+
+def local_command(cfg: RootConfig, run_dir: str | Path, *, python: str | None = None) -> list[str]:
+    """`python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=N -m bench.worker <run_dir>`."""
+    return [
+        python or sys.executable, "-m", "torch.distributed.run",
+        "--standalone", "--nnodes=1", f"--nproc_per_node={nproc_per_node(cfg)}",
+        *worker_argv(run_dir),
+    ]
+
+
+def _tee(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
+    """Copy a child's stream to the terminal and a log file as it arrives (keeps progress-bar carriage returns)."""
+    for chunk in iter(lambda: src.read1(4096), b""):
+        for sink in sinks:
+            sink.write(chunk)
+            sink.flush()
+
+
+def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> LaunchResult:
+    """Run torchrun in its own process group; kill the group after `bench.timeout_s`. Logs go to `<run_dir>/*.log`."""
+    run_dir = Path(run_dir)
+    cmd = local_command(cfg, run_dir)
+    env = {**os.environ, **{str(k): str(v) for k, v in cfg.launcher.env.items()}}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    out_log, err_log = open(run_dir / "stdout.log", "wb"), open(run_dir / "stderr.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    term_out = [sys.stdout.buffer] if echo else []
+    term_err = [sys.stderr.buffer] if echo else []
+    threads = [threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
+               threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True)]
+    for t in threads:
+        t.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=cfg.bench.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(proc)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    finally:
+        for t in threads:
+            t.join(timeout=10)
+        out_log.close()
+        err_log.close()
+    stderr_tail = (run_dir / "stderr.log").read_bytes()[-4000:].decode(errors="replace")
+    return LaunchResult(command=cmd, returncode=proc.returncode, timed_out=timed_out, stderr_tail=stderr_tail)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the torchrun process group we started, then SIGKILL after 10 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
+    """Write `<run_dir>/job.sbatch` (text from `bench.slurm.write_sbatch`); submit unless dry_run or no sbatch."""
+    try:
+        from bench.slurm import write_sbatch
+    except ImportError as exc:
+        raise ValueError(
+            "launcher=slurm needs bench.slurm.write_sbatch(cfg, run_dir, command) (recipes area), "
+            f"which is not available in this checkout: {exc}"
+        ) from exc
+    run_dir = Path(run_dir)
+    text = write_sbatch(cfg, run_dir, worker_argv(run_dir))
+    script = run_dir / "job.sbatch"
+    script.write_text(text)
+    sbatch = shutil.which("sbatch")
+    if cfg.launcher.dry_run or sbatch is None:
+        print(text)
+        why = "launcher.dry_run=true" if cfg.launcher.dry_run else "no sbatch on PATH"
+        print(f"# not submitted ({why}); script: {script}", file=sys.stderr)
+        return LaunchResult(command=["sbatch", str(script)], returncode=None, submitted=False)
+    res = subprocess.run([sbatch, str(script)], capture_output=True, text=True)
+    print(res.stdout.strip() or res.stderr.strip())
+    return LaunchResult(command=[sbatch, str(script)], returncode=res.returncode,
+                        stderr_tail=res.stderr[-4000:], submitted=res.returncode == 0)
+
+
+def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
+    """Check the layout and the device, then start the run with the configured launcher."""
+    check_layout(cfg)
+    match cfg.launcher.name:
+        case "local":
+            check_device(cfg)
+            return run_local(cfg, run_dir)
+        case "slurm":
+            return run_slurm(cfg, run_dir)
+        case other:
+            raise ValueError(f"launcher.name={other!r}: allowed ['local', 'slurm']")
+
+
+def shell_join(argv: list[str]) -> str:
+    """A command line for logs and reports, quoted so it can be pasted into a shell safely."""
+    return shlex.join(argv)

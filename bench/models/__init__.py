@@ -1,0 +1,1 @@
+"""Model builders for the engines (transformers models from our `ModelConfig`)."""

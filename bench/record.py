@@ -1,0 +1,354 @@
+"""Run records: one directory per run holding `run.json` and `steps.jsonl`.
+
+`run.json` (schema `RUN_SCHEMA`): resolved config and its hash, status (`running | ok | oom | timeout | error`) with the
+error type and stderr tail, git SHA and dirty flag, package versions (read from metadata, nothing imported), hardware,
+command lines, start/end time, the measurement protocol and the summary metrics. `steps.jsonl`: one JSON object per
+optimizer step with the fixed key vocabulary `STEP_KEYS`. Every write is atomic (temp file + `os.replace`), so a reader
+never sees half a record, and a failed run still leaves a complete `run.json`.
+
+No torch import: collectors and reports read records on machines without torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+RUN_SCHEMA = "muonbench.run/1"
+STATUSES = ("running", "ok", "oom", "timeout", "error")
+STEP_KEYS = (
+    "step", "warmup", "step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "tokens", "loss", "peak_mem_bytes",
+    "ns_flops", "cpu_s", "adamw_s",
+)
+"""Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
+VERSION_PACKAGES = (
+    "torch", "megatron-core", "megatron-bridge", "transformers", "emerging-optimizers", "hydra-core", "omegaconf",
+    "numpy", "triton", "transformer-engine",
+)
+PROTOCOL_TEXT = (
+    "warm-up steps excluded; steady window = the remaining steps; step time = median over the window, spread = IQR "
+    "(p75 - p25); TFLOP/s per GPU = model FLOPs per step (Megatron formula, bench/flops.py) / median step time / GPUs; "
+    "NS TFLOP/s per GPU = Newton-Schulz FLOPs this GPU executed per step (plain convention k(4m^2n + 2m^3), from the "
+    "shapes of the orthogonalize calls) / median step time; GPU timing by CUDA events, CPU by time.perf_counter "
+    "(wall clock; process CPU time from time.process_time is kept as cpu_s)"
+)
+STDERR_TAIL_CHARS = 4000
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write `data` as indented JSON to `path` via a temp file in the same directory and `os.replace`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2, sort_keys=False, default=str)
+            f.write("\n")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | Path) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def update_run_json(run_dir: str | Path, **fields: Any) -> dict[str, Any]:
+    """Read-modify-write `run.json` atomically (top-level keys replaced; dict values merged one level deep)."""
+    path = Path(run_dir) / "run.json"
+    data = read_json(path) if path.exists() else {}
+    for key, value in fields.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    write_json_atomic(path, data)
+    return data
+
+
+class StepLog:
+    """Appends one JSON line per step; each line is flushed and fsynced, so a crash loses at most the current step."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.path = Path(run_dir) / "steps.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "w")
+
+    def write(self, row: dict[str, Any]) -> None:
+        unknown = set(row) - set(STEP_KEYS)
+        assert not unknown, f"steps.jsonl keys outside the vocabulary: {sorted(unknown)}"
+        self._f.write(json.dumps({k: row.get(k) for k in STEP_KEYS}) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The rows of `steps.jsonl` (empty when the run died before its first step). A torn last line is dropped."""
+    path = Path(run_dir) / "steps.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------------
+# provenance (no torch import)
+# --------------------------------------------------------------------------------------------------------------
+def package_versions() -> dict[str, str | None]:
+    """Installed versions from package metadata (the packages are not imported)."""
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in VERSION_PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_info(repo: str | Path | None = None) -> dict[str, Any]:
+    """Our git SHA and whether the tree has uncommitted changes (None where git or the repo is missing)."""
+    cwd = Path(repo) if repo else Path(__file__).resolve().parent.parent
+
+    def _git(*args: str) -> str | None:
+        try:
+            res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return res.stdout.strip() if res.returncode == 0 else None
+
+    sha = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"sha": sha, "dirty": None if status is None else bool(status)}
+
+
+def hardware_info() -> dict[str, Any]:
+    """CPU model and count; GPU name, count and driver from `nvidia-smi` when present (torch is not imported)."""
+    cpu_model = platform.processor() or None
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "hostname": platform.node(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
+        "gpu_name": None, "gpu_count": 0, "driver": None,
+    }
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            res = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=20)
+            rows = [r.split(", ") for r in res.stdout.strip().splitlines() if r.strip()]
+            if res.returncode == 0 and rows:
+                info.update(gpu_name=rows[0][0], gpu_count=len(rows), driver=rows[0][-1])
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return info
+
+
+def new_run_record(*, run_id: str, run_dir: str | Path, config: dict[str, Any], config_hash: str | None,
+                   overrides: list[str], command: list[str]) -> dict[str, Any]:
+    """The initial `run.json` of a run (status `running`), written before anything is launched."""
+    bench = config.get("bench", {})
+    return {
+        "schema": RUN_SCHEMA,
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "status": "running",
+        "error": None,
+        "config": config,
+        "config_hash": config_hash,
+        "overrides": list(overrides),
+        "command": list(command),
+        "launch_command": None,
+        "start_time": now_iso(),
+        "end_time": None,
+        "duration_s": None,
+        "git": git_info(),
+        "versions": package_versions(),
+        "hardware": hardware_info(),
+        "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "CUDA_", "OMP_", "TORCH_"))},
+        "worker": None,
+        "protocol": {
+            "steps": bench.get("steps"), "warmup_steps": bench.get("warmup_steps"),
+            "statistic": "median", "spread": "iqr", "text": PROTOCOL_TEXT,
+        },
+        "summary": None,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# status and summary
+# --------------------------------------------------------------------------------------------------------------
+def classify_failure(*, returncode: int | None, timed_out: bool, worker_error: dict[str, Any] | None) -> str:
+    """Status of a run that did not finish cleanly: timeout, oom (worker reported OutOfMemoryError) or error."""
+    if timed_out:
+        return "timeout"
+    if worker_error and worker_error.get("type") in ("OutOfMemoryError", "torch.OutOfMemoryError", "MemoryError"):
+        return "oom"
+    if returncode is not None and returncode in (-9, 137):
+        return "oom"  # SIGKILL without a timeout: the kernel's OOM killer is the usual sender
+    return "error"
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default), for small lists without numpy."""
+    s = sorted(xs)
+    if len(s) == 1:
+        return s[0]
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _median(rows: list[dict[str, Any]], key: str) -> float | None:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(steps: list[dict[str, Any]], *, world_size: int, model_flops_per_step: float | None,
+              peak_tflops: float = 0.0) -> dict[str, Any] | None:
+    """Summary metrics over the steady window (rows with `warmup` false); None when the window is empty."""
+    steady = [r for r in steps if not r.get("warmup")]
+    if not steady:
+        return None
+    times = [r["step_s"] for r in steady]
+    med = statistics.median(times)
+    p25, p75 = _quantile(times, 0.25), _quantile(times, 0.75)
+    tokens = steady[-1]["tokens"]
+    ns_flops = _median(steady, "ns_flops") or 0.0
+    model_tf = model_flops_per_step / med / world_size / 1e12 if model_flops_per_step else None
+    ns_tf = ns_flops / med / 1e12
+    out: dict[str, Any] = {
+        "num_steps": len(steps),
+        "num_steady_steps": len(steady),
+        "step_s_median": med,
+        "step_s_p25": p25,
+        "step_s_p75": p75,
+        "step_s_iqr": p75 - p25,
+        "step_s_mean": statistics.fmean(times),
+        "fwd_bwd_s_median": _median(steady, "fwd_bwd_s"),
+        "optim_s_median": _median(steady, "optim_s"),
+        "ns_s_median": _median(steady, "ns_s"),
+        "adamw_s_median": _median(steady, "adamw_s"),
+        "comm_s_median": _median(steady, "comm_s"),
+        "cpu_s_median": _median(steady, "cpu_s"),
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / med,
+        "tokens_per_s_per_gpu": tokens / med / world_size,
+        "loss_first": steps[0].get("loss"),
+        "loss_last": steps[-1].get("loss"),
+        "peak_mem_bytes": max((r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes")), default=None),
+        "model_flops_per_step": model_flops_per_step,
+        "ns_flops_per_gpu_per_step": ns_flops,
+        "model_tflops_per_gpu": model_tf,
+        "ns_tflops_per_gpu": ns_tf,
+        "total_tflops_per_gpu": None if model_tf is None else model_tf + ns_tf,
+        "mfu": None if (model_tf is None or peak_tflops <= 0) else model_tf / peak_tflops,
+    }
+    return out
+
+
+def config_from_dict(d: dict[str, Any]) -> Any:
+    """Rebuild the typed `RootConfig` from the plain dict stored in run.json (optimizer schema chosen by name)."""
+    from bench import schema
+
+    parts = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
+    opt = d["optimizer"]
+    if opt.get("name") not in schema.OPTIMIZER_SCHEMAS:
+        raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.OPTIMIZER_SCHEMAS)}")
+    parts["optimizer"] = schema.OPTIMIZER_SCHEMAS[opt["name"]](**opt)
+    parts["bench"] = schema.BenchConfig(**d.get("bench", {}))
+    return schema.RootConfig(**parts, experiment_name=d.get("experiment_name", ""))
+
+
+def model_flops_per_step(config: dict[str, Any]) -> float | None:
+    """Model FLOPs of one global batch (Megatron formula, `bench.flops`); None for a config that cannot be typed."""
+    from bench import flops
+
+    try:
+        root = config_from_dict(config)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return float(flops.model_flops_per_step(root.model, root.parallelism))
+
+
+def ns_flops_enumerated(config: dict[str, Any]) -> float | None:
+    """NS FLOPs of one step with every matrix orthogonalized once (`bench.flops` enumeration, plain convention);
+    None for optimizers without Newton-Schulz. Compare with the per-GPU count measured from the calls."""
+    from bench import flops
+
+    opt = config.get("optimizer") or {}
+    uses_ns = opt.get("name") == "muon" or (opt.get("name") == "mop" and opt.get("polar_method") == "polar_express")
+    if not uses_ns:
+        return None
+    root = config_from_dict(config)
+    mats = flops.enumerate_ns_matrices(root.model, split_qkv=opt["split_qkv"], split_mla=opt["split_mla"],
+                                       split_gate_up=opt["split_gate_up"],
+                                       include_router=opt["router_to_matrix_optimizer"])
+    return float(flops.ns_flops_per_step(mats, opt["num_ns_steps"], "plain"))
+
+
+def finalize(run_dir: str | Path, *, status: str, error: dict[str, Any] | None = None,
+             launch_command: list[str] | None = None) -> dict[str, Any]:
+    """Close a run record: status, error, end time, duration and the summary computed from `steps.jsonl`."""
+    assert status in STATUSES, status
+    run_dir = Path(run_dir)
+    rec = read_json(run_dir / "run.json")
+    cfg = rec.get("config") or {}
+    model_flops = model_flops_per_step(cfg)
+    world = (cfg.get("parallelism") or {}).get("world_size") or 1
+    peak = (cfg.get("hardware") or {}).get("peak_bf16_tflops") or 0.0
+    summary = summarize(read_steps(run_dir), world_size=world, model_flops_per_step=model_flops,
+                        peak_tflops=peak)
+    if summary is not None:
+        summary["ns_flops_enumerated_per_step"] = ns_flops_enumerated(cfg)
+    end = now_iso()
+    start = rec.get("start_time")
+    duration = None
+    if start:
+        duration = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    fields: dict[str, Any] = {"status": status, "error": error, "end_time": end, "duration_s": duration,
+                              "summary": summary}
+    if launch_command is not None:
+        fields["launch_command"] = launch_command
+    return update_run_json(run_dir, **fields)
+
+
+def tail(text: str, n: int = STDERR_TAIL_CHARS) -> str:
+    return text[-n:]
+
+
+def find_runs(root: str | Path) -> list[Path]:
+    """Every run directory (holding a run.json) under `root`, sorted by path."""
+    root = Path(root)
+    if (root / "run.json").exists():
+        return [root]
+    return sorted(p.parent for p in root.rglob("run.json"))

@@ -1,0 +1,132 @@
+"""One rank of a benchmark run: `torchrun --nproc_per_node=N -m bench.worker <run_dir>`.
+
+Reads the resolved config from `<run_dir>/run.json`, builds the engine, runs `bench.steps` steps and has rank 0 write
+`steps.jsonl` (per-step numbers reduced over ranks: times and memory as the max over ranks, loss as the mean) and
+close the record. A failing rank writes `worker_error.rank<r>.json` (exception type, message, traceback) before it
+exits, so the launcher can tell an out-of-memory from another error without parsing prose.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from bench import record
+from bench.engines import RankInfo, StepMetrics, engine_class
+
+_FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")
+_EXTRA_KEYS = ("cpu_s", "adamw_s")
+
+
+def rank_info() -> RankInfo:
+    """This process's place, from torchrun's environment (a plain `python -m bench.worker` is rank 0 of 1)."""
+    env = os.environ
+    return RankInfo(rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
+                    local_rank=int(env.get("LOCAL_RANK", 0)))
+
+
+def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any]:
+    """Times, memory and NS FLOPs: max over ranks; loss: mean over ranks. Unmeasured (None) values stay None."""
+    import torch
+    import torch.distributed as dist
+
+    values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
+    if rank.world_size > 1:
+        buf = torch.tensor([float("nan") if v is None else float(v) for v in values.values()] + [m.loss],
+                           dtype=torch.float64, device=device)
+        maxes = buf[:-1].clone()
+        dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+        loss = buf[-1:].clone()
+        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+        values = {k: None if v is None else float(x) for (k, v), x in zip(values.items(), maxes.tolist())}
+        loss_value = float(loss.item()) / rank.world_size
+    else:
+        loss_value = float(m.loss)
+    if values["peak_mem_bytes"] is not None:
+        values["peak_mem_bytes"] = int(values["peak_mem_bytes"])
+    return {**values, "tokens": m.tokens, "loss": loss_value}
+
+
+def _torch_facts() -> dict[str, Any]:
+    import torch
+
+    facts: dict[str, Any] = {
+        "torch": torch.__version__, "cuda": torch.version.cuda, "num_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        facts.update(gpu_name=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+                     nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return facts
+
+
+def _write_error(run_dir: Path, rank: RankInfo, exc: BaseException) -> dict[str, Any]:
+    err = {"rank": rank.rank, "type": type(exc).__name__, "message": str(exc)[:2000],
+           "traceback": record.tail("".join(traceback.format_exception(exc)))}
+    record.write_json_atomic(run_dir / f"worker_error.rank{rank.rank}.json", err)
+    return err
+
+
+def run(run_dir: Path) -> None:
+    """Run the benchmark of `run_dir` on this rank."""
+    import torch.distributed as dist
+
+    rec = record.read_json(run_dir / "run.json")
+    cfg = record.config_from_dict(rec["config"])
+    rank = rank_info()
+    if rank.world_size > 1:
+        dist.init_process_group(backend=cfg.engine.backend)
+    engine = engine_class(cfg.engine.name)()
+    log = record.StepLog(run_dir) if rank.rank == 0 else None
+    try:
+        engine.setup(cfg, rank)
+        if rank.rank == 0:
+            record.update_run_json(run_dir, worker={**_torch_facts(), "timer": engine.timer,
+                                                    "engine": engine.describe()})
+        bar = None
+        if rank.rank == 0 and cfg.bench.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=cfg.bench.steps, desc=f"{cfg.optimizer.name}", unit="step", file=sys.stderr,
+                       dynamic_ncols=True, mininterval=0.5)
+        for i in range(cfg.bench.steps):
+            row = reduce_metrics(engine.step(), rank, engine.device)
+            if log is not None:
+                log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
+            if bar is not None:
+                bar.set_postfix(loss=f"{row['loss']:.3f}", step_ms=f"{row['step_s'] * 1e3:.0f}", refresh=False)
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        if log is not None:
+            log.close()
+            record.finalize(run_dir, status="ok")
+    except BaseException as exc:
+        err = _write_error(run_dir, rank, exc)
+        if log is not None:
+            log.close()
+            status = record.classify_failure(returncode=None, timed_out=False, worker_error=err)
+            record.finalize(run_dir, status=status, error={k: err[k] for k in ("type", "message", "traceback")})
+        raise
+    finally:
+        engine.teardown()
+        if rank.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit("usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>")
+    t0 = time.perf_counter()
+    run(Path(args[0]))
+    if rank_info().rank == 0:
+        print(f"worker done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
