@@ -11,7 +11,8 @@ matrix the matrix optimizer orthogonalizes, for one m x n matrix with m the shor
   symmetric products; k = 5 with a restart after step 2 gives 6 m^2 n + 14 m^3)
 
 Norms, casts, momentum and scaling are memory-bound and not counted. Imports no torch (a login node can run it):
-`python -m bench.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]`.
+`python -m bench.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (CLI and summary in
+`bench/flops_cli.py`).
 """
 
 from __future__ import annotations
@@ -362,119 +363,7 @@ def ns_flops_per_step(mats: list[NSMatrix], num_steps: int = 5, convention: str 
                for m in mats)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Summary and CLI
-# --------------------------------------------------------------------------------------------------------------
-def summary(model: ModelConfig, par: ParallelismConfig, **ns_options: Any) -> dict[str, Any]:
-    """Everything the CLI prints, as one JSON-ready dict (FLOPs as floats)."""
-    load = ns_load_per_gpu(model, par, **ns_options)
-    opts = load["options"]
-    k, restarts = opts["num_steps"], tuple(opts["restart_iterations"])
-    mats: list[NSMatrix] = load["matrices"]
-    per_step = {c: ns_flops_per_step(mats, k, c, restart_iterations=restarts) for c in CONVENTIONS}
-    model_step = model_flops_per_step(model, par)
-    out: dict[str, Any] = {
-        "model": model.name, "parallelism": par.name, "world_size": par.world_size, "seq_length": model.seq_length,
-        "gbs": par.gbs, "tokens_per_step": par.gbs * model.seq_length,
-        "model_flops_per_token": model_flops_per_token(model, tp=par.tp),
-        "model_flops_per_token_breakdown": model_flops_breakdown(model, tp=par.tp),
-        "model_flops_per_step": model_step, "model_flops_per_gpu_per_step": model_step / par.world_size,
-        "ns_formulas": FORMULAS, "ns_options": opts,
-    }
-    for c in CONVENTIONS:
-        sfx = "" if c == "plain" else f"_{c}"
-        out[f"ns_flops_per_step{sfx}"] = per_step[c]
-        out[f"ns_flops_per_gpu_max{sfx}"] = load["max"][c]
-        out[f"ns_flops_per_gpu_mean{sfx}"] = load["mean"][c]
-    out["ns_to_model_flops_per_gpu"] = load["max"]["plain"] / (model_step / par.world_size)
-    out["ns_max_pp_rank"] = load["max_pp_rank"]
-    on_max = load["kinds_on_max_gpu"]
-    out["ns_matrices"] = [
-        {"kind": m.kind, "name": m.name, "rows": m.rows, "cols": m.cols, "count": m.count, "expert": m.expert,
-         "layer_type": m.layer_type, "count_on_max_gpu": on_max.get(m.kind, 0),
-         **{f"flops_each_{c}": ns_flops(m.rows, m.cols, k, c, restart_iterations=restarts) for c in CONVENTIONS},
-         "flops_per_step_plain": m.count * ns_flops(m.rows, m.cols, k, "plain")}
-        for m in mats]
-    out["ns_stages"] = load["stages"]
-    return out
-
-
-def _print_text(s: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(width=140)
-    br = s["model_flops_per_token_breakdown"]
-    console.print(f"Model FLOPs (Megatron), {s['model']} at seq {s['seq_length']}, {s['parallelism']}")
-    t = Table()
-    for col in ("term", "GFLOP/token"):
-        t.add_column(col, justify="right" if col != "term" else "left")
-    for term, v in br.items():
-        t.add_row(term, f"{v / 1e9:.2f}")
-    t.add_row("total", f"{s['model_flops_per_token'] / 1e9:.2f}")
-    console.print(t)
-    console.print(f"per step (GBS {s['gbs']} x {s['seq_length']} = {s['tokens_per_step']:,} tokens): "
-                  f"{s['model_flops_per_step']:.4g} FLOP; per GPU ({s['world_size']}): "
-                  f"{s['model_flops_per_gpu_per_step']:.4g}")
-    o = s["ns_options"]
-    console.print(f"Newton-Schulz matrices (k={o['num_steps']}; split_qkv={o['split_qkv']} split_mla={o['split_mla']}"
-                  f" split_gate_up={o['split_gate_up']} router={o['include_router']}); TF = 1e12 FLOP")
-    t = Table()
-    for col in ("kind", "shape (out x in)", "count", "on max GPU", "plain TF", "syrk TF", "gram TF", "plain TF/step"):
-        t.add_column(col, justify="left" if col == "kind" else "right")
-    for m in s["ns_matrices"]:
-        t.add_row(m["kind"], f"{m['rows']}x{m['cols']}", f"{m['count']:,}", f"{m['count_on_max_gpu']:,}",
-                  f"{m['flops_each_plain'] / 1e12:.4g}", f"{m['flops_each_syrk'] / 1e12:.4g}",
-                  f"{m['flops_each_gram'] / 1e12:.4g}", f"{m['flops_per_step_plain'] / 1e12:.4g}")
-    console.print(t)
-    console.print(f"NS FLOPs per GPU per step ({o['distributed']}, tp_mode {o['tp_mode']}), by pipeline rank")
-    t = Table()
-    for col in ("pp rank", "layers (dense/moe)", "max plain", "max syrk", "max gram", "mean plain"):
-        t.add_column(col, justify="right")
-    for st in s["ns_stages"]:
-        t.add_row(str(st["pp_rank"]), f"{st['layers']} ({st['dense_layers']}/{st['moe_layers']})",
-                  *(f"{st['max'][c]:.4g}" for c in CONVENTIONS), f"{st['mean']['plain']:.4g}")
-    console.print(t)
-    for c in CONVENTIONS:
-        sfx = "" if c == "plain" else f"_{c}"
-        console.print(f"{c:5s} {FORMULAS[c]}\n      per step {s['ns_flops_per_step' + sfx]:.4g}, per GPU max "
-                      f"{s['ns_flops_per_gpu_max' + sfx]:.4g}, mean {s['ns_flops_per_gpu_mean' + sfx]:.4g}")
-    console.print(f"NS (plain, max GPU) / model FLOPs per GPU: {s['ns_to_model_flops_per_gpu']:.4f}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.flops model=... parallelism=... [optimizer.split_mla=true ...] [format=json]`."""
-    import json
-    import sys
-
-    from bench.config import load
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    fmt = "text"
-    for a in [a for a in args if a.startswith("format=")]:
-        fmt = a.split("=", 1)[1]
-        args.remove(a)
-    if fmt not in ("text", "json"):
-        raise ValueError(f"format={fmt!r}: must be one of ['text', 'json']")
-    root = load(args)
-    opt = root.optimizer
-    opts: dict[str, Any] = {
-        "num_steps": getattr(opt, "num_ns_steps", 5),
-        "split_qkv": getattr(opt, "split_qkv", True),
-        "split_mla": getattr(opt, "split_mla", False),
-        "split_gate_up": getattr(opt, "split_gate_up", False),
-        "include_router": getattr(opt, "router_to_matrix_optimizer", True),
-        "distributed": getattr(opt, "distributed", "layerwise"),
-        "tp_mode": {"distributed_gram": "distributed", "auto": "blockwise"}.get(
-            getattr(opt, "tp_mode", "blockwise"), getattr(opt, "tp_mode", "blockwise")),
-    }
-    s = summary(root.model, root.parallelism, **opts)
-    if fmt == "json":
-        print(json.dumps(s, indent=1, sort_keys=True))
-    else:
-        _print_text(s)
-    return 0
-
-
 if __name__ == "__main__":
+    from bench.flops_cli import main
+
     raise SystemExit(main())
