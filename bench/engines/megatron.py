@@ -1,0 +1,225 @@
+"""The `megatron` engine: a Megatron-core GPT MoE model trained with Megatron's own schedules, on GPUs.
+
+setup: process groups (`parallel_state.initialize_model_parallel` with TP/PP/CP/EP/ETP of `cfg.parallelism`), CUDA
+RNG (`model_parallel_cuda_manual_seed`, needed before building), model (megatron_model.py: TE specs when TE imports,
+else local specs with SDPA core attention), `Float16Module` (bf16) and Megatron DDP (fp32 grad buffers), the
+optimizer (megatron_optim.py), and the data (megatron_data.py). step: Megatron's `forward_backward_func` over
+gbs / (mbs x dp) micro-batches (gradient accumulation in the DDP buffers, grads finalised by `finalize_model_grads`),
+then `optimizer.step()`; CUDA events time forward-backward, the optimizer step and the Newton-Schulz calls inside it.
+
+GPU only: `setup` raises ValueError on a machine without CUDA. torch / megatron are imported inside methods.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any, ClassVar
+
+from bench.engines.base import Engine, RankInfo, StepMetrics
+from bench.schema import RootConfig
+
+
+def _init_distributed(rank: RankInfo, backend: str) -> bool:
+    """Start a process group when the launcher did not (a plain one-process run); True when we started it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
+    dist.init_process_group(backend=backend, rank=rank.rank, world_size=rank.world_size)
+    return True
+
+
+class MegatronEngine(Engine):
+    """Megatron-core training step (see the module docstring)."""
+
+    name: ClassVar[str] = "megatron"
+    requires_gpu: ClassVar[bool] = True
+    timer: ClassVar[str] = "cuda_events"
+
+    def __init__(self) -> None:
+        self.device: Any = None
+        self._facts: dict[str, Any] = {}
+        self._owns_pg = False
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "engine.name='megatron' runs on NVIDIA GPUs only (Megatron-core models need CUDA); this machine "
+                "has none. Use engine=hf for CPU runs."
+            )
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+        from bench.engines import megatron_model as mm
+        from bench.engines import megatron_optim
+        from bench.timing import PhaseTimer
+
+        self.cfg = cfg
+        par, model = cfg.parallelism, cfg.model
+        torch.cuda.set_device(rank.local_rank)
+        self.device = torch.device("cuda", rank.local_rank)
+        self._owns_pg = _init_distributed(rank, "nccl")
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
+            virtual_pipeline_model_parallel_size=par.vp if par.vp > 1 else None, context_parallel_size=par.cp,
+            expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp,
+        )
+        model_parallel_cuda_manual_seed(cfg.bench.seed)
+        opts = mm.BuildOptions(use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16")
+        self.tconfig = mm.transformer_config(model, par, opts)
+        self.model_chunks = self._build_model(mm, opts)
+        self.ptimer = PhaseTimer(cuda=True)
+        built = megatron_optim.build(cfg, self.model_chunks, self.ptimer)
+        self.optimizer = built.optimizer
+        self._wire_schedule_hooks()
+        self.num_microbatches = par.grad_accum
+        self.data = self._data_iterator(ps)
+        self._facts = {
+            "transformer_engine": opts.use_te,
+            "core_attention": "te" if opts.use_te else "sdpa",
+            "experts": "te_grouped_gemm" if opts.use_te else "sequential_mlp",
+            "optimizer_kind": built.kind,
+            "num_microbatches": self.num_microbatches,
+            "num_params": sum(p.numel() for c in self.model_chunks for p in c.parameters()),
+            "num_matrix_params": sum(1 for r in built.routes if r.optimizer == "matrix"),
+            "routes": _route_summary(built.routes),
+        }
+        torch.cuda.reset_peak_memory_stats()
+
+    def _build_model(self, mm: Any, opts: Any) -> list[Any]:
+        import torch
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel
+        from megatron.core.transformer.module import Float16Module
+
+        from bench.engines import megatron_optim
+        from optim import megatron as om
+
+        spec = mm.decoder_block_spec(self.tconfig, opts)
+        module = mm.build_gpt_model(
+            self.cfg.model, self.tconfig, spec,
+            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+        )
+        module.cuda(torch.cuda.current_device())
+        if self.tconfig.bf16:
+            module = Float16Module(self.tconfig, module)
+        ddp_cfg = om.ddp_config(
+            kind=megatron_optim.implementation(self.cfg), distributed=True,
+            overlap_grad_reduce=self.cfg.parallelism.dp > 1,
+        )
+        return [DistributedDataParallel(config=self.tconfig, ddp_config=ddp_cfg, module=module)]
+
+    def _wire_schedule_hooks(self) -> None:
+        from megatron.core.distributed import finalize_model_grads
+
+        c = self.tconfig
+        c.grad_scale_func = self.optimizer.scale_loss
+        c.finalize_model_grads_func = finalize_model_grads
+        if self.cfg.parallelism.dp > 1:
+            c.no_sync_func = self.model_chunks[0].no_sync
+
+    def _data_iterator(self, ps: Any) -> Any:
+        from bench.engines import megatron_data as md
+
+        kind, arg = md.parse_data_spec(self.cfg.bench.data)
+        m, p = self.cfg.model, self.cfg.parallelism
+        if kind == "mock":
+            seed = self.cfg.bench.seed + ps.get_data_parallel_rank()
+            return md.mock_batches(vocab_size=m.vocab_size, seq_length=m.seq_length, mbs=p.mbs, seed=seed,
+                                   device=self.device)
+        return md.indexed_batches(arg, seq_length=m.seq_length, mbs=p.mbs, dp_rank=ps.get_data_parallel_rank(),
+                                  dp_size=ps.get_data_parallel_world_size(), device=self.device)
+
+    # ------------------------------------------------------------------------------------------------ step
+    def step(self) -> StepMetrics:
+        import torch
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        t = self.ptimer
+        t.reset()
+        m, p = self.cfg.model, self.cfg.parallelism
+        with t.phase("step"):
+            for chunk in self.model_chunks:
+                chunk.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            with t.phase("fwd_bwd"):
+                losses = get_forward_backward_func()(
+                    forward_step_func=_forward_step, data_iterator=self.data, model=self.model_chunks,
+                    num_microbatches=self.num_microbatches, seq_length=m.seq_length, micro_batch_size=p.mbs,
+                    forward_only=False,
+                )
+            with t.phase("optim"):
+                ok, grad_norm, _ = self.optimizer.step()
+        phases = t.collect()
+        loss = _mean_loss(losses)
+        return StepMetrics(
+            step_s=phases["step"], fwd_bwd_s=phases["fwd_bwd"], optim_s=phases["optim"], ns_s=phases.get("ns", 0.0),
+            comm_s=None, tokens=p.gbs * m.seq_length, loss=loss,
+            peak_mem_bytes=int(torch.cuda.max_memory_allocated()), ns_flops=t.counters.get("ns_flops", 0.0),
+            extra={"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                   "update_ok": float(bool(ok))},
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._facts)
+
+    def teardown(self) -> None:
+        import torch
+        import torch.distributed as dist
+        from megatron.core import parallel_state as ps
+
+        for name in ("optimizer", "model_chunks", "data"):
+            if hasattr(self, name):
+                delattr(self, name)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        if self._owns_pg and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_pg = False
+
+
+def _forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:
+    """Megatron forward_step_func: per-token losses of one micro-batch and the loss reduction."""
+    from functools import partial
+
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(_loss_func, batch["loss_mask"])
+
+
+def _loss_func(loss_mask: Any, output: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """Sum of masked per-token losses, token count, and the [sum, count] pair Megatron averages over the batch."""
+    import torch
+
+    losses = output.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    report = torch.stack([loss.detach().clone(), num_tokens.float()])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def _mean_loss(losses: list[dict[str, Any]]) -> float:
+    if not losses:
+        return float("nan")  # not the last pipeline stage
+    import torch
+
+    total = torch.stack([d["lm loss"] for d in losses]).sum(0)
+    return float(total[0] / total[1])
+
+
+def _route_summary(routes: list[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for r in routes:
+        key = f"{r.optimizer}:{r.role}"
+        out[key] = out.get(key, 0) + 1
+    return out

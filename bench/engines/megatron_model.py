@@ -1,0 +1,163 @@
+"""Megatron-core GPT MoE model from our `ModelConfig`: transformer config, layer specs, model.
+
+- GQA (Qwen3-MoE) -> `TransformerConfig`; MLA (Kimi K2 / DeepSeek-V3) -> `MLATransformerConfig`.
+- Dense first layers -> `moe_layer_freq` list ([0] * num_dense_layers + [1] * rest).
+- Routed + shared experts, SwiGLU, RMSNorm, qk-norm, no biases, untied embeddings, RoPE.
+- Transformer Engine specs when TE imports, else the local specs with `SDPACoreAttention` in place of Megatron's
+  materialising `DotProductAttention` (see megatron_attention.py).
+
+torch and megatron are imported inside the functions: importing this module costs nothing on a login node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bench.schema import ModelConfig, ParallelismConfig
+
+
+def te_available() -> bool:
+    """True when Transformer Engine's PyTorch extension imports (then the TE layer specs are used)."""
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:  # ImportError, or a broken TE build raising at import
+        return False
+    return True
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuildOptions:
+    """How the Megatron model is built (not what it is: that is ModelConfig)."""
+
+    use_te: bool = False
+    """Transformer Engine layer specs (TE attention, fused norms + linears, grouped GEMM experts)."""
+    sdpa_attention: bool = True
+    """Without TE: replace the local core attention by SDPACoreAttention (flash kernels)."""
+    dispatcher: str = "alltoall"
+    """MoE token dispatcher: alltoall (GPU) | allgather (works on CPU, used by the unit tests)."""
+    cpu_init: bool = False
+    """Initialise parameters on the CPU (unit tests); GPU runs initialise on the device."""
+    bf16: bool = True
+    router_dtype: str | None = "fp32"
+    """Router softmax/sigmoid precision (MB recipes: fp32)."""
+    force_balanced_router: bool = True
+    """Forced-balanced routing as in the published perf runs (moe_router_force_load_balancing)."""
+
+    def __post_init__(self) -> None:
+        if self.dispatcher not in ("alltoall", "allgather"):
+            raise ValueError(f"dispatcher={self.dispatcher!r} is not one of ('alltoall', 'allgather')")
+
+
+def moe_layer_pattern(model: ModelConfig) -> list[int]:
+    """Megatron's moe_layer_freq list: 0 = dense layer, 1 = MoE layer (dense first, as Kimi K2's first layer)."""
+    if model.num_experts == 0:
+        return [0] * model.num_layers
+    return [0] * model.num_dense_layers + [1] * (model.num_layers - model.num_dense_layers)
+
+
+def transformer_config(model: ModelConfig, par: ParallelismConfig, opts: BuildOptions) -> Any:
+    """Megatron `TransformerConfig` (GQA) or `MLATransformerConfig` (MLA) for `model` under layout `par`."""
+    import torch
+    import torch.nn.functional as F
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
+
+    dtype = torch.bfloat16 if opts.bf16 else torch.float32
+    kw: dict[str, Any] = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
+        gated_linear_unit=model.gated_linear_unit,
+        activation_func=F.silu if model.gated_linear_unit else F.gelu,
+        bias_activation_fusion=model.gated_linear_unit,
+        normalization="RMSNorm",
+        layernorm_epsilon=model.norm_eps,
+        qk_layernorm=model.qk_layernorm,
+        add_bias_linear=False,
+        attention_dropout=0.0,
+        hidden_dropout=0.0,
+        tensor_model_parallel_size=par.tp,
+        pipeline_model_parallel_size=par.pp,
+        context_parallel_size=par.cp,
+        expert_model_parallel_size=par.ep,
+        expert_tensor_parallel_size=par.etp,
+        sequence_parallel=par.sequence_parallel and par.tp > 1,
+        bf16=opts.bf16,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        use_cpu_initialization=opts.cpu_init,
+        cross_entropy_loss_fusion=True,
+        cross_entropy_fusion_impl="native",
+    )
+    if par.pp > 1 and par.vp > 1:
+        kw["virtual_pipeline_model_parallel_size"] = par.vp
+    if model.num_experts:
+        kw.update(
+            num_moe_experts=model.num_experts,
+            moe_ffn_hidden_size=model.moe_ffn_hidden_size,
+            moe_router_topk=model.moe_router_topk,
+            moe_layer_freq=moe_layer_pattern(model),
+            moe_token_dispatcher_type=opts.dispatcher,
+            moe_router_load_balancing_type="aux_loss",
+            moe_aux_loss_coeff=model.moe_aux_loss_coeff,
+            moe_router_dtype=opts.router_dtype,
+            moe_router_force_load_balancing=opts.force_balanced_router,
+            moe_grouped_gemm=opts.use_te,
+        )
+        if model.moe_shared_expert_intermediate_size:
+            kw["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size
+        kw.update(
+            moe_router_score_function=model.moe_router_score_function,
+            moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
+        )
+        if model.moe_router_topk_scaling_factor != 1.0:
+            kw["moe_router_topk_scaling_factor"] = model.moe_router_topk_scaling_factor
+    if model.attention == "mla":
+        return MLATransformerConfig(
+            **kw,
+            q_lora_rank=model.q_lora_rank or None,
+            kv_lora_rank=model.kv_lora_rank,
+            qk_head_dim=model.qk_head_dim,
+            qk_pos_emb_head_dim=model.qk_pos_emb_head_dim,
+            v_head_dim=model.v_head_dim,
+            rope_type="rope",
+            rotary_base=model.rotary_base,
+        )
+    return TransformerConfig(**kw, num_query_groups=model.num_query_groups, kv_channels=model.kv_channels)
+
+
+def decoder_block_spec(config: Any, opts: BuildOptions) -> Any:
+    """Megatron decoder block spec; without TE the core attention of every layer becomes SDPACoreAttention."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=opts.use_te, normalization="RMSNorm")
+    if not opts.use_te and opts.sdpa_attention:
+        from bench.engines.megatron_attention import SDPACoreAttention
+
+        for layer_spec in spec.layer_specs:
+            layer_spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    return spec
+
+
+def build_gpt_model(model: ModelConfig, config: Any, spec: Any, *, pre_process: bool, post_process: bool) -> Any:
+    """A Megatron `GPTModel` (untied embeddings, RoPE) for one pipeline stage."""
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=padded_vocab_size(model, tp=config.tensor_model_parallel_size),
+        max_sequence_length=model.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=model.tie_embeddings,
+        position_embedding_type="rope",  # MLA layers carry their own rotary embedding; GPTModel skips it
+        rotary_base=int(model.rotary_base),
+    )
+
+
+def padded_vocab_size(model: ModelConfig, *, tp: int) -> int:
+    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
+    multiple = model.make_vocab_size_divisible_by * tp
+    return -(-model.vocab_size // multiple) * multiple

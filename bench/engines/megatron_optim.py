@@ -1,0 +1,135 @@
+"""Optimizer side of the megatron engine: our schemas -> `optim` configs -> a Megatron optimizer, plus NS timing hooks.
+
+`build(cfg, model_chunks, timer)` picks, from `cfg.optimizer`:
+- adamw                      -> Megatron DistributedOptimizer (torch fused AdamW inside) [optim.megatron]
+- muon/mop/soap_rekls, ours  -> our optimizer + fused AdamW in Megatron's mixed-precision wrappers [optim.megatron]
+- muon, megatron             -> Megatron's TensorParallelMuon + LayerWiseDistributedOptimizer [optim.megatron]
+and wraps the orthogonalize calls with `timer` so Newton-Schulz time and FLOPs are measured per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.schema import RootConfig
+
+DISTRIBUTED_OPTIMIZER_NOTE = (
+    "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
+    "all-reduced, layer-wise ownership (moot at DP=1)"
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class BuiltOptimizer:
+    """The Megatron optimizer plus facts for the run record."""
+
+    optimizer: Any
+    kind: str
+    """adamw | ours | megatron."""
+    num_ns_steps: int = 0
+    routes: list[Any] = field(default_factory=list)
+    """optim.megatron.ParamRoute of every parameter (ours)."""
+
+
+def optim_configs(opt: Any) -> tuple[Any, Any, Any]:
+    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of bench.schema."""
+    from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+
+    adamw = AdamWConfig(
+        lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay
+    )
+    if opt.name == "adamw":
+        return None, adamw, RoutingConfig()
+    routing = RoutingConfig(
+        router_to_matrix=opt.router_to_matrix_optimizer, split_qkv=opt.split_qkv, split_mla_kv_down=opt.split_mla,
+        split_gate_up=opt.split_gate_up,
+    )
+    common = dict(lr=opt.lr, weight_decay=opt.weight_decay, nonfinite_policy=opt.nonfinite_policy)
+    if opt.name == "muon":
+        coeffs = tuple(tuple(c) for c in opt.custom_coefficients)
+        matrix: Any = MuonConfig(
+            **common, momentum=opt.momentum, nesterov=opt.nesterov, scale_mode=opt.scale_mode,
+            extra_scale_factor=opt.extra_scale_factor, coefficient_type=opt.coefficient_type,
+            custom_coefficients=coeffs, num_ns_steps=opt.num_ns_steps, ns_precision=opt.ns_precision,
+            use_gram_ns=opt.use_gram_ns,
+        )
+    elif opt.name == "mop":
+        matrix = MOPConfig(
+            **common, momentum=opt.momentum, nesterov=opt.nesterov, scale_mode=opt.scale_mode,
+            extra_scale_factor=opt.extra_scale_factor, polar_method=opt.polar_method, num_ns_steps=opt.num_ns_steps,
+        )
+    elif opt.name == "soap_rekls":
+        matrix = SOAPConfig(
+            **common, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, shampoo_beta=opt.shampoo_beta,
+            use_eigh=opt.use_eigh, use_kl_shampoo=opt.use_kl_shampoo,
+            precondition_frequency=opt.precondition_frequency, max_precond_dim=opt.max_precond_dim,
+            eps_eigenvalue=opt.eps_eigenvalue,
+        )
+    else:
+        raise ValueError(f"optimizer.name={opt.name!r}: the megatron engine runs adamw, muon, mop, soap_rekls")
+    return matrix, adamw, routing
+
+
+def implementation(cfg: RootConfig) -> str:
+    """adamw | ours | megatron, validated against what the engine can build."""
+    opt = cfg.optimizer
+    if opt.name == "adamw":
+        return "adamw"
+    if opt.implementation not in ("ours", "megatron"):
+        raise ValueError(
+            f"optimizer.implementation={opt.implementation!r}: the megatron engine runs 'ours' or 'megatron'"
+        )
+    if opt.implementation == "megatron" and opt.name != "muon":
+        raise ValueError(f"optimizer.name={opt.name!r} with implementation='megatron': only muon is built in")
+    return opt.implementation
+
+
+def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimizer:
+    """The Megatron optimizer for `cfg.optimizer` over the DDP-wrapped `model_chunks`; NS calls timed by `timer`."""
+    from optim import megatron as om
+
+    kind = implementation(cfg)
+    matrix, adamw, routing = optim_configs(cfg.optimizer)
+    clip = cfg.optimizer.clip_grad
+    if kind == "adamw":
+        opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=True)
+        return BuiltOptimizer(optimizer=opt, kind=kind)
+    tp_mode = cfg.optimizer.tp_mode if cfg.optimizer.tp_mode != "auto" else "blockwise"
+    if kind == "megatron":
+        opt = om.build_megatron_muon(model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=tp_mode)
+        _time_megatron_muon(opt, timer, matrix.num_ns_steps)
+        return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=matrix.num_ns_steps)
+    opt, routes = om.build_ours(model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=tp_mode)
+    k = getattr(matrix, "num_ns_steps", 0)
+    _time_ours(opt, timer, k)
+    return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=k, routes=routes)
+
+
+def _inner(opt: Any) -> list[Any]:
+    from optim.megatron import _inner_torch_optimizers
+
+    return _inner_torch_optimizers(opt)
+
+
+def _time_ours(opt: Any, timer: Any, k: int) -> None:
+    """Time every batched orthogonalize call of our matrix optimizer; count plain NS FLOPs from its (B, m, n)."""
+    from bench.timing import ns_flops_plain
+    from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
+
+    for inner in _inner(opt):
+        if isinstance(inner, OrthogonalizedOptimizer):
+            count = (lambda x: ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])) if k else None
+            inner._orthogonalize = timer.wrap(inner._orthogonalize, "ns", count=count)
+
+
+def _time_megatron_muon(opt: Any, timer: Any, k: int) -> None:
+    """Time every per-matrix `scaled_orthogonalize_fn` call of Megatron's TensorParallelMuon (QKV pieces included)."""
+    from bench.timing import ns_flops_plain
+
+    for inner in _inner(opt):
+        fn = getattr(inner, "scaled_orthogonalize_fn", None)
+        if fn is not None:
+            inner.scaled_orthogonalize_fn = timer.wrap(
+                fn, "ns", count=lambda grad, *a, **kw: ns_flops_plain(grad.shape[-2], grad.shape[-1], k)
+            )

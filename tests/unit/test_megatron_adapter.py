@@ -1,0 +1,235 @@
+"""optim/megatron.py routing and bench/engines/megatron_*.py construction on real (tiny) Megatron GPT models on CPU.
+
+Megatron models only run on CUDA, but with `use_cpu_initialization` and the allgather dispatcher a GQA GPTModel
+builds on the CPU (MLA needs `torch.cuda.current_device` patched: its rotary embedding asks for a device), so the
+routing is tested on the real parameter names and attributes Megatron produces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+pytest.importorskip("megatron.core")
+
+from bench.engines import megatron_data as md  # noqa: E402
+from bench.engines import megatron_model as mm  # noqa: E402
+from bench.schema import ModelConfig, ParallelismConfig  # noqa: E402
+from optim import megatron as om  # noqa: E402
+from optim.configs import AdamWConfig, MuonConfig, RoutingConfig  # noqa: E402
+
+
+def _gqa_model() -> ModelConfig:
+    return ModelConfig(
+        name="tiny_gqa", family="qwen3_moe", num_layers=2, hidden_size=64, num_attention_heads=8, attention="gqa",
+        num_query_groups=2, kv_channels=16, ffn_hidden_size=128, num_dense_layers=1, num_experts=4,
+        moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=32, vocab_size=250,
+        seq_length=32,
+    )
+
+
+def _mla_model() -> ModelConfig:
+    return ModelConfig(
+        name="tiny_mla", family="deepseek_v3", num_layers=2, hidden_size=64, num_attention_heads=4, attention="mla",
+        q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, ffn_hidden_size=128,
+        num_dense_layers=1, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
+        moe_shared_expert_intermediate_size=32, vocab_size=256, seq_length=32,
+        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+    )
+
+
+PAR = ParallelismConfig(name="one", world_size=1)
+CPU_OPTS = mm.BuildOptions(use_te=False, dispatcher="allgather", cpu_init=True, router_dtype=None)
+
+
+@pytest.fixture(scope="module")
+def megatron_groups():
+    """A one-process gloo group and Megatron's parallel state (TP=PP=EP=1)."""
+    import os
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    started = False
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29581")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        started = True
+    ps.initialize_model_parallel(1, 1)
+    yield
+    ps.destroy_model_parallel()
+    if started:
+        dist.destroy_process_group()
+
+
+def _build(model: ModelConfig, monkeypatch: pytest.MonkeyPatch | None = None):
+    if model.attention == "mla" and monkeypatch is not None:
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    config = mm.transformer_config(model, PAR, CPU_OPTS)
+    spec = mm.decoder_block_spec(config, CPU_OPTS)
+    return mm.build_gpt_model(model, config, spec, pre_process=True, post_process=True), config
+
+
+def test_spec_uses_sdpa_core_attention_without_te(megatron_groups):
+    """Localises a slow baseline: every layer of a TE-free spec must carry SDPACoreAttention, not DotProductAttention."""
+    from bench.engines.megatron_attention import SDPACoreAttention
+
+    config = mm.transformer_config(_gqa_model(), PAR, CPU_OPTS)
+    spec = mm.decoder_block_spec(config, CPU_OPTS)
+    assert len(spec.layer_specs) == 2
+    for layer in spec.layer_specs:
+        assert layer.submodules.self_attention.submodules.core_attention is SDPACoreAttention
+    assert config.moe_layer_freq == [0, 1]
+    assert config.num_moe_experts == 4 and config.moe_shared_expert_intermediate_size == 32
+
+
+def test_transformer_config_mla_and_router(megatron_groups):
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    config = mm.transformer_config(_mla_model(), PAR, CPU_OPTS)
+    assert isinstance(config, MLATransformerConfig)
+    assert (config.q_lora_rank, config.kv_lora_rank, config.qk_pos_emb_head_dim) == (32, 16, 8)
+    assert config.moe_router_score_function == "sigmoid" and config.moe_router_enable_expert_bias
+    assert mm.padded_vocab_size(_gqa_model(), tp=1) == 256
+    assert mm.moe_layer_pattern(dataclasses.replace(_gqa_model(), num_dense_layers=0)) == [1, 1]
+
+
+def test_gqa_routing_on_real_megatron_model(megatron_groups):
+    """Routes of every parameter of a real Megatron GQA MoE model (dense first layer, routed + shared experts)."""
+    gpt, config = _build(_gqa_model())
+    routes = {r.name: r for _, r in om.classify([gpt], RoutingConfig())}
+    emb = routes["embedding.word_embeddings.weight"]
+    out = routes["output_layer.weight"]
+    assert (emb.role, emb.optimizer, out.role, out.optimizer) == ("embedding", "adamw", "output", "adamw")
+    qkv = routes["decoder.layers.0.self_attention.linear_qkv.weight"]
+    assert qkv.role == "qkv" and qkv.optimizer == "matrix" and qkv.partition_dim == 0
+    # 8 heads in 2 groups of head dim 16: per group q = 4 * 16 = 64, k = v = 16 rows.
+    assert qkv.split is not None and (qkv.split.num_groups, qkv.split.sizes) == (2, (64, 16, 16))
+    assert routes["decoder.layers.0.self_attention.linear_proj.weight"].partition_dim == 1
+    assert routes["decoder.layers.0.mlp.linear_fc1.weight"].role == "dense_fc1"
+    e1 = routes["decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"]
+    assert e1.role == "expert_fc1" and e1.is_expert and e1.optimizer == "matrix" and e1.split is None
+    assert not e1.expert_parallel  # EP = 1: Megatron keeps allreduce=True on experts
+    sh = routes["decoder.layers.1.mlp.shared_experts.linear_fc2.weight"]
+    assert sh.role == "shared_fc2" and not sh.is_expert
+    router = routes["decoder.layers.1.mlp.router.weight"]
+    assert router.role == "router" and router.optimizer == "matrix"
+    norm = routes["decoder.layers.0.self_attention.q_layernorm.weight"]
+    assert norm.optimizer == "adamw" and not norm.weight_decay
+    counts = {}
+    for r in routes.values():
+        counts[r.optimizer] = counts.get(r.optimizer, 0) + 1
+    # matrices: 2 x (qkv, proj) + dense fc1/fc2 + router + 4 experts x 2 + shared x 2
+    assert counts["matrix"] == 4 + 2 + 1 + 8 + 2
+    assert len(routes) == sum(1 for _ in gpt.parameters())
+
+
+def test_routing_options_router_and_gate_up(megatron_groups):
+    gpt, _ = _build(_gqa_model())
+    routing = RoutingConfig(router_to_matrix=False, split_gate_up=True, split_qkv=False)
+    routes = {r.name: r for _, r in om.classify([gpt], routing)}
+    assert routes["decoder.layers.1.mlp.router.weight"].optimizer == "adamw"
+    fc1 = routes["decoder.layers.1.mlp.experts.local_experts.0.linear_fc1.weight"]
+    assert fc1.split is not None and fc1.split.sizes == (32, 32) and fc1.split.labels == ("gate", "up")
+    assert routes["decoder.layers.0.self_attention.linear_qkv.weight"].split is None
+    shapes = om.matrix_shapes(list(routes.values()))
+    assert shapes.count((32, 64)) == 2 * 4 + 2  # gate and up halves of 4 experts + shared expert
+
+
+def test_mla_routing_on_real_megatron_model(megatron_groups, monkeypatch):
+    gpt, config = _build(_mla_model(), monkeypatch)
+    names = {n for n, _ in gpt.named_parameters()}
+    routes = {r.name: r for _, r in om.classify([gpt], RoutingConfig(split_mla_kv_down=True))}
+    kv_down = routes["decoder.layers.1.self_attention.linear_kv_down_proj.weight"]
+    assert kv_down.role == "mla_kv_down" and kv_down.shape == (16 + 8, 64)
+    assert kv_down.split is not None and kv_down.split.sizes == (16, 8)
+    for role in ("mla_q_down", "mla_q_up", "mla_kv_up"):
+        assert any(r.role == role and r.optimizer == "matrix" for r in routes.values()), role
+    assert all(r.split is None for r in routes.values() if r.role != "mla_kv_down"), "only the asked split"
+    assert any("kv_layernorm" in n for n in names)
+
+
+def test_sdpa_core_attention_matches_reference():
+    """GQA (2 groups for 4 heads) and MLA-like (v head dim < q/k head dim) against an explicit causal softmax."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from bench.engines.megatron_attention import SDPACoreAttention
+
+    cfg = type("C", (), {"context_parallel_size": 1, "attention_dropout": 0.0, "kv_channels": 8, "window_size": None})
+    torch.manual_seed(0)
+    for ng, hv in ((2, 8), (4, 6)):
+        s, b, np_, hn = 7, 2, 4, 8
+        q, k = torch.randn(s, b, np_, hn), torch.randn(s, b, ng, hn)
+        v = torch.randn(s, b, ng, hv)
+        mod = SDPACoreAttention.__new__(SDPACoreAttention)
+        torch.nn.Module.__init__(mod)
+        mod.attn_mask_type, mod.softmax_scale = AttnMaskType.causal, 0.3
+        out = SDPACoreAttention.forward(mod, q, k, v, None)
+        kk = k.repeat_interleave(np_ // ng, dim=2)
+        vv = v.repeat_interleave(np_ // ng, dim=2)
+        scores = torch.einsum("sbhd,tbhd->bhst", q, kk) * 0.3
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool).triu(1), float("-inf"))
+        ref = torch.einsum("bhst,tbhd->sbhd", scores.softmax(-1), vv).reshape(s, b, np_ * hv)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        SDPACoreAttention(type("C2", (cfg,), {"attention_dropout": 0.1}), 1, AttnMaskType.causal)
+
+
+def test_optimizer_config_versions_and_errors():
+    muon = MuonConfig(nesterov=True, num_ns_steps=6)
+    cfg = om.megatron_optimizer_config(
+        optimizer="muon", adamw=AdamWConfig(), clip_grad=1.0, use_distributed_optimizer=True, muon=muon,
+        routing=RoutingConfig(),
+    )
+    assert cfg.optimizer == "muon" and cfg.use_layer_wise_distributed_optimizer and not cfg.use_distributed_optimizer
+    assert cfg.muon_nesterov is True and cfg.muon_num_ns_steps == 6 and cfg.muon_fp32_matmul_prec == "medium"
+    adam = om.megatron_optimizer_config(optimizer="adam", adamw=AdamWConfig(lr=1e-3), clip_grad=0.5,
+                                        use_distributed_optimizer=True)
+    assert adam.optimizer == "adam" and adam.use_distributed_optimizer and adam.lr == 1e-3
+    with pytest.raises(ValueError, match="tp_mode"):
+        om.megatron_optimizer_config(optimizer="muon", adamw=AdamWConfig(), clip_grad=1.0,
+                                     use_distributed_optimizer=False, muon=muon, routing=RoutingConfig(),
+                                     tp_mode="layer_sharded")
+    with pytest.raises(ValueError, match="optimizer="):
+        om.megatron_optimizer_config(optimizer="lamb", adamw=AdamWConfig(), clip_grad=1.0,
+                                     use_distributed_optimizer=False)
+    assert om.ddp_config(kind="adamw", distributed=True, overlap_grad_reduce=False).use_distributed_optimizer
+    assert not om.ddp_config(kind="megatron", distributed=True, overlap_grad_reduce=False).use_distributed_optimizer
+    with pytest.raises(ValueError, match="kind="):
+        om.ddp_config(kind="eo", distributed=True, overlap_grad_reduce=False)
+
+
+def test_data_mock_and_indexed(tmp_path):
+    it = md.mock_batches(vocab_size=50, seq_length=16, mbs=3, seed=1, device="cpu")
+    a, b = next(it), next(md.mock_batches(vocab_size=50, seq_length=16, mbs=3, seed=1, device="cpu"))
+    assert a["tokens"].shape == (3, 16) and torch.equal(a["tokens"], b["tokens"])
+    assert torch.equal(a["tokens"][:, 1:], a["labels"][:, :-1]) and int(a["tokens"].max()) < 50
+    import numpy as np
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    prefix = str(tmp_path / "docs")
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=np.int32)
+    stream = np.arange(100, dtype=np.int32)
+    for chunk in np.split(stream, [7, 30, 31, 64]):
+        builder.add_document(torch.from_numpy(chunk), [len(chunk)])
+    builder.finalize(prefix + ".idx")
+    rank0 = next(md.indexed_batches(prefix, seq_length=9, mbs=2, dp_rank=0, dp_size=2, device="cpu"))
+    rank1 = next(md.indexed_batches(prefix, seq_length=9, mbs=2, dp_rank=1, dp_size=2, device="cpu"))
+    # windows of 10 consecutive ids; rank 0 takes windows 0 and 2, rank 1 windows 1 and 3.
+    assert rank0["tokens"][:, 0].tolist() == [0, 20] and rank1["tokens"][:, 0].tolist() == [10, 30]
+    assert rank0["labels"][0].tolist() == list(range(1, 10))
+    with pytest.raises(ValueError, match="bench.data"):
+        md.parse_data_spec("text:/x")
+
+
+def test_engine_refuses_cpu(monkeypatch):
+    """GPU-only engine: a clear ValueError, not a CUDA stack trace."""
+    from bench.engines.base import RankInfo
+    from bench.engines.megatron import MegatronEngine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="GPUs only"):
+        MegatronEngine().setup(None, RankInfo(rank=0, world_size=1, local_rank=0))  # type: ignore[arg-type]
