@@ -1,1 +1,9 @@
-"""muonbench recipes."""
+"""Megatron-Bridge recipes of the published setups (Kimi K2, Qwen3-30B-A3B) for AdamW / Muon / MOP / SOAP-REKLS.
+
+`recipes.overrides.build_plan(root)` is pure data (importable anywhere); `recipes.bridge.build_config_container`
+imports Megatron-Bridge lazily and only works where Transformer Engine is installed (the NeMo container).
+"""
+
+from recipes.overrides import AB_MODES, BridgePlan, build_overrides, build_plan
+
+__all__ = ["AB_MODES", "BridgePlan", "build_overrides", "build_plan"]

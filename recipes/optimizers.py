@@ -1,0 +1,179 @@
+"""Optimizer delta of a Bridge recipe: AdamW, Muon, MOP, SOAP-REKLS; Megatron's built-in or ours (pure data).
+
+`optimizer.implementation` picks who steps the matrices:
+- "megatron": Megatron-Core's own optimizer, named in the `optimizer` section (AdamW -> distributed fused "adam";
+  Muon -> "dist_muon", TensorParallelMuon on the layer-wise distributed optimizer, as MB's Kimi recipe; SOAP ->
+  "dist_soap"). Knobs that MCore cannot express raise a ValueError naming them instead of being dropped.
+- "ours": the `optim.megatron` adapter (issue 7) builds our optimizer through Bridge's duck-typed
+  `OptimizerConfig.provide()` seam; the `optimizer` section then only carries what the scalar AdamW and the
+  scheduler read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.schema import (
+    AdamWSchema,
+    MatrixOptimizerSchema,
+    MOPSchema,
+    MuonSchema,
+    PrecisionConfig,
+    SOAPSchema,
+)
+from recipes.models import Sections
+
+FAIR_PROFILE: dict[str, bool] = {"overlap_param_gather": True, "fp8_param_gather": True}
+"""ab_mode="fair": one setting for every optimizer (fp8_param_gather only where the precision has an FP8 recipe)."""
+
+MCORE_TP_MODES = ("duplicated", "distributed", "blockwise")
+
+
+def _fail(name: str, value: Any, rule: str) -> None:
+    raise ValueError(f"optimizer.{name}={value!r}: {rule}")
+
+
+def _common(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Optimizer and scheduler fields every algorithm shares (LR schedule, weight decay, clip, scalar AdamW)."""
+    wd = opt.weight_decay
+    optimizer = {
+        "lr": opt.lr,
+        "min_lr": opt.min_lr,
+        "weight_decay": wd,
+        "clip_grad": opt.clip_grad,
+        "adam_beta1": opt.adam_beta1,
+        "adam_beta2": opt.adam_beta2,
+        "adam_eps": opt.adam_eps,
+        "use_precision_aware_optimizer": False,
+    }
+    scheduler = {
+        "lr_decay_style": opt.lr_decay,
+        "lr_warmup_iters": opt.lr_warmup_steps,
+        "lr_warmup_init": 0.0,
+        "start_weight_decay": wd,
+        "end_weight_decay": wd,
+        "weight_decay_incr_style": "constant",
+        "override_opt_param_scheduler": True,
+    }
+    return optimizer, scheduler
+
+
+def _megatron_matrix_checks(opt: MatrixOptimizerSchema) -> None:
+    """Knobs of ours that Megatron's layer-wise path cannot honour (they would change the run silently)."""
+    if opt.split_mla:
+        _fail("split_mla", True, "Megatron-Core orthogonalises MLA projections whole; use implementation=ours")
+    if opt.split_gate_up:
+        _fail("split_gate_up", True, "Megatron-Core orthogonalises fc1 [gate; up] jointly; use implementation=ours")
+    if not opt.router_to_matrix_optimizer:
+        _fail("router_to_matrix_optimizer", False, "Megatron-Core routes the MoE router to the matrix optimizer")
+    if opt.grad_sync != "all_reduce":
+        _fail("grad_sync", opt.grad_sync,
+              "Megatron's layer-wise path (as run by Megatron-Bridge) all-reduces gradients; use all_reduce or "
+              "implementation=ours")
+    if opt.distributed == "layerwise" and opt.assignment != "ping_pong_numel":
+        _fail("assignment", opt.assignment,
+              "Megatron's layer-wise path deals parameters ping-pong by numel; use ping_pong_numel or "
+              "implementation=ours")
+
+
+def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
+    _megatron_matrix_checks(opt)
+    if opt.tp_mode not in MCORE_TP_MODES:
+        _fail("tp_mode", opt.tp_mode, f"Megatron-Core allows {list(MCORE_TP_MODES)}")
+    if opt.coefficient_type == "custom":
+        _fail("coefficient_type", "custom", "Megatron-Core takes a named coefficient set only")
+    if opt.use_gram_ns:
+        _fail("use_gram_ns", True, "Megatron-Core has no Gram Newton-Schulz; use implementation=ours")
+    return {
+        "optimizer": "dist_muon" if opt.distributed == "layerwise" else "muon",
+        "muon_momentum": opt.momentum,
+        "muon_nesterov": opt.nesterov,
+        "muon_scale_mode": opt.scale_mode,
+        "muon_extra_scale_factor": opt.extra_scale_factor,
+        "muon_fp32_matmul_prec": "medium" if opt.ns_precision == "bf16" else "highest",
+        "muon_coefficient_type": opt.coefficient_type,
+        "muon_num_ns_steps": opt.num_ns_steps,
+        "muon_tp_mode": opt.tp_mode,
+        "muon_split_qkv": opt.split_qkv,
+        "muon_scalar_optimizer": "adam",
+    }
+
+
+def _megatron_soap(opt: SOAPSchema) -> dict[str, Any]:
+    _megatron_matrix_checks(opt)
+    if opt.use_eigh:
+        _fail("use_eigh", True, "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours")
+    return {
+        "optimizer": "dist_soap" if opt.distributed == "layerwise" else "soap",
+        "soap_shampoo_beta": opt.shampoo_beta,
+        "soap_precondition_frequency": opt.precondition_frequency,
+        "soap_use_kl_shampoo": opt.use_kl_shampoo,
+    }
+
+
+def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
+    """(optimizer fields, bridge implementation, state sharded by the distributed optimizer)."""
+    impl = opt.implementation
+    if impl == "eo":
+        _fail("implementation", impl, "Emerging-Optimizers is the test oracle only; use megatron or ours")
+    match opt:
+        case AdamWSchema():
+            if impl == "ours":
+                _fail("implementation", impl, "AdamW runs as Megatron's distributed fused Adam (torch or megatron)")
+            return {"optimizer": "adam"}, "megatron", True
+        case _ if impl == "ours":
+            # Scalar AdamW and the schedule; the adapter replaces the matrix part.
+            return {"optimizer": "adam"}, "ours", opt.grad_sync == "reduce_scatter"
+        case MuonSchema():
+            return _megatron_muon(opt), "megatron", False
+        case SOAPSchema():
+            return _megatron_soap(opt), "megatron", False
+        case MOPSchema():
+            _fail("implementation", impl,
+                  "Megatron-Core's generic emerging-optimizer path passes betas, which EO's MOP rejects; use ours")
+        case _:
+            raise NotImplementedError(type(opt).__name__)
+    raise AssertionError("unreachable")
+
+
+def ab_knobs(opt: Any, precision: PrecisionConfig, ab_mode: str) -> tuple[dict[str, bool], dict[str, bool]]:
+    """(knobs used, configured values they replaced) for param-gather overlap and FP8 param gather."""
+    configured = {
+        # AdamW has no knob: MB's AdamW always overlaps the distributed optimizer's param all-gather.
+        "overlap_param_gather": opt.overlap_param_gather if isinstance(opt, MatrixOptimizerSchema) else True,
+        "fp8_param_gather": bool(precision.fp8_recipe) and precision.fp8_param_gather,
+    }
+    if ab_mode == "published":
+        return configured, {}
+    fair = {"overlap_param_gather": FAIR_PROFILE["overlap_param_gather"],
+            "fp8_param_gather": bool(precision.fp8_recipe) and FAIR_PROFILE["fp8_param_gather"]}
+    return fair, {k: v for k, v in configured.items() if fair[k] != v}
+
+
+def apply_optimizer(sections: Sections, opt: Any, precision: PrecisionConfig, *, ab_mode: str) -> dict[str, Any]:
+    """Optimizer, scheduler and DDP fields; returns the run metadata of the optimizer and the A/B mode."""
+    optimizer, scheduler = _common(opt)
+    algo, bridge_impl, dist_opt = _algorithm(opt)
+    optimizer |= algo
+    knobs, replaced = ab_knobs(opt, precision, ab_mode)
+    optimizer |= {"use_distributed_optimizer": dist_opt, "overlap_param_gather": knobs["overlap_param_gather"]}
+    sections.setdefault("optimizer", {}).update(optimizer)
+    sections.setdefault("scheduler", {}).update(scheduler)
+    sections.setdefault("ddp", {}).update(use_distributed_optimizer=dist_opt,
+                                          overlap_param_gather=knobs["overlap_param_gather"])
+    if precision.fp8_recipe:
+        sections.setdefault("mixed_precision", {}).update(
+            fp8_param_gather=knobs["fp8_param_gather"],
+            # Bridge requires reuse_grad_buf_for_mxfp8_param_ag == fp8_param_gather under MXFP8.
+            reuse_grad_buf_for_mxfp8_param_ag=knobs["fp8_param_gather"] and precision.fp8_recipe == "mxfp8",
+        )
+    requires = {}
+    if ab_mode == "fair" and bridge_impl == "megatron" and not dist_opt:
+        requires["megatron-core"] = ">=0.19"  # layer-wise overlapped param gather; MXFP8 param gather (#5707)
+    return {
+        "optimizer": {"name": opt.name, "implementation": opt.implementation, "bridge_impl": bridge_impl,
+                      "megatron_optimizer": optimizer["optimizer"], "distributed_optimizer": dist_opt},
+        "ab_knobs": knobs,
+        "ab_replaced": replaced,
+        "requires": requires,
+    }

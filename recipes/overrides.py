@@ -1,0 +1,207 @@
+"""Our typed config -> Megatron-Bridge overrides, as pure data (no Megatron import; testable offline).
+
+`build_plan(root)` returns a `BridgePlan`: which Bridge recipe builds the model, which mixed-precision preset, and
+`overrides`, a mapping of ConfigContainer section (`model`, `optimizer`, `ddp`, `train`, `scheduler`, ...) to
+field -> value, composed from small deltas on a hardware-neutral per-model base:
+
+    base_sections(model) -> apply_parallelism -> apply_precision -> apply_optimizer -> benchmark_mode
+
+Only values that differ from the Bridge base recipe, or that our config decides, are set. `recipes.bridge` applies
+the plan onto a live ConfigContainer inside the NeMo container.
+
+A/B modes (`ab_mode`), because the published AdamW vs Muon comparison differed in more than the optimizer:
+- "published": the A/B knobs as configured; the `conf/experiment/gb300/*` files encode the MB runs (AdamW:
+  distributed optimizer, param-gather overlap and MXFP8 param gather on; Muon: all three off).
+- "fair": the knobs that are not the optimizer's own (param-gather overlap, MXFP8 param gather) are forced to one
+  profile, `FAIR_PROFILE`, for every optimizer; each optimizer keeps its own state sharding (ZeRO-1 for AdamW, the
+  layer-wise optimizer for Muon). Megatron's Muon then needs Megatron-Core >= 0.19 (layer-wise overlapped param
+  gather through the DDP buckets, MXFP8 param gather fixed by MCore #5707).
+The mode and every knob it changed go into `BridgePlan.metadata` (copied into run.json).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.schema import (
+    BenchConfig,
+    HardwareConfig,
+    ModelConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    RootConfig,
+)
+from recipes.models import Sections, base_sections, model_recipe
+from recipes.optimizers import apply_optimizer
+
+AB_MODES = ("published", "fair")
+DEFAULT_AB_MODE = "published"
+FAIR_MIN_MCORE = (0, 19)
+
+PRECISION_PRESETS: dict[str, str] = {"bf16": "bf16_mixed", "fp8_mx": "bf16_with_mxfp8_mixed"}
+"""`precision.name` -> preset function in megatron.bridge.training.mixed_precision."""
+
+_CONFIG = "megatron.bridge.training.config"
+SECTION_CLASSES: dict[str, tuple[str, str]] = {
+    "train": (_CONFIG, "TrainingConfig"),
+    "validation": (_CONFIG, "ValidationConfig"),
+    "optimizer": (_CONFIG, "OptimizerConfig"),
+    "scheduler": (_CONFIG, "SchedulerConfig"),
+    "ddp": (_CONFIG, "DistributedDataParallelConfig"),
+    "dataset": (_CONFIG, "GPTDatasetConfig"),
+    "logger": (_CONFIG, "LoggerConfig"),
+    "checkpoint": (_CONFIG, "CheckpointConfig"),
+    "dist": (_CONFIG, "DistributedInitConfig"),
+    "rng": (_CONFIG, "RNGConfig"),
+    "rerun_state_machine": (_CONFIG, "RerunStateMachineConfig"),
+    "tokenizer": ("megatron.bridge.training.tokenizers.config", "TokenizerConfig"),
+    "comm_overlap": ("megatron.bridge.training.comm_overlap", "CommOverlapConfig"),
+    "mixed_precision": ("megatron.bridge.training.mixed_precision", "MixedPrecisionConfig"),
+}
+"""ConfigContainer section -> (module, class) of its dataclass; `model` depends on the family (models.py)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BridgePlan:
+    """Everything `recipes.bridge` needs to build the ConfigContainer, as plain data."""
+
+    base_recipe: str
+    """`module:function` of the Bridge recipe that builds the model."""
+    provider: str
+    """`module:Class` of the model provider (field check)."""
+    precision_preset: str
+    """Mixed-precision preset function name (megatron.bridge.training.mixed_precision)."""
+    optimizer_impl: str
+    """"megatron" (MCore's optimizer named in overrides["optimizer"]) or "ours" (optim.megatron adapter)."""
+    overrides: Sections
+    env_vars: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def section_class(self, section: str) -> tuple[str, str]:
+        """(module, class) of a section's dataclass."""
+        if section == "model":
+            module, _, cls = self.provider.partition(":")
+            return module, cls
+        return SECTION_CLASSES[section]
+
+
+def apply_parallelism(sections: Sections, par: ParallelismConfig, model: ModelConfig,
+                      hardware: HardwareConfig) -> None:
+    """Layout (TP/PP/VP/CP/EP), batch sizes and the MoE token dispatcher."""
+    m = sections.setdefault("model", {})
+    m |= {
+        "tensor_model_parallel_size": par.tp,
+        "pipeline_model_parallel_size": par.pp,
+        "virtual_pipeline_model_parallel_size": par.vp if par.vp > 1 else None,
+        "context_parallel_size": par.cp,
+        "sequence_parallel": par.sequence_parallel,
+        # MCore layout string ("E" embedding, "t" decoder, "L" loss, "|" stage); None = even split.
+        "pipeline_model_parallel_layout": par.pipeline_layout or None,
+    }
+    if model.num_experts:
+        m |= {"expert_model_parallel_size": par.ep, "expert_tensor_parallel_size": par.etp}
+        if par.ep > 1:
+            # HybridEP (the published backend) needs all EP ranks inside one NVLink domain (GB300 NVL72: 72).
+            m["moe_token_dispatcher_type"] = "flex"
+            m["moe_flex_dispatcher_backend"] = "hybridep" if par.ep <= hardware.nvlink_domain else "deepep"
+    sections.setdefault("train", {}).update(global_batch_size=par.gbs, micro_batch_size=par.mbs)
+
+
+def apply_precision(sections: Sections, precision: PrecisionConfig) -> str:
+    """The Bridge mixed-precision preset of `precision`.
+
+    FP8 parameter gather is an A/B knob and is set by `apply_optimizer` (see `recipes.optimizers.ab_knobs`).
+    """
+    del sections  # the preset carries every precision field we change
+    try:
+        return PRECISION_PRESETS[precision.name]
+    except KeyError:
+        raise ValueError(f"precision.name={precision.name!r}: allowed {sorted(PRECISION_PRESETS)}") from None
+
+
+def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -> dict[str, Any]:
+    """The benchmark policy (MB `_benchmark_common`): short run, every step logged, no checkpoint, no eval.
+
+    `bench.steps` iterations (published: 50); LR warm-up over `bench.warmup_steps` (published: 10, the same steps
+    the report skips) and decay over the run; mock data with a null tokenizer unless `bench.data` names an indexed
+    dataset; NaN/large-gradient checks and fp32 gradient reduction off; rope and cross-entropy fusions on.
+    """
+    def put(section: str, **values: Any) -> None:
+        sections.setdefault(section, {}).update(values)
+
+    put("train", train_iters=bench.steps, manual_gc=True, manual_gc_interval=100)
+    put("validation", eval_iters=0)
+    put("scheduler", lr_warmup_iters=bench.warmup_steps, lr_decay_iters=bench.steps)
+    put("checkpoint", save=None, load=None)
+    put("logger", log_interval=bench.log_every, tensorboard_dir=None)
+    put("ddp", check_for_nan_in_grad=False, check_for_large_grads=False, grad_reduce_in_fp32=False)
+    put("mixed_precision", grad_reduce_in_fp32=False)
+    put("rerun_state_machine", check_for_nan_in_loss=False)
+    put("rng", seed=bench.seed)
+    put("model", apply_rope_fusion=True, cross_entropy_fusion_impl="te")
+    if sections["model"].get("moe_flex_dispatcher_backend") == "hybridep":
+        put("model", moe_hybridep_num_sms=32)
+    put("tokenizer", use_tokenizer_vocab_size=False)  # fixed model shape: no embedding/output resize
+    put("dataset", random_seed=bench.seed)
+    if bench.data == "mock":
+        put("dataset", blend=None)  # Bridge's mock GPT dataset
+        put("tokenizer", tokenizer_type="NullTokenizer", tokenizer_model=None, vocab_size=model.vocab_size)
+    elif bench.data.startswith("indexed:"):
+        put("dataset", blend=([bench.data.removeprefix("indexed:")], None))
+    else:
+        raise ValueError(f"bench.data={bench.data!r}: the bridge engine reads 'mock' or 'indexed:<path prefix>'")
+    return {"train_iters": bench.steps, "warmup_steps": bench.warmup_steps, "log_interval": bench.log_every,
+            "data": bench.data}
+
+
+def build_plan(root: RootConfig, *, ab_mode: str = DEFAULT_AB_MODE) -> BridgePlan:
+    """Compose the Bridge plan of one run from our typed config."""
+    if ab_mode not in AB_MODES:
+        raise ValueError(f"ab_mode={ab_mode!r}: allowed {list(AB_MODES)}")
+    recipe = model_recipe(root.model)
+    sections = base_sections(root.model)
+    apply_parallelism(sections, root.parallelism, root.model, root.hardware)
+    preset = apply_precision(sections, root.precision)
+    opt_meta = apply_optimizer(sections, root.optimizer, root.precision, ab_mode=ab_mode)
+    bench_meta = benchmark_mode(sections, root.bench, root.model)
+    metadata = {
+        "recipe": recipe.family,
+        "base_recipe": recipe.base_recipe,
+        "precision_preset": preset,
+        "ab_mode": ab_mode,
+        **opt_meta,
+        "benchmark": bench_meta,
+    }
+    return BridgePlan(
+        base_recipe=recipe.base_recipe,
+        provider=recipe.provider,
+        precision_preset=preset,
+        optimizer_impl=opt_meta["optimizer"]["bridge_impl"],
+        overrides=sections,
+        env_vars=dict(root.launcher.env),
+        metadata=metadata,
+    )
+
+
+def build_overrides(root: RootConfig, *, ab_mode: str = DEFAULT_AB_MODE) -> Sections:
+    """Section -> field -> value overrides of one run (see `build_plan`)."""
+    return build_plan(root, ab_mode=ab_mode).overrides
+
+
+def unknown_fields(plan: BridgePlan) -> list[str]:
+    """`section.field` names of `plan` that the installed Megatron-Bridge does not define (read from source).
+
+    Empty when every override names a real field. Reads the package source, imports no Bridge module.
+    """
+    from recipes.fields import dataclass_fields
+
+    container = dataclass_fields(_CONFIG, "ConfigContainer")
+    bad: list[str] = []
+    for section, values in plan.overrides.items():
+        if section not in container:
+            bad.append(section)
+            continue
+        known = dataclass_fields(*plan.section_class(section))
+        bad += [f"{section}.{name}" for name in values if name not in known]
+    return bad
