@@ -22,6 +22,9 @@ from bench.flops import (
 )
 from bench.schema import ModelConfig, ParallelismConfig
 
+_TP_MODE_COST = {"distributed_gram": "distributed", "auto": "blockwise"}
+"""Optimizer tp_mode values that cost like one of bench.flops.TP_MODES."""
+
 
 def summary(model: ModelConfig, par: ParallelismConfig, **ns_options: Any) -> dict[str, Any]:
     """Everything the CLI prints, as one JSON-ready dict (FLOPs as floats)."""
@@ -112,27 +115,33 @@ def main(argv: list[str] | None = None) -> int:
     for a in [a for a in args if a.startswith("format=")]:
         fmt = a.split("=", 1)[1]
         args.remove(a)
-    if fmt not in ("text", "json"):
-        raise ValueError(f"format={fmt!r}: must be one of ['text', 'json']")
-    root = load(args)
-    opt = root.optimizer
-    opts: dict[str, Any] = {
-        "num_steps": getattr(opt, "num_ns_steps", 5),
-        "split_qkv": getattr(opt, "split_qkv", True),
-        "split_mla": getattr(opt, "split_mla", False),
-        "split_gate_up": getattr(opt, "split_gate_up", False),
-        "include_router": getattr(opt, "router_to_matrix_optimizer", True),
-        "distributed": getattr(opt, "distributed", "layerwise"),
-        "tp_mode": {"distributed_gram": "distributed", "auto": "blockwise"}.get(
-            getattr(opt, "tp_mode", "blockwise"), getattr(opt, "tp_mode", "blockwise")),
-    }
-    s = summary(root.model, root.parallelism, **opts)
+    try:
+        if fmt not in ("text", "json"):
+            raise ValueError(f"format={fmt!r}: must be one of ['text', 'json']")
+        s = _summary_from(load(args))
+    except ValueError as exc:  # config and user errors: one line naming the field, the value and the rule
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if fmt == "json":
         print(json.dumps(s, indent=1, sort_keys=True))
     else:
         _print_text(s)
     return 0
 
+
+def _summary_from(root: Any) -> dict[str, Any]:
+    """NS options from the optimizer group; optimizers without them (AdamW) get MCore's Muon defaults."""
+    from bench.schema import MatrixOptimizerSchema, MOPSchema, MuonSchema
+
+    opt = root.optimizer
+    opts: dict[str, Any] = {}
+    if isinstance(opt, MatrixOptimizerSchema):
+        opts.update(split_qkv=opt.split_qkv, split_mla=opt.split_mla, split_gate_up=opt.split_gate_up,
+                    include_router=opt.router_to_matrix_optimizer, distributed=opt.distributed,
+                    tp_mode=_TP_MODE_COST.get(opt.tp_mode, opt.tp_mode))
+    if isinstance(opt, MuonSchema | MOPSchema):
+        opts["num_steps"] = opt.num_ns_steps
+    return summary(root.model, root.parallelism, **opts)
 
 
 if __name__ == "__main__":
