@@ -1,0 +1,105 @@
+"""Fast Newton-Schulz on the GPU: batched, plan-cached, with Triton symmetric products and CUDA graphs.
+
+Public contract (used by the optimizers):
+- `available()`: CUDA present and Triton importable.
+- `orthogonalize(x, *, coeffs, eps, use_gram, restart_iterations)`: approximate polar factor of each matrix of
+  a 2-D (m, n) or 3-D (B, m, n) tensor, in x's dtype. The short side is the Gram side (tall inputs are
+  transposed), each matrix is divided by its Frobenius norm (clamped at eps), the iteration runs on bf16
+  operands with fp32 accumulation. On CUDA the method (cuBLAS plain, Triton symmetric, Gram-NS, CUDA-graph
+  replay) is chosen per shape by `optim.kernels.plan` from measured times; on CPU it is the plain torch body.
+
+use_gram=True allows Gram-NS (same polynomial in exact arithmetic, a slightly larger bf16 error, fewer FLOPs on
+rectangular matrices); the plan still picks the plain iteration where that measures faster.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+
+import torch
+
+from optim.kernels.ns_batched import Coeff, TorchOps, orthogonalize_with
+
+__all__ = ["available", "orthogonalize", "plan_for", "triton_importable"]
+
+_PLANNER = None
+
+
+def triton_importable() -> bool:
+    """Triton can be imported (needed by the symmetric kernels)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def available() -> bool:
+    """CUDA present and Triton importable: the plan-cached GPU path can run."""
+    return torch.cuda.is_available() and triton_importable()
+
+
+def _planner():  # type: ignore[no-untyped-def]
+    global _PLANNER
+    if _PLANNER is None:
+        from optim.kernels.plan import Planner
+
+        _PLANNER = Planner()
+    return _PLANNER
+
+
+def _check(x: torch.Tensor, coeffs: Sequence[Coeff]) -> None:
+    if x.ndim not in (2, 3):
+        raise ValueError(f"x.ndim={x.ndim}: orthogonalize takes (m, n) or (B, m, n)")
+    if not x.is_floating_point():
+        raise ValueError(f"x.dtype={x.dtype}: orthogonalize takes a floating-point tensor")
+    if not coeffs or any(len(t) != 3 for t in coeffs):
+        raise ValueError(f"coeffs={coeffs!r}: need a non-empty list of (a, b, c)")
+
+
+def orthogonalize(
+    x: torch.Tensor,
+    *,
+    coeffs: Sequence[Coeff],
+    eps: float = 1e-7,
+    use_gram: bool = False,
+    restart_iterations: Sequence[int] = (2,),
+) -> torch.Tensor:
+    """Newton-Schulz orthogonalization of each matrix of x, one (a, b, c) per iteration.
+
+    Args:
+        x: (m, n) or (B, m, n), any float dtype, CUDA (plan-cached fast path) or CPU (plain torch body).
+        coeffs: the (a, b, c) of each iteration (e.g. `optim.functional.newton_schulz.ns_coefficients`).
+        eps: lower clamp of the per-matrix Frobenius norm.
+        use_gram: allow Gram-NS (see module docstring).
+        restart_iterations: Gram-NS iterations before which X and its Gram matrix are re-formed.
+
+    Returns:
+        Tensor of x's shape and dtype (possibly with transposed strides for tall matrices).
+    """
+    _check(x, coeffs)
+    coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
+    restarts = frozenset(int(i) for i in restart_iterations)
+    xb = x.unsqueeze(0) if x.ndim == 2 else x
+    if xb.is_cuda and available():
+        planner = _planner()
+        method, key = planner.choose(xb, coeffs, eps, use_gram, restarts)
+        out = planner.run(method, key, xb, coeffs, eps, restarts)
+    else:
+        out = orthogonalize_with(xb, coeffs, eps=eps, gram=use_gram, restarts=restarts, ops=TorchOps())
+    return out.squeeze(0) if x.ndim == 2 else out
+
+
+def plan_for(
+    x: torch.Tensor,
+    *,
+    coeffs: Sequence[Coeff],
+    eps: float = 1e-7,
+    use_gram: bool = False,
+    restart_iterations: Sequence[int] = (2,),
+) -> dict[str, object]:
+    """The cached plan entry (method, candidate times, warm-up seconds) for x's problem; measures if missing."""
+    if not (x.is_cuda and available()):
+        raise ValueError(f"plan_for needs a CUDA tensor and Triton; got device={x.device}")
+    xb = x.unsqueeze(0) if x.ndim == 2 else x
+    coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
+    planner = _planner()
+    _, key = planner.choose(xb, coeffs, eps, use_gram, frozenset(restart_iterations))
+    return dict(planner.choices[key])

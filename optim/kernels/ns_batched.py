@@ -1,0 +1,124 @@
+"""Batched Newton-Schulz bodies over a pluggable matrix-product backend.
+
+Same math as `optim.functional.newton_schulz` (plain and Gram-NS), written once against three products so that
+the cuBLAS path (`TorchOps`) and the Triton symmetric path (`optim.kernels.sym_triton.TritonOps`) share it:
+
+    gram(X)                = X X^T                              (symmetric output)
+    sym(A, B, alpha, D, beta) = alpha A B + beta D              (A, B, D symmetric and commuting: output symmetric)
+    apply(B, X, beta)      = beta X + B X                       (general product, m x m times m x n)
+
+Plain step: A = gram(X); P = sym(A, A, c, A, b); X = apply(P, X, a).
+Gram-NS step (Dao-AILab gram-newton-schulz): Z = sym(R, R, c, R, b); Q = aI + Z or sym(Z, Q, 1, Q, a);
+RZ = sym(R, Z, 1, R, a); R = sym(Z, RZ, 1, RZ, a). All m x m products in Gram-NS are products of polynomials in
+R_0, so they commute and every output is symmetric: only one triangle needs computing.
+
+Layout: X is (B, m, n) bf16, contiguous, m <= n (the caller transposes), already Frobenius-normalized.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+Coeff = tuple[float, float, float]
+
+
+class MatOps(Protocol):
+    """The three products Newton-Schulz needs; see the module docstring."""
+
+    def gram(self, x: torch.Tensor) -> torch.Tensor: ...
+
+    def sym(
+        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
+    ) -> torch.Tensor: ...
+
+    def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor: ...
+
+
+class TorchOps:
+    """cuBLAS (or CPU) products through torch.bmm / baddbmm; alpha and beta fused into the GEMM epilogue."""
+
+    def gram(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(x, x.mT)
+
+    def sym(
+        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
+    ) -> torch.Tensor:
+        if d is None:
+            return torch.bmm(a, b) if alpha == 1.0 else torch.bmm(a, b).mul_(alpha)
+        return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
+
+    def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
+        return torch.baddbmm(x, p, x, beta=beta, alpha=1.0)
+
+
+def normalize_bf16(x: torch.Tensor, eps: float, transpose: bool) -> torch.Tensor:
+    """(B, r, c) any float dtype -> (B, m, n) contiguous bf16 divided by max(||x||_F, eps) per matrix.
+
+    The norm is accumulated in fp32; the cast (and transpose) is one copy kernel and the scale one in-place
+    bf16 multiply, so an fp32 input costs 4 + 6 + 4 bytes per element instead of a full fp32 intermediate.
+    """
+    norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True, dtype=torch.float32)
+    inv = norm.clamp_min(eps).reciprocal()
+    src = x.mT if transpose else x
+    out = torch.empty(src.shape, dtype=torch.bfloat16, device=x.device)
+    out.copy_(src)
+    out.mul_(inv)
+    return out
+
+
+def plain_iterations(x: torch.Tensor, coeffs: Sequence[Coeff], ops: MatOps) -> torch.Tensor:
+    """k plain NS steps: A = X X^T, P = b A + c A^2, X = a X + P X."""
+    for a, b, c in coeffs:
+        g = ops.gram(x)
+        p = ops.sym(g, g, c, g, b)
+        x = ops.apply(p, x, a)
+    return x
+
+
+def gram_iterations(
+    x: torch.Tensor, coeffs: Sequence[Coeff], restarts: frozenset[int], ops: MatOps
+) -> torch.Tensor:
+    """Gram-NS with restarts; same recursion as `optim.functional.newton_schulz._gram_iterations`."""
+    r = ops.gram(x)
+    q: torch.Tensor | None = None
+    last = len(coeffs) - 1
+    for i, (a, b, c) in enumerate(coeffs):
+        if i in restarts and q is not None:
+            x = torch.bmm(q, x)
+            r = ops.gram(x)
+            q = None
+        z = ops.sym(r, r, c, r, b)  # b R + c R^2
+        if q is None:
+            q = z.clone()
+            q.diagonal(dim1=-2, dim2=-1).add_(a)  # a I + Z
+        else:
+            q = ops.sym(z, q, 1.0, q, a)  # (a I + Z) Q
+        if i < last and (i + 1) not in restarts:
+            rz = ops.sym(r, z, 1.0, r, a)  # R (a I + Z)
+            r = ops.sym(z, rz, 1.0, rz, a)  # (a I + Z) R (a I + Z)
+    assert q is not None
+    return torch.bmm(q, x)
+
+
+def orthogonalize_with(
+    x: torch.Tensor,
+    coeffs: Sequence[Coeff],
+    *,
+    eps: float,
+    gram: bool,
+    restarts: frozenset[int],
+    ops: MatOps,
+) -> torch.Tensor:
+    """Normalize, iterate and restore layout and dtype; x is (B, r, c)."""
+    transpose = x.size(-2) > x.size(-1)
+    xb = normalize_bf16(x, eps, transpose)
+    if gram:
+        out = gram_iterations(xb, coeffs, restarts, ops)
+    else:
+        out = plain_iterations(xb, coeffs, ops)
+    if transpose:
+        out = out.mT
+    return out if x.dtype == torch.bfloat16 else out.to(x.dtype)

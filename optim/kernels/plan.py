@@ -1,0 +1,219 @@
+"""Measured per-shape plan: time each candidate NS method once, keep the fastest, cache the choice on disk.
+
+A plan key is (batch, m, n, input dtype, coefficients, use_gram, restarts) on one GPU with one torch and Triton
+version; the cache file (json) lives in $MUONBENCH_CACHE or ~/.cache/muonbench and records the times of every
+candidate and the warm-up cost, so a report can show why a method was chosen. Nothing is guessed: a candidate is
+only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, and was the fastest by median.
+
+Candidates (all bf16 operands, fp32 accumulation):
+- `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
+- `plain_sym_t128`, `plain_sym_t64`: X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle).
+- `gram_torch`, `gram_sym_t128`, `gram_sym_t64`: Gram-NS with restarts (only when use_gram=True).
+- `+graph`: the same body captured once in a CUDA graph and replayed (only for small problems, where launch
+  gaps dominate).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
+
+# Problems with fewer plain FLOPs than this are also tried under CUDA graph replay (~0.3 ms at 700 TF/s).
+GRAPH_MAX_FLOPS = 2.0e11
+# A candidate must agree with the cuBLAS path to this relative Frobenius distance (bf16 rounding differences).
+AGREE_RTOL = 5e-2
+
+
+def cache_path() -> Path:
+    """$MUONBENCH_CACHE/ns_plan.json, else ~/.cache/muonbench/ns_plan.json."""
+    root = os.environ.get("MUONBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "muonbench")
+    return Path(root) / "ns_plan.json"
+
+
+def env_key(device: torch.device) -> str:
+    """GPU name and software versions; a change of any of them invalidates the cached choices."""
+    import triton
+
+    return f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton {triton.__version__}"
+
+
+def plain_flops(batch: int, m: int, n: int, num_steps: int) -> float:
+    """Plain-count NS FLOPs, short side m: k (4 m^2 n + 2 m^3) per matrix."""
+    m, n = min(m, n), max(m, n)
+    return batch * num_steps * (4.0 * m * m * n + 2.0 * m**3)
+
+
+def _ops(name: str) -> MatOps:
+    if "_sym_" not in name:
+        return TorchOps()
+    from optim.kernels.sym_triton import TILE_CONFIGS, TritonOps
+
+    return TritonOps(TILE_CONFIGS[name.rsplit("_", 1)[1]])
+
+
+def candidate_names(batch: int, m: int, n: int, num_steps: int, use_gram: bool, triton_ok: bool) -> list[str]:
+    """Methods worth timing for this problem (graph variants only for small ones)."""
+    bodies = ["plain_torch"]
+    if triton_ok:
+        bodies += ["plain_sym_t128", "plain_sym_t64"]
+    if use_gram:
+        bodies += ["gram_torch"] + (["gram_sym_t128", "gram_sym_t64"] if triton_ok else [])
+    if plain_flops(batch, m, n, num_steps) <= GRAPH_MAX_FLOPS:
+        bodies += [b + "+graph" for b in list(bodies)]
+    return bodies
+
+
+class GraphRunner:
+    """One CUDA graph of a whole orthogonalize body for one static input shape; replay copies in and out."""
+
+    def __init__(self, body: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> None:
+        self.static_in = example.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile Triton kernels, create cuBLAS handles and workspaces
+                body(self.static_in)
+        torch.cuda.current_stream().wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = body(self.static_in)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.static_in.copy_(x)
+        self.graph.replay()
+        return self.static_out.clone()
+
+
+@dataclass(kw_only=True, slots=True)
+class Planner:
+    """Owns the in-memory plan, the on-disk cache and the captured graphs."""
+
+    path: Path = field(default_factory=cache_path)
+    choices: dict[str, dict[str, object]] = field(default_factory=dict)
+    graphs: dict[str, GraphRunner] = field(default_factory=dict)
+    loaded: bool = False
+
+    def _load(self) -> None:
+        self.loaded = True
+        try:
+            data = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict):
+            self.choices.update(data)
+
+    def _save(self) -> None:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(self.choices, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError:  # a read-only home must not break the optimizer step
+            pass
+
+    def body(
+        self, name: str, coeffs: Sequence[Coeff], eps: float, restarts: frozenset[int]
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        base = name.removesuffix("+graph")
+        ops, gram = _ops(base), base.startswith("gram")
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return orthogonalize_with(x, coeffs, eps=eps, gram=gram, restarts=restarts, ops=ops)
+
+        return run
+
+    def run(
+        self, name: str, key: str, x: torch.Tensor, coeffs: Sequence[Coeff], eps: float, restarts: frozenset[int]
+    ) -> torch.Tensor:
+        body = self.body(name, coeffs, eps, restarts)
+        if not name.endswith("+graph") or torch.cuda.is_current_stream_capturing():
+            return body(x)
+        gkey = f"{key}|{name}"
+        runner = self.graphs.get(gkey)
+        if runner is None:
+            runner = self.graphs[gkey] = GraphRunner(body, x)
+        return runner(x)
+
+    def choose(
+        self, x: torch.Tensor, coeffs: Sequence[Coeff], eps: float, use_gram: bool, restarts: frozenset[int]
+    ) -> tuple[str, str]:
+        """Returns (method, plan key) for a (B, r, c) CUDA tensor, measuring the candidates on a cache miss."""
+        if not self.loaded:
+            self._load()
+        nb, r, c = x.shape
+        ckey = ",".join(f"{a:.6g}/{b:.6g}/{cc:.6g}" for a, b, cc in coeffs)
+        rkey = ",".join(str(i) for i in sorted(restarts)) if use_gram else "-"
+        key = f"{env_key(x.device)}|{nb}x{r}x{c}|{x.dtype}|{ckey}|gram={use_gram}|restarts={rkey}|eps={eps:g}"
+        hit = self.choices.get(key)
+        if hit is not None:
+            return str(hit["method"]), key
+        if torch.cuda.is_current_stream_capturing():
+            return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
+        entry = self.measure(x, coeffs, eps, use_gram, restarts, key)
+        self.choices[key] = entry
+        self._save()
+        return str(entry["method"]), key
+
+    def measure(
+        self,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        use_gram: bool,
+        restarts: frozenset[int],
+        key: str,
+    ) -> dict[str, object]:
+        """Times every candidate on x (median of a few runs, CUDA events); drops failing or disagreeing ones."""
+        from optim.kernels import triton_importable
+
+        t_start = time.perf_counter()
+        nb, r, c = x.shape
+        names = candidate_names(nb, r, c, len(coeffs), use_gram, triton_importable())
+        ref = self.run("plain_torch", key, x, coeffs, eps, restarts).float()
+        times: dict[str, float] = {}
+        rejected: dict[str, str] = {}
+        for name in names:
+            try:
+                out = self.run(name, key, x, coeffs, eps, restarts)  # warm-up: compile, capture
+                err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+                if not err < AGREE_RTOL:
+                    rejected[name] = f"disagrees with plain_torch: rel err {err:.3g}"
+                    continue
+                times[name] = _median_ms(lambda n=name: self.run(n, key, x, coeffs, eps, restarts))
+            except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
+                rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
+        best = min(times, key=times.__getitem__)
+        for name in list(self.graphs):  # keep only the chosen graph alive (memory)
+            if name.startswith(key + "|") and not name.endswith("|" + best):
+                del self.graphs[name]
+        return {
+            "method": best,
+            "times_ms": times,
+            "rejected": rejected,
+            "plan_s": time.perf_counter() - t_start,
+        }
+
+
+def _median_ms(fn: Callable[[], object], budget_ms: float = 60.0) -> float:
+    """Median of CUDA-event timings; as many repeats (3..25) as fit in about budget_ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def once() -> float:
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+    first = once()
+    reps = max(3, min(25, int(budget_ms / max(first, 1e-3))))
+    return statistics.median([once() for _ in range(reps)])

@@ -1,0 +1,151 @@
+"""Triton kernel for products with a symmetric output: C = alpha * A B^T + beta * D, one triangle computed.
+
+Used for X X^T (B = A = X) and for the m x m products of Newton-Schulz, whose operands are symmetric and commute
+(A A, Z Q, R Z, Z (RZ)): for symmetric B, A B^T = A B, and the product of commuting symmetric matrices is
+symmetric. Only lower-triangle tiles (tile row >= tile column) are launched; each stores its tile and, off the
+diagonal, the transposed tile, so about half the multiply-adds of the full product are done.
+
+bf16 operands, fp32 accumulation (tl.dot), epilogue alpha/beta in fp32, bf16 output. Batched over a leading
+dimension through the second grid axis. Rows are read modulo M (no masks on M in the inner loop); K is masked only
+when it is not a multiple of BLOCK_K. Configs are fixed (two tile sizes); the plan in `optim.kernels.plan` times
+them against cuBLAS per shape instead of autotuning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _sym_mm_kernel(
+    a_ptr, b_ptr, d_ptr, c_ptr,
+    M, K,
+    s_ab, s_am, s_ak,
+    s_bb, s_bm, s_bk,
+    s_db, s_dm, s_dn,
+    s_cb, s_cm, s_cn,
+    alpha, beta,
+    HAS_D: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    bid = tl.program_id(1).to(tl.int64)
+    # Linear index -> lower-triangle tile (tm, tn), tn <= tm, row-major; fix float rounding of the sqrt.
+    tm = ((tl.sqrt((8 * pid + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+    tm = tl.where(tm * (tm + 1) // 2 > pid, tm - 1, tm)
+    tm = tl.where((tm + 1) * (tm + 2) // 2 <= pid, tm + 1, tm)
+    tn = pid - tm * (tm + 1) // 2
+
+    rows = tm * BLOCK + tl.arange(0, BLOCK)
+    cols = tn * BLOCK + tl.arange(0, BLOCK)
+    offs_k = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + bid * s_ab + (rows % M)[:, None] * s_am + offs_k[None, :] * s_ak
+    b_ptrs = b_ptr + bid * s_bb + (cols % M)[:, None] * s_bm + offs_k[None, :] * s_bk
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            kmask = (k * BLOCK_K + offs_k) < K
+            a = tl.load(a_ptrs, mask=kmask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=kmask[None, :], other=0.0)
+        acc = tl.dot(a, tl.trans(b), acc)
+        a_ptrs += BLOCK_K * s_ak
+        b_ptrs += BLOCK_K * s_bk
+
+    acc = acc * alpha
+    cmask = (rows[:, None] < M) & (cols[None, :] < M)
+    if HAS_D:
+        d = tl.load(d_ptr + bid * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
+        acc += beta * d.to(tl.float32)
+    out = acc.to(c_ptr.dtype.element_ty)
+    c_base = c_ptr + bid * s_cb
+    tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
+    if tm != tn:
+        tmask = (cols[:, None] < M) & (rows[None, :] < M)
+        tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TileConfig:
+    """One fixed launch config of the symmetric kernel."""
+
+    block: int
+    """Square output tile edge (BLOCK_M = BLOCK_N)."""
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+TILE_CONFIGS: dict[str, TileConfig] = {
+    "t128": TileConfig(block=128, block_k=64, num_warps=8, num_stages=3),
+    "t64": TileConfig(block=64, block_k=64, num_warps=4, num_stages=4),
+}
+
+
+def sym_mm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    d: torch.Tensor | None = None,
+    beta: float = 0.0,
+    config: TileConfig = TILE_CONFIGS["t128"],
+) -> torch.Tensor:
+    """alpha * a @ b^T + beta * d for (B, M, K) bf16 a, b whose product is known symmetric; returns (B, M, M).
+
+    d (B, M, M) must be symmetric (only the lower-triangle tiles of it are read).
+    """
+    assert a.ndim == 3 and a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape)
+    nb, m, k = a.shape
+    c = torch.empty((nb, m, m), dtype=a.dtype, device=a.device)
+    nt = triton.cdiv(m, config.block)
+    dd = c if d is None else d
+    grid = (nt * (nt + 1) // 2, nb)
+    _sym_mm_kernel[grid](
+        a, b, dd, c,
+        m, k,
+        a.stride(0), a.stride(1), a.stride(2),
+        b.stride(0), b.stride(1), b.stride(2),
+        dd.stride(0), dd.stride(1), dd.stride(2),
+        c.stride(0), c.stride(1), c.stride(2),
+        float(alpha), float(beta),
+        HAS_D=d is not None,
+        EVEN_K=k % config.block_k == 0,
+        BLOCK=config.block,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+    return c
+
+
+class TritonOps:
+    """`MatOps` with the symmetric products in Triton and the general product X <- beta X + P X in cuBLAS."""
+
+    def __init__(self, config: TileConfig, *, gram_only: bool = False) -> None:
+        self.config = config
+        self.gram_only = gram_only
+
+    def gram(self, x: torch.Tensor) -> torch.Tensor:
+        return sym_mm(x, x, config=self.config)
+
+    def sym(
+        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
+    ) -> torch.Tensor:
+        if self.gram_only:
+            if d is None:
+                return torch.bmm(a, b).mul_(alpha)
+            return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
+        # b is symmetric here, so a @ b == a @ b^T.
+        return sym_mm(a, b, alpha=alpha, d=d, beta=beta, config=self.config)
+
+    def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
+        return torch.baddbmm(x, p, x, beta=beta, alpha=1.0)

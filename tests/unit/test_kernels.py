@@ -1,0 +1,152 @@
+"""CPU tests of optim.kernels: torch fallback vs the reference NS, the Triton symmetric kernel under the
+interpreter, the fused-step references, the plan cache file, and bench.ns_kernels' table/JSON path."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from optim.functional.newton_schulz import newton_schulz, ns_coefficients
+from optim.kernels import orthogonalize
+from optim.kernels.fused_step import apply_update_torch, momentum_pack_torch
+
+QUINTIC = ns_coefficients("quintic", 5)
+
+
+@pytest.mark.parametrize("shape", [(64, 96), (96, 64), (3, 48, 80), (2, 80, 48)])
+@pytest.mark.parametrize("use_gram", [False, True])
+def test_cpu_fallback_matches_reference(seed: int, shape: tuple[int, ...], use_gram: bool) -> None:
+    """The CPU path is the plain torch body: agrees with optim.functional within bf16 tolerance."""
+    x = torch.randn(*shape)
+    out = orthogonalize(x, coeffs=QUINTIC, use_gram=use_gram)
+    ref = newton_schulz(x, use_gram=use_gram)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    assert float((out - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_bf16_input_keeps_dtype(seed: int) -> None:
+    x = torch.randn(2, 40, 24, dtype=torch.bfloat16)
+    out = orthogonalize(x, coeffs=QUINTIC)
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    ref = newton_schulz(x.float())
+    assert float((out.float() - ref).norm() / ref.norm()) < 2e-2
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="ndim"):
+        orthogonalize(torch.randn(5), coeffs=QUINTIC)
+    with pytest.raises(ValueError, match="coeffs"):
+        orthogonalize(torch.randn(4, 4), coeffs=[])
+
+
+_INTERP_CHECK = r"""
+import builtins, numpy as np, torch
+import triton.runtime.interpreter as interp
+
+
+class _IntMeta(type):  # numpy 2.x refuses int() of 1-element arrays, which the interpreter relies on
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, builtins.int)
+
+    def __subclasscheck__(cls, sub):
+        return issubclass(sub, builtins.int)
+
+
+class _Int(metaclass=_IntMeta):
+    def __new__(cls, v=0, *args):
+        if isinstance(v, np.ndarray):
+            v = v.reshape(-1)[0]
+        return builtins.int(v, *args)
+
+
+interp.int = _Int
+from optim.kernels.sym_triton import TileConfig, sym_mm
+
+torch.manual_seed(0)
+cfg = TileConfig(block=16, block_k=16, num_warps=4, num_stages=1)
+for dtype in (torch.float32, torch.float16):
+    for nb, m, k in ((2, 48, 64), (3, 40, 36), (1, 16, 16)):
+        a = torch.randn(nb, m, k).to(dtype)
+        ref = a.float() @ a.float().mT
+        torch.testing.assert_close(sym_mm(a, a, config=cfg).float(), ref, rtol=2e-3, atol=3e-2)
+        s = ref.to(dtype)
+        d = torch.randn(nb, m, m)
+        d = (d + d.mT).to(dtype)
+        ref2 = 0.5 * s.float() @ s.float() - 2.0 * d.float()
+        out2 = sym_mm(s, s, alpha=0.5, d=d, beta=-2.0, config=cfg).float()
+        torch.testing.assert_close(out2, ref2, rtol=3e-3, atol=2e-3 * float(ref2.abs().max()))
+print("ok")
+"""
+
+
+def test_sym_kernel_interpreter() -> None:
+    """Triangle mapping, mirroring, masks (M, K not multiples of the tile) and the alpha/beta epilogue of the
+    Triton symmetric kernel, run by the Triton CPU interpreter in a subprocess (the interpreter must be chosen
+    before Triton compiles anything). bf16 is left to tests/gpu: the interpreter's numpy path mis-handles it.
+    """
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run([sys.executable, "-c", _INTERP_CHECK], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_fused_step_references(seed: int) -> None:
+    """momentum_pack / apply_update (torch path) implement EO Muon's momentum, Nesterov and decoupled decay."""
+    g = [torch.randn(6, 5) for _ in range(3)]
+    b0 = [torch.randn(6, 5) for _ in range(3)]
+    bufs = [t.clone() for t in b0]
+    x = momentum_pack_torch(g, bufs, beta=0.9, nesterov=True)
+    for i in range(3):
+        nb = b0[i] + 0.1 * (g[i] - b0[i])
+        torch.testing.assert_close(bufs[i], nb)
+        torch.testing.assert_close(x[i].float(), (g[i] + 0.9 * (nb - g[i])).bfloat16().float())
+    ps = [torch.randn(6, 5) for _ in range(3)]
+    p0 = [p.clone() for p in ps]
+    apply_update_torch(ps, x, lr=0.1, weight_decay=0.5, scale=2.0)
+    for i in range(3):
+        torch.testing.assert_close(ps[i], p0[i] * 0.95 - 0.2 * x[i].float())
+
+
+def test_plan_cache_roundtrip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The plan cache lives under $MUONBENCH_CACHE and survives a new Planner; graph variants only when small."""
+    from optim.kernels.plan import Planner, cache_path, candidate_names
+
+    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+    assert cache_path() == tmp_path / "ns_plan.json"
+    p = Planner()
+    p.choices["k"] = {"method": "plain_torch", "times_ms": {"plain_torch": 1.0}}
+    p._save()
+    q = Planner()
+    q._load()
+    assert q.choices["k"]["method"] == "plain_torch"
+    small = candidate_names(1, 512, 2048, 5, use_gram=True, triton_ok=True)
+    big = candidate_names(1, 8192, 8192, 5, use_gram=False, triton_ok=True)
+    assert "gram_sym_t128+graph" in small and "plain_torch+graph" in small
+    assert not any(n.endswith("+graph") for n in big) and not any(n.startswith("gram") for n in big)
+    assert candidate_names(1, 64, 64, 5, use_gram=False, triton_ok=False) == ["plain_torch", "plain_torch+graph"]
+
+
+def test_bench_cpu_smoke(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    """bench.ns_kernels device=cpu runs every implementation on tiny shapes and writes json/csv/md/png."""
+    from bench import ns_kernels
+
+    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path / "cache"))
+    assert ns_kernels.main(["device=cpu", f"out={tmp_path}", "format=json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert {s["name"] for s in res["shapes"]} == {s[0] for s in ns_kernels.CPU_SHAPES}
+    for s in res["shapes"]:
+        assert s["impls"]["ours"]["ms"] > 0 and s["impls"]["ours"]["ortho_err"] < 0.1
+    step = res["steps"]["tiny_layer"]["impls"]
+    assert step["ours"]["ms"] > 0 and step["adamw_fused"]["ms"] > 0
+    if "eo_muon" in step:  # same step math as EO Muon: the first update agrees within bf16 tolerance
+        assert step["ours"]["update_rel_err_vs_eo"] < 5e-2
+    for f in ("results.json", "results.csv", "README.md"):
+        assert os.path.getsize(tmp_path / f) > 0
+    assert "| tiny_wide 32x48 | 1 | ours |" in (tmp_path / "README.md").read_text()
+    with pytest.raises(ValueError, match="format"):
+        ns_kernels.parse_args(["format=xml"])
