@@ -89,6 +89,7 @@ class MegatronEngine(Engine):
             "num_params": sum(p.numel() for c in self.model_chunks for p in c.parameters()),
             "num_matrix_params": sum(1 for r in built.routes if r.optimizer == "matrix"),
             "routes": _route_summary(built.routes),
+            "ns_backend": _ns_backend(built.kind),
         }
         torch.cuda.reset_peak_memory_stats()
 
@@ -215,6 +216,17 @@ def _mean_loss(losses: list[dict[str, Any]]) -> float:
 
     total = torch.stack([d["lm loss"] for d in losses]).sum(0)
     return float(total[0] / total[1])
+
+
+def _ns_backend(kind: str) -> str:
+    """Which Newton-Schulz code ran: optim.kernels (plan-cached), optim.functional (torch), or EO (Megatron)."""
+    if kind == "adamw":
+        return "none"
+    if kind == "megatron":
+        return "emerging_optimizers.newton_schulz_tp"
+    from optim.optimizers.muon import kernels_available
+
+    return "optim.kernels" if kernels_available() else "optim.functional.newton_schulz"
 
 
 def _route_summary(routes: list[Any]) -> dict[str, Any]:

@@ -1,0 +1,135 @@
+"""Several megatron-engine runs in ONE process on one GPU, each a full run record (run.json + steps.jsonl).
+
+    python -m bench.engines.megatron_bench --out runs/h200 --budget-s 420 \
+        --case qwen_adamw experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu \
+        --case qwen_muon experiment=h200/qwen3_30b_a3b_slice_muon_1gpu
+
+Each `--case NAME OVERRIDES...` is composed with `bench.config.load`, run through `MegatronEngine` (setup, steps,
+teardown), and recorded with `bench.record` exactly as `bench.worker` records a run (same schema, same summary).
+One process saves the interpreter, CUDA and import start-up per variant on a metered device; a failing case (OOM,
+error) gets its record with the status and the next case runs. Cases that would start after `--budget-s` seconds
+are recorded as skipped (status error, message "skipped: time budget").
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+
+def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, list[str]]]]:
+    """Split `--case NAME OVERRIDES...` groups; ValueError on a case without a name or a repeated name."""
+    ap = argparse.ArgumentParser(prog="python -m bench.engines.megatron_bench")
+    ap.add_argument("--out", required=True, help="root directory of the run directories")
+    ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no case after this many seconds")
+    ap.add_argument("--common", nargs="*", default=[], help="overrides appended to every case")
+    head, cases, cur = [], [], None
+    for tok in argv:
+        if tok == "--case":
+            cur = []
+            cases.append(cur)
+        elif cur is None:
+            head.append(tok)
+        else:
+            cur.append(tok)
+    args = ap.parse_args(head)
+    out = []
+    for c in cases:
+        if not c or "=" in c[0]:
+            raise ValueError(f"--case {' '.join(c)}: give a name first, then Hydra overrides")
+        out.append((c[0], c[1:] + list(args.common)))
+    names = [n for n, _ in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"case names must be unique, got {names}")
+    return args, out
+
+
+def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
+    """One run: compose, record, setup, steps, finalize. Returns the final run.json."""
+    from bench import config, record
+    from bench.engines.base import RankInfo
+    from bench.engines.megatron import MegatronEngine
+
+    cfg = config.load(overrides)
+    run_dir = root / name
+    rec = record.new_run_record(
+        run_id=name, run_dir=run_dir, config=config.as_dict(cfg), config_hash=config.config_hash(cfg),
+        overrides=overrides, command=[sys.executable, "-m", "bench.engines.megatron_bench", "--case", name, *overrides],
+    )
+    record.write_json_atomic(run_dir / "run.json", rec)
+    log = record.StepLog(run_dir)
+    engine = MegatronEngine()
+    try:
+        engine.setup(cfg, RankInfo(rank=0, world_size=1, local_rank=0))
+        record.update_run_json(run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()})
+        for i in range(cfg.bench.steps):
+            m = engine.step()
+            row = {
+                "step": i, "warmup": i < cfg.bench.warmup_steps, "step_s": m.step_s, "fwd_bwd_s": m.fwd_bwd_s,
+                "optim_s": m.optim_s, "ns_s": m.ns_s, "comm_s": m.comm_s, "tokens": m.tokens, "loss": m.loss,
+                "peak_mem_bytes": m.peak_mem_bytes, "ns_flops": m.ns_flops,
+            }
+            log.write(row)
+            print(f"[{name}] step {i} {m.step_s * 1e3:.0f} ms (fb {m.fwd_bwd_s * 1e3:.0f}, opt {m.optim_s * 1e3:.0f},"
+                  f" ns {(m.ns_s or 0) * 1e3:.0f}) loss {m.loss:.3f} mem {m.peak_mem_bytes / 2**30:.1f} GiB",
+                  flush=True)
+        log.close()
+        return record.finalize(run_dir, status="ok")
+    except Exception as exc:  # every failure leaves a record; the next case still runs
+        log.close()
+        err = {"type": type(exc).__name__, "message": str(exc)[:2000],
+               "traceback": record.tail("".join(traceback.format_exception(exc)))}
+        print(f"[{name}] FAILED {err['type']}: {err['message'][:500]}\n{err['traceback']}", flush=True)
+        status = record.classify_failure(returncode=None, timed_out=False, worker_error=err)
+        return record.finalize(run_dir, status=status, error=err)
+    finally:
+        engine.teardown()
+
+
+def _torch_facts() -> dict[str, Any]:
+    import torch
+
+    return {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu_name": torch.cuda.get_device_name(0),
+            "gpu_count": torch.cuda.device_count(), "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+
+
+def _start_process_group() -> None:
+    """One NCCL group for all cases (the engine then leaves it alone), so no case re-binds the rendezvous port."""
+    import torch
+
+    from bench.engines.base import RankInfo
+    from bench.engines.megatron import _init_distributed
+
+    torch.cuda.set_device(0)
+    _init_distributed(RankInfo(rank=0, world_size=1, local_rank=0), "nccl")
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench import record
+
+    args, cases = parse_cases(sys.argv[1:] if argv is None else argv)
+    root = Path(args.out)
+    _start_process_group()
+    t0 = time.perf_counter()
+    for name, overrides in cases:
+        if time.perf_counter() - t0 > args.budget_s:
+            print(f"[{name}] skipped: time budget {args.budget_s:.0f} s spent", flush=True)
+            run_dir = root / name
+            record.write_json_atomic(run_dir / "run.json", {
+                "schema": record.RUN_SCHEMA, "run_id": name, "status": "error", "overrides": overrides,
+                "error": {"type": "Skipped", "message": "skipped: time budget", "traceback": ""},
+            })
+            continue
+        rec = run_case(name, overrides, root)
+        s = rec.get("summary") or {}
+        print(f"[{name}] {rec['status']}: step {s.get('step_s_median')} s, model TF/GPU {s.get('model_tflops_per_gpu')},"
+              f" optim {s.get('optim_s_median')} s, ns {s.get('ns_s_median')} s", flush=True)
+    print(f"all cases done in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
