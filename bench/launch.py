@@ -170,8 +170,11 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
 
 
 def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
-    """Check the layout and the device, then start the run with the configured launcher."""
+    """Check the layout, the engine and the device, then start the run with the configured launcher."""
+    from bench.engines import check_engine_present
+
     check_layout(cfg)
+    check_engine_present(cfg.engine.name)
     match cfg.launcher.name:
         case "local":
             check_device(cfg)

@@ -6,7 +6,7 @@ import importlib
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
 
-__all__ = ["ENGINES", "Engine", "RankInfo", "StepMetrics", "engine_class"]
+__all__ = ["ENGINES", "Engine", "RankInfo", "StepMetrics", "check_engine_present", "engine_class"]
 
 ENGINES: dict[str, tuple[str, str]] = {
     "hf": ("bench.engines.hf", "HFEngine"),
@@ -14,6 +14,16 @@ ENGINES: dict[str, tuple[str, str]] = {
     "bridge": ("bench.engines.bridge", "BridgeEngine"),
 }
 """engine.name -> (module, class)."""
+
+
+def check_engine_present(name: str) -> None:
+    """Cheap pre-launch check (no import): the engine is registered and its module file exists in this checkout."""
+    import importlib.util
+
+    if name not in ENGINES:
+        raise ValueError(f"engine.name={name!r}: unknown engine; available: {sorted(ENGINES)}")
+    if importlib.util.find_spec(ENGINES[name][0]) is None:
+        raise ValueError(f"engine.name={name!r}: {ENGINES[name][0]} is not in this checkout")
 
 
 def engine_class(name: str) -> type[Engine]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import resource
 import time
-import warnings
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -121,8 +121,8 @@ class HFEngine(Engine):
         self._instrument()
         distributed = cfg.optimizer.distributed if isinstance(cfg.optimizer, MatrixOptimizerSchema) else "none"
         if rank.rank == 0 and distributed != "none" and rank.world_size > 1:
-            warnings.warn(f"optimizer.distributed={cfg.optimizer.distributed!r} has no effect in the hf engine: "
-                          "every rank runs the whole optimizer (replicated)", stacklevel=2)
+            print(f"warning: optimizer.distributed={distributed!r} has no effect in the hf engine: "
+                  "every rank runs the whole optimizer (replicated)", file=sys.stderr)
 
     def _instrument(self) -> None:
         """Time the matrix optimizer's orthogonalize calls (NS FLOPs from their shapes) and the AdamW step."""

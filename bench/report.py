@@ -1,0 +1,288 @@
+"""Markdown report and PNG plots from the collected CSVs (never from live processes).
+
+    python -m bench.report                 # report of the latest invocation (bench.report_name from runs/LATEST.json)
+    python -m bench.report --name cpu_qwen3_moe_tiny_dp2
+
+Reads `reports/<name>/results.csv` and `steps.csv` (written by `bench.collect`) and writes `report.md`,
+`tflops.png` (stacked model / NS TFLOP/s per GPU), `step_breakdown.png`, `step_time.png` and `loss.png` next to
+them. The Table-1 style table shows the published "total = model + NS" form AND the model-only figures, and the
+model-only ratio of each optimizer against the AdamW run of the same setup. The tables are printed too.
+No torch import; matplotlib runs with the Agg backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench import record
+from bench.collect import GROUP_COLUMNS
+
+PLOTS = ("tflops.png", "step_breakdown.png", "step_time.png", "loss.png")
+BASELINE = "adamw"
+
+
+def _num(v: Any) -> float | None:
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def fmt(v: Any, spec: str = ".4g", scale: float = 1.0) -> str:
+    f = _num(v)
+    return "n/a" if f is None else format(f * scale, spec)
+
+
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['optimizer']}" if r.get("num_same_optimizer", 1) == 1 else f"{r['optimizer']} ({r['run_id']})"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each ok non-AdamW run: model-only and total TFLOP/s ratios against the ok AdamW run of the same setup."""
+    out = []
+    for r in rows:
+        if r["status"] != "ok" or r["optimizer"] == BASELINE:
+            continue
+        key = tuple(r.get(c) for c in GROUP_COLUMNS)
+        base = [b for b in rows if b["optimizer"] == BASELINE and b["status"] == "ok"
+                and tuple(b.get(c) for c in GROUP_COLUMNS) == key]
+        if not base:
+            continue
+        b = base[-1]
+        m, mb = _num(r.get("model_tflops_per_gpu")), _num(b.get("model_tflops_per_gpu"))
+        t = _num(r.get("total_tflops_per_gpu"))
+        out.append({
+            "optimizer": _label(r), "baseline": _label(b),
+            "model_only_ratio": m / mb if m and mb else None,
+            "total_ratio": t / mb if t and mb else None,
+            "step_time_ratio": (_num(r["step_s_median"]) or 0) / (_num(b["step_s_median"]) or 1),
+            "extra_step_ms": ((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0)) * 1e3,
+        })
+    return out
+
+
+def table1(rows: list[dict[str, Any]]) -> str:
+    header = ["optimizer", "status", "step time, ms: median (IQR)", "tokens/s per GPU", "model TFLOP/s per GPU",
+              "NS TFLOP/s per GPU", "published form: total = model + NS", "MFU (model)"]
+    body = []
+    for r in rows:
+        ok = r["status"] == "ok"
+        mfu = _num(r.get("mfu"))
+        body.append([
+            _label(r), r["status"],
+            f"{fmt(r.get('step_s_median'), '.1f', 1e3)} ({fmt(r.get('step_s_iqr'), '.1f', 1e3)})" if ok else "-",
+            fmt(r.get("tokens_per_s_per_gpu"), ".0f") if ok else "-",
+            fmt(r.get("model_tflops_per_gpu")) if ok else "-",
+            fmt(r.get("ns_tflops_per_gpu")) if ok else "-",
+            (f"{fmt(r.get('total_tflops_per_gpu'))} = {fmt(r.get('model_tflops_per_gpu'))} + "
+             f"{fmt(r.get('ns_tflops_per_gpu'))}") if ok else "-",
+            (f"{mfu:.1%}" if mfu is not None else "N/A (no peak for this hardware)") if ok else "-",
+        ])
+    return _md_table(header, body)
+
+
+def breakdown(rows: list[dict[str, Any]]) -> str:
+    header = ["optimizer", "step", "forward+backward", "grad all-reduce", "optimizer step", "of which NS",
+              "of which AdamW part", "of which other (clip, momentum, update)", "NS FLOPs per GPU per step (counted)",
+              "NS FLOPs per step (bench.flops, each matrix once)"]
+    body = []
+    for r in rows:
+        if r["status"] != "ok":
+            continue
+        opt, ns, adam = (_num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median"))
+        other = None if opt is None else opt - (ns or 0.0) - (adam or 0.0)
+        body.append([_label(r), *(fmt(r.get(k), ".2f", 1e3) for k in ("step_s_median", "fwd_bwd_s_median",
+                                                                     "comm_s_median", "optim_s_median")),
+                     fmt(ns, ".2f", 1e3), fmt(adam, ".2f", 1e3), fmt(other, ".2f", 1e3),
+                     fmt(r.get("ns_flops_per_gpu_per_step"), ".4g"), fmt(r.get("ns_flops_enumerated_per_step"), ".4g")])
+    return _md_table(header, body) + "\n\nTimes in ms, medians over the steady window (each phase's own median)."
+
+
+def _plot_tflops(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    labels = [_label(r) for r in ok]
+    model = [_num(r.get("model_tflops_per_gpu")) or 0.0 for r in ok]
+    ns = [_num(r.get("ns_tflops_per_gpu")) or 0.0 for r in ok]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    ax.bar(labels, model, label="model (Megatron formula)", color="tab:blue")
+    ax.bar(labels, ns, bottom=model, label="Newton-Schulz (plain count)", color="tab:orange")
+    for i, (m, n) in enumerate(zip(model, ns)):
+        ax.text(i, m + n, f"{m + n:.3g} = {m:.3g} + {n:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("TFLOP/s per GPU")
+    ax.set_title("Throughput: total = model + NS")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_breakdown(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    parts: dict[str, list[float]] = {k: [] for k in ("forward+backward", "grad all-reduce", "NS", "AdamW part",
+                                                    "other optimizer", "rest of step")}
+    for r in ok:
+        step, fb, comm, opt, ns, adam = (_num(r.get(k)) or 0.0 for k in (
+            "step_s_median", "fwd_bwd_s_median", "comm_s_median", "optim_s_median", "ns_s_median", "adamw_s_median"))
+        for k, v in zip(parts, (fb, comm, ns, adam, opt - ns - adam, step - fb - comm - opt)):
+            parts[k].append(max(v, 0.0) * 1e3)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    bottom = [0.0] * len(ok)
+    for k, vals in parts.items():
+        ax.bar([_label(r) for r in ok], vals, bottom=bottom, label=k)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("ms per step (medians)")
+    ax.set_title("Step time breakdown")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plot_curves(steps: Any, rows: list[dict[str, Any]], key: str, ylabel: str, path: Path,
+                 scale: float = 1.0) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for r in rows:
+        s = steps[steps["run_id"] == r["run_id"]]
+        if len(s):
+            ax.plot(s["step"], s[key] * scale, marker=".", label=_label(r))
+    warm = [int(w) for w in (_num(r.get("warmup_steps")) for r in rows) if w is not None]
+    if warm:
+        ax.axvspan(-0.5, max(warm) - 0.5, color="0.9", label="warm-up (excluded)")
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _setup_text(rows: list[dict[str, Any]]) -> str:
+    r = rows[0]
+    lines = [
+        f"- experiment `{r.get('experiment') or '-'}`: model `{r.get('model')}` ({r.get('model_family')}), "
+        f"parallelism `{r.get('parallelism')}` (world size {r.get('world_size')}, DP {r.get('dp')}, TP {r.get('tp')}, "
+        f"PP {r.get('pp')}, EP {r.get('ep')}; GBS {r.get('gbs')}, MBS {r.get('mbs')}, seq {r.get('seq_length')}), "
+        f"engine `{r.get('engine')}` on `{r.get('device')}`, precision `{r.get('precision')}`, data `{r.get('data')}`",
+        f"- hardware `{r.get('hardware_name')}`: CPU {r.get('cpu_model')}, GPU {r.get('gpu_name') or 'none'} "
+        f"x {r.get('gpu_count')} (driver {r.get('gpu_driver') or '-'})",
+        f"- provenance: git `{str(r.get('git_sha'))[:12]}`{' (dirty tree)' if str(r.get('git_dirty')) == 'True' else ''}, "
+        f"torch {r.get('torch')}, transformers {r.get('transformers')}, megatron-core {r.get('megatron_core')}; "
+        f"timer `{r.get('timer')}`",
+    ]
+    for cmd in dict.fromkeys(str(x.get("command")) for x in rows):
+        lines.append(f"- command: `{cmd}`")
+    return "\n".join(lines)
+
+
+def render(results: Any, steps: Any, dest: Path, name: str) -> str:
+    """Write report.md and the plots into `dest`; returns the markdown."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = results.to_dict("records")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["optimizer"]] = counts.get(r["optimizer"], 0) + 1
+    for r in rows:
+        r["num_same_optimizer"] = counts[r["optimizer"]]
+    ratios = model_only_ratios(rows)
+    ok = [r for r in rows if r["status"] == "ok"]
+    failed = [r for r in rows if r["status"] != "ok"]
+    steps_n = {fmt(r.get("steps"), ".0f") for r in rows}
+    warm_n = {fmt(r.get("warmup_steps"), ".0f") for r in rows}
+    parts = [
+        f"# {name}",
+        f"Generated by `python -m bench.report` from `results.csv` and `steps.csv` ({len(rows)} runs, "
+        f"{len(ok)} ok). Plots are drawn from these files only.",
+        "## Setup", _setup_text(rows),
+        "## Protocol",
+        f"{len(steps_n) == 1 and steps_n.pop() or steps_n} steps per run, the first "
+        f"{len(warm_n) == 1 and warm_n.pop() or warm_n} are warm-up. {record.PROTOCOL_TEXT}.",
+        "## Throughput (Table 1 form)", table1(rows),
+    ]
+    if ratios:
+        lines = [f"- **{x['optimizer']} / {x['baseline']}: model-only ratio {fmt(x['model_only_ratio'], '.3f')}** "
+                 f"(model TFLOP/s per GPU; = step-time ratio {fmt(1 / x['step_time_ratio'] if x['step_time_ratio'] else None, '.3f')}"
+                 f", {fmt(x['extra_step_ms'], '+.1f')} ms per step); with NS FLOPs counted (published form) "
+                 f"{fmt(x['total_ratio'], '.3f')}" for x in ratios]
+        parts += ["Model-only ratio against AdamW (the honest comparison; the published form adds NS FLOPs to the "
+                  "Muon side only):", "\n".join(lines)]
+    parts += ["## Optimizer step breakdown", breakdown(rows), "## Loss",
+              _md_table(["optimizer", "first step", "last step"],
+                        [[_label(r), fmt(r.get("loss_first"), ".4f"), fmt(r.get("loss_last"), ".4f")] for r in ok]),
+              "With `data=mock` the tokens are uniform random, so no model can go below ln(vocab) nats: the loss "
+              "curve checks that training runs (finite, no divergence), it does not compare optimizer quality "
+              "(see bench/quality for that)." if any(r.get("data") == "mock" for r in ok) else ""]
+    if failed:
+        parts += ["## Failed runs", _md_table(["run", "optimizer", "status", "error"], [
+            [str(r["run_id"]), str(r["optimizer"]), str(r["status"]),
+             f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}".replace("|", "/").replace("\n", " ")]
+            for r in failed])]
+    peak = [r for r in ok if _num(r.get("peak_mem_bytes"))]
+    if peak:
+        parts += ["## Memory", _md_table(["optimizer", "peak memory per rank, MiB"],
+                                         [[_label(r), fmt(r["peak_mem_bytes"], ".0f", 2**-20)] for r in peak]),
+                  "GPU: torch.cuda.max_memory_allocated; CPU: peak resident set size of the rank process."]
+    dest.mkdir(parents=True, exist_ok=True)
+    if ok:
+        _plot_tflops(rows, dest / "tflops.png")
+        _plot_breakdown(rows, dest / "step_breakdown.png")
+        _plot_curves(steps, ok, "step_s", "step time, ms", dest / "step_time.png", scale=1e3)
+        _plot_curves(steps, ok, "loss", "training loss", dest / "loss.png")
+        parts += ["## Plots", *(f"![{p[:-4]}]({p})" for p in PLOTS)]
+    text = "\n\n".join(p for p in parts if p) + "\n"
+    (dest / "report.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--name", help="report folder under --reports (default: the latest invocation's report name)")
+    ap.add_argument("--reports", type=Path, default=Path("reports"))
+    ap.add_argument("--out-dir", type=Path, default=Path("runs"), help="bench.out_dir holding LATEST.json")
+    args = ap.parse_args(argv)
+    name = args.name
+    if not name:
+        manifest = args.out_dir / "LATEST.json"
+        if not manifest.exists():
+            print(f"error: no --name and no {manifest}; run `python -m bench.run` and `python -m bench.collect`",
+                  file=sys.stderr)
+            return 2
+        name = record.read_json(manifest).get("report_name")
+    dest = args.reports / str(name)
+    if not (dest / "results.csv").exists():
+        print(f"error: {dest / 'results.csv'} does not exist; run `python -m bench.collect` first", file=sys.stderr)
+        return 2
+    results = pd.read_csv(dest / "results.csv")
+    steps = pd.read_csv(dest / "steps.csv")
+    text = render(results, steps, dest, str(name))
+    start = text.index("## Throughput")
+    end = text.index("## Loss")
+    print(text[start:end].rstrip())
+    print(f"\n== report: {dest / 'report.md'} (+ {', '.join(PLOTS)})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
