@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-smoke collect report lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-smoke collect report quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
 	$(PY) -m bench.collect
 	$(PY) -m bench.report
+
+quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
+	$(PY) -m bench.quality profile=cpu
 
 lint: $(STAMP) ## ruff lint
 	$(PY) -m ruff check optim bench recipes tests
