@@ -113,7 +113,7 @@ def model_flops_per_step(model: ModelConfig, par: ParallelismConfig) -> float:
 # --------------------------------------------------------------------------------------------------------------
 def _ns_flops_mn(m: float, n: float, num_steps: int, convention: str, restart_iterations: tuple[int, ...]) -> float:
     """NS FLOPs with the Gram side m given explicitly (m x m Gram, contracted over n)."""
-    k = num_steps
+    k, m, n = num_steps, float(m), float(n)
     if convention == "plain":
         return k * (4 * m * m * n + 2 * m**3)
     if convention == "syrk":
@@ -234,21 +234,30 @@ def enumerate_ns_matrices(model: ModelConfig, *, split_qkv: bool = True, split_m
 # --------------------------------------------------------------------------------------------------------------
 # Per-GPU load under a parallel layout
 # --------------------------------------------------------------------------------------------------------------
+def parse_pipeline_layout(layout: str) -> list[str]:
+    """Megatron layout string -> one string per virtual stage, unrolled: "Et*2|(t|)*2L" -> ["Ett", "t", "t", "L"].
+
+    E = embedding, t = decoder layer, m = MTP layer, L = loss; stage i runs on pipeline rank i % pp.
+    """
+    text = layout.replace(",", "")  # commas are cosmetic
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # unroll (..)*n, then x*n, as Megatron does
+        text = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), text)
+    if set(text) - set("EtmL|"):
+        raise ValueError(f"parallelism.pipeline_layout={layout!r}: only E, t, m, L, |, (...)*n and x*n are allowed")
+    return text.split("|")
+
+
 def stage_layers(model: ModelConfig, par: ParallelismConfig) -> list[list[int]]:
     """Decoder layer indices per pipeline rank (Megatron layout string, or an even split into pp x vp chunks)."""
     pp, n = par.pp, model.num_layers
     if par.pipeline_layout:
-        text = par.pipeline_layout.replace(",", "")
-        for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # unroll (..)*n, then x*n, as Megatron does
-            text = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), text)
-        chunks = text.split("|")
-        if len(chunks) % pp or set(text) - set("EtLm|"):
-            raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: needs a multiple of pp={pp} "
-                             "stages of E (embedding), t (decoder), m (MTP), L (loss)")
+        chunks = parse_pipeline_layout(par.pipeline_layout)
+        if len(chunks) % pp:
+            raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: {len(chunks)} stages, not a "
+                             f"multiple of pp={pp}")
         sizes = [c.count("t") for c in chunks]
     else:
-        chunks_n = pp * par.vp
-        sizes = [n // chunks_n] * chunks_n
+        sizes = [n // (pp * par.vp)] * (pp * par.vp)
     if sum(sizes) != n:
         raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: holds {sum(sizes)} decoder layers, "
                          f"model.num_layers={n}")
@@ -359,8 +368,8 @@ def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: in
 def ns_flops_per_step(mats: list[NSMatrix], num_steps: int = 5, convention: str = "plain", *,
                       restart_iterations: tuple[int, ...] = (2,)) -> float:
     """NS FLOPs of one optimizer step, each matrix orthogonalized once (no TP duplication)."""
-    return sum(m.count * ns_flops(m.rows, m.cols, num_steps, convention, restart_iterations=restart_iterations)
-               for m in mats)
+    return float(sum(m.count * ns_flops(m.rows, m.cols, num_steps, convention, restart_iterations=restart_iterations)
+                     for m in mats))
 
 
 if __name__ == "__main__":
