@@ -1,0 +1,324 @@
+"""Layer-wise distributed optimizer: whole matrices owned by one data-parallel rank, which runs the optimizer.
+
+Per step, for each domain (dense parameters over the DP group, expert parameters over the expert-DP group) and
+each bucket of its `optim.distributed.layout`:
+
+1. Gradient sync. `GradSync.REDUCE_SCATTER` (ours): local gradients are packed into the owner-aligned flat buffer
+   and one `reduce_scatter_tensor` leaves each rank the summed gradients of exactly the pieces it owns
+   ((N - 1) / N of the padded buffer sent per rank, AdamW's traffic). `GradSync.ALL_REDUCE` (the published
+   Megatron-Core legacy path): the same buffer all-reduced (2 (N - 1) / N), each owner reads its pieces.
+2. Optional global grad-norm clipping: owned squared norms summed over `norm_group` (pieces are disjoint).
+3. The inner optimizer (Muon / MOP / SOAP + AdamW from a factory, e.g. `optim.build_optimizer`) steps only the
+   owned pieces: `nn.Parameter` views into this rank's segment of a flat master buffer, named like the model
+   parameters so routing, splits and per-group settings are unchanged.
+4. Parameter all-gather (all_gatherv of the per-rank segments). `ParamGather.PADDED`: segments padded to the
+   largest and one `all_gather_into_tensor` (one launch, ring bandwidth, zero-copy from the segment buffer); wins
+   whenever segments are close in size, which the layout's AdamW filling arranges. `ParamGather.BROADCAST`: one
+   broadcast per owner of its exact bytes (N launches, no padding); wins when one rank holds a huge matrix and the
+   padding would multiply the bytes. `AUTO` picks PADDED when the padding is <= 25%, per bucket. (Grouped
+   send/recv, what NCCL does for a list all_gather, sends each owner's bytes N - 1 times from that one rank, so its
+   slowest rank is as slow as PADDED's and it launches N - 1 times more.)
+   With `overlap_param_gather`, gathers are left in flight (async work handles) and each bucket is waited for and
+   copied into the model by a forward pre-hook of the first module that uses it (`register_forward_hooks`), or
+   by `finish_param_sync()` (called at the start of `step` and before checkpoints).
+
+Why the AdamW part is sharded element-wise (dim-0 cuts) rather than owned whole: an owner-per-tensor AdamW puts a
+whole embedding (Kimi K2: 1.17 B elements, ~14 GB of fp32 state) on one rank and makes the padded gather useless;
+cut element-wise it costs the same per element anywhere and levels the segments.
+
+Assumptions: every trainable parameter gets a gradient each step (missing ones count as zeros, as in DDP), model
+parameters are identical on all ranks at construction, and all parameters of a domain share one dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from optim.distributed.assignment import CostModel, Strategy
+from optim.distributed.comm import group_rank_size
+from optim.distributed.layout import Bucket, build_layout
+
+OptimizerFactory = Callable[[list[tuple[str, torch.Tensor]]], torch.optim.Optimizer]
+
+
+class GradSync(StrEnum):
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_REDUCE = "all_reduce"
+
+
+class ParamGather(StrEnum):
+    AUTO = "auto"
+    PADDED = "padded"
+    BROADCAST = "broadcast"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerWiseConfig:
+    """How matrices are placed and how gradients and parameters move."""
+
+    strategy: Strategy = Strategy.LPT_COST
+    """round_robin | ping_pong_numel | lpt_cost (see optim.distributed.assignment)."""
+    grad_sync: GradSync = GradSync.REDUCE_SCATTER
+    param_gather: ParamGather = ParamGather.AUTO
+    overlap_param_gather: bool = False
+    """Leave the parameter all-gather in flight; complete it in forward pre-hooks."""
+    bucket_numel: int = 0
+    """Elements per bucket (model order); 0 = one bucket per domain."""
+    average_grads: bool = True
+    """Divide the summed gradients by the group size (each rank's loss is its local mean)."""
+    max_grad_norm: float = 0.0
+    """Clip the global gradient norm to this value; 0 = no clipping."""
+    cost_model: CostModel | None = None
+    """NS cost model or measured table for lpt_cost; None = analytic default."""
+
+    def __post_init__(self) -> None:
+        for name, enum in (("strategy", Strategy), ("grad_sync", GradSync), ("param_gather", ParamGather)):
+            value = getattr(self, name)
+            if value not in {e.value for e in enum}:
+                raise ValueError(f"LayerWiseConfig.{name}={value!r}: must be one of {[e.value for e in enum]}")
+        if self.bucket_numel < 0 or self.max_grad_norm < 0:
+            raise ValueError(f"LayerWiseConfig: bucket_numel={self.bucket_numel}, max_grad_norm="
+                             f"{self.max_grad_norm} must be >= 0")
+
+
+def default_is_expert(name: str) -> bool:
+    """MCore rule: names with an `experts` part (not `shared_experts`) are expert weights."""
+    return "experts" in name.split(".")
+
+
+class _Domain:
+    """One group and its parameters, layout, flat buffers and owned piece views."""
+
+    def __init__(self, named: list[tuple[str, nn.Parameter]], is_matrix: Sequence[bool],
+                 group: dist.ProcessGroup | None, cfg: LayerWiseConfig) -> None:
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.group = group
+        self.rank, self.size = group_rank_size(group)
+        dtypes = {p.dtype for p in self.params}
+        if len(dtypes) > 1:
+            raise ValueError(f"parameters of one domain must share a dtype, got {sorted(map(str, dtypes))}")
+        layout = build_layout([tuple(p.shape) for p in self.params], is_matrix, self.size, strategy=cfg.strategy,
+                              cost_model=cfg.cost_model, bucket_numel=cfg.bucket_numel)
+        self.buckets: list[Bucket] = layout.buckets
+        dtype = self.params[0].dtype if self.params else torch.float32
+        device = self.params[0].device if self.params else torch.device("cpu")
+        self.shard_params = [torch.zeros(b.segment_numel, dtype=dtype, device=device) for b in self.buckets]
+        self.shard_grads = [torch.zeros(b.segment_numel, dtype=dtype, device=device) for b in self.buckets]
+        self.owned: list[tuple[str, nn.Parameter, int, int]] = []  # (name, view, bucket, piece index)
+        for bi, b in enumerate(self.buckets):
+            for k, pc in enumerate(b.pieces[self.rank]):
+                view = self._piece_view(self.shard_params[bi], pc)
+                self.owned.append((self.names[pc.index], nn.Parameter(view), bi, k))
+        self.gather_mode = [self._gather_mode(b, cfg.param_gather) for b in self.buckets]
+        self.pending: dict[int, tuple[list[Any], torch.Tensor]] = {}
+        self.copy_model_to_shards()
+
+    def _piece_view(self, flat: torch.Tensor, pc: Any) -> torch.Tensor:
+        p = self.params[pc.index]
+        shape = (pc.stop - pc.start, *p.shape[1:]) if p.ndim else p.shape
+        return flat[pc.offset : pc.offset + pc.numel].view(shape)
+
+    def _model_slice(self, pc: Any) -> torch.Tensor:
+        p = self.params[pc.index]
+        return p.data[pc.start : pc.stop] if p.ndim else p.data
+
+    @staticmethod
+    def _gather_mode(b: Bucket, mode: ParamGather) -> ParamGather:
+        if mode != ParamGather.AUTO:
+            return mode
+        return ParamGather.PADDED if b.padding <= 0.25 else ParamGather.BROADCAST
+
+    def copy_model_to_shards(self) -> None:
+        for bi, b in enumerate(self.buckets):
+            for pc in b.pieces[self.rank]:
+                self._piece_view(self.shard_params[bi], pc).copy_(self._model_slice(pc))
+
+    def sync_grads(self, grad_sync: GradSync, average: bool) -> None:
+        for bi, b in enumerate(self.buckets):
+            seg = b.segment_numel
+            flat = self.shard_grads[bi].new_zeros(self.size * seg)
+            for r, pieces in enumerate(b.pieces):
+                for pc in pieces:
+                    g = self.params[pc.index].grad
+                    if g is not None:
+                        dst = flat[r * seg + pc.offset : r * seg + pc.offset + pc.numel]
+                        dst.copy_((g[pc.start : pc.stop] if g.ndim else g).reshape(-1))
+            if self.size == 1:
+                self.shard_grads[bi].copy_(flat)
+            elif grad_sync == GradSync.REDUCE_SCATTER:
+                dist.reduce_scatter_tensor(self.shard_grads[bi], flat, group=self.group)
+            else:
+                dist.all_reduce(flat, group=self.group)
+                self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
+            if average and self.size > 1:
+                self.shard_grads[bi].div_(self.size)
+        for name, view, bi, k in self.owned:
+            view.grad = self._piece_view(self.shard_grads[bi], self.buckets[bi].pieces[self.rank][k])
+
+    def start_gather(self, bi: int) -> None:
+        b, seg = self.buckets[bi], self.buckets[bi].segment_numel
+        full = self.shard_params[bi].new_empty(self.size * seg)
+        if self.size == 1:
+            full.copy_(self.shard_params[bi])
+            self.pending[bi] = ([], full)
+            return
+        if self.gather_mode[bi] == ParamGather.PADDED:
+            works = [dist.all_gather_into_tensor(full, self.shard_params[bi], group=self.group, async_op=True)]
+        else:
+            sizes = b.sizes()
+            full[self.rank * seg : self.rank * seg + sizes[self.rank]].copy_(self.shard_params[bi][: sizes[self.rank]])
+            works = [dist.broadcast(full[r * seg : r * seg + sizes[r]], src=self._global(r), group=self.group,
+                                    async_op=True) for r in range(self.size) if sizes[r]]
+        self.pending[bi] = (works, full)
+
+    def _global(self, r: int) -> int:
+        return dist.get_global_rank(self.group, r) if self.group is not None else r
+
+    def finish_gather(self, bi: int) -> None:
+        if bi not in self.pending:
+            return
+        works, full = self.pending.pop(bi)
+        for w in works:
+            w.wait()
+        b, seg = self.buckets[bi], self.buckets[bi].segment_numel
+        for r, pieces in enumerate(b.pieces):
+            for pc in pieces:
+                src = full[r * seg + pc.offset : r * seg + pc.offset + pc.numel]
+                dst = self._model_slice(pc)
+                dst.copy_(src.view(dst.shape))
+
+    def owned_sq_norm(self) -> torch.Tensor:
+        return sum((g.float().square().sum() for g in self.shard_grads), torch.zeros(()))
+
+
+class LayerWiseDistributedOptimizer:
+    """Owner-computes optimizer over a data-parallel group (see the module docstring).
+
+    Args:
+        named_params: model parameters in model order (e.g. `model.named_parameters()`); frozen ones are skipped.
+        optimizer_factory: builds the inner optimizer from this rank's owned (name, tensor) pieces, e.g.
+            `lambda named: build_optimizer(named, MuonConfig(...))`. Called once (not called if nothing is owned).
+        is_matrix: (name, parameter) -> whether the matrix optimizer takes it whole (default: 2-D / 3-D parameters
+            that `optim.routing` routes to the matrix optimizer, HF naming).
+        dp_group: data-parallel group of dense parameters; None = single process.
+        expert_dp_group: group of expert parameters; "dp" = the same as dp_group.
+        is_expert: name -> expert parameter (default: an `experts` name part, as MCore).
+        norm_group: group over which owned squared grad norms are summed for clipping; "dp" = dp_group.
+        config: placement and communication settings.
+    """
+
+    def __init__(
+        self,
+        named_params: Iterable[tuple[str, nn.Parameter]],
+        optimizer_factory: OptimizerFactory,
+        *,
+        is_matrix: Callable[[str, torch.Tensor], bool] | None = None,
+        dp_group: dist.ProcessGroup | None = None,
+        expert_dp_group: dist.ProcessGroup | None | str = "dp",
+        is_expert: Callable[[str], bool] = default_is_expert,
+        norm_group: dist.ProcessGroup | None | str = "dp",
+        config: LayerWiseConfig | None = None,
+    ) -> None:
+        self.config = config or LayerWiseConfig()
+        named = [(n, p) for n, p in named_params if p.requires_grad]
+        matrix = is_matrix or _routed_matrix(named)
+        e_group = dp_group if expert_dp_group == "dp" else expert_dp_group
+        self.norm_group = dp_group if norm_group == "dp" else norm_group
+        self.domains: list[_Domain] = []
+        for want_expert, group in ((False, dp_group), (True, e_group)):
+            part = [(n, p) for n, p in named if is_expert(n) == want_expert]
+            if part:
+                self.domains.append(_Domain(part, [matrix(n, p) for n, p in part], group, self.config))  # type: ignore[arg-type]
+        owned = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
+        self.inner: torch.optim.Optimizer | None = optimizer_factory(owned) if owned else None
+        self._hooks: list[Any] = []
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The inner optimizer's groups (this rank's pieces); LR schedulers edit these."""
+        return self.inner.param_groups if self.inner is not None else []
+
+    def owned(self) -> list[tuple[str, int, int, nn.Parameter]]:
+        """(name, dim-0 start, stop, piece view) of every piece this rank owns."""
+        out = []
+        for d in self.domains:
+            for name, view, bi, k in d.owned:
+                pc = d.buckets[bi].pieces[d.rank][k]
+                out.append((name, pc.start, pc.stop, view))
+        return out
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for d in self.domains:
+            for p in d.params:
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Sync gradients to owners, clip, step the owned pieces, start (or finish) the parameter all-gather."""
+        self.finish_param_sync()
+        for d in self.domains:
+            d.sync_grads(self.config.grad_sync, self.config.average_grads)
+        if self.config.max_grad_norm > 0:
+            self._clip()
+        if self.inner is not None:
+            self.inner.step()
+        for d in self.domains:
+            for bi in range(len(d.buckets)):
+                d.start_gather(bi)
+        if not self.config.overlap_param_gather:
+            self.finish_param_sync()
+
+    def _clip(self) -> None:
+        sq = sum((d.owned_sq_norm() for d in self.domains), torch.zeros(()))
+        if self.norm_group is not None and dist.is_initialized():
+            dist.all_reduce(sq, group=self.norm_group)
+        scale = self.config.max_grad_norm / (sq.sqrt().item() + 1e-6)
+        if scale < 1.0:
+            for d in self.domains:
+                for g in d.shard_grads:
+                    g.mul_(scale)
+
+    def finish_param_sync(self) -> None:
+        """Wait for every in-flight parameter all-gather and copy the results into the model."""
+        for d in self.domains:
+            for bi in list(d.pending):
+                d.finish_gather(bi)
+
+    def register_forward_hooks(self, model: nn.Module) -> None:
+        """Forward pre-hooks that complete the in-flight all-gather of a module's buckets just before it runs."""
+        where: dict[int, list[tuple[_Domain, int]]] = {}
+        for d in self.domains:
+            for bi, b in enumerate(d.buckets):
+                for i in b.params:
+                    where.setdefault(id(d.params[i]), []).append((d, bi))
+        for module in model.modules():
+            needs = {(id(d), bi): (d, bi) for p in module.parameters(recurse=False) for d, bi in where.get(id(p), [])}
+            if needs:
+                def hook(_m: nn.Module, _args: Any, needs: dict[Any, tuple[_Domain, int]] = needs) -> None:
+                    for d, bi in needs.values():
+                        d.finish_gather(bi)
+
+                self._hooks.append(module.register_forward_pre_hook(hook))
+
+    def remove_hooks(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def _routed_matrix(named: list[tuple[str, nn.Parameter]]) -> Callable[[str, torch.Tensor], bool]:
+    from optim.routing import route_parameters
+
+    matrix = {r.name for r in route_parameters(named) if r.optimizer == "matrix"}
+    return lambda name, p: name in matrix and p.ndim in (2, 3)
