@@ -155,8 +155,14 @@ def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -
             "data": bench.data}
 
 
-def build_plan(root: RootConfig, *, ab_mode: str = DEFAULT_AB_MODE) -> BridgePlan:
-    """Compose the Bridge plan of one run from our typed config."""
+def ab_mode_of(root: RootConfig) -> str:
+    """The A/B mode a config asks for: `engine.ab_mode` (requested from the schema owner), else the default."""
+    return str(getattr(root.engine, "ab_mode", DEFAULT_AB_MODE))
+
+
+def build_plan(root: RootConfig, *, ab_mode: str | None = None) -> BridgePlan:
+    """Compose the Bridge plan of one run from our typed config (`ab_mode` None: `ab_mode_of(root)`)."""
+    ab_mode = ab_mode or ab_mode_of(root)
     if ab_mode not in AB_MODES:
         raise ValueError(f"ab_mode={ab_mode!r}: allowed {list(AB_MODES)}")
     recipe = model_recipe(root.model)
@@ -184,7 +190,7 @@ def build_plan(root: RootConfig, *, ab_mode: str = DEFAULT_AB_MODE) -> BridgePla
     )
 
 
-def build_overrides(root: RootConfig, *, ab_mode: str = DEFAULT_AB_MODE) -> Sections:
+def build_overrides(root: RootConfig, *, ab_mode: str | None = None) -> Sections:
     """Section -> field -> value overrides of one run (see `build_plan`)."""
     return build_plan(root, ab_mode=ab_mode).overrides
 

@@ -1,0 +1,163 @@
+"""Apply a `BridgePlan` onto a live Megatron-Bridge ConfigContainer (NeMo container only; imports are lazy).
+
+    container, plan = build_config_container(root)          # root: bench.schema.RootConfig
+    pretrain(container, forward_step, callbacks=[...])
+
+Steps: import the model's Bridge recipe and call it; swap in the mixed-precision preset; set every override,
+refusing a field the live Bridge does not have (a rename since the version the offline tests read is an error, not
+a silent no-op; `LEGACY_FIELDS` maps the few documented renames of older Bridge / Megatron-Core releases); for
+`optimizer.implementation=ours`, replace the optimizer config by a subclass whose `provide()` builds our optimizer
+through `optim.megatron.build_ours` (Bridge's duck-typed optimizer seam, MB PR #2132).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+from typing import Any
+
+from bench.schema import OPTIMIZER_SCHEMAS, RootConfig
+from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, build_plan
+
+REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
+CHECKED_BRIDGE_VERSION = "0.6.2"
+"""The Megatron-Bridge release whose source the offline tests check every override against."""
+
+LEGACY_FIELDS: dict[tuple[str, str], str] = {
+    # Megatron-Core <= 0.17 (NeMo 26.02 ships r0.16) called it muon_use_nesterov.
+    ("optimizer", "muon_nesterov"): "muon_use_nesterov",
+}
+"""(section, field) -> the same field's name in older releases, used only when the current name is absent."""
+
+OPTIONAL_SECTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "comm_overlap": ("megatron.bridge.training.comm_overlap", "CommOverlapConfig", {"tp_comm_overlap": False}),
+}
+"""Sections a base recipe may leave None: (module, class, constructor kwargs) to create them before overriding."""
+
+
+def missing_modules() -> list[str]:
+    """The modules of `REQUIRED_MODULES` that are not importable here (found without importing them)."""
+    out = []
+    for name in REQUIRED_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def require_bridge() -> None:
+    """Raise a ValueError naming what is missing when Megatron-Bridge cannot run here."""
+    missing = missing_modules()
+    if missing:
+        raise ValueError(
+            f"engine=bridge needs {', '.join(missing)}, which this Python cannot import. Megatron-Bridge runs where "
+            "Transformer Engine is installed: the NeMo container (docker build . -> FROM nvcr.io/nvidia/nemo:26.02; "
+            "`make bench-cluster` submits into it). Here, `recipes.overrides.build_plan` still shows what would run."
+        )
+
+
+def _import(dotted: str) -> Any:
+    module, _, attr = dotted.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _field_names(obj: Any) -> set[str]:
+    return {f.name for f in dataclasses.fields(obj)}
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def apply_overrides(cfg: Any, overrides: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """Set `section.field = value` on `cfg`; returns the legacy renames used ({"section.field": "old name"}).
+
+    Raises:
+        ValueError: a section or field that the live ConfigContainer does not have (and no legacy name matches).
+    """
+    renamed: dict[str, str] = {}
+    for section, values in overrides.items():
+        target = getattr(cfg, section, None)
+        if target is None and section in OPTIONAL_SECTIONS:
+            module, cls, kwargs = OPTIONAL_SECTIONS[section]
+            target = getattr(importlib.import_module(module), cls)(**kwargs)
+            setattr(cfg, section, target)
+        if target is None or not dataclasses.is_dataclass(target):
+            raise ValueError(f"override section {section!r}: the ConfigContainer has no dataclass there ({target!r})")
+        known = _field_names(target)
+        for name, value in values.items():
+            field_name = name
+            if name not in known:
+                legacy = LEGACY_FIELDS.get((section, name))
+                if legacy is None or legacy not in known:
+                    raise ValueError(
+                        f"override {section}.{name}={value!r}: {type(target).__name__} of the installed "
+                        f"Megatron-Bridge has no such field (the offline tests checked release "
+                        f"{CHECKED_BRIDGE_VERSION}); update recipes/ for this release")
+                field_name = renamed[f"{section}.{name}"] = legacy
+            setattr(target, field_name, value)
+    return renamed
+
+
+def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:
+    """Bridge's OptimizerConfig plus `provide()`, which builds our optimizer (matrices) + fused AdamW (the rest).
+
+    Bridge's weight-decay `config_overrides` are not used: our routing decides which parameters decay.
+    """
+    from megatron.bridge.training.config import OptimizerConfig
+
+    @dataclasses.dataclass
+    class OursOptimizerConfig(OptimizerConfig):
+        muonbench_optimizer: dict[str, Any] = dataclasses.field(default_factory=dict)
+        """Our optimizer schema as a plain dict (keeps the config printable)."""
+
+        def provide(self, model_chunks: Any, config_overrides: Any = None, use_gloo_process_groups: bool = False,
+                    pg_collection: Any = None) -> Any:
+            del config_overrides, use_gloo_process_groups, pg_collection
+            from bench.engines.optimizer_factory import optim_configs
+            from optim.megatron import build_ours
+
+            opt = OPTIMIZER_SCHEMAS[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)
+            algo, routing, adamw = optim_configs(opt)
+            chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
+            optimizer, _ = build_ours(chunks, algo, adamw, routing, clip_grad=self.clip_grad, tp_mode=opt.tp_mode)
+            return optimizer
+
+    values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
+    return OursOptimizerConfig(**values, muonbench_optimizer=dataclasses.asdict(schema_obj))
+
+
+def build_config_container(root: RootConfig, *, ab_mode: str | None = None) -> tuple[Any, BridgePlan]:
+    """The Megatron-Bridge ConfigContainer of one run, and the plan it was built from.
+
+    Raises:
+        ValueError: Megatron-Bridge is not importable, a field is unknown, or the installed Megatron-Core is too
+            old for the requested A/B mode.
+    """
+    require_bridge()
+    plan = build_plan(root, ab_mode=ab_mode or ab_mode_of(root))
+    import megatron.core
+    from megatron.bridge.training.mixed_precision import get_mixed_precision_config
+
+    need = plan.metadata["requires"].get("megatron-core")
+    if need and _version_tuple(megatron.core.__version__) < FAIR_MIN_MCORE:
+        raise ValueError(
+            f"ab_mode={plan.metadata['ab_mode']!r} with {root.optimizer.name} (implementation=megatron) needs "
+            f"megatron-core {need}; installed {megatron.core.__version__}. Use ab_mode=published or build the image "
+            "with a newer Megatron-Core (Dockerfile ARG MCORE_VERSION).")
+    cfg = _import(plan.base_recipe)()
+    cfg.mixed_precision = get_mixed_precision_config(plan.precision_preset)
+    renamed = apply_overrides(cfg, plan.overrides)
+    if plan.optimizer_impl == "ours":
+        cfg.optimizer = _ours_optimizer_config(cfg.optimizer, root.optimizer)
+    cfg.env_vars = {**cfg.env_vars, **plan.env_vars}
+    plan.metadata["legacy_fields"] = renamed
+    return cfg, plan
