@@ -314,6 +314,9 @@ def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: in
         raise ValueError(f"distributed={distributed!r}: must be one of {list(DISTRIBUTIONS)}")
     if tp_mode not in TP_MODES:
         raise ValueError(f"tp_mode={tp_mode!r}: must be one of {list(TP_MODES)}")
+    if model.mtp_num_layers:
+        raise NotImplementedError(f"model.mtp_num_layers={model.mtp_num_layers}: MTP layers are not placed on "
+                                  "pipeline stages yet (both published models have none)")
     mats = enumerate_ns_matrices(model, split_qkv=split_qkv, split_mla=split_mla, split_gate_up=split_gate_up,
                                  include_router=include_router)
     dp_slots = par.dp * par.cp
@@ -326,14 +329,14 @@ def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: in
         n_type["moe"] = n_type["all"] - n_type["dense"] if model.num_experts else 0
         if not model.num_experts:
             n_type["dense"] = n_type["all"]
-        expert_items, dense_items = [], []
+        expert_items: list[tuple[str, dict[str, float]]] = []  # one EP rank's experts in this stage
+        dense_items: list[tuple[str, dict[str, float]]] = []  # every non-expert matrix of this stage
         for m in mats:
-            tp = par.etp if m.expert else par.tp
-            cost = _shard_cost(m, tp, tp_mode, num_steps, restart_iterations)
-            per_rank = experts_per_rank if m.expert else m.per_layer
-            items, n = (expert_items, per_rank * n_type[m.layer_type]) if m.expert else \
-                (dense_items, m.per_layer * n_type[m.layer_type])
-            items.extend([(m.kind, cost)] * n)
+            cost = _shard_cost(m, par.etp if m.expert else par.tp, tp_mode, num_steps, restart_iterations)
+            if m.expert:
+                expert_items.extend([(m.kind, cost)] * (experts_per_rank * n_type[m.layer_type]))
+            else:
+                dense_items.extend([(m.kind, cost)] * (m.per_layer * n_type[m.layer_type]))
         e_bins = [_Bin() for _ in range(expert_dp if distributed == "layerwise" else 1)]
         _lpt(expert_items, e_bins)
         bins = [_Bin(cost=dict(e_bins[j % len(e_bins)].cost), kinds=Counter(e_bins[j % len(e_bins)].kinds))
