@@ -1,0 +1,50 @@
+"""bench.collect: one tidy row per run (failed runs included), steps.csv, the LATEST.json default."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from test_record_fixtures import STEPS, make_fixture_runs
+
+from bench import collect, record
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return root, make_fixture_runs(root)
+
+
+def test_collect_one_row_per_run_including_failed(runs, tmp_path):
+    """Localises a collector that drops failed runs (a sweep silently shrinking) or mixes up columns."""
+    root, dirs = runs
+    results, steps = collect.collect(dirs, tmp_path)
+    assert list(results["run_id"]) == ["0_adamw", "1_muon", "2_muon"]
+    assert list(results["status"]) == ["ok", "ok", "error"]
+    failed = results.set_index("run_id").loc["2_muon"]
+    assert failed["error_type"] == "FileNotFoundError" and pd.isna(failed["step_s_median"])
+    ok = results.set_index("run_id")
+    assert ok.loc["1_muon", "optimizer"] == "muon" and ok.loc["1_muon", "optimizer.num_ns_steps"] == 5
+    assert ok.loc["0_adamw", "world_size"] == 2 and ok.loc["0_adamw", "dp"] == 2
+    assert ok.loc["1_muon", "step_s_median"] > ok.loc["0_adamw", "step_s_median"]
+    assert len(ok.loc["0_adamw", "git_sha"]) == 40
+    assert len(steps) == 2 * STEPS and set(steps["optimizer"]) == {"adamw", "muon"}
+    on_disk = pd.read_csv(tmp_path / "results.csv")
+    assert on_disk.shape == results.shape
+
+
+def test_collect_cli_uses_latest_manifest(runs, tmp_path, capsys):
+    root, dirs = runs
+    record.write_json_atomic(root / "LATEST.json", {"report_name": "fixture", "runs": [str(d) for d in dirs[:2]]})
+    assert collect.main(["--out-dir", str(root), "--reports", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "0_adamw" in out and "2_muon" not in out
+    assert len(pd.read_csv(tmp_path / "fixture" / "results.csv")) == 2
+
+
+def test_collect_cli_glob_and_missing_manifest(runs, tmp_path, capsys):
+    root, _ = runs
+    assert collect.main(["--runs", str(root), "--reports", str(tmp_path)]) == 0
+    assert len(pd.read_csv(tmp_path / "cpu_qwen3_moe_tiny_dp2" / "results.csv")) == 3
+    assert collect.main(["--out-dir", str(tmp_path / "nothing")]) == 2
+    assert "LATEST.json does not exist" in capsys.readouterr().err

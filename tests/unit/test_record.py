@@ -1,0 +1,109 @@
+"""Run records: atomic writes, the steps.jsonl vocabulary, the summary protocol, failed runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import pytest
+from test_record_fixtures import NS_FLOPS, STEP_S, WARMUP, make_run
+
+from bench import config, flops, record
+
+
+def test_write_json_atomic_leaves_no_temp_and_is_readable(tmp_path):
+    """Localises a non-atomic writer (temp files left behind, unreadable mode)."""
+    path = tmp_path / "sub" / "run.json"
+    record.write_json_atomic(path, {"a": 1})
+    record.write_json_atomic(path, {"a": 2, "b": [1, 2]})
+    assert record.read_json(path) == {"a": 2, "b": [1, 2]}
+    assert [p.name for p in path.parent.iterdir()] == ["run.json"]
+    assert os.stat(path).st_mode & 0o044 == 0o044
+
+
+def test_steplog_rejects_keys_outside_vocabulary_and_reader_drops_torn_line(tmp_path):
+    log = record.StepLog(tmp_path)
+    log.write({"step": 0, "step_s": 1.0})
+    with pytest.raises(AssertionError, match="vocabulary"):
+        log.write({"step": 1, "gpu_util": 0.5})
+    log.close()
+    with open(tmp_path / "steps.jsonl", "a") as f:
+        f.write('{"step": 1, "step_')
+    rows = record.read_steps(tmp_path)
+    assert len(rows) == 1 and set(rows[0]) == set(record.STEP_KEYS) and rows[0]["loss"] is None
+
+
+def test_summarize_excludes_warmup_and_uses_median_iqr():
+    """Localises warm-up leaking into the statistic or a TFLOP/s formula that forgets the GPU count."""
+    times = [9.0, 9.0, 1.0, 3.0, 2.0, 4.0]
+    steps = [{"step": i, "warmup": i < 2, "step_s": t, "tokens": 100, "loss": 1.0, "ns_flops": 5e11}
+             for i, t in enumerate(times)]
+    s = record.summarize(steps, world_size=2, model_flops_per_step=8e12, peak_tflops=10.0)
+    assert s["num_steady_steps"] == 4
+    assert s["step_s_median"] == 2.5
+    assert s["step_s_p25"] == pytest.approx(1.75) and s["step_s_p75"] == pytest.approx(3.25)
+    assert s["model_tflops_per_gpu"] == pytest.approx(8.0 / 2.5 / 2)
+    assert s["ns_tflops_per_gpu"] == pytest.approx(0.5 / 2.5)
+    assert s["total_tflops_per_gpu"] == pytest.approx(s["model_tflops_per_gpu"] + s["ns_tflops_per_gpu"])
+    assert s["mfu"] == pytest.approx(1.6 / 10.0)
+    assert s["tokens_per_s_per_gpu"] == pytest.approx(100 / 2.5 / 2)
+    assert record.summarize(steps[:2], world_size=2, model_flops_per_step=1.0) is None
+
+
+def test_fixture_run_record_has_provenance_and_summary(tmp_path):
+    run = make_run(tmp_path, "0_muon", "muon")
+    rec = record.read_json(run / "run.json")
+    assert rec["schema"] == record.RUN_SCHEMA and rec["status"] == "ok" and rec["error"] is None
+    assert set(rec["versions"]) >= {"torch", "megatron-core", "megatron-bridge", "transformers", "emerging-optimizers"}
+    assert rec["versions"]["torch"].startswith("2.")
+    assert len(rec["git"]["sha"]) == 40 and isinstance(rec["git"]["dirty"], bool)
+    assert rec["hardware"]["cpu_count"] >= 1
+    assert rec["config"]["optimizer"]["name"] == "muon" and len(rec["config_hash"]) == 12
+    s = rec["summary"]
+    assert s["num_steady_steps"] == 8 - WARMUP
+    assert s["step_s_median"] == pytest.approx(STEP_S["muon"] + 0.001)
+    cfg = config.load(["experiment=cpu/qwen3_moe_tiny_dp2", "optimizer=muon"])
+    want = flops.model_flops_per_step(cfg.model, cfg.parallelism)
+    assert s["model_flops_per_step"] == pytest.approx(want)
+    assert s["model_tflops_per_gpu"] == pytest.approx(want / s["step_s_median"] / 2 / 1e12)
+    assert s["ns_tflops_per_gpu"] == pytest.approx(NS_FLOPS / s["step_s_median"] / 1e12)
+    assert s["ns_flops_enumerated_per_step"] > 0
+    assert s["loss_last"] == pytest.approx(6.3 - 0.07)
+    lines = (run / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(x)["warmup"] for x in lines] == [True] * WARMUP + [False] * (8 - WARMUP)
+
+
+def test_failed_run_still_writes_complete_record(tmp_path):
+    run = make_run(tmp_path, "9_muon", "muon", fail=True)
+    rec = record.read_json(run / "run.json")
+    assert rec["status"] == "error" and rec["summary"] is None
+    assert rec["error"]["type"] == "FileNotFoundError" and "FAILED" in rec["error"]["stderr_tail"]
+    assert rec["end_time"] and rec["duration_s"] >= 0 and rec["config"]["optimizer"]["name"] == "muon"
+
+
+@pytest.mark.parametrize(("kw", "want"), [
+    ({"returncode": None, "timed_out": True, "worker_error": None}, "timeout"),
+    ({"returncode": 1, "timed_out": False, "worker_error": {"type": "OutOfMemoryError"}}, "oom"),
+    ({"returncode": -9, "timed_out": False, "worker_error": None}, "oom"),
+    ({"returncode": 1, "timed_out": False, "worker_error": {"type": "ValueError"}}, "error"),
+])
+def test_classify_failure(kw, want):
+    assert record.classify_failure(**kw) == want
+
+
+def test_config_round_trips_through_run_json():
+    """The worker rebuilds its config from run.json; localises a schema field lost on the way."""
+    cfg = config.load(["experiment=cpu/qwen3_moe_tiny_dp2", "optimizer=muon", "optimizer.num_ns_steps=6"])
+    d = json.loads(json.dumps(config.as_dict(cfg)))
+    back = record.config_from_dict(d)
+    assert back == cfg and config.config_hash(back) == config.config_hash(cfg)
+    d["optimizer"]["name"] = "sgd"
+    with pytest.raises(ValueError, match="optimizer.name='sgd'"):
+        record.config_from_dict(d)
+
+
+def test_quantile_matches_statistics_module():
+    xs = [0.3, 0.1, 0.7, 0.2, 0.9]
+    assert record._quantile(xs, 0.5) == statistics.median(xs)
+    assert record._quantile(xs, 0.25) == pytest.approx(statistics.quantiles(xs, n=4, method="inclusive")[0])
