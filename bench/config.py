@@ -20,6 +20,7 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 ALLOWED: dict[str, tuple[str, ...]] = {
     "model.family": ("qwen3_moe", "deepseek_v3"),
     "model.attention": ("gqa", "mla"),
+    "model.moe_router_score_function": ("softmax", "sigmoid"),
     "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
     "optimizer.lr_decay": ("cosine", "linear", "constant"),
@@ -138,7 +139,21 @@ def validate(root: schema.RootConfig) -> None:
         _fail("parallelism.ep", p.ep, "expert parallelism needs a MoE model (model.num_experts > 0)")
     if p.vp > 1 and p.pp == 1:
         _fail("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1")
-    if not p.pipeline_layout and m.num_layers % (p.pp * p.vp):
+    if p.pipeline_layout:
+        from bench.flops import parse_pipeline_layout
+
+        try:
+            chunks = parse_pipeline_layout(p.pipeline_layout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if len(chunks) != p.pp * p.vp:
+            _fail("parallelism.pipeline_layout", p.pipeline_layout,
+                  f"has {len(chunks)} stages; must have PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp}")
+        held = sum(c.count("t") for c in chunks)
+        if held != m.num_layers:
+            _fail("parallelism.pipeline_layout", p.pipeline_layout,
+                  f"holds {held} decoder layers; model.num_layers={m.num_layers}")
+    elif m.num_layers % (p.pp * p.vp):
         _fail("model.num_layers", m.num_layers,
               f"layers must be divisible by PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp} (or give parallelism.pipeline_layout)")
     if p.gbs % (p.mbs * dp):

@@ -51,3 +51,17 @@ def test_hash_changes_with_workload_not_with_bench() -> None:
     c = load(["optimizer.num_ns_steps=6"])
     assert config_hash(a) == config_hash(b)
     assert config_hash(a) != config_hash(c)
+
+
+def test_pipeline_layout_must_hold_the_model() -> None:
+    base = ["model=kimi_k2", "parallelism=pp4_dp64_ep64", "engine=bridge", "hardware=gb300"]
+    assert load(base).parallelism.vp == 4
+    with pytest.raises(ConfigError, match="holds 61 decoder layers; model.num_layers=48"):
+        load(["model=qwen3_30b_a3b", "parallelism=pp4_dp64_ep64", "engine=bridge", "hardware=gb300"])
+    with pytest.raises(ConfigError, match="must have PP x VP"):
+        load([*base, "parallelism.vp=2"])
+
+
+def test_router_score_function_allowed_set() -> None:
+    with pytest.raises(ConfigError, match=r"model.moe_router_score_function='tanh'.*softmax"):
+        load(["model.moe_router_score_function=tanh"])
