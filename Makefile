@@ -36,8 +36,13 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
 	$(PY) -m bench.quality profile=cpu
 
-lint: $(STAMP) ## ruff lint
+DEV_STAMP := $(VENV)/.installed-dev
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $(DEV_STAMP)
+
+lint: $(DEV_STAMP) ## ruff lint
 	$(PY) -m ruff check optim bench recipes tests
 
-typecheck: $(STAMP) ## mypy strict on optim/
+typecheck: $(DEV_STAMP) ## mypy strict on optim/
 	$(PY) -m mypy
