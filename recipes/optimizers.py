@@ -6,7 +6,9 @@
   "dist_soap"). Knobs that MCore cannot express raise a ValueError naming them instead of being dropped.
 - "ours": the `optim.megatron` adapter (issue 7) builds our optimizer through Bridge's duck-typed
   `OptimizerConfig.provide()` seam; the `optimizer` section then only carries what the scalar AdamW and the
-  scheduler read.
+  scheduler read. `optim.megatron.build_ours` keeps a replicated optimizer on all-reduced gradients, so DDP runs
+  without the distributed optimizer and there is no parameter all-gather to overlap or to send in FP8; the
+  schema's `distributed` / `grad_sync` / `assignment` are recorded as not applied.
 """
 
 from __future__ import annotations
@@ -100,9 +102,9 @@ def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
 
 
 def _megatron_soap(opt: SOAPSchema) -> dict[str, Any]:
-    _megatron_matrix_checks(opt)
     if opt.use_eigh:
         _fail("use_eigh", True, "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours")
+    _megatron_matrix_checks(opt)
     return {
         "optimizer": "dist_soap" if opt.distributed == "layerwise" else "soap",
         "soap_shampoo_beta": opt.shampoo_beta,
@@ -122,8 +124,8 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
                 _fail("implementation", impl, "AdamW runs as Megatron's distributed fused Adam (torch or megatron)")
             return {"optimizer": "adam"}, "megatron", True
         case _ if impl == "ours":
-            # Scalar AdamW and the schedule; the adapter replaces the matrix part.
-            return {"optimizer": "adam"}, "ours", opt.grad_sync == "reduce_scatter"
+            # Scalar AdamW and the schedule; the adapter replaces the matrix part (replicated, all-reduced grads).
+            return {"optimizer": "adam"}, "ours", False
         case MuonSchema():
             return _megatron_muon(opt), "megatron", False
         case SOAPSchema():
@@ -136,13 +138,20 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
     raise AssertionError("unreachable")
 
 
-def ab_knobs(opt: Any, precision: PrecisionConfig, ab_mode: str) -> tuple[dict[str, bool], dict[str, bool]]:
-    """(knobs used, configured values they replaced) for param-gather overlap and FP8 param gather."""
+def ab_knobs(opt: Any, precision: PrecisionConfig, ab_mode: str, *,
+            gathers_params: bool = True) -> tuple[dict[str, bool], dict[str, bool]]:
+    """(knobs used, configured values they replaced) for param-gather overlap and FP8 param gather.
+
+    `gathers_params` False (our replicated adapter): no parameter all-gather exists, both knobs are off.
+    """
     configured = {
         # AdamW has no knob: MB's AdamW always overlaps the distributed optimizer's param all-gather.
         "overlap_param_gather": opt.overlap_param_gather if isinstance(opt, MatrixOptimizerSchema) else True,
         "fp8_param_gather": bool(precision.fp8_recipe) and precision.fp8_param_gather,
     }
+    if not gathers_params:
+        off = {"overlap_param_gather": False, "fp8_param_gather": False}
+        return off, {k: v for k, v in configured.items() if off[k] != v}
     if ab_mode == "published":
         return configured, {}
     fair = {"overlap_param_gather": FAIR_PROFILE["overlap_param_gather"],
@@ -155,7 +164,7 @@ def apply_optimizer(sections: Sections, opt: Any, precision: PrecisionConfig, *,
     optimizer, scheduler = _common(opt)
     algo, bridge_impl, dist_opt = _algorithm(opt)
     optimizer |= algo
-    knobs, replaced = ab_knobs(opt, precision, ab_mode)
+    knobs, replaced = ab_knobs(opt, precision, ab_mode, gathers_params=bridge_impl == "megatron")
     optimizer |= {"use_distributed_optimizer": dist_opt, "overlap_param_gather": knobs["overlap_param_gather"]}
     sections.setdefault("optimizer", {}).update(optimizer)
     sections.setdefault("scheduler", {}).update(scheduler)
@@ -170,9 +179,12 @@ def apply_optimizer(sections: Sections, opt: Any, precision: PrecisionConfig, *,
     requires = {}
     if ab_mode == "fair" and bridge_impl == "megatron" and not dist_opt:
         requires["megatron-core"] = ">=0.19"  # layer-wise overlapped param gather; MXFP8 param gather (#5707)
+    not_applied = ({k: getattr(opt, k) for k in ("distributed", "grad_sync", "assignment")}
+                   if bridge_impl == "ours" else {})
     return {
         "optimizer": {"name": opt.name, "implementation": opt.implementation, "bridge_impl": bridge_impl,
-                      "megatron_optimizer": optimizer["optimizer"], "distributed_optimizer": dist_opt},
+                      "megatron_optimizer": optimizer["optimizer"], "distributed_optimizer": dist_opt,
+                      "not_applied": not_applied},
         "ab_knobs": knobs,
         "ab_replaced": replaced,
         "requires": requires,
