@@ -95,7 +95,7 @@ def table1(rows: list[dict[str, Any]]) -> str:
 
 
 def breakdown(rows: list[dict[str, Any]]) -> str:
-    header = ["optimizer", "step", "forward+backward", "grad all-reduce", "optimizer step", "of which NS",
+    header = ["optimizer", "step", "forward+backward", "communication", "optimizer step", "of which NS",
               "of which AdamW part", "of which other (clip, momentum, update)", "NS FLOPs per GPU per step (counted)",
               "NS FLOPs per step (bench.flops, each matrix once)"]
     body = []
@@ -108,7 +108,10 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
                                                                      "comm_s_median", "optim_s_median")),
                      fmt(ns, ".2f", 1e3), fmt(adam, ".2f", 1e3), fmt(other, ".2f", 1e3),
                      fmt(r.get("ns_flops_per_gpu_per_step"), ".4g"), fmt(r.get("ns_flops_enumerated_per_step"), ".4g")])
-    return _md_table(header, body) + "\n\nTimes in ms, medians over the steady window (each phase's own median)."
+    return _md_table(header, body) + (
+        "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
+        "exactly). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
+        "forward+backward and optimizer step exclude the communication inside them.")
 
 
 def _plot_tflops(rows: list[dict[str, Any]], path: Path) -> None:
@@ -135,7 +138,7 @@ def _plot_breakdown(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    parts: dict[str, list[float]] = {k: [] for k in ("forward+backward", "grad all-reduce", "NS", "AdamW part",
+    parts: dict[str, list[float]] = {k: [] for k in ("forward+backward", "communication", "NS", "AdamW part",
                                                     "other optimizer", "rest of step")}
     for r in ok:
         step, fb, comm, opt, ns, adam = (_num(r.get(k)) or 0.0 for k in (

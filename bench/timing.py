@@ -1,7 +1,8 @@
 """Phase timers for one training step: CUDA events on a GPU, `time.perf_counter` (wall clock) on a CPU.
 
-`PhaseTimer` accumulates named phases (`fwd_bwd`, `comm`, `optim`, `ns`, `adamw`) within a step; `collect()` returns
-seconds per phase (on CUDA it synchronises once, at the end of the step, so the timing itself does not serialise
+`PhaseTimer` accumulates named phases (`fwd_bwd`, `comm`, `optim`, `ns`, `adamw`) within a step; a phase entered
+inside another is also booked as `<outer>/<inner>` (e.g. `optim/comm`: communication inside the optimizer step), so
+callers can report exclusive times. `collect()` returns seconds per phase (on CUDA it synchronises once, at the end of the step, so the timing itself does not serialise
 the phases). `wrap(fn, phase)` times every call of a function under a phase and is how Newton-Schulz is timed: the
 optimizer's orthogonalize calls are wrapped, and `ns_flops_plain` counts the FLOPs of each call from its shape.
 
@@ -36,17 +37,21 @@ class PhaseTimer:
         self.cuda = cuda
         self._cpu: dict[str, float] = defaultdict(float)
         self._events: dict[str, list[tuple[Any, Any]]] = defaultdict(list)
+        self._stack: list[str] = []
         self.counters: dict[str, float] = defaultdict(float)
         """Free-form per-step sums, e.g. `ns_flops`."""
 
     def reset(self) -> None:
         self._cpu.clear()
         self._events.clear()
+        self._stack.clear()
         self.counters.clear()
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time the enclosed block under `name` (accumulates over several entries in one step)."""
+        """Time the enclosed block under `name` and `<outer>/name` for every open outer phase (accumulates)."""
+        keys = [name, *(f"{outer}/{name}" for outer in self._stack if outer != name)]
+        self._stack.append(name)
         if self.cuda:
             import torch
 
@@ -57,13 +62,18 @@ class PhaseTimer:
                 yield
             finally:
                 end.record()
-                self._events[name].append((start, end))
+                self._stack.pop()
+                for key in keys:
+                    self._events[key].append((start, end))
         else:
             t0 = time.perf_counter()
             try:
                 yield
             finally:
-                self._cpu[name] += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self._stack.pop()
+                for key in keys:
+                    self._cpu[key] += dt
 
     def wrap(self, fn: Callable[..., Any], phase: str,
              count: Callable[..., float] | None = None) -> Callable[..., Any]:

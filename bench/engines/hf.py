@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import resource
 import time
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -85,6 +84,7 @@ class HFEngine(Engine):
 
     def __init__(self) -> None:
         self.cuda = False
+        self.layerwise: Any = None
 
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
         par, eng = cfg.parallelism, cfg.engine
@@ -111,26 +111,50 @@ class HFEngine(Engine):
         self.data = TokenStream(cfg.bench.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length,
                                 mbs=par.mbs, seed=cfg.bench.seed + 1 + rank.rank)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.phases = PhaseTimer(cuda=self.cuda)
+        self._build_optimizer()
+        self._instrument()
+
+    def _build_optimizer(self) -> None:
+        """Replicated optimizer (one all-reduce per step), or the layer-wise distributed one when configured."""
         from optim.routing import SplitLayout
 
+        opt, world = self.cfg.optimizer, self.rank.world_size
         layout = SplitLayout.from_hf_config(self.model.config)
-        self.optimizer = optimizer_factory.build(self.model.named_parameters(), cfg.optimizer, naming="hf",
-                                                 layout=layout)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.optimizer, cfg.bench.steps))
-        self.phases = PhaseTimer(cuda=self.cuda)
-        self._instrument()
-        distributed = cfg.optimizer.distributed if isinstance(cfg.optimizer, MatrixOptimizerSchema) else "none"
-        if rank.rank == 0 and distributed != "none" and rank.world_size > 1:
-            print(f"warning: optimizer.distributed={distributed!r} has no effect in the hf engine: "
-                  "every rank runs the whole optimizer (replicated)", file=sys.stderr)
+        named = list(self.model.named_parameters())
+        distributed = opt.distributed if isinstance(opt, MatrixOptimizerSchema) else "none"
+        if distributed == "none" or world == 1:
+            self.inner = optimizer_factory.build(named, opt, naming="hf", layout=layout)
+            self.distribution = "replicated: every rank steps every parameter after one gradient all-reduce"
+        else:
+            from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
+
+            lw_cfg = LayerWiseConfig(strategy=opt.assignment, grad_sync=opt.grad_sync,
+                                     overlap_param_gather=opt.overlap_param_gather, max_grad_norm=opt.clip_grad)
+            self.layerwise = LayerWiseDistributedOptimizer(
+                named, lambda owned: optimizer_factory.build(owned, opt, naming="hf", layout=layout),
+                is_matrix=optimizer_factory.is_matrix(named, opt, naming="hf", layout=layout),
+                dp_group=dist.group.WORLD, config=lw_cfg)
+            if opt.overlap_param_gather:
+                self.layerwise.register_forward_hooks(self.model)
+            self.inner = self.layerwise.inner
+            self.distribution = (f"layerwise: whole matrices per rank ({opt.assignment}), grad {opt.grad_sync}, "
+                                 f"param all-gather{' overlapped with forward' if opt.overlap_param_gather else ''}")
+            for d in self.layerwise.domains:
+                for method in ("sync_grads", "start_gather", "finish_gather"):
+                    setattr(d, method, self.phases.wrap(getattr(d, method), "comm"))
+        self.scheduler = (None if self.inner is None else
+                          torch.optim.lr_scheduler.LambdaLR(self.inner, lr_lambda(opt, self.cfg.bench.steps)))
 
     def _instrument(self) -> None:
         """Time the matrix optimizer's orthogonalize calls (NS FLOPs from their shapes) and the AdamW step."""
         from optim.optimizers.mop import MOP
         from optim.optimizers.muon import Muon
 
-        subs = self.optimizer.optimizers
         self.ns_timed = False
+        if self.inner is None:
+            return
+        subs = self.inner.optimizers
         matrix = subs.get("matrix")
         match matrix:
             case Muon():
@@ -169,7 +193,7 @@ class HFEngine(Engine):
         t = self.phases
         t.reset()
         cpu0 = time.process_time()
-        self.optimizer.zero_grad(set_to_none=True)
+        (self.layerwise or self.inner).zero_grad(set_to_none=True)
         losses = []
         with t.phase("step"):
             with t.phase("fwd_bwd"):
@@ -179,14 +203,18 @@ class HFEngine(Engine):
                         out = self.model(input_ids=x, labels=x)
                     (out.loss / self.grad_accum).backward()
                     losses.append(out.loss.detach())
-            if self.rank.world_size > 1:
+            if self.rank.world_size > 1 and self.layerwise is None:
                 with t.phase("comm"):
                     self._allreduce_grads()
             with t.phase("optim"):
-                if self.cfg.optimizer.clip_grad > 0:
-                    torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optimizer.clip_grad)
-                self.optimizer.step()
-                self.scheduler.step()
+                if self.layerwise is not None:
+                    self.layerwise.step()  # grad sync, clipping, owned-piece step, parameter all-gather
+                else:
+                    if self.cfg.optimizer.clip_grad > 0:
+                        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optimizer.clip_grad)
+                    self.inner.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
         s = t.collect()
         loss = float(torch.stack(losses).float().mean())
         if self.cuda:
@@ -194,9 +222,10 @@ class HFEngine(Engine):
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return StepMetrics(
-            step_s=s["step"], fwd_bwd_s=s["fwd_bwd"], optim_s=s["optim"],
+            step_s=s["step"], fwd_bwd_s=s["fwd_bwd"] - s.get("fwd_bwd/comm", 0.0),
+            optim_s=s["optim"] - s.get("optim/comm", 0.0),
             ns_s=s.get("ns", 0.0) if self.ns_timed else None,
-            comm_s=s.get("comm") if self.rank.world_size > 1 else 0.0,
+            comm_s=s.get("comm", 0.0),
             tokens=self.tokens_per_step, loss=loss, peak_mem_bytes=int(peak),
             ns_flops=float(t.counters.get("ns_flops", 0.0)),
             extra={"cpu_s": time.process_time() - cpu0, "adamw_s": s.get("adamw", 0.0)},
@@ -208,10 +237,10 @@ class HFEngine(Engine):
             "model_class": type(self.model).__name__,
             "num_params": sum(p.numel() for p in self.params),
             "vocab_padded": padded_vocab_size(self.cfg.model),
-            "routes": self.optimizer.summary(),
+            "routes": self.inner.summary() if self.inner is not None else {},
             "math_dtype": "bf16 autocast, fp32 weights" if self.cuda else "fp32",
-            "grad_sync": f"one flat all-reduce after backward ({self.cfg.engine.backend}), not overlapped",
-            "optimizer_distribution": "replicated (every rank steps every parameter)",
+            "optimizer_distribution": self.distribution,
+            "phases": "fwd_bwd and optim exclude the communication inside them; comm_s = all communication calls",
             "ns_timing": "wrapped matrix optimizer _orthogonalize" if self.ns_timed else "none",
             "grad_accum": self.grad_accum,
             "data": self.cfg.bench.data,
@@ -219,7 +248,9 @@ class HFEngine(Engine):
         }
 
     def teardown(self) -> None:
-        for name in ("optimizer", "scheduler", "model", "data"):
+        if self.layerwise is not None:
+            self.layerwise.remove_hooks()
+        for name in ("layerwise", "inner", "scheduler", "model", "data"):
             self.__dict__.pop(name, None)
         if self.cuda:
             torch.cuda.empty_cache()

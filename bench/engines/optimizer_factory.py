@@ -60,3 +60,14 @@ def build(named_params: Iterable[tuple[str, Any]], opt: S.OptimizerSchemaBase, *
 
     algo, routing, adamw = optim_configs(opt)
     return build_optimizer(named_params, algo, naming=naming, routing=routing, layout=layout, adamw=adamw)
+
+
+def is_matrix(named_params: Iterable[tuple[str, Any]], opt: S.OptimizerSchemaBase, *, naming: str = "hf",
+              layout: Any = None) -> Any:
+    """(name, tensor) -> True for the parameters the matrix optimizer takes whole (same routing as `build`)."""
+    from optim.routing import route_parameters
+
+    _, routing, _ = optim_configs(opt)
+    matrix = {r.name for r in route_parameters(named_params, naming=naming, routing=routing, layout=layout)
+              if r.optimizer == "matrix"}
+    return lambda name, p: name in matrix
