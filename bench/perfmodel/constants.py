@@ -1,0 +1,147 @@
+"""Every constant of the performance model, each with its source.
+
+Three kinds: datasheet rows (conf/hardware/*.yaml, read through `HardwareConfig`), our own H200 measurements
+(anchors.md section f, /work/shared/baselines/h200_anchor_2026-11-29.json), and values taken from papers or public
+benchmarks. Exactly one value per hardware row may be fitted to published throughput (`FITTED`); it is named there
+with the numbers it was fitted to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sourced:
+    """A number and where it comes from."""
+
+    value: float
+    source: str
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Our H200 measurements (anchors.md section f; h200_anchor_2026-11-29.json)
+# --------------------------------------------------------------------------------------------------------------
+H200_PEAK_BF16_TFLOPS = 989.0  # datasheet dense bf16 (conf/hardware/h200.yaml)
+H200_GEMM_CEILING_TFLOPS = Sourced(
+    value=701.0, source="our H200 bf16 GEMM 8192^3, torch 2.11.0+cu130 (anchors.md f; 714 in a repeat)")
+HBM_EFFICIENCY = Sourced(
+    value=0.72,
+    source="our H200: torch.optim.AdamW(fused=True) on 622.9 M fp32 params in 5.01 ms, 28 B/param "
+           "(param, grad, m, v read; param, m, v written) = 3.48 TB/s of 4.8 TB/s datasheet (anchors.md f)")
+NS_CALL_HOST_MS = Sourced(
+    value=0.33,
+    source="our H200: one EO newton_schulz call on 512x2048 (12 GFLOP, GPU floor 0.017 ms) takes 0.330 ms: "
+           "the host cost of one NS call (~20 kernel launches) when the GPU is idle (anchors.md f)")
+EO_MUON_PARAM_HOST_MS = Sourced(
+    value=0.755,
+    source="our H200: EO Muon v0.3.0 optimizer.step() on one Qwen3 layer, 260 matrices in 196.4 ms, nearly all "
+           "launch-bound (GPU floor 30.8 ms): 0.755 ms per matrix for the whole per-parameter Python loop "
+           "(weight decay, momentum, Nesterov, NS, scale, update) (anchors.md f). Not used by the model (the "
+           "published profile charges one NS call per matrix, NS_CALL_HOST_MS); the calibration report shows "
+           "what it would predict")
+NS_BATCHED_EXTRA_MS = Sourced(
+    value=0.0,
+    source="one batched 3-D NS call costs the same host time as a 2-D one (same kernel count); "
+           "optim.distributed.assignment.CostModel fixed_ms covers it")
+
+# --------------------------------------------------------------------------------------------------------------
+# Papers and public benchmarks
+# --------------------------------------------------------------------------------------------------------------
+ATTENTION_EFFICIENCY = Sourced(
+    value=0.5,
+    source="FlashAttention-3 (arXiv 2407.08608): forward up to 75% of H100 bf16 peak; pytorch/benchmark #2391 "
+           "measured FA3 forward at 590 TF/s (60%) for seq 4096, head dim 128; the backward pass runs lower, "
+           "so 0.5 of the dense bf16 peak for forward + backward, causal")
+NVLINK_EFFICIENCY = Sourced(
+    value=0.9,
+    source="nccl-tests on GB200 MNNVL, 2 nodes x 4 GPUs: 811 GB/s bus bandwidth of 900 GB/s per direction "
+           "(lixueduan.com/posts/ai/13-gb200-mnnvl-nccl-test)")
+NETWORK_EFFICIENCY = Sourced(
+    value=0.9,
+    source="nccl-tests bus bandwidth of RDMA NICs at large messages: ~90% of line rate (same source family "
+           "as NVLINK_EFFICIENCY)")
+A2A_EFFICIENCY = Sourced(
+    value=0.9,
+    source="DeepEP README (deepseek-ai/DeepEP): intranode NVLink dispatch 153 GB/s and combine 158 GB/s of "
+           "~160 GB/s on H800; HybridEP is the same design for NVL72; we keep 0.9 like NCCL")
+NVLINK_LATENCY_US = Sourced(value=3.0, source="NVLink 5 small-message collective latency, a few us (nccl-tests)")
+NETWORK_LATENCY_US = Sourced(value=8.0, source="RDMA all-reduce latency across nodes, ~5-10 us (nccl-tests)")
+BUCKET_ELEMENTS = Sourced(
+    value=40e6, source="MCore DistributedDataParallelConfig.bucket_size default: max(40M, 1M x DP) elements")
+GRAD_BYTES = Sourced(value=2.0, source="MCore DDP grad_reduce_in_fp32 default False: gradients reduced in bf16")
+PARAM_GATHER_BYTES = Sourced(value=2.0, source="bf16 parameters all-gathered (1 B with MXFP8 param gather)")
+ADAMW_BYTES_PER_PARAM = Sourced(
+    value=30.0,
+    source="distributed fused Adam with fp32 master weights: grad 4 read, master/m/v 12 read + 12 written, "
+           "bf16 param 2 written (MCore DistributedOptimizer)")
+MUON_ELEMENTWISE_BYTES_PER_PARAM = Sourced(
+    value=44.0,
+    source="Muon update outside NS: grad 4 read, momentum 4 read + 4 written, Nesterov input 4 written + 4 read, "
+           "bf16 cast 2 written, NS output 4 written + 4 read, master 4 read + 4 written, bf16 param 2 written "
+           "(EO Muon v0.3.0 step, anchors.md e)")
+MAIN_GRAD_BYTES_PER_PARAM = Sourced(
+    value=8.0, source="wgrad accumulated into the fp32 main_grad each micro-batch: 4 B read + 4 B written "
+                      "(MCore gradient_accumulation_fusion)")
+FP8_BYTES = Sourced(value=1.0 + 1.0 / 32, source="MXFP8: 1 B per element + one E8M0 scale per 32 (OCP MX spec)")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Per-hardware efficiencies: at most ONE fitted value per row, named and justified here
+# --------------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareEfficiency:
+    """Achievable fractions of a hardware row's datasheet peaks."""
+
+    gemm_bf16: Sourced
+    gemm_fp8: Sourced
+    hbm: Sourced
+    """Achieved fraction of the HBM datasheet bandwidth in memory-bound kernels (activations, optimizer)."""
+    host_scale: Sourced
+    """Host (CPU launch) cost relative to our H200 host."""
+
+
+_H200_BF16 = Sourced(value=H200_GEMM_CEILING_TFLOPS.value / H200_PEAK_BF16_TFLOPS,
+                     source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (anchors.md f)")
+_SAME_HOST = Sourced(value=1.0, source="no host measurement: our H200 host (anchors.md f) assumed")
+_GEMM_FRACTION_ASSUMED = "no measurement on this GPU: our H200 bf16 GEMM ceiling fraction 701/989 assumed"
+
+# The GB300 row's one fitted value is `hbm`: the bandwidth that the training step's memory-bound kernels achieve.
+# Both published GB300 runs spend more time in them than in GEMMs (Qwen3-30B-A3B's small hidden and expert widths
+# above all), so it is the value the two AdamW rows of Table 1 constrain; GEMM fractions keep our H200 measurement.
+GB300_HBM_FIT = 0.46
+FITTED: dict[str, HardwareEfficiency] = {
+    "gb300": HardwareEfficiency(
+        gemm_bf16=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED),
+        gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for MXFP8 of the FP8 peak"),
+        hbm=Sourced(value=GB300_HBM_FIT,
+                    source="FITTED (the only fitted value of this row) to NVIDIA blog Table 1 AdamW: Kimi K2 256 "
+                           "GB300 1,051 and Qwen3-30B-A3B 8 GB300 713 TF/GPU (bench.perfmodel.calibrate)"),
+        host_scale=_SAME_HOST,
+    ),
+    "b200": HardwareEfficiency(
+        gemm_bf16=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED),
+        gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
+        hbm=Sourced(value=GB300_HBM_FIT, source="no B200 fit: the GB300 fit (same 8 TB/s HBM3e, same kernels)"),
+        host_scale=_SAME_HOST,
+    ),
+    "h200": HardwareEfficiency(
+        gemm_bf16=_H200_BF16,
+        gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
+        hbm=HBM_EFFICIENCY,
+        host_scale=Sourced(value=1.0, source="our H200 host (anchors.md f)"),
+    ),
+    "h100": HardwareEfficiency(
+        gemm_bf16=Sourced(value=_H200_BF16.value, source="same Hopper die as H200: its measured ceiling fraction"),
+        gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
+        hbm=Sourced(value=HBM_EFFICIENCY.value, source="same Hopper memory system as H200: its measured fraction"),
+        host_scale=_SAME_HOST,
+    ),
+}
+
+
+def efficiency(hardware_name: str) -> HardwareEfficiency:
+    """Efficiencies of a hardware row; ValueError for a row without any (e.g. `cpu`)."""
+    if hardware_name not in FITTED:
+        raise ValueError(f"hardware.name={hardware_name!r}: the performance model knows {sorted(FITTED)}")
+    return FITTED[hardware_name]
