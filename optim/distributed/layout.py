@@ -115,16 +115,21 @@ def build_layout(
 
 
 def _fill(raw: list[list[tuple[int, int, int, int]]], sizes: list[int], index: int, rows: int, numel: int) -> None:
-    """Cut an element-wise parameter along dim 0 and give the rows to the emptiest ranks first."""
+    """Cut an element-wise parameter along dim 0: the emptiest ranks first, each rank at most one contiguous chunk
+    (so a parameter name appears once per rank), each filled up to the level that evens out the segments."""
     row = numel // rows
     target = max(max(sizes), -(-(sum(sizes) + numel) // len(sizes)))
+    order = sorted(range(len(sizes)), key=lambda k: (sizes[k], k))
     start = 0
-    while start < rows:
-        r = min(range(len(sizes)), key=lambda k: (sizes[k], k))
-        take = max(1, min(rows - start, (target - sizes[r]) // row))
-        raw[r].append((index, start, start + take, row))
-        sizes[r] += take * row
-        start += take
+    for j, r in enumerate(order):
+        if start >= rows:
+            break
+        deficit_rows = -(-max(0, target - sizes[r]) // row)
+        take = rows - start if j == len(order) - 1 else min(rows - start, deficit_rows)
+        if take:
+            raw[r].append((index, start, start + take, row))
+            sizes[r] += take * row
+            start += take
 
 
 def _bucket_params(numels: Sequence[int], bucket_numel: int) -> list[list[int]]:
