@@ -1,0 +1,176 @@
+"""Slurm job of one run: an sbatch script (pyxis/enroot container, srun + torchrun per node) and its submission.
+
+`write_sbatch(cfg, run_dir, command)` returns the script text: `#SBATCH` nodes x GPUs, time, partition and
+account; the process environment of the published runs (`launcher.env`, one comment per variable); one `srun` task
+per node in the container, each starting `torchrun --nproc_per_node=<gpus>` with a c10d rendezvous on the first
+node; then one task that collects the run and writes the report (`bench.collect`, `bench.report`), so the report
+exists when the job ends without anyone waiting on the login node.
+
+Nothing from the config reaches the shell unquoted: values on command lines go through `shlex.quote`; `#SBATCH`
+values (read by sbatch, where quoting does not protect a newline) must match a strict character set, and env var
+names must be identifiers, else ValueError naming the field. No torch import: this runs on a login node.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.schema import RootConfig
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RDZV_PORT = 29500
+
+ENV_DOCS: dict[str, str] = {
+    "TORCH_NCCL_HIGH_PRIORITY": "run NCCL work on high-priority CUDA streams (MB COMMON_PERF_ENV_VARS)",
+    "CUDA_DEVICE_MAX_CONNECTIONS": "hardware work queues per GPU; MB perf recipes use 32 for these layouts",
+    "NCCL_GRAPH_REGISTER": "no NCCL user-buffer registration during CUDA-graph capture",
+    "PYTORCH_CUDA_ALLOC_CONF": "caching allocator options (expandable segments: less fragmentation)",
+    "TORCH_NCCL_AVOID_RECORD_STREAMS": "free NCCL tensors without recordStream (1) or keep it (0, graph capture)",
+    "NCCL_NVLS_ENABLE": "NVLink SHARP collectives off, as in the published runs",
+    "NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN": "HybridEP dispatcher: expert-parallel ranks per NVLink domain",
+    "NUM_OF_TOKENS_PER_CHUNK_COMBINE_API": "HybridEP dispatcher: tokens per combine chunk",
+    "NVLINK_DOMAIN_SIZE": "HybridEP dispatcher: GPUs per NVLink domain (GB300 NVL72: 72)",
+    "USE_MNNVL": "HybridEP dispatcher: multi-node NVLink (one NVL72 domain spans several compute trays)",
+    "NVTE_FWD_LAYERNORM_SM_MARGIN": "SMs Transformer Engine's forward norm kernels leave free for communication",
+    "NVTE_BWD_LAYERNORM_SM_MARGIN": "SMs Transformer Engine's backward norm kernels leave free for communication",
+    "NVTE_NORM_FWD_USE_CUDNN": "cuDNN forward norm kernels in Transformer Engine",
+    "NVTE_NORM_BWD_USE_CUDNN": "cuDNN backward norm kernels in Transformer Engine",
+    "CUDNNFE_CLUSTER_OVERLAP_MARGIN": "cuDNN frontend: SM margin for cluster-overlapped kernels",
+    "NVTE_CUTEDSL_FUSED_GROUPED_MLP": "Transformer Engine CuTe-DSL fused grouped-MLP kernel",
+    "NVTE_USE_FAST_MATH": "Transformer Engine fast-math path (NVFP4 recipes)",
+}
+"""Why each variable of the published runs is set (MB 0.6.2 perf_recipes/*/gb300/*.py)."""
+
+_SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.:,@%+/=-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_TIME = re.compile(r"(\d+-)?\d{1,2}:\d{2}:\d{2}")
+
+
+def _sbatch_value(field: str, value: str) -> str:
+    """A value for an `#SBATCH` line; sbatch does not honour shell quoting there, so only a safe set passes."""
+    if not _SBATCH_SAFE.fullmatch(value):
+        raise ValueError(f"{field}={value!r}: an #SBATCH value may only contain letters, digits and _.:,@%+/=-")
+    return value
+
+
+def _job_name(cfg: RootConfig) -> str:
+    base = cfg.experiment_name or f"{cfg.model.name}_{cfg.optimizer.name}"
+    return "muonbench-" + re.sub(r"[^A-Za-z0-9_.-]", "_", base)
+
+
+def sbatch_header(cfg: RootConfig, run_dir: Path) -> list[str]:
+    """The `#SBATCH` directives: one task per node (torchrun), all GPUs of the node, exclusive."""
+    la, par = cfg.launcher, cfg.parallelism
+    nodes = la.nodes or par.nodes
+    gpus = la.nproc_per_node or par.gpus_per_node
+    if not _TIME.fullmatch(la.time_limit):
+        raise ValueError(f"launcher.time_limit={la.time_limit!r}: use [D-]HH:MM:SS")
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={_job_name(cfg)}",
+        f"#SBATCH --nodes={int(nodes)}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={int(gpus)}",
+        f"#SBATCH --time={la.time_limit}",
+        "#SBATCH --exclusive",
+        f"#SBATCH --output={_sbatch_value('bench.out_dir', str(run_dir))}/slurm-%j.out",
+    ]
+    if la.partition:
+        lines.append(f"#SBATCH --partition={_sbatch_value('launcher.partition', la.partition)}")
+    if la.account:
+        lines.append(f"#SBATCH --account={_sbatch_value('launcher.account', la.account)}")
+    return lines
+
+
+def env_lines(env: dict[str, str]) -> list[str]:
+    """`export NAME=value` lines, each after a comment saying why (values quoted, names checked)."""
+    lines = ["# Process environment of the published runs (launcher.env)."]
+    for name, value in env.items():
+        if not _ENV_NAME.fullmatch(str(name)):
+            raise ValueError(f"launcher.env key {name!r}: an environment variable name must match [A-Za-z_][A-Za-z0-9_]*")
+        lines.append(f"# {ENV_DOCS.get(name, 'set in launcher.env')}")
+        lines.append(f"export {name}={shlex.quote(str(value))}")
+    return lines
+
+
+def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
+    """pyxis flags: the image, this checkout and the run directory mounted at the same paths, workdir the repo."""
+    la = cfg.launcher
+    if not la.container_image:
+        raise ValueError("launcher.container_image is empty: the job runs in a container (e.g. nvcr.io/nvidia/nemo:26.02)")
+    out_root = Path(cfg.bench.out_dir).resolve()
+    if not run_dir.is_relative_to(out_root):
+        out_root = run_dir
+    mounts = [f"{REPO_ROOT}:{REPO_ROOT}"]
+    if not out_root.is_relative_to(REPO_ROOT):
+        mounts.append(f"{out_root}:{out_root}")
+    mounts += [m for m in la.container_mounts.split(",") if m]
+    return [
+        f"--container-image={shlex.quote(la.container_image)}",
+        f"--container-mounts={shlex.quote(','.join(mounts))}",
+        f"--container-workdir={shlex.quote(str(REPO_ROOT))}",
+    ]
+
+
+def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> str:
+    """The sbatch script running `python <command>` (e.g. `-m bench.worker <run_dir>`) under torchrun on every node.
+
+    Args:
+        cfg: the typed config (launcher=slurm).
+        run_dir: run directory on a file system shared by the login and compute nodes.
+        command: python arguments after `torchrun ... `, e.g. `["-m", "bench.worker", "<run_dir>"]`.
+    """
+    run_dir = Path(run_dir).resolve()
+    la, par = cfg.launcher, cfg.parallelism
+    gpus = la.nproc_per_node or par.gpus_per_node
+    container = " ".join(container_args(cfg, run_dir))
+    torchrun = [
+        "python", "-m", "torch.distributed.run",
+        '--nnodes="$SLURM_NNODES"', f"--nproc_per_node={int(gpus)}",
+        "--rdzv_backend=c10d", '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv_id="$SLURM_JOB_ID"',
+    ]
+    report = shlex.quote(cfg.bench.report_name)
+    lines = [
+        *sbatch_header(cfg, run_dir),
+        "",
+        "set -uo pipefail",
+        *env_lines(dict(la.env)),
+        "",
+        "# Rendezvous on the first node of the allocation.",
+        'MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"',
+        f"MASTER_PORT={RDZV_PORT}",
+        "export MASTER_ADDR MASTER_PORT",
+        "",
+        f"# {int(la.nodes or par.nodes)} nodes x {int(gpus)} GPUs = world size {par.world_size}: one torchrun per node.",
+        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} \\",
+        f"  {' '.join(torchrun)} \\",
+        f"  {' '.join(shlex.quote(str(a)) for a in command)}",
+        "status=$?",
+        "",
+        "# Collect this run and write its report (one task, same container), whatever the status.",
+        f"srun --nodes=1 --ntasks=1 {container} \\",
+        f"  python -m bench.collect --runs {shlex.quote(str(run_dir))} --name {report} \\",
+        f"  && srun --nodes=1 --ntasks=1 {container} python -m bench.report --name {report}",
+        'exit "$status"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def submit(script_path: str | Path, *, dry_run: bool = False) -> str | None:
+    """Submit with sbatch; returns the job id. Dry run, or no sbatch here: print the script and say why, None."""
+    script = Path(script_path)
+    sbatch = shutil.which("sbatch")
+    if dry_run or sbatch is None:
+        print(script.read_text())
+        why = "dry run" if dry_run else "sbatch is not on PATH (not a Slurm login node)"
+        print(f"# not submitted ({why}); submit later with: sbatch {shlex.quote(str(script))}", file=sys.stderr)
+        return None
+    res = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"sbatch {script} failed ({res.returncode}): {res.stderr.strip()}")
+    return res.stdout.strip().split(";")[0]
