@@ -1,0 +1,102 @@
+"""Launchers: torchrun command construction, pre-launch layout and device checks, the slurm hand-off, quoting."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import types
+
+import pytest
+
+from bench import config, launch, run
+
+
+def _cfg(*overrides: str):
+    return config.load(["experiment=cpu/qwen3_moe_tiny_dp2", *overrides])
+
+
+def test_local_command_is_torchrun_with_world_size_processes(tmp_path):
+    """Localises a home-made process spawner or a wrong process count."""
+    cmd = launch.local_command(_cfg(), tmp_path / "run 1", python="/py")
+    assert cmd[:3] == ["/py", "-m", "torch.distributed.run"]
+    assert "--nproc_per_node=2" in cmd and "--nnodes=1" in cmd and "--standalone" in cmd
+    assert cmd[-3:] == ["-m", "bench.worker", str(tmp_path / "run 1")]
+    cmd4 = launch.local_command(_cfg("parallelism=cpu_dp4"), tmp_path, python="/py")
+    assert "--nproc_per_node=4" in cmd4
+
+
+def test_layout_checks_fail_before_launch():
+    cfg = _cfg("parallelism.nodes=2", "parallelism.gpus_per_node=1")
+    with pytest.raises(ValueError, match="launcher=local runs on this machine only"):
+        launch.check_layout(cfg)
+    with pytest.raises(ValueError, match="nproc_per_node x nodes must equal parallelism.world_size"):
+        launch.check_layout(_cfg("launcher.nproc_per_node=3"))
+    launch.check_layout(_cfg())
+
+
+def test_missing_gpu_is_said_plainly(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    cfg = _cfg("engine.device=cuda", "engine.backend=nccl")
+    with pytest.raises(ValueError, match="needs a CUDA GPU, and this machine has none"):
+        launch.check_device(cfg)
+    launch.check_device(_cfg())  # CPU run: nothing to check
+
+
+def test_unknown_or_absent_engine_is_named(monkeypatch):
+    from bench import engines
+
+    with pytest.raises(ValueError, match=r"available: \['bridge', 'hf', 'megatron'\]"):
+        engines.check_engine_present("jax")
+    monkeypatch.setitem(engines.ENGINES, "ghost", ("bench.engines.ghost", "GhostEngine"))
+    with pytest.raises(ValueError, match="bench.engines.ghost is not in this checkout"):
+        engines.check_engine_present("ghost")
+
+
+def test_slurm_hands_the_worker_argv_to_write_sbatch(monkeypatch, tmp_path, capsys):
+    """The sbatch text comes from bench.slurm.write_sbatch; dry_run writes and prints it without submitting."""
+    seen = {}
+
+    def write_sbatch(cfg, run_dir, command):
+        seen.update(cfg=cfg, run_dir=run_dir, command=command)
+        return "#!/bin/bash\nsrun torchrun " + shlex.join(command) + "\n"
+
+    monkeypatch.setitem(sys.modules, "bench.slurm", types.SimpleNamespace(write_sbatch=write_sbatch))
+    run_dir = tmp_path / "x; rm -rf ~"
+    run_dir.mkdir()
+    res = launch.run_slurm(_cfg("launcher=slurm", "launcher.dry_run=true"), run_dir)
+    assert seen["command"] == ["-m", "bench.worker", str(run_dir)]
+    assert res.submitted is False and res.returncode is None
+    text = (run_dir / "job.sbatch").read_text()
+    assert shlex.quote(str(run_dir)) in text and "srun torchrun" in capsys.readouterr().out
+
+
+def test_slurm_without_write_sbatch_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "bench.slurm", None)  # import fails like a missing module
+    with pytest.raises(ValueError, match=r"launcher=slurm needs bench.slurm.write_sbatch"):
+        launch.run_slurm(_cfg("launcher=slurm"), tmp_path)
+
+
+def test_shell_join_quotes_hostile_values():
+    argv = ["python", "-m", "bench.worker", "runs/a b;$(touch /tmp/pwned)`x`"]
+    assert shlex.split(launch.shell_join(argv)) == argv
+
+
+def test_hydra_defaults_never_override_the_user():
+    argv = run.with_hydra_defaults(["-m", "optimizer=adamw,muon", "hydra.sweep.dir=/tmp/s"])
+    assert argv[:3] == ["-m", "optimizer=adamw,muon", "hydra.sweep.dir=/tmp/s"]
+    keys = [a.split("=", 1)[0] for a in argv]
+    assert keys.count("hydra.sweep.dir") == 1 and "hydra.run.dir" in keys and "hydra.sweep.subdir" in keys
+
+
+def test_bench_modules_import_without_torch():
+    """Launching and tabulating must work where torch cannot be imported (login node)."""
+    import subprocess
+
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import bench.run, bench.launch, bench.record, bench.collect, bench.report, bench.engines\n"
+            "print('ok')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
