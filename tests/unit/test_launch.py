@@ -100,3 +100,16 @@ def test_bench_modules_import_without_torch():
             "print('ok')")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
+
+
+def test_slurm_script_of_kimi_k2_matches_its_layout(tmp_path, capsys):
+    """experiment=gb300/kimi_k2_muon through the real bench.slurm writer: nodes, GPUs per node, env, the worker."""
+    cfg = config.load(["experiment=gb300/kimi_k2_muon", "launcher=slurm", "launcher.dry_run=true"])
+    res = launch.launch(cfg, tmp_path)
+    text = (tmp_path / "job.sbatch").read_text()
+    assert res.submitted is False
+    assert "#SBATCH --nodes=64" in text and "#SBATCH --gpus-per-node=4" in text
+    assert "--nproc_per_node=4" in text and f"-m bench.worker {tmp_path}" in text
+    for key, value in cfg.launcher.env.items():
+        assert f"export {key}={shlex.quote(str(value))}" in text
+    assert text in capsys.readouterr().out
