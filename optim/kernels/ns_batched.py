@@ -3,14 +3,17 @@
 Same math as `optim.functional.newton_schulz` (plain and Gram-NS), written once against three products so that
 the cuBLAS path (`TorchOps`) and the Triton symmetric path (`optim.kernels.sym_triton.TritonOps`) share it:
 
-    gram(X)                = X X^T                              (symmetric output)
-    sym(A, B, alpha, D, beta) = alpha A B + beta D              (A, B, D symmetric and commuting: output symmetric)
-    apply(B, X, beta)      = beta X + B X                       (general product, m x m times m x n)
+    gram(X)                   = X X^T                   (symmetric by construction)
+    sym(A, B, alpha, D, beta) = alpha A B^T + beta D    (caller guarantees a symmetric result BY CONSTRUCTION)
+    full(A, B, alpha, D, beta) = alpha A B + beta D     (general m x m product)
+    apply(P, X, beta)         = beta X + P X            (general product, m x m times m x n)
 
-Plain step: A = gram(X); P = sym(A, A, c, A, b); X = apply(P, X, a).
-Gram-NS step (Dao-AILab gram-newton-schulz): Z = sym(R, R, c, R, b); Q = aI + Z or sym(Z, Q, 1, Q, a);
-RZ = sym(R, Z, 1, R, a); R = sym(Z, RZ, 1, RZ, a). All m x m products in Gram-NS are products of polynomials in
-R_0, so they commute and every output is symmetric: only one triangle needs computing.
+Plain step: A = gram(X); P = sym(A, A, c, A, b) (A A^T = A^2); X = apply(P, X, a).
+Gram-NS step (Dao-AILab gram-newton-schulz), P = aI + Z: Z = sym(R, R, c, R, b); Q = aI + Z or full(Z, Q, 1, Q, a);
+PR = full(Z, R, 1, R, a); R = sym(PR, Z, 1, PR, a) = P R P^T. Only congruences and squares of symmetric matrices
+go to `sym`. Products that are symmetric only because the factors commute (Z Q, Z (R P)) stay full: in bf16 the
+computed polynomials do not commute, and using one triangle of such a product raised the error 5-10x (measured:
+0.10-0.19 instead of 0.017 relative to exact NS at m = 64-256; see reports/gpu_notes/ns_kernels.md).
 
 Layout: X is (B, m, n) bf16, contiguous, m <= n (the caller transposes), already Frobenius-normalized.
 """
@@ -34,6 +37,8 @@ class MatOps(Protocol):
         self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
     ) -> torch.Tensor: ...
 
+    def full(self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float) -> torch.Tensor: ...
+
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor: ...
 
 
@@ -47,7 +52,10 @@ class TorchOps:
         self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
     ) -> torch.Tensor:
         if d is None:
-            return torch.bmm(a, b) if alpha == 1.0 else torch.bmm(a, b).mul_(alpha)
+            return torch.bmm(a, b.mT) if alpha == 1.0 else torch.bmm(a, b.mT).mul_(alpha)
+        return torch.baddbmm(d, a, b.mT, beta=beta, alpha=alpha)
+
+    def full(self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float) -> torch.Tensor:
         return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
@@ -95,10 +103,10 @@ def gram_iterations(
             q = z.clone()
             q.diagonal(dim1=-2, dim2=-1).add_(a)  # a I + Z
         else:
-            q = ops.sym(z, q, 1.0, q, a)  # (a I + Z) Q
+            q = ops.full(z, q, 1.0, q, a)  # (a I + Z) Q
         if i < last and (i + 1) not in restarts:
-            rz = ops.sym(r, z, 1.0, r, a)  # R (a I + Z)
-            r = ops.sym(z, rz, 1.0, rz, a)  # (a I + Z) R (a I + Z)
+            pr = ops.full(z, r, 1.0, r, a)  # P R
+            r = ops.sym(pr, z, 1.0, pr, a)  # (P R) P^T: symmetric by construction
     assert q is not None
     return torch.bmm(q, x)
 

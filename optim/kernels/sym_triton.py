@@ -1,8 +1,7 @@
 """Triton kernel for products with a symmetric output: C = alpha * A B^T + beta * D, one triangle computed.
 
-Used for X X^T (B = A = X) and for the m x m products of Newton-Schulz, whose operands are symmetric and commute
-(A A, Z Q, R Z, Z (RZ)): for symmetric B, A B^T = A B, and the product of commuting symmetric matrices is
-symmetric. Only lower-triangle tiles (tile row >= tile column) are launched; each stores its tile and, off the
+Used for X X^T (B = A = X), A A^T = A^2 for symmetric A, and the congruence (P R) P^T of Gram-NS: products whose
+output is symmetric by construction (not merely because the factors commute; see `optim.kernels.ns_batched`). Only lower-triangle tiles (tile row >= tile column) are launched; each stores its tile and, off the
 diagonal, the transposed tile, so about half the multiply-adds of the full product are done.
 
 bf16 operands, fp32 accumulation (tl.dot), epilogue alpha/beta in fp32, bf16 output. Batched over a leading
@@ -130,9 +129,8 @@ def sym_mm(
 class TritonOps:
     """`MatOps` with the symmetric products in Triton and the general product X <- beta X + P X in cuBLAS."""
 
-    def __init__(self, config: TileConfig, *, gram_only: bool = False) -> None:
+    def __init__(self, config: TileConfig) -> None:
         self.config = config
-        self.gram_only = gram_only
 
     def gram(self, x: torch.Tensor) -> torch.Tensor:
         return sym_mm(x, x, config=self.config)
@@ -140,12 +138,10 @@ class TritonOps:
     def sym(
         self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
     ) -> torch.Tensor:
-        if self.gram_only:
-            if d is None:
-                return torch.bmm(a, b).mul_(alpha)
-            return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
-        # b is symmetric here, so a @ b == a @ b^T.
         return sym_mm(a, b, alpha=alpha, d=d, beta=beta, config=self.config)
+
+    def full(self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float) -> torch.Tensor:
+        return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
         return torch.baddbmm(x, p, x, beta=beta, alpha=1.0)
