@@ -42,7 +42,9 @@ class Algo:
 
 
 def resolve(optimizer_cfg: object, profile: str) -> Algo:
-    """The algorithm of a profile; `ours` honours the optimizer config's knobs, `published` fixes them."""
+    """The algorithm of a profile. `published` fixes the blog-era path; `ours` honours the config's grad_sync,
+    assignment and overlap_param_gather unless `implementation=megatron` (whose knobs describe the published path:
+    then ours' defaults reduce_scatter, lpt_cost, overlap). Both take num_ns_steps and tp_mode from the config."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}: must be one of {list(PROFILES)}")
     name = getattr(optimizer_cfg, "name", "adamw")
@@ -54,10 +56,14 @@ def resolve(optimizer_cfg: object, profile: str) -> Algo:
         return Algo(optimizer=name, profile=profile, grad_sync="all_reduce", assignment="ping_pong_numel",
                     overlap_param_gather=False, batched=False, convention="plain", num_steps=steps,
                     tp_mode=tp_mode)
-    return Algo(optimizer=name, profile=profile, grad_sync=str(getattr(optimizer_cfg, "grad_sync", "reduce_scatter")),
-                assignment=str(getattr(optimizer_cfg, "assignment", "lpt_cost")),
-                overlap_param_gather=bool(getattr(optimizer_cfg, "overlap_param_gather", True)), batched=True,
-                convention="gram", num_steps=steps, tp_mode=tp_mode)
+    if getattr(optimizer_cfg, "implementation", "ours") == "megatron":  # published knobs: use ours' defaults
+        grad_sync, assignment, overlap = "reduce_scatter", "lpt_cost", True
+    else:
+        grad_sync = str(getattr(optimizer_cfg, "grad_sync", "reduce_scatter"))
+        assignment = str(getattr(optimizer_cfg, "assignment", "lpt_cost"))
+        overlap = bool(getattr(optimizer_cfg, "overlap_param_gather", True))
+    return Algo(optimizer=name, profile=profile, grad_sync=grad_sync, assignment=assignment,
+                overlap_param_gather=overlap, batched=True, convention="gram", num_steps=steps, tp_mode=tp_mode)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,7 +108,7 @@ def _muon_item_ms(it: Item, par: ParallelismConfig, hw: HardwareConfig, algo: Al
     tp = par.etp if it.expert else par.tp
     full = (it.rows * tp, it.cols) if it.tp_dim == 0 else (it.rows, it.cols * tp)
     mode = algo.tp_mode
-    if tp > 1 and it.tp_dim >= 0 and mode == "auto":
+    if mode == "auto":
         mode = nscost.choose_tp_mode(full[0], full[1], tp, hw, partition_dim=it.tp_dim, num_steps=algo.num_steps)
     cost = nscost.tp_cost(full[0], full[1], tp, hw, mode if tp > 1 else "blockwise", partition_dim=it.tp_dim,
                           num_steps=algo.num_steps, convention=algo.convention,
