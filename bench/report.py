@@ -96,7 +96,7 @@ def table1(rows: list[dict[str, Any]]) -> str:
 
 def breakdown(rows: list[dict[str, Any]]) -> str:
     header = ["optimizer", "step", "forward+backward", "communication", "optimizer step", "of which NS",
-              "of which AdamW part", "of which other (clip, momentum, update)", "NS FLOPs per GPU per step (counted)",
+              "of which AdamW part", "of which other (clipping incl. its norm all-reduce, momentum, update)", "NS FLOPs per GPU per step (counted)",
               "NS FLOPs per step (bench.flops, each matrix once)"]
     body = []
     for r in rows:
@@ -178,6 +178,21 @@ def _plot_curves(steps: Any, rows: list[dict[str, Any]], key: str, ylabel: str, 
     plt.close(fig)
 
 
+def _loss_note(ok: list[dict[str, Any]]) -> str:
+    notes = []
+    if any(r.get("data") == "mock" for r in ok):
+        notes.append("With `data=mock` the tokens are uniform random, so no model can go below ln(vocab) nats: the "
+                     "loss curve checks that training runs (finite, no divergence); it does not compare optimizer "
+                     "quality (bench/quality does).")
+    warm = {int(w) for w in (_num(r.get("optimizer.lr_warmup_steps")) for r in ok) if w is not None}
+    steps = {int(s) for s in (_num(r.get("steps")) for r in ok) if s is not None}
+    if warm and steps and min(warm) > max(steps):
+        notes.append(f"The LR schedule is the published one (linear warm-up over {min(warm)} steps), so in "
+                     f"{max(steps)} steps the LR stays below {max(steps) / min(warm):.1%} of its peak: the runs "
+                     "measure throughput, not learning.")
+    return " ".join(notes)
+
+
 def _setup_text(rows: list[dict[str, Any]]) -> str:
     r = rows[0]
     lines = [
@@ -232,9 +247,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     parts += ["## Optimizer step breakdown", breakdown(rows), "## Loss",
               _md_table(["optimizer", "first step", "last step"],
                         [[_label(r), fmt(r.get("loss_first"), ".4f"), fmt(r.get("loss_last"), ".4f")] for r in ok]),
-              "With `data=mock` the tokens are uniform random, so no model can go below ln(vocab) nats: the loss "
-              "curve checks that training runs (finite, no divergence), it does not compare optimizer quality "
-              "(see bench/quality for that)." if any(r.get("data") == "mock" for r in ok) else ""]
+              _loss_note(ok)]
     if failed:
         parts += ["## Failed runs", _md_table(["run", "optimizer", "status", "error"], [
             [str(r["run_id"]), str(r["optimizer"]), str(r["status"]),

@@ -87,8 +87,8 @@ def execute(cfg: Any) -> str:
     from omegaconf import OmegaConf
 
     hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir)
-    out_dir = Path(str(cfg.bench.out_dir))
+    run_dir = Path(hc.runtime.output_dir).resolve()
+    out_dir = Path(str(cfg.bench.out_dir)).resolve()
     overrides = list(hc.overrides.task)
     command = ["python", "-m", "bench.run", *_INVOCATION["argv"]]
     run_id = str(run_dir.relative_to(out_dir)) if run_dir.is_relative_to(out_dir) else run_dir.name
