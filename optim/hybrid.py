@@ -1,0 +1,146 @@
+"""One optimizer object over a model: the matrix optimizer for hidden matrices, torch AdamW for the rest.
+
+`build_optimizer` routes named parameters (optim.routing), builds Muon / MOP / SOAP with the splits and a
+torch.optim.AdamW (fused on CUDA) with decay and no-decay groups, and wraps them in HybridOptimizer, which is a
+torch.optim.Optimizer whose `param_groups` are the sub-optimizers' own group dicts (LR schedulers work), with one
+step(), zero_grad(), state_dict() and load_state_dict().
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim.routing import Naming, ParamRoute, SplitLayout, route_parameters
+
+MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
+
+
+class HybridOptimizer(torch.optim.Optimizer):
+    """Several optimizers stepping disjoint parameter sets as one.
+
+    Args:
+        optimizers: name -> optimizer ("matrix", "adamw"); order is the step order.
+        routes: the routing decisions behind it (kept for reports).
+    """
+
+    def __init__(self, optimizers: dict[str, torch.optim.Optimizer], routes: list[ParamRoute]) -> None:
+        if not optimizers:
+            raise ValueError("HybridOptimizer needs at least one optimizer")
+        self.optimizers = optimizers
+        self.routes = routes
+        params = [p for opt in optimizers.values() for g in opt.param_groups for p in g["params"]]
+        super().__init__(params, {})
+        # Share the sub-optimizers' group dicts so schedulers and per-group lr edits reach them.
+        self.param_groups = [g for opt in optimizers.values() for g in opt.param_groups]
+        self.state = ChainMap(*(opt.state for opt in optimizers.values()))  # type: ignore[assignment]
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """Evaluates `closure` once (with grad), then steps every sub-optimizer."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for opt in self.optimizers.values():
+            opt.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if set(state_dict) != set(self.optimizers):
+            raise ValueError(f"state_dict keys {sorted(state_dict)} != optimizers {sorted(self.optimizers)}")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(state_dict[name])
+
+    def summary(self) -> dict[str, int]:
+        """Number of parameters per (optimizer, kind), e.g. {"matrix/expert_stack": 48, ...}."""
+        out: dict[str, int] = {}
+        for r in self.routes:
+            key = f"{r.optimizer}/{r.kind}"
+            out[key] = out.get(key, 0) + 1
+        return out
+
+
+def _matrix_optimizer(
+    config: MatrixConfig, named: list[tuple[str, torch.Tensor]], splits: dict[torch.Tensor, Any]
+) -> torch.optim.Optimizer:
+    from optim.optimizers.mop import MOP
+    from optim.optimizers.muon import Muon
+    from optim.optimizers.soap import SOAP
+
+    match config:
+        case MuonConfig():
+            return Muon(named, config, splits=splits)
+        case MOPConfig():
+            return MOP(named, config, splits=splits)
+        case SOAPConfig():
+            return SOAP(named, config)
+        case _:
+            raise NotImplementedError(f"no matrix optimizer for {type(config).__name__}")
+
+
+def _adamw(config: AdamWConfig, decay: list[tuple[str, torch.Tensor]],
+           no_decay: list[tuple[str, torch.Tensor]]) -> torch.optim.AdamW:
+    groups = [{"params": ps, "weight_decay": wd} for ps, wd in ((decay, config.weight_decay), (no_decay, 0.0)) if ps]
+    all_cuda = all(p.is_cuda for g in groups for _, p in g["params"])  # type: ignore[attr-defined]
+    fused = all_cuda if config.fused is None else config.fused
+    return torch.optim.AdamW(
+        groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+        fused=fused or None,
+    )
+
+
+def build_optimizer(
+    named_params: Iterable[tuple[str, torch.Tensor]],
+    config: MatrixConfig | AdamWConfig,
+    *,
+    naming: Naming = "hf",
+    routing: RoutingConfig | None = None,
+    layout: SplitLayout | None = None,
+    adamw: AdamWConfig | None = None,
+) -> HybridOptimizer:
+    """Route `named_params` and build the optimizer.
+
+    Args:
+        named_params: e.g. `model.named_parameters()`; parameters without requires_grad are left out.
+        config: the matrix optimizer's config, or AdamWConfig for the all-AdamW baseline.
+        naming: "hf" (transformers) or "megatron" parameter names.
+        routing: routing and split policy.
+        layout: model dimensions the requested splits need.
+        adamw: config of the AdamW side; default AdamWConfig with the matrix config's lr and weight_decay.
+
+    Returns:
+        HybridOptimizer with sub-optimizers "matrix" (absent for the baseline or without matrices) and "adamw".
+    """
+    named = [(n, p) for n, p in named_params if p.requires_grad]
+    by_name = dict(named)
+    routes = route_parameters(named, naming=naming, routing=routing, layout=layout)
+    if isinstance(config, AdamWConfig):
+        routes = [replace(r, optimizer="adamw", split=None) for r in routes]
+        adamw_cfg, matrix_routes, adamw_routes = config, [], routes
+    else:
+        adamw_cfg = adamw or AdamWConfig(lr=config.lr, weight_decay=config.weight_decay)
+        matrix_routes = [r for r in routes if r.optimizer == "matrix"]
+        adamw_routes = [r for r in routes if r.optimizer == "adamw"]
+    optimizers: dict[str, torch.optim.Optimizer] = {}
+    if matrix_routes:
+        assert not isinstance(config, AdamWConfig)
+        splits = {by_name[r.name]: r.split for r in matrix_routes if r.split is not None}
+        optimizers["matrix"] = _matrix_optimizer(config, [(r.name, by_name[r.name]) for r in matrix_routes], splits)
+    if adamw_routes:
+        decay = [(r.name, by_name[r.name]) for r in adamw_routes if r.decay]
+        no_decay = [(r.name, by_name[r.name]) for r in adamw_routes if not r.decay]
+        optimizers["adamw"] = _adamw(adamw_cfg, decay, no_decay)
+    return HybridOptimizer(optimizers, routes)

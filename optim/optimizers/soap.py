@@ -1,0 +1,158 @@
+"""SOAP with the REKLS variant (emerging-optimizers 0.3.0 `SOAP` / `REKLS` semantics).
+
+Per parameter and step t (1-based), on fp32 copies, batched over the experts of a 3-D stack:
+
+1. beta_t = 1 - (1 - beta) / (1 - beta^t) (shampoo-beta bias correction), L, R <- lerp(stat, 1 - beta_t) with
+   Shampoo statistics or KL-Shampoo ones (which use the previous basis) -- "realtime": the current gradient is
+   folded in before the basis refresh.
+2. Every `precondition_frequency` steps (and at t = 1): exp_avg back to the parameter basis, old bases sorted
+   by diag(Q^T F Q) (exp_avg_sq permuted to match), new bases by eigh (REKLS, and always at t = 1) or by
+   `power_iter_steps` QR power steps (SOAP), exp_avg into the new basis.
+3. Decoupled weight decay; Adam on Q_L^T G Q_R with bias correction; p -= lr Q_L U Q_R^T.
+
+Sides longer than max_precond_dim keep the identity basis. Deliberate differences from EO: 3-D expert stacks are
+handled (batched eigh/QR), refreshes can be amortised (EO refreshes every step), projections use matmul instead
+of tensordot (equal up to rounding), fused matrices are not split. Non-finite gradients are caught before any
+state changes (skip or raise); a non-finite update from finite gradients (e.g. eigh breakdown) is never
+applied to the weights and is reported as kind "update".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from optim.configs import SOAPConfig
+from optim.functional import soap_math as sm
+from optim.optimizers.base import finite_flags, handle_nonfinite, keep_state_dtypes, param_names
+
+
+class SOAP(torch.optim.Optimizer):
+    """SOAP / REKLS over 2-D matrices and 3-D expert stacks.
+
+    Args:
+        params: tensors, (name, tensor) pairs, or groups (lr, betas, shampoo_beta, eps, weight_decay per group).
+        config: SOAPConfig (REKLS by default).
+    """
+
+    def __init__(self, params: Any, config: SOAPConfig | None = None) -> None:
+        config = config or SOAPConfig()
+        defaults = {
+            "lr": config.lr, "betas": config.betas, "shampoo_beta": config.shampoo_beta, "eps": config.eps,
+            "weight_decay": config.weight_decay,
+        }
+        super().__init__(params, defaults)
+        self.config = config
+        self.nonfinite_events: list[tuple[str, int, str]] = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim not in (2, 3):
+                    raise ValueError(f"SOAP takes 2-D or 3-D (experts, out, in) tensors, got {tuple(p.shape)}")
+
+    def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
+        st = self.state[p]
+        if not st:
+            cap = self.config.max_precond_dim
+            lead = p.shape[:-2]
+            st["step"] = 0
+            st["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            st["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            for side, k in (("L", p.size(-2)), ("R", p.size(-1))):
+                if k <= cap:
+                    st[side] = torch.zeros(*lead, k, k, dtype=torch.float32, device=p.device)
+                    st[f"Q_{side}"] = torch.eye(k, device=p.device).expand(*lead, k, k).clone()
+        return st
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        """One update of every parameter with a gradient."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        cfg = self.config
+        names = param_names(self.param_groups)
+        todo = [(p, g) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        flags = finite_flags(p.grad for p, _ in todo)
+        bad = [(names[id(p)], self._init_state(p)["step"] + 1, "grad") for (p, _), ok in zip(todo, flags) if not ok]
+        handle_nonfinite(bad, cfg.nonfinite_policy, self.nonfinite_events)
+        updates = []
+        for (p, group), ok in zip(todo, flags, strict=True):
+            st = self._init_state(p)
+            st["step"] += 1
+            if ok:
+                updates.append((p, group, self._direction(p, group, st)))
+        upd_ok = finite_flags(u for _, _, u in updates)
+        late = [(names[id(p)], self.state[p]["step"], "update") for (p, _, _), ok in zip(updates, upd_ok) if not ok]
+        handle_nonfinite(late, cfg.nonfinite_policy, self.nonfinite_events)
+        for (p, group, u), ok in zip(updates, upd_ok, strict=True):
+            if not ok:
+                continue
+            lr, wd = group["lr"], group["weight_decay"]
+            if wd != 0 and cfg.weight_decay_method == "decoupled":
+                p.add_(p, alpha=-lr * wd)
+            elif wd != 0 and cfg.weight_decay_method == "independent":
+                p.add_(p, alpha=-wd)
+            p.add_(u.view_as(p), alpha=-lr)
+        return loss
+
+    def _direction(self, p: torch.Tensor, group: dict[str, Any], st: dict[str, Any]) -> torch.Tensor:
+        """Steps 1-3 of the module doc up to the rotated-back Adam direction (state updated in place)."""
+        cfg = self.config
+        t = st["step"]  # already incremented: 1-based
+        g = p.grad.float().reshape(-1, *p.shape[-2:])  # type: ignore[union-attr]
+        if cfg.weight_decay_method == "l2" and group["weight_decay"] != 0:
+            g = g + group["weight_decay"] * p.float().reshape_as(g)
+
+        def b3(name: str) -> torch.Tensor | None:
+            x = st.get(name)
+            return None if x is None else x.view(-1, *x.shape[-2:])
+
+        l, r, q_l, q_r = b3("L"), b3("R"), b3("Q_L"), b3("Q_R")
+        beta = group["shampoo_beta"]
+        if cfg.correct_bias:
+            beta = 1 - (1 - beta) / (1 - beta**t)
+        if cfg.use_kl_shampoo:
+            upd_l, upd_r = sm.kl_factor_updates(g, l, r, q_l, q_r, cfg.eps_eigenvalue)
+        else:
+            upd_l, upd_r = sm.factor_updates(g, l is not None, r is not None)
+        for f, u in ((l, upd_l), (r, upd_r)):
+            if f is not None and u is not None:
+                f.lerp_(u, 1 - beta)
+        exp_avg, exp_avg_sq = b3("exp_avg"), b3("exp_avg_sq")
+        assert exp_avg is not None and exp_avg_sq is not None
+        if (t - 1) % cfg.precondition_frequency == 0:
+            q_l, q_r = self._refresh(st, l, r, q_l, q_r, exp_avg, exp_avg_sq, use_eigh=cfg.use_eigh or t == 1)
+        g_rot = sm.rotate(g, q_l, q_r)
+        d = sm.adam_direction(
+            g_rot, exp_avg, exp_avg_sq, betas=group["betas"], eps=group["eps"], step=t,
+            correct_bias=cfg.correct_bias, nesterov=cfg.nesterov,
+        )
+        return sm.rotate_back(d, q_l, q_r)
+
+    def _refresh(
+        self, st: dict[str, Any], l: sm.Basis, r: sm.Basis, q_l: sm.Basis, q_r: sm.Basis,
+        exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, use_eigh: bool,
+    ) -> tuple[sm.Basis, sm.Basis]:
+        """New bases; exp_avg re-expressed and exp_avg_sq permuted in place."""
+        orig = sm.rotate_back(exp_avg, q_l, q_r)
+        new = []
+        for dim, f, q, key in ((-2, l, q_l, "Q_L"), (-1, r, q_r, "Q_R")):
+            if f is None or q is None:
+                new.append(None)
+                continue
+            q_sorted, idx = sm.sort_basis(f, q)
+            ix = idx.unsqueeze(-1) if dim == -2 else idx.unsqueeze(-2)
+            exp_avg_sq.copy_(exp_avg_sq.gather(dim, ix.expand_as(exp_avg_sq)))
+            q_new = sm.eigh_descending(f) if use_eigh else sm.qr_power_step(f, q_sorted, self.config.power_iter_steps)
+            st[key].copy_(q_new.view_as(st[key]))
+            new.append(q_new)
+        exp_avg.copy_(sm.rotate(orig, new[0], new[1]))
+        return new[0], new[1]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """torch.optim load, keeping the fp32 state of low-precision parameters in fp32."""
+        super().load_state_dict(state_dict)
+        keep_state_dtypes(self, state_dict)
