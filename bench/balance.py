@@ -25,142 +25,85 @@ Model of a step (one matrix = one owner, `optim.distributed.assignment`):
 from __future__ import annotations
 
 import json
-import re
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 BALANCE_KEYS = ("strategy", "format", "cost_table", "grad_bytes", "param_bytes", "ranks")
 STRATEGIES = ("round_robin", "ping_pong_numel", "lpt_cost")
 
 
-@dataclass(frozen=True, slots=True)
-class Mat:
-    name: str
-    rows: int
-    cols: int
-    expert: bool
+def _segments_bytes(owned: list[float], filler: float, n: int, grad_b: int, param_b: int) -> dict[str, Any]:
+    """Bytes sent per rank (slowest rank) for one group, from per-rank owned matrix elements and AdamW elements.
 
-
-def parse_layout(layout: str, *, num_layers: int, pp: int, vp: int) -> list[dict[str, int]]:
-    """Per PP rank: {"layers": decoder layers, "first": index of its first layer... "embedding", "loss"} counts.
-
-    Returns one dict per PP rank with keys `layers` (list of global decoder layer indices is in `layer_ids`),
-    `embedding` and `loss` (0/1).
+    ours (`ShardCollective.AUTO` of optim.distributed.layerwise): when the padding of the per-rank segments is
+    <= 25%, grads go by one padded reduce-scatter and params by one padded all-gather, (N - 1) x segment each;
+    otherwise one reduce / broadcast per owner of its exact bytes, ~every byte once per rank.
+    published (MCore legacy): ring all-reduce of all grads, 2 (N - 1) / N of the bytes, then a variable all-gather
+    as grouped send/recv, where the owner of the largest share sends it N - 1 times.
     """
-    stages: list[dict[str, Any]] = [{"layer_ids": [], "embedding": 0, "loss": 0} for _ in range(pp)]
-    if not layout:
-        chunks = pp * vp
-        per = num_layers // chunks
-        text = "|".join(("E" if i == 0 else "") + "t" * per + ("L" if i == chunks - 1 else "") for i in range(chunks))
-    else:
-        text = layout.replace(" ", "")
-        while (new := re.sub(r"\(([^()]*)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)) != text:
-            text = new
-        text = re.sub(r"([A-Za-z])\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
-    chunks_ = text.split("|")
-    if len(chunks_) != pp * vp:
-        raise ValueError(f"parallelism.pipeline_layout={layout!r}: expands to {len(chunks_)} chunks; "
-                         f"needs PP x VP = {pp}x{vp} = {pp * vp}")
-    layer = 0
-    for i, chunk in enumerate(chunks_):
-        st = stages[i % pp]
-        for ch in chunk:
-            if ch == "t":
-                st["layer_ids"].append(layer)
-                layer += 1
-            elif ch == "E":
-                st["embedding"] += 1
-            elif ch == "L":
-                st["loss"] += 1
-            elif ch != "m":
-                raise ValueError(f"parallelism.pipeline_layout={layout!r}: unknown layer type {ch!r} "
-                                 "(allowed E, t, m, L)")
-    if layer != num_layers:
-        raise ValueError(f"parallelism.pipeline_layout={layout!r}: has {layer} decoder layers, "
-                         f"model.num_layers={num_layers}")
-    return stages
-
-
-def layer_matrices(model: Any, layer: int, *, split_qkv: bool = True) -> list[Mat]:
-    """Muon-managed matrices (Megatron out x in) of one decoder layer; experts listed one by one."""
-    h, g = model.hidden_size, 3 if model.gated_linear_unit else 2
-    mats: list[Mat] = []
-    if model.attention == "mla":
-        nh, qk = model.num_attention_heads, model.qk_head_dim + model.qk_pos_emb_head_dim
-        if model.q_lora_rank:
-            mats += [Mat("q_down", model.q_lora_rank, h, False), Mat("q_up", nh * qk, model.q_lora_rank, False)]
-        else:
-            mats.append(Mat("q", nh * qk, h, False))
-        mats += [Mat("kv_down", model.kv_lora_rank + model.qk_pos_emb_head_dim, h, False),
-                 Mat("kv_up", nh * (model.qk_head_dim + model.v_head_dim), model.kv_lora_rank, False),
-                 Mat("o_proj", h, nh * model.v_head_dim, False)]
-    else:
-        q, kv = model.num_attention_heads * model.kv_channels, model.num_query_groups * model.kv_channels
-        mats += ([Mat("q", q, h, False), Mat("k", kv, h, False), Mat("v", kv, h, False)] if split_qkv
-                 else [Mat("qkv", q + 2 * kv, h, False)])
-        mats.append(Mat("o_proj", h, q, False))
-    if layer < model.num_dense_layers or not model.num_experts:
-        return mats + [Mat("fc1", g * model.ffn_hidden_size, h, False), Mat("fc2", h, model.ffn_hidden_size, False)]
-    mats.append(Mat("router", model.num_experts, h, False))
-    if model.moe_shared_expert_intermediate_size:
-        f = model.moe_shared_expert_intermediate_size
-        mats += [Mat("shared_fc1", g * f, h, False), Mat("shared_fc2", h, f, False)]
-    return mats
-
-
-def expert_matrices(model: Any, layer: int, experts_per_rank: int) -> list[Mat]:
-    if layer < model.num_dense_layers or not model.num_experts:
-        return []
-    g, f, h = 3 if model.gated_linear_unit else 2, model.moe_ffn_hidden_size, model.hidden_size
-    return [Mat("expert_fc1", g * f, h, True), Mat("expert_fc2", h, f, True)] * experts_per_rank
-
-
-def _segments_bytes(owned: list[float], filler: float, n: int, grad_b: int, param_b: int) -> dict[str, float]:
-    """Per-rank bytes sent for ours (padded RS + AG) given per-rank owned matrix elements and AdamW elements."""
-    if n == 1:
-        return {"ours": 0.0, "published": 0.0, "segment": max(owned) if owned else 0.0}
     total = sum(owned) + filler
+    if n == 1 or total == 0:
+        return {"ours": 0.0, "published": 0.0, "padding": 0.0, "collective": "-"}
     seg = max(max(owned), -(-total // n))  # element-wise AdamW fills smaller segments up to the largest
-    ours = (n - 1) * seg * (grad_b + param_b)
+    padding = n * seg / total - 1
+    collective = "padded" if padding <= 0.25 else "per_owner"
+    moved = (n - 1) * seg if collective == "padded" else total
+    ours = moved * (grad_b + param_b)
     published = 2 * (n - 1) / n * total * grad_b + (n - 1) * max(owned) * param_b
-    return {"ours": ours, "published": published, "segment": seg, "padding": n * seg / total - 1 if total else 0}
+    return {"ours": ours, "published": published, "padding": padding, "collective": collective}
+
+
+def stage_matrices(model: Any, par: Any, *, split_qkv: bool = True, split_mla: bool = False,
+                   split_gate_up: bool = False) -> list[tuple[int, list[Any], list[Any]]]:
+    """Per PP rank: (decoder layers, dense matrices of the stage, expert matrices one EP rank holds)."""
+    from bench.flops import enumerate_ns_matrices, stage_layers
+
+    mats = enumerate_ns_matrices(model, split_qkv=split_qkv, split_mla=split_mla, split_gate_up=split_gate_up)
+    experts_per_rank = model.num_experts // par.ep if model.num_experts else 0
+    out = []
+    for layer_ids in stage_layers(model, par):
+        n_dense = sum(1 for i in layer_ids if i < model.num_dense_layers)
+        n_type = {"all": len(layer_ids), "dense": n_dense, "moe": len(layer_ids) - n_dense if model.num_experts else 0}
+        dense, experts = [], []
+        for m in mats:
+            if m.expert:
+                experts += [m] * (experts_per_rank * n_type[m.layer_type])
+            else:
+                dense += [m] * (m.per_layer * n_type[m.layer_type])
+        out.append((len(layer_ids), dense, experts))
+    return out
 
 
 def analyse(model: Any, par: Any, strategy: str, *, cost_model: Any = None, grad_bytes: int = 4,
-            param_bytes: int = 2) -> dict[str, Any]:
+            param_bytes: int = 2, splits: dict[str, bool] | None = None) -> dict[str, Any]:
     """Per-rank NS load and bytes for one strategy; see the module docstring for the model."""
+    from bench.flops import padded_vocab_size
     from optim.distributed.assignment import CostModel, assign, imbalance, rank_loads
 
     cost = cost_model or CostModel()
-    stages = parse_layout(par.pipeline_layout, num_layers=model.num_layers, pp=par.pp, vp=par.vp)
-    dp, edp = par.dp, max(1, par.expert_dp)
-    ep = par.ep if model.num_experts else 1
-    e_per_rank = model.num_experts // ep if model.num_experts else 0
-    vocab = -(-model.vocab_size // model.make_vocab_size_divisible_by) * model.make_vocab_size_divisible_by
+    dp, edp, ep = par.dp * par.cp, max(1, par.expert_dp), par.ep if model.num_experts else 1
+    vocab = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by)
     loads_all: list[float] = []
     per_stage, group_imb, bytes_ours, bytes_pub = [], [], 0.0, 0.0
-    for st in stages:
-        dense = [m for i in st["layer_ids"] for m in layer_matrices(model, i)]
-        experts = [m for i in st["layer_ids"] for m in expert_matrices(model, i, e_per_rank)]
+    stages = stage_matrices(model, par, **(splits or {}))
+    for s, (n_layers, dense, experts) in enumerate(stages):
         e_shapes = [(m.rows, m.cols) for m in experts]
         e_owner = assign(e_shapes, edp, strategy, cost_model=cost)
         e_loads = rank_loads(e_shapes, e_owner, edp, cost_model=cost)
-        # DP rank d holds expert-DP position d // ep (ranks of one EP group are consecutive)
-        base = [e_loads[(d // ep) % edp] for d in range(dp)]
+        base = [e_loads[(d // ep) % edp] for d in range(dp)]  # DP rank d is expert-DP position d // ep
         d_shapes = [(m.rows, m.cols) for m in dense]
         d_owner = assign(d_shapes, dp, strategy, cost_model=cost,
                          initial_loads=base if strategy == "lpt_cost" else None)
         d_loads = rank_loads(d_shapes, d_owner, dp, cost_model=cost)
         loads = [base[d] + d_loads[d] for d in range(dp)]
-        loads_all += loads * par.tp * par.cp
+        loads_all += loads * par.tp
         group_imb.append(imbalance(loads))
-        per_stage.append({"layers": len(st["layer_ids"]), "min_ms": min(loads), "mean_ms": sum(loads) / dp,
-                          "max_ms": max(loads), "imbalance": imbalance(loads)})
+        largest = max((cost.group_ms(sh, 1) for sh in d_shapes), default=0.0)
+        bound = max(sum(loads) / dp, min(base) + largest) / (sum(loads) / dp)
         owned = [0.0] * dp
         for m, r in zip(dense, d_owner, strict=True):
             owned[r] += m.rows * m.cols / par.tp
-        filler = (st["embedding"] + st["loss"]) * vocab * model.hidden_size / par.tp
+        filler = ((s == 0) + (s == len(stages) - 1)) * vocab * model.hidden_size / par.tp
         b = _segments_bytes(owned, filler, dp, grad_bytes, param_bytes)
         e_owned = [0.0] * edp
         for m, r in zip(experts, e_owner, strict=True):
@@ -168,40 +111,42 @@ def analyse(model: Any, par: Any, strategy: str, *, cost_model: Any = None, grad
         eb = _segments_bytes(e_owned, 0.0, edp, grad_bytes, param_bytes) if experts else {"ours": 0, "published": 0}
         bytes_ours = max(bytes_ours, b["ours"] + eb["ours"])
         bytes_pub = max(bytes_pub, b["published"] + eb["published"])
-        per_stage[-1]["bytes_ours"] = b["ours"] + eb["ours"]
-        per_stage[-1]["padding"] = b.get("padding", 0.0)
+        per_stage.append({"layers": n_layers, "min_ms": min(loads), "mean_ms": sum(loads) / dp,
+                          "max_ms": max(loads), "imbalance": imbalance(loads), "bound": bound,
+                          "bytes_ours": b["ours"] + eb["ours"], "padding": b.get("padding", 0.0),
+                          "collective": b.get("collective", "-")})
     return {"strategy": strategy, "imbalance": max(group_imb), "imbalance_world": imbalance(loads_all),
-            "max_ms": max(loads_all), "mean_ms": sum(loads_all) / len(loads_all), "bytes_per_step": bytes_ours,
+            "imbalance_bound": max(st["bound"] for st in per_stage), "max_ms": max(loads_all),
+            "mean_ms": sum(loads_all) / len(loads_all), "bytes_per_step": bytes_ours,
             "bytes_per_step_published_path": bytes_pub, "stages": per_stage, "rank_loads_ms": loads_all}
 
 
 def _text(model: Any, par: Any, results: list[dict[str, Any]], ranks: str) -> str:
     lines = [f"bench.balance: model={model.name} parallelism={par.name} (world {par.world_size}: TP{par.tp} "
              f"PP{par.pp} VP{par.vp} CP{par.cp} DP{par.dp} EP{par.ep} ETP{par.etp}, expert-DP {par.expert_dp})",
-             "NS cost per rank = sum over its distinct shapes of (fixed + count x per-matrix) ms; bytes sent per rank",
-             ""]
-    names = [r["strategy"] for r in results]
-    lines.append(f"{'':34s}" + "".join(f"{n:>18s}" for n in names))
-    rows = [("imbalance (max/mean in DP group)", "imbalance", "{:.4f}"),
-            ("imbalance (max/mean over world)", "imbalance_world", "{:.4f}"),
+             "NS ms per rank = sum over its distinct shapes of (fixed + count x per-matrix) ms (batched per shape);",
+             "bytes = sent per rank per step, slowest rank (grads 4 B, params 2 B unless overridden)", ""]
+    lines.append(f"{'':40s}" + "".join(f"{r['strategy']:>17s}" for r in results))
+    rows = [("imbalance max/mean in DP group (worst)", "imbalance", "{:.4f}"),
+            ("  whole-matrix lower bound", "imbalance_bound", "{:.4f}"),
+            ("imbalance max/mean over world", "imbalance_world", "{:.4f}"),
             ("max rank NS ms", "max_ms", "{:.1f}"), ("mean rank NS ms", "mean_ms", "{:.1f}"),
-            ("GB/step ours (RS + AG)", "bytes_per_step", "{:.3f}"),
-            ("GB/step published (AR + AGv)", "bytes_per_step_published_path", "{:.3f}")]
+            ("GB/step ours (RS+AG, padded or per-owner)", "bytes_per_step", "{:.2f}"),
+            ("GB/step published (AR + grouped AGv)", "bytes_per_step_published_path", "{:.2f}")]
     for label, key, fmt in rows:
         scale = 1e-9 if "bytes" in key else 1.0
-        lines.append(f"{label:34s}" + "".join(f"{fmt.format(r[key] * scale):>18s}" for r in results))
-    lines.append("")
-    lines.append("per PP stage: layers, NS ms min / mean / max per rank, in-group imbalance")
+        lines.append(f"{label:40s}" + "".join(f"{fmt.format(r[key] * scale):>17s}" for r in results))
+    lines += ["", "per PP stage: NS ms per rank min / mean / max (in-group imbalance; bound), dense-segment padding "
+              "-> collective"]
     for s in range(len(results[0]["stages"])):
-        cells = []
+        lines.append(f"  stage {s} ({results[0]['stages'][s]['layers']} layers)")
         for r in results:
             st = r["stages"][s]
-            cells.append(f"{st['min_ms']:.0f}/{st['mean_ms']:.0f}/{st['max_ms']:.0f} ({st['imbalance']:.3f})")
-        lines.append(f"  stage {s} ({results[0]['stages'][s]['layers']:2d} layers)        "
-                     + "".join(f"{c:>26s}" for c in cells))
+            lines.append(f"    {r['strategy']:>16s}: {st['min_ms']:.1f} / {st['mean_ms']:.1f} / {st['max_ms']:.1f} "
+                         f"({st['imbalance']:.4f}; bound {st['bound']:.4f}), padding {st['padding']:.2f} -> "
+                         f"{st['collective']}")
     if ranks == "all" or len(results[0]["rank_loads_ms"]) <= 16:
-        lines.append("")
-        lines.append("per-rank NS ms (rank order: stage-major, then DP rank)")
+        lines += ["", "per-rank NS ms (stage-major, then DP rank)"]
         for r in results:
             lines.append(f"  {r['strategy']:>16s}: " + " ".join(f"{x:.1f}" for x in r["rank_loads_ms"]))
     return "\n".join(lines)
@@ -223,13 +168,17 @@ def main(argv: list[str] | None = None) -> int:
         if opts[key] not in choices:
             raise ValueError(f"{key}={opts[key]!r}: must be one of {list(choices)}")
     from bench.config import load
+    from bench.schema import MatrixOptimizerSchema
     from optim.distributed.assignment import CostModel
 
     cfg = load(overrides)
     cost = CostModel.from_table(opts["cost_table"]) if opts["cost_table"] else CostModel()
     strategies = STRATEGIES if opts["strategy"] == "all" else (opts["strategy"],)
+    opt = cfg.optimizer
+    splits = ({"split_qkv": opt.split_qkv, "split_mla": opt.split_mla, "split_gate_up": opt.split_gate_up}
+              if isinstance(opt, MatrixOptimizerSchema) else {})
     results = [analyse(cfg.model, cfg.parallelism, s, cost_model=cost, grad_bytes=int(opts["grad_bytes"]),
-                       param_bytes=int(opts["param_bytes"])) for s in strategies]
+                       param_bytes=int(opts["param_bytes"]), splits=splits) for s in strategies]
     if opts["format"] == "json":
         out: Any = [{k: v for k, v in r.items() if k != "rank_loads_ms" or opts["ranks"] == "all"} for r in results]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=1))

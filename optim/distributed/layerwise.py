@@ -11,13 +11,15 @@ each bucket of its `optim.distributed.layout`:
 3. The inner optimizer (Muon / MOP / SOAP + AdamW from a factory, e.g. `optim.build_optimizer`) steps only the
    owned pieces: `nn.Parameter` views into this rank's segment of a flat master buffer, named like the model
    parameters so routing, splits and per-group settings are unchanged.
-4. Parameter all-gather (all_gatherv of the per-rank segments). `ParamGather.PADDED`: segments padded to the
+4. Parameter all-gather (all_gatherv of the per-rank segments). `ShardCollective.PADDED`: segments padded to the
    largest and one `all_gather_into_tensor` (one launch, ring bandwidth, zero-copy from the segment buffer); wins
-   whenever segments are close in size, which the layout's AdamW filling arranges. `ParamGather.BROADCAST`: one
-   broadcast per owner of its exact bytes (N launches, no padding); wins when one rank holds a huge matrix and the
-   padding would multiply the bytes. `AUTO` picks PADDED when the padding is <= 25%, per bucket. (Grouped
-   send/recv, what NCCL does for a list all_gather, sends each owner's bytes N - 1 times from that one rank, so its
-   slowest rank is as slow as PADDED's and it launches N - 1 times more.)
+   whenever segments are close in size, which the layout's AdamW filling arranges. `ShardCollective.PER_OWNER`: one
+   broadcast per owner of its exact bytes (N launches, no padding, each rank sends ~every byte once); wins when
+   one rank holds a huge matrix (Kimi K2's dense fc1 is 4.3x the average segment of its stage) and the padding
+   would multiply the bytes. `AUTO` picks PADDED when the padding is <= 25%, per bucket. Grouped send/recv (what
+   NCCL does for a list all_gather, and MCore legacy) makes the owner of the largest share send it N - 1 times,
+   as slow as PADDED on its slowest rank, with N - 1 times more launches. The reduce-scatter of step 1 uses the
+   same choice: padded `reduce_scatter_tensor`, or one `reduce` per owner into its exact segment.
    With `overlap_param_gather`, gathers are left in flight (async work handles) and each bucket is waited for and
    copied into the model by a forward pre-hook of the first module that uses it (`register_forward_hooks`), or
    by `finish_param_sync()` (called at the start of `step` and before checkpoints).
@@ -53,10 +55,12 @@ class GradSync(StrEnum):
     ALL_REDUCE = "all_reduce"
 
 
-class ParamGather(StrEnum):
+class ShardCollective(StrEnum):
+    """How variable-size per-rank segments move (grads to owners, params from owners)."""
+
     AUTO = "auto"
     PADDED = "padded"
-    BROADCAST = "broadcast"
+    PER_OWNER = "per_owner"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,7 +70,8 @@ class LayerWiseConfig:
     strategy: Strategy = Strategy.LPT_COST
     """round_robin | ping_pong_numel | lpt_cost (see optim.distributed.assignment)."""
     grad_sync: GradSync = GradSync.REDUCE_SCATTER
-    param_gather: ParamGather = ParamGather.AUTO
+    collective: ShardCollective = ShardCollective.AUTO
+    """padded | per_owner | auto (padded when the bucket's padding is <= 25%), for both grads and params."""
     overlap_param_gather: bool = False
     """Leave the parameter all-gather in flight; complete it in forward pre-hooks."""
     bucket_numel: int = 0
@@ -79,7 +84,7 @@ class LayerWiseConfig:
     """NS cost model or measured table for lpt_cost; None = analytic default."""
 
     def __post_init__(self) -> None:
-        for name, enum in (("strategy", Strategy), ("grad_sync", GradSync), ("param_gather", ParamGather)):
+        for name, enum in (("strategy", Strategy), ("grad_sync", GradSync), ("collective", ShardCollective)):
             value = getattr(self, name)
             if value not in {e.value for e in enum}:
                 raise ValueError(f"LayerWiseConfig.{name}={value!r}: must be one of {[e.value for e in enum]}")
@@ -117,7 +122,7 @@ class _Domain:
             for k, pc in enumerate(b.pieces[self.rank]):
                 view = self._piece_view(self.shard_params[bi], pc)
                 self.owned.append((self.names[pc.index], nn.Parameter(view), bi, k))
-        self.gather_mode = [self._gather_mode(b, cfg.param_gather) for b in self.buckets]
+        self.mode = [self._mode(b, ShardCollective(cfg.collective)) for b in self.buckets]
         self.pending: dict[int, tuple[list[Any], torch.Tensor]] = {}
         self.copy_model_to_shards()
 
@@ -131,10 +136,10 @@ class _Domain:
         return p.data[pc.start : pc.stop] if p.ndim else p.data
 
     @staticmethod
-    def _gather_mode(b: Bucket, mode: ParamGather) -> ParamGather:
-        if mode != ParamGather.AUTO:
+    def _mode(b: Bucket, mode: ShardCollective) -> ShardCollective:
+        if mode != ShardCollective.AUTO:
             return mode
-        return ParamGather.PADDED if b.padding <= 0.25 else ParamGather.BROADCAST
+        return ShardCollective.PADDED if b.padding <= 0.25 else ShardCollective.PER_OWNER
 
     def copy_model_to_shards(self) -> None:
         for bi, b in enumerate(self.buckets):
@@ -153,8 +158,15 @@ class _Domain:
                         dst.copy_((g[pc.start : pc.stop] if g.ndim else g).reshape(-1))
             if self.size == 1:
                 self.shard_grads[bi].copy_(flat)
-            elif grad_sync == GradSync.REDUCE_SCATTER:
+            elif grad_sync == GradSync.REDUCE_SCATTER and self.mode[bi] == ShardCollective.PADDED:
                 dist.reduce_scatter_tensor(self.shard_grads[bi], flat, group=self.group)
+            elif grad_sync == GradSync.REDUCE_SCATTER:
+                sizes = b.sizes()
+                works = [dist.reduce(flat[r * seg : r * seg + sizes[r]], dst=self._global(r), group=self.group,
+                                     async_op=True) for r in range(self.size) if sizes[r]]
+                for w in works:
+                    w.wait()
+                self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
             else:
                 dist.all_reduce(flat, group=self.group)
                 self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
@@ -170,7 +182,7 @@ class _Domain:
             full.copy_(self.shard_params[bi])
             self.pending[bi] = ([], full)
             return
-        if self.gather_mode[bi] == ParamGather.PADDED:
+        if self.mode[bi] == ShardCollective.PADDED:
             works = [dist.all_gather_into_tensor(full, self.shard_params[bi], group=self.group, async_op=True)]
         else:
             sizes = b.sizes()
