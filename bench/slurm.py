@@ -4,7 +4,8 @@
 account; the process environment of the published runs (`launcher.env`, one comment per variable); one `srun` task
 per node in the container, each starting `torchrun --nproc_per_node=<gpus>` with a c10d rendezvous on the first
 node; then one task that collects the run and writes the report (`bench.collect`, `bench.report`), so the report
-exists when the job ends without anyone waiting on the login node.
+exists when the job ends without anyone waiting on the login node. For engine=bridge the recipe plan is built first
+(`check_bridge_plan`): an unsupported combination or an unknown Bridge field fails before the job is queued.
 
 Nothing from the config reaches the shell unquoted: values on command lines go through `shlex.quote`; `#SBATCH`
 values (read by sbatch, where quoting does not protect a newline) must match a strict character set, and env var
@@ -117,6 +118,22 @@ def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
     ]
 
 
+def check_bridge_plan(cfg: RootConfig, run_dir: Path) -> None:
+    """engine=bridge: build the recipe plan now (a bad combination fails before the job queues), check its fields
+    against the Megatron-Bridge source when it is installed here, and keep it as `<run_dir>/bridge_plan.json`."""
+    import json
+
+    from recipes.fields import bridge_version
+    from recipes.overrides import build_plan, unknown_fields
+
+    plan = build_plan(cfg)
+    if bridge_version() is not None and (bad := unknown_fields(plan)):
+        raise ValueError(f"engine=bridge: overrides unknown to megatron-bridge {bridge_version()}: {bad}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"metadata": plan.metadata, "base_recipe": plan.base_recipe, "overrides": plan.overrides}
+    (run_dir / "bridge_plan.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+
+
 def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> str:
     """The sbatch script running `python <command>` (e.g. `-m bench.worker <run_dir>`) under torchrun on every node.
 
@@ -127,6 +144,8 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
     """
     run_dir = Path(run_dir).resolve()
     la, par = cfg.launcher, cfg.parallelism
+    if cfg.engine.name == "bridge":
+        check_bridge_plan(cfg, run_dir)
     gpus = la.nproc_per_node or par.gpus_per_node
     container = " ".join(container_args(cfg, run_dir))
     torchrun = [

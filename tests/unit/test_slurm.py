@@ -113,3 +113,13 @@ def test_submit_dry_run_and_with_sbatch(tmp_path: Path, capsys: pytest.CaptureFi
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     assert submit(script) == "4242"
     assert re.search(r"^#SBATCH --job-name=muonbench-gb300_kimi_k2_muon$", script.read_text(), re.M)
+
+
+def test_bridge_plan_checked_and_kept_before_queueing(tmp_path: Path) -> None:
+    """engine=bridge: the recipe plan is built at write time (records the A/B mode); a bad combination fails here."""
+    _script(tmp_path)
+    plan = json.loads((tmp_path / "runs" / "r1" / "bridge_plan.json").read_text())
+    assert plan["metadata"]["ab_mode"] == "published"
+    assert plan["overrides"]["optimizer"]["optimizer"] == "dist_muon"
+    with pytest.raises(ValueError, match="MOP"):
+        _script(tmp_path, "optimizer=mop", "optimizer.implementation=megatron")
