@@ -1,1 +1,49 @@
-"""muonbench optim."""
+"""muonbench optim: our Muon, MOP and SOAP-REKLS, parameter routing, and the hybrid (matrix + AdamW) optimizer.
+
+Public API (resolved lazily, so `import optim.distributed.assignment` or `optim.configs` does not pull in torch):
+
+- `Muon(params, config=MuonConfig(), *, splits=None)`, `MOP(params, config=MOPConfig(), *, splits=None)`,
+  `SOAP(params, config=SOAPConfig())`: torch.optim.Optimizer subclasses.
+- `build_optimizer(named_params, config, *, naming="hf", routing=None, layout=None, adamw=None)
+  -> HybridOptimizer`.
+- Configs: MuonConfig, MOPConfig, SOAPConfig, AdamWConfig, RoutingConfig; SplitLayout; NonFiniteError,
+  NonFiniteWarning; `newton_schulz`, `ns_coefficients`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "Muon": "optim.optimizers.muon",
+    "MOP": "optim.optimizers.mop",
+    "SOAP": "optim.optimizers.soap",
+    "NonFiniteError": "optim.optimizers.base",
+    "NonFiniteWarning": "optim.optimizers.base",
+    "build_optimizer": "optim.hybrid",
+    "HybridOptimizer": "optim.hybrid",
+    "route_parameters": "optim.routing",
+    "SplitLayout": "optim.routing",
+    "ParamRoute": "optim.routing",
+    "newton_schulz": "optim.functional.newton_schulz",
+    "ns_coefficients": "optim.functional.newton_schulz",
+    "MuonConfig": "optim.configs",
+    "MOPConfig": "optim.configs",
+    "SOAPConfig": "optim.configs",
+    "AdamWConfig": "optim.configs",
+    "RoutingConfig": "optim.configs",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'optim' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
