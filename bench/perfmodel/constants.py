@@ -31,8 +31,12 @@ HBM_EFFICIENCY = Sourced(
            "(param, grad, m, v read; param, m, v written) = 3.48 TB/s of 4.8 TB/s datasheet (anchors.md f)")
 NS_CALL_HOST_MS = Sourced(
     value=0.33,
-    source="our H200: one EO newton_schulz call on 512x2048 (12 GFLOP, GPU floor 0.017 ms) takes 0.330 ms: "
-           "the host cost of one NS call (~20 kernel launches) when the GPU is idle (anchors.md f)")
+    source="our H200: one EO newton_schulz call (5 steps) on 512x2048 (12 GFLOP, GPU floor 0.017 ms) takes "
+           "0.330 ms: the host cost of one NS call when the GPU is idle (anchors.md f)")
+NS_CALL_FIXED_LAUNCHES = Sourced(
+    value=5.0,
+    source="EO muon_utils.newton_schulz v0.3.0: normalize (norm, clamp, divide), cast to bf16, cast back; plus "
+           "3 launches per step (X X^T, addmm, addmm): 20 launches at 5 steps, so 16.5 us per launch")
 EO_MUON_PARAM_HOST_MS = Sourced(
     value=0.755,
     source="our H200: EO Muon v0.3.0 optimizer.step() on one Qwen3 layer, 260 matrices in 196.4 ms, nearly all "

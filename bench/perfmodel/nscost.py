@@ -30,9 +30,12 @@ def ns_rate(hw: HardwareConfig) -> float:
     return hw.peak_bf16_tflops * 1e12 * C.efficiency(hw.name).gemm_bf16.value
 
 
-def host_call_ms(hw: HardwareConfig) -> float:
-    """Host milliseconds of one NS call (2-D or batched 3-D) when launch-bound."""
-    return C.NS_CALL_HOST_MS.value * C.efficiency(hw.name).host_scale.value
+def host_call_ms(hw: HardwareConfig, num_steps: int = 5) -> float:
+    """Host milliseconds of one NS call (2-D or batched 3-D) when launch-bound: measured at 5 steps, scaled by
+    the launch count 3 k + fixed."""
+    fixed = C.NS_CALL_FIXED_LAUNCHES.value
+    per_launch = C.NS_CALL_HOST_MS.value / (3 * 5 + fixed)
+    return per_launch * (3 * num_steps + fixed) * C.efficiency(hw.name).host_scale.value
 
 
 def measured_table(path: Path = KERNEL_RESULTS) -> dict[tuple[int, int], float]:

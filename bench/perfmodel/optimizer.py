@@ -122,7 +122,7 @@ def _rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: Para
                    base: list[float]) -> list[float]:
     """Optimizer milliseconds per rank given owners (adds to `base`)."""
     loads = list(base)
-    host_call = nscost.host_call_ms(hw)
+    host_call = nscost.host_call_ms(hw, algo.num_steps)
     groups: list[dict[tuple[int, int, bool, int], int]] = [defaultdict(int) for _ in range(n_ranks)]
     for it, r in zip(items, owners, strict=True):
         if not it.muon or algo.optimizer == "adamw":
@@ -136,7 +136,7 @@ def _rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: Para
         for (m, n, expert, tp_dim), count in g.items():
             gpu, elem = _muon_item_ms(Item(rows=m, cols=n, expert=expert, muon=True, tp_dim=tp_dim), par, hw,
                                       algo, rate_hbm, table)
-            loads[r] += nscost.host_call_ms(hw) + count * (gpu + elem)
+            loads[r] += nscost.host_call_ms(hw, algo.num_steps) + count * (gpu + elem)
     return loads
 
 
@@ -149,7 +149,7 @@ def _cost_model(items: list[Item], par: ParallelismConfig, hw: HardwareConfig, a
         if key not in terms:
             if it.muon:
                 gpu, elem = _muon_item_ms(it, par, hw, algo, rate_hbm, table)
-                terms[key] = (nscost.host_call_ms(hw), gpu + elem)
+                terms[key] = (nscost.host_call_ms(hw, algo.num_steps), gpu + elem)
             else:
                 terms[key] = (0.0, it.rows * it.cols * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3)
     return CostModel(table=terms, num_steps=algo.num_steps)

@@ -1,0 +1,160 @@
+"""Performance model (bench.perfmodel, bench.project): calibration, monotonicity, a hand-checked case, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from bench.config import load
+from bench.perfmodel import calibrate, compute, links, nscost
+from bench.perfmodel import constants as C
+from bench.perfmodel.model import predict
+from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
+
+
+@pytest.fixture(scope="module")
+def table1() -> dict[str, RootConfig]:
+    return {row.experiment: calibrate.load_row(row) for row in calibrate.TABLE1}
+
+
+def test_calibration_reproduces_table1_within_3pct(table1: dict[str, RootConfig]) -> None:
+    """Localises a model change that breaks the published GB300 numbers (profile `published`)."""
+    rows = calibrate.calibration(table1)
+    assert len(rows) == 4
+    for r in rows:
+        assert abs(float(r["rel_error"])) <= calibrate.TOLERANCE, r
+
+
+def test_committed_fit_is_the_minimax_fit() -> None:
+    """The one fitted GB300 value in constants.py must be what the fit procedure returns."""
+    fit, worst = calibrate.fit_gb300_hbm(iters=25)
+    assert fit == pytest.approx(C.GB300_HBM_FIT, abs=0.01)
+    assert worst <= calibrate.TOLERANCE
+    sourced = [e for e in C.FITTED["gb300"].__slots__ if "FITTED" in getattr(C.FITTED["gb300"], e).source]
+    assert sourced == ["hbm"]  # exactly one fitted efficiency on the GB300 row
+
+
+def test_muon_costs_time_and_ours_beats_published(table1: dict[str, RootConfig]) -> None:
+    """Published Muon is slower than AdamW by about the blog's delta; ours is between them."""
+    for adamw, muon, delta in (("gb300/kimi_k2_adamw", "gb300/kimi_k2_muon", 0.27),
+                               ("gb300/qwen3_30b_a3b_adamw", "gb300/qwen3_30b_a3b_muon", 0.33)):
+        t_a = predict(table1[adamw], "published").step_time_s
+        t_pub = predict(table1[muon], "published").step_time_s
+        t_ours = predict(table1[muon], "ours").step_time_s
+        assert t_a < t_ours < t_pub
+        assert t_pub - t_a == pytest.approx(delta, abs=0.3)
+
+
+def _scaled(cfg: RootConfig, factor: float, field: str) -> RootConfig:
+    return replace(cfg, hardware=replace(cfg.hardware, **{field: getattr(cfg.hardware, field) * factor}))
+
+
+@pytest.mark.parametrize("field", ["nvlink_gbps", "network_gbps", "hbm_tbps"])
+@pytest.mark.parametrize("profile", ["published", "ours"])
+def test_more_bandwidth_never_slows_a_step(table1: dict[str, RootConfig], field: str, profile: str) -> None:
+    for cfg in table1.values():
+        times = [predict(_scaled(cfg, f, field), profile).step_time_s for f in (0.5, 1.0, 2.0, 4.0)]
+        assert all(b <= a + 1e-12 for a, b in zip(times, times[1:], strict=False)), (field, times)
+
+
+@pytest.mark.parametrize("profile", ["published", "ours"])
+def test_more_ns_steps_never_speed_a_step(table1: dict[str, RootConfig], profile: str) -> None:
+    for exp in ("gb300/kimi_k2_muon", "gb300/qwen3_30b_a3b_muon"):
+        cfg = table1[exp]
+        times = [predict(replace(cfg, optimizer=replace(cfg.optimizer, num_ns_steps=k)), profile).step_time_s
+                 for k in (3, 4, 5, 6, 8, 10)]
+        assert all(b >= a - 1e-12 for a, b in zip(times, times[1:], strict=False)), (exp, times)
+        assert times[-1] > times[0]
+
+
+def test_hand_checked_roofline_and_collectives() -> None:
+    """Hand arithmetic: 1024^3 bf16 GEMM at 1 PF/s and 1 TB/s is memory-bound: 3 x 2 MiB operands x 2 B = 6.29 MB
+    -> 6.291456 us (compute: 2.147 us). Ring all-reduce of 1 GB over 8 ranks at 100 GB/s, 10 us per hop:
+    2 x (7/8 x 10 ms + 7 x 10 us) = 17.64 ms."""
+    r = compute.Rates(gemm_flops=1e15, bf16_flops=1e15, attention_flops=1e15, hbm=1e12, operand_bytes=2.0)
+    assert compute.gemm_time(1024, 1024, 1024, r, operand_bytes=2.0, out_bytes=2.0) == pytest.approx(6.291456e-6)
+    link = links.Link(bandwidth=100e9, latency=10e-6, kind="network")
+    assert links.all_reduce(1e9, 8, link) == pytest.approx(0.01764)
+    assert links.reduce_scatter(1e9, 1, link) == 0.0
+
+
+def test_hand_checked_tiny_step() -> None:
+    """2-layer dense GQA model, one GPU, AdamW, bf16, on an H200 row with near-infinite bandwidth so only FLOPs
+    count. Per token (h 256, q = kv-width 256, ffn 1024 non-gated, vocab 1024, seq 512): attention linear
+    6 (256 x 768 + 256 x 256) = 1,572,864 and MLP 6 x 2 x 256 x 1024 = 3,145,728 per layer, logits
+    6 x 256 x 1024 = 1,572,864: 11,010,048 GEMM FLOP/token; core attention 6 x 256 x 512 = 786,432 per layer.
+    GBS 4 x 512 = 2,048 tokens: GEMMs 2.2548578e10 FLOP at 701 TF/s = 32.166 us; attention 3.2212e9 FLOP at
+    0.5 x 989 TF/s = 6.514 us."""
+    model = ModelConfig(name="tiny", family="qwen3_moe", num_layers=2, hidden_size=256, num_attention_heads=4,
+                        attention="gqa", num_query_groups=4, kv_channels=64, ffn_hidden_size=1024,
+                        gated_linear_unit=False, vocab_size=1024, seq_length=512)
+    par = ParallelismConfig(name="one", world_size=1, mbs=2, gbs=4)
+    hw = HardwareConfig(name="h200", peak_bf16_tflops=989.0, peak_fp8_tflops=1979.0, hbm_tbps=1e9,
+                        nvlink_gbps=450.0, nvlink_domain=8, network_gbps=50.0, source="test")
+    cfg = RootConfig(model=model, parallelism=par, hardware=hw, precision=PrecisionConfig(name="bf16"),
+                     optimizer=load(["optimizer=adamw"], validate_=False).optimizer, engine=None,  # type: ignore[arg-type]
+                     launcher=None)  # type: ignore[arg-type]
+    pred = predict(cfg, "published")
+    assert pred.breakdown["fwd_bwd_gemm"] == pytest.approx(11_010_048 * 2048 / 701e12, rel=1e-6)
+    assert pred.breakdown["fwd_bwd_attention"] == pytest.approx(2 * 786_432 * 2048 / (0.5 * 989e12), rel=1e-6)
+    assert pred.step_time_s == pytest.approx(32.1656e-6 + 6.5142e-6, rel=1e-3)
+    assert pred.tflops_per_gpu_ns == 0.0
+
+
+def test_choose_tp_mode() -> None:
+    """Small matrices: duplicated (the Gram all-reduces cost more than the duplicated compute); big ones on fast
+    links: distributed; slow links push big ones back to duplicated."""
+    gb300 = nscost.load_hardware("gb300")
+    assert nscost.choose_tp_mode(512, 2048, 4, gb300) == "duplicated"
+    assert nscost.choose_tp_mode(4096, 2048, 2, "gb300") == "distributed"
+    assert nscost.choose_tp_mode(4096, 2048, 1, gb300) == "duplicated"
+    slow = replace(gb300, nvlink_latency_us=2000.0)
+    assert nscost.choose_tp_mode(4096, 2048, 2, slow) == "duplicated"
+    t = nscost.tp_mode_times(7168, 8192, 8, gb300, partition_dim=1)
+    assert set(t) == {"duplicated", "distributed"} and all(v > 0 for v in t.values())
+
+
+def test_ns_curve_matches_h200_measurements() -> None:
+    """The per-shape NS curve reproduces the GPU-bound H200 anchor points (anchors.md f) within 10%."""
+    h200 = nscost.load_hardware("h200")
+    for (rows, cols), ms in {(4096, 2048): 0.822, (7168, 8192): 18.16, (36864, 7168): 65.0, (8192, 8192): 25.03,
+                             (2048, 7168): 1.267}.items():
+        assert nscost.gpu_ms(rows, cols, h200) == pytest.approx(ms, rel=0.10)
+
+
+def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench import project
+
+    assert project.main(["experiment=gb300/qwen3_30b_a3b_muon", "profile=ours", "format=json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("tflops_per_gpu_model", "tflops_per_gpu_ns", "step_time_s", "breakdown"):
+        assert key in out
+    assert out["step_time_s"] == pytest.approx(sum(out["breakdown"].values()))
+    assert out["tflops_per_gpu_ns"] > 0 and out["profile"] == "ours"
+    assert project.main(["experiment=gb300/qwen3_30b_a3b_muon", "parallelism.tp=2", "parallelism.world_size=16",
+                         "parallelism.nodes=4", "optimizer.tp_mode=auto"]) == 0
+    text = capsys.readouterr().out
+    assert "tp_mode=auto" in text and "->" in text
+
+
+def test_project_rejects_bad_cli_values() -> None:
+    from bench import project
+
+    with pytest.raises(ValueError, match="format"):
+        project.split_args(["format=yaml"])
+    with pytest.raises(ValueError, match="profile"):
+        project.project(["experiment=gb300/kimi_k2_muon"], profile="fast")
+    with pytest.raises(ValueError, match="hardware.name='cpu'"):
+        project.project(["optimizer=adamw"])
+    cli, rest = project.split_args(["profile=ours", "format=json", "model=kimi_k2"])
+    assert cli == {"profile": "ours", "format": "json"} and rest == ["model=kimi_k2"]
+
+
+def test_perfmodel_imports_no_torch() -> None:
+    code = "import sys, bench.project, bench.perfmodel.model, bench.perfmodel.report; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
