@@ -151,7 +151,7 @@ class BridgeEngine(Engine):
                     torch.cuda.set_stream(torch.cuda.Stream())  # TE graph capture needs a non-default stream
                 pretrain(container, forward_step, callbacks=[callback])
                 self._lock.events.put(("done", None))
-            except BaseException as exc:  # handed to the worker thread, which re-raises
+            except BaseException as exc:  # noqa: BLE001 - handed to the worker thread, which re-raises
                 self._lock.events.put(("error", exc))
 
         self._start(train)

@@ -26,10 +26,10 @@ def _runs(text: str) -> list[str]:
 def rule_violations(text: str) -> list[str]:
     """Our rules on top of hadolint; returns a message per broken rule."""
     bad = []
-    default = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.M)
+    default = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
     if not default or not re.fullmatch(r"nvcr\.io/nvidia/nemo:\d{2}\.\d{2}(\.\d+)?", default.group(1)):
         bad.append("ARG BASE_IMAGE must default to a pinned nvcr.io/nvidia/nemo:YY.MM tag")
-    if not re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M):
+    if not re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.MULTILINE):
         bad.append("FROM must use ${BASE_IMAGE}")
     if re.search(r"(?i):latest\b", text):
         bad.append("no :latest tags")
@@ -43,16 +43,16 @@ def rule_violations(text: str) -> list[str]:
                     re.search(r"\bmegatron-(core|bridge)\b", pip) and "--no-deps" not in pip):
                 bad.append(f"must not replace the container's torch / TE / Megatron stack: {pip[:60]}")
     if not re.search(r"emerging-optimizers==\$\{EO_VERSION\}", text) or not re.search(
-            r"^ARG EO_VERSION=0\.3\.\d+$", text, re.M):
+            r"^ARG EO_VERSION=0\.3\.\d+$", text, re.MULTILINE):
         bad.append("emerging-optimizers must be pinned to 0.3.x")
-    copies = [m.group(1) for m in re.finditer(r"^COPY (\S+)", text, re.M)]
+    copies = [m.group(1) for m in re.finditer(r"^COPY (\S+)", text, re.MULTILINE)]
     if "pyproject.toml" not in copies or any(c in copies[: copies.index("pyproject.toml")]
                                             for c in ("optim", "bench", "recipes", ".")):
         bad.append("COPY pyproject.toml before the sources")
     for pkg in ("optim", "bench", "recipes", "conf"):
         if pkg not in copies:
             bad.append(f"COPY {pkg} missing")
-    if "versions.json" not in text or not re.search(r"^ENV MUONBENCH_VERSIONS=", text, re.M):
+    if "versions.json" not in text or not re.search(r"^ENV MUONBENCH_VERSIONS=", text, re.MULTILINE):
         bad.append("write versions.json at build time and point MUONBENCH_VERSIONS at it")
     return bad
 

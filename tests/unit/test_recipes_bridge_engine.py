@@ -39,7 +39,7 @@ def _fake_pretrain(eng: BridgeEngine, steps: int, log: list[str], *, fail_at: in
             lock.events.put(("done", None))
         except _Stop:
             log.append("stopped")
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 - as the engine does: hand it to the worker
             lock.events.put(("error", exc))
 
     return train

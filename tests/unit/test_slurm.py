@@ -112,7 +112,7 @@ def test_submit_dry_run_and_with_sbatch(tmp_path: Path, capsys: pytest.CaptureFi
     _stub(bin_dir, "sbatch", 'test "$1" = --parsable && echo "4242;cluster"\n')
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     assert submit(script) == "4242"
-    assert re.search(r"^#SBATCH --job-name=muonbench-gb300_kimi_k2_muon$", script.read_text(), re.M)
+    assert re.search(r"^#SBATCH --job-name=muonbench-gb300_kimi_k2_muon$", script.read_text(), re.MULTILINE)
 
 
 def test_bridge_plan_checked_and_kept_before_queueing(tmp_path: Path) -> None:
