@@ -168,6 +168,9 @@ def step_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "ns_tflops_effective": d["ns_plain_flops"] / ms / 1e9 if ms and impl != "adamw_fused" else None,
                     "first_step_ms": r.get("first_step_ms"),
                     "update_rel_err_vs_eo": r.get("update_rel_err_vs_eo"),
+                    "phases_ms": "/".join(_fmt(r.get(k)) for k in ("pack_ms", "orthogonalize_ms", "update_ms"))
+                    if "pack_ms" in r
+                    else "",
                     "note": r.get("note", ""),
                 }
             )
@@ -200,16 +203,27 @@ def render_markdown(res: dict[str, Any]) -> str:
             f"| {r['shape']} {r['rows']}x{r['cols']} | {r['batch']} | {r['impl']} | {_fmt(r['ms'])} | "
             f"{_fmt(r['ms_per_matrix'])} | {_fmt(r['tflops_plain'])} | {pct} | {_fmt(r['ortho_err'])} | {note} |"
         )
+    micro = res.get("syrk_micro") or []
+    if micro:
+        tiles = [k[:-3] for k in micro[0] if k.endswith("_ms") and k != "cublas_ms"]
+        lines += ["", "## X X^T alone: Triton one-triangle kernel vs cuBLAS bmm (ms)", ""]
+        lines += ["| B x m x k | cuBLAS | " + " | ".join(tiles) + " | best speed-up |", "|---" * (len(tiles) + 3) + "|"]
+        for r in micro:
+            cells = " | ".join(_fmt(r[f"{t}_ms"]) for t in tiles)
+            lines.append(
+                f"| {r['batch']}x{r['m']}x{r['k']} | {_fmt(r['cublas_ms'])} | {cells} | {_fmt(r['best_sym_speedup'])} |"
+            )
     lines += ["", "## One-layer optimizer step", "", OURS_LABEL + ".", ""]
     lines += [
-        "| layer | impl | ms/step | vs fused AdamW | effective NS TFLOP/s | first step ms | update err vs EO | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| layer | impl | ms/step | vs fused AdamW | effective NS TFLOP/s | first step ms | update err vs EO "
+        "| pack/orthogonalize/update ms | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in step_rows(res):
         lines.append(
             f"| {r['layer']} | {r['impl']} | {_fmt(r['ms'])} | {_fmt(r['vs_adamw'])} | "
             f"{_fmt(r['ns_tflops_effective'])} | {_fmt(r['first_step_ms'])} | {_fmt(r['update_rel_err_vs_eo'])} | "
-            f"{r['note']} |"
+            f"{r['phases_ms']} | {r['note']} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -195,6 +195,32 @@ class BenchMuon:
             o = orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram)
             apply_update(ps, o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5)
 
+    @torch.no_grad()
+    def phase_ms(self, dev: str) -> dict[str, float]:
+        """Median ms of each phase over all groups: momentum pack, orthogonalize, update."""
+        keys = list(self.groups)
+
+        def pack() -> list[torch.Tensor]:
+            return [
+                momentum_pack([p.grad for p in self.groups[k]], self.bufs[k], beta=self.beta, nesterov=self.nesterov)
+                for k in keys
+            ]
+
+        xs = pack()
+        os_ = [orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram) for x in xs]
+
+        def upd() -> None:
+            for k, o in zip(keys, os_, strict=True):
+                apply_update(self.groups[k], o, lr=self.lr, weight_decay=self.wd, scale=max(k) ** 0.5)
+
+        return {
+            "pack_ms": median_ms(pack, dev),
+            "orthogonalize_ms": median_ms(
+                lambda: [orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram) for x in xs], dev
+            ),
+            "update_ms": median_ms(upd, dev),
+        }
+
 
 def make_params(spec: list[tuple[int, int, int]], dev: str) -> list[torch.nn.Parameter]:
     gen = torch.Generator(device=dev).manual_seed(7)
@@ -242,6 +268,8 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
                 deltas[impl] = [(p.detach() - b).flatten() for p, b in zip(ps, before, strict=True)]
                 del before
             r["ms"] = median_ms(opt.step, dev, budget_ms=1500.0, warmup=2)
+            if isinstance(opt, BenchMuon):
+                r.update(opt.phase_ms(dev))
             del opt, ps
         except Exception as e:  # noqa: BLE001
             r["note"] = f"error: {type(e).__name__}: {str(e)[:200]}"
@@ -258,6 +286,25 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
                 err = float((torch.cat(deltas[impl]) - ref).norm() / ref.norm())
                 d["impls"][impl]["update_rel_err_vs_eo"] = err
     return d
+
+
+def syrk_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """X X^T alone: Triton one-triangle kernel (each tile config) vs cuBLAS bmm; TFLOP/s on the full count."""
+    from optim.kernels.sym_triton import TILE_CONFIGS, sym_mm
+
+    rows = []
+    for nb, m, k in ((128, 1536, 2048), (128, 768, 2048), (8, 2048, 7168), (1, 7168, 18432), (1, 8192, 8192)):
+        x = torch.randn(nb, m, k, device="cuda").bfloat16()
+        full = 2.0 * nb * m * m * k
+        r: dict[str, Any] = {"batch": nb, "m": m, "k": k, "cublas_ms": median_ms(lambda: torch.bmm(x, x.mT), "cuda")}
+        for name, cfg in TILE_CONFIGS.items():
+            r[f"{name}_ms"] = median_ms(lambda c=cfg: sym_mm(x, x, config=c), "cuda")
+        r["cublas_tflops"] = full / r["cublas_ms"] / 1e9
+        r["best_sym_speedup"] = r["cublas_ms"] / min(r[f"{n}_ms"] for n in TILE_CONFIGS)
+        rows.append(r)
+        log(f"  syrk micro {nb}x{m}x{k}: " + " ".join(f"{k_}={v:.3f}" for k_, v in r.items() if k_.endswith("ms")))
+        del x
+    return rows
 
 
 def run_all(
@@ -290,6 +337,8 @@ def run_all(
         log(f"bf16 matmul ceiling {res['ceiling_tflops']:.0f} TFLOP/s")
     else:
         res["device_name"] = "cpu"
+    if device == "cuda":
+        res["syrk_micro"] = syrk_micro(log)
     res["shapes"] = []
     for s in shapes:
         log(f"shape {s[0]} {s[3]}x{s[1]}x{s[2]}")

@@ -7,8 +7,8 @@ only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, an
 
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
-- `plain_sym_t128`, `plain_sym_t64`: X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle).
-- `gram_torch`, `gram_sym_t128`, `gram_sym_t64`: Gram-NS with restarts (only when use_gram=True).
+- `plain_sym_<tile>` (t128, t128s4, t128w4, t64): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle).
+- `gram_torch`, `gram_sym_<tile>`: Gram-NS with restarts (only when use_gram=True).
 - `+graph`: the same body captured once in a CUDA graph and replayed (only for small problems, where launch
   gaps dominate).
 """
@@ -29,6 +29,8 @@ from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
 
 # Problems with fewer plain FLOPs than this are also tried under CUDA graph replay (~0.3 ms at 700 TF/s).
 GRAPH_MAX_FLOPS = 2.0e11
+# Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
+TILE_NAMES = ("t128", "t128s4", "t128w4", "t64")
 # A candidate must agree with the cuBLAS path to this relative Frobenius distance (bf16 rounding differences).
 AGREE_RTOL = 5e-2
 
@@ -62,11 +64,10 @@ def _ops(name: str) -> MatOps:
 
 def candidate_names(batch: int, m: int, n: int, num_steps: int, use_gram: bool, triton_ok: bool) -> list[str]:
     """Methods worth timing for this problem (graph variants only for small ones)."""
-    bodies = ["plain_torch"]
-    if triton_ok:
-        bodies += ["plain_sym_t128", "plain_sym_t64"]
+    tiles = TILE_NAMES if triton_ok else ()
+    bodies = ["plain_torch", *(f"plain_sym_{t}" for t in tiles)]
     if use_gram:
-        bodies += ["gram_torch"] + (["gram_sym_t128", "gram_sym_t64"] if triton_ok else [])
+        bodies += ["gram_torch", *(f"gram_sym_{t}" for t in tiles)]
     if plain_flops(batch, m, n, num_steps) <= GRAPH_MAX_FLOPS:
         bodies += [b + "+graph" for b in list(bodies)]
     return bodies

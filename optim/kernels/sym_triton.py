@@ -6,7 +6,7 @@ diagonal, the transposed tile, so about half the multiply-adds of the full produ
 
 bf16 operands, fp32 accumulation (tl.dot), epilogue alpha/beta in fp32, bf16 output. Batched over a leading
 dimension through the second grid axis. Rows are read modulo M (no masks on M in the inner loop); K is masked only
-when it is not a multiple of BLOCK_K. Configs are fixed (two tile sizes); the plan in `optim.kernels.plan` times
+when it is not a multiple of BLOCK_K. Configs are fixed (four); the plan in `optim.kernels.plan` times
 them against cuBLAS per shape instead of autotuning.
 """
 
@@ -85,6 +85,8 @@ class TileConfig:
 
 TILE_CONFIGS: dict[str, TileConfig] = {
     "t128": TileConfig(block=128, block_k=64, num_warps=8, num_stages=3),
+    "t128s4": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4),
+    "t128w4": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4),
     "t64": TileConfig(block=64, block_k=64, num_warps=4, num_stages=4),
 }
 

@@ -185,3 +185,12 @@ def test_bench_cpu_smoke(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> N
     assert "| tiny_wide 32x48 | 1 | ours |" in (tmp_path / "README.md").read_text()
     with pytest.raises(ValueError, match="format"):
         ns_kernels.parse_args(["format=xml"])
+
+
+def test_tile_names_match_configs() -> None:
+    """plan.TILE_NAMES (no Triton import) lists exactly the kernel's configs."""
+    pytest.importorskip("triton")
+    from optim.kernels.plan import TILE_NAMES
+    from optim.kernels.sym_triton import TILE_CONFIGS
+
+    assert set(TILE_NAMES) == set(TILE_CONFIGS)
