@@ -1,6 +1,6 @@
 """Markdown report and PNG plots from the collected CSVs (never from live processes).
 
-    python -m bench.report                 # report of the latest invocation (bench.report_name from runs/LATEST.json)
+    python -m bench.report                 # the most recently collected reports/<name>/results.csv
     python -m bench.report --name cpu_qwen3_moe_tiny_dp2
 
 Reads `reports/<name>/results.csv` and `steps.csv` (written by `bench.collect`) and writes `report.md`,
@@ -274,18 +274,17 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--name", help="report folder under --reports (default: the latest invocation's report name)")
+    ap.add_argument("--name", help="report folder under --reports (default: the most recently collected one)")
     ap.add_argument("--reports", type=Path, default=Path("reports"))
-    ap.add_argument("--out-dir", type=Path, default=Path("runs"), help="bench.out_dir holding LATEST.json")
     args = ap.parse_args(argv)
     name = args.name
     if not name:
-        manifest = args.out_dir / "LATEST.json"
-        if not manifest.exists():
-            print(f"error: no --name and no {manifest}; run `python -m bench.run` and `python -m bench.collect`",
+        collected = sorted(args.reports.glob("*/results.csv"), key=lambda p: p.stat().st_mtime)
+        if not collected:
+            print(f"error: no --name and no {args.reports}/*/results.csv; run `python -m bench.collect` first",
                   file=sys.stderr)
             return 2
-        name = record.read_json(manifest).get("report_name")
+        name = collected[-1].parent.name
     dest = args.reports / str(name)
     if not (dest / "results.csv").exists():
         print(f"error: {dest / 'results.csv'} does not exist; run `python -m bench.collect` first", file=sys.stderr)

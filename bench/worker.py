@@ -105,6 +105,8 @@ def run(run_dir: Path) -> None:
         if log is not None:
             log.close()
             record.finalize(run_dir, status="ok")
+        if rank.world_size > 1:
+            dist.barrier()  # leave together: a rank tearing down gloo while rank 0 still writes can abort
     except BaseException as exc:
         err = _write_error(run_dir, rank, exc)
         if log is not None:

@@ -47,7 +47,7 @@ def test_sweep_runs_records_and_reports(tmp_path):
     reports = tmp_path / "reports"
     col = _cli("bench.collect", "--out-dir", str(out), "--reports", str(reports), cwd=tmp_path)
     assert col.returncode == 0, col.stderr
-    rep = _cli("bench.report", "--out-dir", str(out), "--reports", str(reports), cwd=tmp_path)
+    rep = _cli("bench.report", "--reports", str(reports), cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert "model-only ratio" in rep.stdout and "total = model + NS" in rep.stdout
     dest = reports / "cpu_qwen3_moe_tiny_dp2"
