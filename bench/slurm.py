@@ -153,7 +153,10 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
         '--nnodes="$SLURM_NNODES"', f"--nproc_per_node={int(gpus)}",
         "--rdzv_backend=c10d", '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv_id="$SLURM_JOB_ID"',
     ]
-    report = shlex.quote(cfg.bench.report_name)
+    out_root = Path(cfg.bench.out_dir).resolve()
+    if not run_dir.is_relative_to(out_root):
+        out_root = run_dir.parent
+    report_args = " ".join(shlex.quote(a) for a in ("report", str(out_root), cfg.bench.report_name))
     lines = [
         *sbatch_header(cfg, run_dir),
         "",
@@ -171,13 +174,34 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
         f"  {' '.join(shlex.quote(str(a)) for a in command)}",
         "status=$?",
         "",
-        "# Collect this run and write its report (one task, same container), whatever the status.",
+        "# Collect every run of this report (e.g. the AdamW and the Muon job) and write the report, whatever the status.",
         f"srun --nodes=1 --ntasks=1 {container} \\",
-        f"  python -m bench.collect --runs {shlex.quote(str(run_dir))} --name {report} \\",
-        f"  && srun --nodes=1 --ntasks=1 {container} python -m bench.report --name {report}",
+        f"  python -m bench.slurm {report_args}",
         'exit "$status"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def collect_and_report(out_root: str | Path, report_name: str) -> int:
+    """Collect the runs under `out_root` whose `bench.report_name` is `report_name`, then write that report."""
+    from bench import collect, record, report
+
+    runs = [d for d in record.find_runs(out_root)
+            if record.read_json(d / "run.json").get("config", {}).get("bench", {}).get("report_name") == report_name]
+    if not runs:
+        print(f"error: no run of report {report_name!r} under {out_root}", file=sys.stderr)
+        return 2
+    rc = collect.main(["--runs", *map(str, runs), "--name", report_name])
+    return rc or report.main(["--name", report_name])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.slurm report <out_root> <report_name>` (the last step of every job script)."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "report":
+        print("usage: python -m bench.slurm report <out_root> <report_name>", file=sys.stderr)
+        return 2
+    return collect_and_report(args[1], args[2])
 
 
 def submit(script_path: str | Path, *, dry_run: bool = False) -> str | None:
@@ -193,3 +217,7 @@ def submit(script_path: str | Path, *, dry_run: bool = False) -> str | None:
     if res.returncode != 0:
         raise RuntimeError(f"sbatch {script} failed ({res.returncode}): {res.stderr.strip()}")
     return res.stdout.strip().split(";")[0]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

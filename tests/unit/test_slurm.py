@@ -40,7 +40,7 @@ def test_kimi_k2_layout_and_environment(tmp_path: Path) -> None:
                         ("NCCL_NVLS_ENABLE", "0"), ("TORCH_NCCL_HIGH_PRIORITY", "1")]:
         i = lines.index(f"export {name}={value}")
         assert lines[i - 1] == f"# {ENV_DOCS[name]}"  # every variable carries its reason
-    assert "python -m bench.collect" in text and "python -m bench.report --name gb300_kimi_k2" in text
+    assert f"python -m bench.slurm report {tmp_path / 'runs'} gb300_kimi_k2" in text
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
@@ -78,7 +78,7 @@ def test_injection_attempts_stay_literal(tmp_path: Path) -> None:
     mounts = next(a for a in argvs[0] if a.startswith("--container-mounts="))
     assert mounts.endswith(f",/data:/data,{evil}")
     assert "--rdzv_endpoint=node001:29500" in argvs[0]
-    assert argvs[1][-1] == f"r; touch {marker}"  # bench.collect --name <literal>
+    assert argvs[1][-1] == f"r; touch {marker}"  # bench.slurm report <out_root> <literal name>
     assert envs[0] == f"`touch {marker}`; rm -rf /"  # exported verbatim, never executed
 
 
@@ -123,3 +123,20 @@ def test_bridge_plan_checked_and_kept_before_queueing(tmp_path: Path) -> None:
     assert plan["overrides"]["optimizer"]["optimizer"] == "dist_muon"
     with pytest.raises(ValueError, match="MOP"):
         _script(tmp_path, "optimizer=mop", "optimizer.implementation=megatron")
+
+
+def test_job_end_collects_only_runs_of_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last job step collects the AdamW and Muon runs of one report, not other reports' runs."""
+    from bench import collect, report
+    from bench.slurm import collect_and_report
+
+    for name, rep in [("a", "gb300_kimi_k2"), ("b", "gb300_kimi_k2"), ("c", "other")]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(json.dumps({"config": {"bench": {"report_name": rep}}}))
+    calls: list[list[str]] = []
+    monkeypatch.setattr(collect, "main", lambda argv: calls.append(argv) or 0)
+    monkeypatch.setattr(report, "main", lambda argv: calls.append(argv) or 0)
+    assert collect_and_report(tmp_path, "gb300_kimi_k2") == 0
+    assert calls == [["--runs", str(tmp_path / "a"), str(tmp_path / "b"), "--name", "gb300_kimi_k2"],
+                     ["--name", "gb300_kimi_k2"]]
+    assert collect_and_report(tmp_path, "missing") == 2
