@@ -57,6 +57,8 @@ def format_text(res: dict[str, Any]) -> str:
              f"  step time          {res['step_time_s']:.3f} s",
              f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
              f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
+             f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "
+             f"{res['info']['memory_gib']:.1f} (activations not counted)",
              "  breakdown (s):"]
     lines += [f"    {k:<32} {v:.4f}" for k, v in res["breakdown"].items() if v]
     if res["tp_modes"]:

@@ -64,7 +64,9 @@ def calibration(configs: dict[str, RootConfig] | None = None) -> list[dict[str, 
                     "predicted_tflops": pub.tflops_per_gpu_model,
                     "rel_error": pub.tflops_per_gpu_model / row.model_tflops - 1.0,
                     "predicted_step_s": pub.step_time_s, "ours_tflops": ours.tflops_per_gpu_model,
-                    "ours_step_s": ours.step_time_s, "ns_tflops_published": pub.tflops_per_gpu_ns})
+                    "ours_step_s": ours.step_time_s, "ns_tflops_published": pub.tflops_per_gpu_ns,
+                    **{f"published_{k}_s": v for k, v in pub.breakdown.items()},
+                    **{f"ours_{k}_s": v for k, v in ours.breakdown.items()}})
     return out
 
 

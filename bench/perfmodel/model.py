@@ -55,7 +55,8 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
     info = {"optimizer": algo.optimizer, "grad_sync": algo.grad_sync if algo.optimizer == "muon" else
             "reduce_scatter", "assignment": algo.assignment, "ns_convention": algo.convention,
             "num_ns_steps": algo.num_steps, "tp_mode": algo.tp_mode, "slowest_pp_rank": slowest.pp_rank,
-            "hardware": hw.name, "world_size": par.world_size}
+            "hardware": hw.name, "world_size": par.world_size,
+            "state_memory_gib": opt.state_memory_gib(model, par, algo), "memory_gib": hw.memory_gib}
     return Prediction(step_time_s=total, tflops_per_gpu_model=model_flops / par.world_size / total / 1e12,
                       tflops_per_gpu_ns=ns_tf, breakdown=breakdown, profile=profile, info=info)
 

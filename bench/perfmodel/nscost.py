@@ -143,7 +143,13 @@ def choose_tp_mode(rows: int, cols: int, tp: int, hardware: HardwareConfig | str
 
 
 def load_hardware(name: str) -> HardwareConfig:
-    """A hardware row from conf/hardware/<name>.yaml, typed."""
-    from bench.config import load
+    """A hardware row from conf/hardware/<name>.yaml, typed (plain YAML read: no Hydra, cheap enough for an
+    optimizer to call at construction)."""
+    from omegaconf import OmegaConf
 
-    return load([f"hardware={name}"], validate_=False).hardware
+    path = Path(__file__).resolve().parents[2] / "conf" / "hardware" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"hardware={name!r}: must be one of {known}")
+    fields = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+    return HardwareConfig(**fields)

@@ -216,3 +216,18 @@ def _muon_step_ms(dense: list[Item], experts: list[Item], par: ParallelismConfig
     kw = {"initial_loads": base} if strategy == "lpt_cost" else {}
     owners = assign(shapes, dp, strategy, cost_model=cm, **kw) if dense else []
     return max(_rank_loads_ms(dense, owners, dp, par, hw, algo, rate_hbm, table, base))
+
+
+def state_memory_gib(model: ModelConfig, par: ParallelismConfig, algo: Algo) -> float:
+    """Worst GPU's parameters, gradients and optimizer state in GiB (activations excluded): bf16 weights (2 B),
+    fp32 main_grad (4 B), and on the owned share fp32 master + Adam m, v (12 B) or master + Muon momentum (8 B)."""
+    dp, edp = par.dp * par.cp, max(1, par.expert_dp)
+    worst = 0.0
+    for stage, layer_ids in enumerate(flops.stage_layers(model, par)):
+        items = stage_items(model, par, stage, layer_ids)
+        n_dense = sum(it.rows * it.cols for it in items if not it.expert)
+        n_expert = sum(it.rows * it.cols for it in items if it.expert)
+        state = 12.0 if algo.optimizer == "adamw" else 8.0
+        total = (n_dense + n_expert) * 6.0 + (n_dense / dp + n_expert / edp) * state
+        worst = max(worst, total / 2**30)
+    return worst

@@ -41,7 +41,8 @@ def _row(study: str, x: Any, cfg: RootConfig, profile: str, **extra: Any) -> dic
            "tp_mode": getattr(cfg.optimizer, "tp_mode", ""), "assignment": pred.info["assignment"],
            "step_time_s": pred.step_time_s, "tflops_per_gpu_model": pred.tflops_per_gpu_model,
            "tflops_per_gpu_ns": pred.tflops_per_gpu_ns, "optimizer_step_s": pred.breakdown["optimizer_step"],
-           "exposed_dp_comm_s": pred.breakdown["grad_sync_exposed"] + pred.breakdown["param_gather_exposed"]}
+           "exposed_dp_comm_s": pred.breakdown["grad_sync_exposed"] + pred.breakdown["param_gather_exposed"],
+           "state_memory_gib": pred.info["state_memory_gib"]}
     row.update(extra)
     return row
 
@@ -99,10 +100,27 @@ def _plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
         sel = [r for r in rows if r["study"] == study and all(r.get(k) == v for k, v in match.items())]
         return [r["x"] for r in sel], sel
 
+    cal = [r for r in rows if r["study"] == "calibration"]
+    terms = [k[len("published_"):-2] for k in cal[0] if k.startswith("published_") and k.endswith("_s")
+             and k != "published_tflops"]
+    bars = [(f"{r['experiment'].split('/')[1]}\n{prof}", r, prof) for r in cal for prof in ("published", "ours")
+            if not (prof == "ours" and "adamw" in str(r["experiment"]))]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bottom = [0.0] * len(bars)
+    for term in terms:
+        vals = [float(r[f"{prof}_{term}_s"]) for _, r, prof in bars]
+        if max(vals) <= 0:
+            continue
+        ax.bar(range(len(bars)), vals, bottom=bottom, label=term)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("predicted step time (s), GB300 MXFP8")
+    ax.legend(fontsize=7, loc="upper right")
+    save(fig, "calibration_breakdown.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, match in (("AdamW", {"optimizer": "adamw"}), ("Muon published", {"optimizer": "muon",
                          "profile": "published"}), ("Muon ours", {"optimizer": "muon", "profile": "ours"})):
-        for study, xlabel, fname in (("dp", "DP size (Qwen3-30B-A3B, EP8, GB300)", None),):
+        for study, xlabel in (("dp", "DP size (Qwen3-30B-A3B, EP8, GB300)"),):
             xs, sel = series(study, **match)
             ax.plot(xs, [r["tflops_per_gpu_model"] for r in sel], marker="o", label=label)
             ax.set_xscale("log", base=2)
