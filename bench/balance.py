@@ -122,8 +122,8 @@ def analyse(model: Any, par: Any, strategy: str, *, cost_model: Any = None, grad
 
 
 def _text(model: Any, par: Any, results: list[dict[str, Any]], ranks: str) -> str:
-    lines = [f"bench.balance: model={model.name} parallelism={par.name} (world {par.world_size}: TP{par.tp} "
-             f"PP{par.pp} VP{par.vp} CP{par.cp} DP{par.dp} EP{par.ep} ETP{par.etp}, expert-DP {par.expert_dp})",
+    lines = [(f"bench.balance: model={model.name} parallelism={par.name} (world {par.world_size}: TP{par.tp} "
+              f"PP{par.pp} VP{par.vp} CP{par.cp} DP{par.dp} EP{par.ep} ETP{par.etp}, expert-DP {par.expert_dp})"),
              "NS ms per rank = sum over its distinct shapes of (fixed + count x per-matrix) ms (batched per shape);",
              "bytes = sent per rank per step, slowest rank (grads 4 B, params 2 B unless overridden)", ""]
     lines.append(f"{'':40s}" + "".join(f"{r['strategy']:>17s}" for r in results))
@@ -136,8 +136,8 @@ def _text(model: Any, par: Any, results: list[dict[str, Any]], ranks: str) -> st
     for label, key, fmt in rows:
         scale = 1e-9 if "bytes" in key else 1.0
         lines.append(f"{label:40s}" + "".join(f"{fmt.format(r[key] * scale):>17s}" for r in results))
-    lines += ["", "per PP stage: NS ms per rank min / mean / max (in-group imbalance; bound), dense-segment padding "
-              "-> collective"]
+    lines += ["", ("per PP stage: NS ms per rank min / mean / max (in-group imbalance; bound), dense-segment padding "
+                   "-> collective")]
     for s in range(len(results[0]["stages"])):
         lines.append(f"  stage {s} ({results[0]['stages'][s]['layers']} layers)")
         for r in results:

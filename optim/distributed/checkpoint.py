@@ -74,7 +74,7 @@ def save_sharded(opt: LayerWiseDistributedOptimizer, directory: str | Path, *, t
     rank, size = (dist.get_rank(group), dist.get_world_size(group)) if dist.is_initialized() else (0, 1)
     pieces: dict[str, Any] = {}
     if opt.inner is not None:
-        sd, slots = _flat_states(opt.inner)
+        _, slots = _flat_states(opt.inner)
         by_id = {id(p): i for i, p in enumerate(_param_order(opt.inner))}
         for name, start, stop, view in opt.owned():
             node, idx = slots[by_id[id(view)]]

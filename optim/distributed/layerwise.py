@@ -45,7 +45,7 @@ from torch import nn
 
 from optim.distributed.assignment import CostModel, Strategy
 from optim.distributed.comm import group_rank_size
-from optim.distributed.layout import Bucket, build_layout
+from optim.distributed.layout import Bucket, Piece, build_layout
 
 OptimizerFactory = Callable[[list[tuple[str, torch.Tensor]]], torch.optim.Optimizer]
 
@@ -126,14 +126,14 @@ class _Domain:
         self.pending: dict[int, tuple[list[Any], torch.Tensor]] = {}
         self.copy_model_to_shards()
 
-    def _piece_view(self, flat: torch.Tensor, pc: Any) -> torch.Tensor:
+    def _piece_view(self, flat: torch.Tensor, pc: Piece) -> torch.Tensor:
         p = self.params[pc.index]
         shape = (pc.stop - pc.start, *p.shape[1:]) if p.ndim else p.shape
         return flat[pc.offset : pc.offset + pc.numel].view(shape)
 
-    def _model_slice(self, pc: Any) -> torch.Tensor:
-        p = self.params[pc.index]
-        return p.data[pc.start : pc.stop] if p.ndim else p.data
+    def _model_slice(self, pc: Piece) -> torch.Tensor:
+        data: torch.Tensor = self.params[pc.index].data
+        return data[pc.start : pc.stop] if data.ndim else data
 
     @staticmethod
     def _mode(b: Bucket, mode: ShardCollective) -> ShardCollective:
@@ -249,7 +249,7 @@ class LayerWiseDistributedOptimizer:
             part = [(n, p) for n, p in named if is_expert(n) == want_expert]
             if part:
                 self.domains.append(_Domain(part, [matrix(n, p) for n, p in part], group, self.config))  # type: ignore[arg-type]
-        owned = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
+        owned: list[tuple[str, torch.Tensor]] = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
         self.inner: torch.optim.Optimizer | None = optimizer_factory(owned) if owned else None
         self._hooks: list[Any] = []
 

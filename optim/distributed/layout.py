@@ -118,7 +118,7 @@ def _fill(raw: list[list[tuple[int, int, int, int]]], sizes: list[int], index: i
     """Cut an element-wise parameter along dim 0: the emptiest ranks first, each rank at most one contiguous chunk
     (so a parameter name appears once per rank), each filled up to the level that evens out the segments."""
     row = numel // rows
-    target = max(max(sizes), -(-(sum(sizes) + numel) // len(sizes)))
+    target = _water_level(sizes, numel)
     order = sorted(range(len(sizes)), key=lambda k: (sizes[k], k))
     start = 0
     for j, r in enumerate(order):
@@ -130,6 +130,18 @@ def _fill(raw: list[list[tuple[int, int, int, int]]], sizes: list[int], index: i
             raw[r].append((index, start, start + take, row))
             sizes[r] += take * row
             start += take
+
+
+def _water_level(sizes: Sequence[int], amount: int) -> int:
+    """Smallest level L with sum(max(0, L - s)) >= amount: pouring `amount` onto the lowest segments first."""
+    low = sorted(sizes)
+    prefix = 0
+    for k, s in enumerate(low, start=1):
+        prefix += s
+        cap = low[k] if k < len(low) else None
+        if cap is None or cap * k - prefix >= amount:
+            return -(-(amount + prefix) // k)
+    raise AssertionError("unreachable")
 
 
 def _bucket_params(numels: Sequence[int], bucket_numel: int) -> list[list[int]]:

@@ -101,8 +101,8 @@ def tp_newton_schulz(
     """
     mode = TPMode(mode)
     rank, size = group_rank_size(tp_group)
-    ns_kwargs = dict(num_steps=num_steps, coefficients=coefficients, compute_dtype=compute_dtype, eps=eps,
-                     use_gram=use_gram, restart_iterations=restart_iterations)
+    ns_kwargs = {"num_steps": num_steps, "coefficients": coefficients, "compute_dtype": compute_dtype, "eps": eps,
+                 "use_gram": use_gram, "restart_iterations": restart_iterations}
     if partition_dim is None or size == 1 or mode == TPMode.BLOCKWISE:
         return newton_schulz(x, **ns_kwargs)  # type: ignore[arg-type]
     pdim = partition_dim % x.ndim

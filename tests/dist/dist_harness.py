@@ -39,3 +39,8 @@ def subgroups(world_size: int, size: int) -> tuple[list[dist.ProcessGroup], int]
     """Partition ranks into consecutive groups of `size` (every rank must call this); returns (groups, my index)."""
     groups = [dist.new_group(list(range(i, i + size))) for i in range(0, world_size, size)]
     return groups, dist.get_rank() // size
+
+
+def context(text: str) -> Callable[[str], str]:
+    """`assert_close(..., msg=context("..."))`: keep the default message and append `text`."""
+    return lambda default: f"{default}\n{text}"

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import spawn, subgroups
+from dist_harness import context, spawn, subgroups
 from torch import nn
 from torch.testing import assert_close
 
@@ -39,7 +39,7 @@ SHAPES = {  # odd shapes: uneven splits, same-shape matrices that batch, 3-D exp
 Q0 = "model.layers.0.self_attn.q_proj.weight"
 MUON = MuonConfig(ns_precision="fp32", lr=0.05, weight_decay=0.1, nesterov=True)
 ADAMW = AdamWConfig(lr=0.01, weight_decay=0.1)
-TOL = dict(rtol=2e-5, atol=2e-5)
+TOL = {"rtol": 2e-5, "atol": 2e-5}
 
 
 def factory(named: list[tuple[str, torch.Tensor]]) -> torch.optim.Optimizer:
@@ -132,7 +132,7 @@ def _check_steps(rank: int, ws: int) -> None:
             expert_micro = slice(2 * mine, 2 * mine + 2) if ws == 4 else slice(None)
             reference(3, range(step, step + 1), expert_micro=expert_micro, model=ref_model, opt=ref_opt)
         for (name, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
-            assert_close(p, q, **TOL, msg=lambda m: f"{cfg} {name}: {m}")
+            assert_close(p, q, **TOL, msg=context(f"{cfg} {name}"))
     _check_clip(rank, ws)
 
 
@@ -151,7 +151,7 @@ def _check_clip(rank: int, ws: int) -> None:
         p.grad = grads[name] * min(1.0, 1.0 / (total.item() + 1e-6))
     ref_opt.step()
     for (name, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
-        assert_close(p, q, **TOL, msg=lambda m: f"clip {name}: {m}")
+        assert_close(p, q, **TOL, msg=context(f"clip {name}"))
 
 
 def _run_dp(group: dist.ProcessGroup | None, dp_rank: int, dp: int, model: Toy, steps: range,
@@ -186,9 +186,9 @@ def _check_resume(rank: int, ws: int, tmp: str) -> None:
                                       ("dp1", singles[rank], 0, 1)):
         resumed = Toy(seed=123)
         _run_dp(group, dp_rank, dp, resumed, range(2, 4), ckpt_load=ckpt)
-        tol = dict(rtol=0, atol=0) if label == "dp2" else TOL
+        tol = {"rtol": 0, "atol": 0} if label == "dp2" else TOL
         for (name, p), (_, q) in zip(resumed.named_parameters(), unbroken.named_parameters(), strict=True):
-            assert_close(p, q, **tol, msg=lambda m: f"resume {label} {name}: {m}")
+            assert_close(p, q, **tol, msg=context(f"resume {label} {name}"))
 
 
 def _worker(rank: int, ws: int, tmp: str) -> None:

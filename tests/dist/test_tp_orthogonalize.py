@@ -8,11 +8,12 @@ single-process result; bf16 within 3e-2 (bf16 epsilon 7.8e-3, compounded over 5 
 from __future__ import annotations
 
 import warnings
+from typing import Self
 
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import spawn, subgroups
+from dist_harness import context, spawn, subgroups
 from torch.testing import assert_close
 
 from optim.distributed.comm import split_sizes
@@ -37,7 +38,7 @@ class _CountAllReduce:
         self.calls = 0
         self._orig = dist.all_reduce
 
-    def __enter__(self) -> _CountAllReduce:
+    def __enter__(self) -> Self:
         def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
             self.calls += 1
             return self._orig(*args, **kwargs)
@@ -54,11 +55,11 @@ def _check_modes(rank: int, ws: int, group: dist.ProcessGroup) -> None:
     for shape, pdim in CASES:
         full = torch.randn(shape, generator=gen)
         shard, sizes = _shard(full, pdim, rank, ws)
-        kw = dict(partition_dim=pdim, tp_group=group, shard_sizes=sizes)
+        kw = {"partition_dim": pdim, "tp_group": group, "shard_sizes": sizes}
         for dtype in (torch.float32, torch.bfloat16):
             ref = _chunk(newton_schulz(full, compute_dtype=dtype), pdim, rank, ws)
             out = tp_newton_schulz(shard, mode=TPMode.DUPLICATED, compute_dtype=dtype, **kw)
-            assert_close(out, ref, rtol=0, atol=0, msg=lambda m: f"duplicated {shape} {dtype}: {m}")
+            assert_close(out, ref, rtol=0, atol=0, msg=context(f"duplicated {shape} {dtype}"))
         long_sharded = full.size(pdim) >= full.size(-1 if pdim % full.ndim == full.ndim - 2 else -2)
         for mode in (TPMode.DISTRIBUTED, TPMode.DISTRIBUTED_GRAM):
             gram = mode == TPMode.DISTRIBUTED_GRAM
@@ -68,7 +69,7 @@ def _check_modes(rank: int, ws: int, group: dist.ProcessGroup) -> None:
                     with warnings.catch_warnings(record=True), _CountAllReduce() as counter:
                         warnings.simplefilter("always")
                         out = tp_newton_schulz(shard, mode=mode, compute_dtype=dtype, triangular_reduce=tri, **kw)
-                    assert_close(out, ref, rtol=tol, atol=tol, msg=lambda m: f"{mode} {shape} tri={tri} {dtype}: {m}")
+                    assert_close(out, ref, rtol=tol, atol=tol, msg=context(f"{mode} {shape} tri={tri} {dtype}"))
                     if ws > 1 and long_sharded:
                         assert counter.calls == collectives_per_matrix(mode), (mode, counter.calls)
                     elif ws > 1:  # fell back to duplicated: an all-gather, no all-reduce
