@@ -191,8 +191,40 @@ def _check_resume(rank: int, ws: int, tmp: str) -> None:
             assert_close(p, q, **tol, msg=context(f"resume {label} {name}"))
 
 
+def _check_training(rank: int, ws: int) -> None:
+    """Three steps of a tiny transformers Qwen3-MoE (3-D expert stacks, router, qk-norm) with Muon + AdamW on
+    2 ranks (each its half of the batch, overlapped parameter gather) == one process on the whole batch."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    cfg = Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         num_experts=6, num_experts_per_tok=2, max_position_embeddings=64, use_cache=False)
+    torch.manual_seed(0)
+    model = Qwen3MoeForCausalLM(cfg)
+    ref = Qwen3MoeForCausalLM(cfg)
+    ref.load_state_dict(model.state_dict())
+    opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=dist.group.WORLD,
+                                        config=LayerWiseConfig(overlap_param_gather=True))
+    opt.register_forward_hooks(model)
+    ref_opt = factory(list(ref.named_parameters()))
+    batches = torch.randint(0, 96, (3, 4, 16), generator=torch.Generator().manual_seed(5))
+    for x in batches:
+        local = x[rank * 4 // ws : (rank + 1) * 4 // ws]
+        model(input_ids=local, labels=local).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ref(input_ids=x, labels=x).loss.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    opt.finish_param_sync()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert_close(p, q, rtol=1e-4, atol=1e-4, msg=context(f"tiny Qwen3-MoE {name}"))
+
+
 def _worker(rank: int, ws: int, tmp: str) -> None:
     _check_steps(rank, ws)
+    if ws == 2:
+        _check_training(rank, ws)
     if ws == 4:
         _check_resume(rank, ws, tmp)
 
