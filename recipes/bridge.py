@@ -13,6 +13,7 @@ through `optim.megatron.build_ours` (Bridge's duck-typed optimizer seam, MB PR #
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 from typing import Any
@@ -107,10 +108,13 @@ def apply_overrides(cfg: Any, overrides: dict[str, dict[str, Any]]) -> dict[str,
     return renamed
 
 
-def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:
+@functools.cache
+def _ours_optimizer_class() -> type:
     """Bridge's OptimizerConfig plus `provide()`, which builds our optimizer (matrices) + fused AdamW (the rest).
 
-    Bridge's weight-decay `config_overrides` are not used: our routing decides which parameters decay.
+    Created on first use (Bridge imports Transformer Engine) and reachable as `recipes.bridge.OursOptimizerConfig`
+    (module `__getattr__`), so Bridge can print, copy and pickle a config holding it. Bridge's weight-decay
+    `config_overrides` are not used: our routing decides which parameters decay.
     """
     from megatron.bridge.training.config import OptimizerConfig
 
@@ -131,8 +135,21 @@ def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:
             optimizer, _ = build_ours(chunks, algo, adamw, routing, clip_grad=self.clip_grad, tp_mode=opt.tp_mode)
             return optimizer
 
+    OursOptimizerConfig.__module__ = __name__
+    OursOptimizerConfig.__qualname__ = "OursOptimizerConfig"
+    return OursOptimizerConfig
+
+
+def __getattr__(name: str) -> Any:
+    if name == "OursOptimizerConfig":
+        return _ours_optimizer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:
+    """`base` (the applied Bridge OptimizerConfig) turned into an `OursOptimizerConfig` for `schema_obj`."""
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
-    return OursOptimizerConfig(**values, muonbench_optimizer=dataclasses.asdict(schema_obj))
+    return _ours_optimizer_class()(**values, muonbench_optimizer=dataclasses.asdict(schema_obj))
 
 
 def build_config_container(root: RootConfig, *, ab_mode: str | None = None) -> tuple[Any, BridgePlan]:
