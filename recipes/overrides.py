@@ -13,9 +13,10 @@ A/B modes (`ab_mode`), because the published AdamW vs Muon comparison differed i
 - "published": the A/B knobs as configured; the `conf/experiment/gb300/*` files encode the MB runs (AdamW:
   distributed optimizer, param-gather overlap and MXFP8 param gather on; Muon: all three off).
 - "fair": the knobs that are not the optimizer's own (param-gather overlap, MXFP8 param gather) are forced to one
-  profile, `FAIR_PROFILE`, for every optimizer; each optimizer keeps its own state sharding (ZeRO-1 for AdamW, the
-  layer-wise optimizer for Muon). Megatron's Muon then needs Megatron-Core >= 0.19 (layer-wise overlapped param
-  gather through the DDP buckets, MXFP8 param gather fixed by MCore #5707).
+  profile, `recipes.optimizers.FAIR_PROFILE` (both on), for every optimizer that gathers parameters; each optimizer
+  keeps its own state sharding (ZeRO-1 for AdamW, the layer-wise optimizer for Muon). Megatron's Muon then needs
+  Megatron-Core >= 0.19 (layer-wise overlapped param gather through the DDP buckets, MXFP8 param gather fixed by
+  MCore #5707), checked at run time. Our replicated adapter (implementation=ours) gathers no parameters.
 The mode and every knob it changed go into `BridgePlan.metadata` (copied into run.json).
 """
 
