@@ -62,11 +62,12 @@ def sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
         rows.append(_row("ep", ep, _variant(qa, par=par), "published"))
         for prof in ("published", "ours"):
             rows.append(_row("ep", ep, _variant(qm, par=par), prof))
-    for tp in (1, 2, 4, 8):  # Qwen3 on 64 GPUs, EP8, TP with sequence parallel
-        par = {"world_size": 64, "gbs": 4096 // tp, "tp": tp, "sequence_parallel": tp > 1}
-        rows.append(_row("tp", tp, _variant(qa, par=par), "published"))
-        for mode in ("duplicated", "distributed", "auto"):
-            rows.append(_row("tp", tp, _variant(qm, par=par, opt={"tp_mode": mode}), "ours"))
+    for tp in (1, 2, 4, 8):  # TP with sequence parallel: Qwen3 on 64 GPUs (EP8), Kimi K2 on 256 (EP64)
+        for name, a_cfg, m_cfg, world, gbs in (("qwen3_30b_a3b", qa, qm, 64, 4096), ("kimi_k2", ka, km, 256, 4096)):
+            par = {"world_size": world, "gbs": gbs // tp, "tp": tp, "sequence_parallel": tp > 1}
+            rows.append(_row("tp", tp, _variant(a_cfg, par=par), "published", setup=name))
+            for mode in ("duplicated", "distributed", "auto"):
+                rows.append(_row("tp", tp, _variant(m_cfg, par=par, opt={"tp_mode": mode}), "ours", setup=name))
     for k in (3, 4, 5, 6, 8, 10):
         for name, cfg in (("qwen3_30b_a3b", qm), ("kimi_k2", km)):
             for prof in ("published", "ours"):
@@ -138,13 +139,14 @@ def _plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     ax.set_ylabel("predicted step time (s)")
     ax.legend()
     save(fig, "sweep_ep.png")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for mode in ("duplicated", "distributed", "auto"):
-        xs, sel = series("tp", optimizer="muon", tp_mode=mode)
-        ax.plot(xs, [1e3 * r["optimizer_step_s"] for r in sel], marker="o", label=f"Muon ours, tp_mode={mode}")
-    ax.set_xlabel("TP size (Qwen3-30B-A3B, 64 GB300, EP8)")
-    ax.set_ylabel("predicted optimizer step (ms)")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, setup in zip(axes, ("qwen3_30b_a3b", "kimi_k2"), strict=True):
+        for mode in ("duplicated", "distributed", "auto"):
+            xs, sel = series("tp", optimizer="muon", tp_mode=mode, setup=setup)
+            ax.plot(xs, [1e3 * r["optimizer_step_s"] for r in sel], marker="o", label=f"tp_mode={mode}")
+        ax.set_xlabel(f"TP size ({setup}, Muon ours, GB300)")
+        ax.set_ylabel("predicted optimizer step (ms)")
+        ax.legend()
     save(fig, "sweep_tp.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for setup in ("qwen3_30b_a3b", "kimi_k2"):
