@@ -94,6 +94,8 @@ class HFEngine(Engine):
                                  "(allowed: 1); use engine=megatron for model parallelism")
         if cfg.precision.name != "bf16":
             raise ValueError(f"precision.name={cfg.precision.name!r}: the hf engine has no FP8 path; allowed: ['bf16']")
+        if rank.world_size != par.world_size:
+            raise ValueError(f"parallelism.world_size={par.world_size} but {rank.world_size} processes were started")
         self.rank, self.cfg = rank, cfg
         if eng.device == "cuda":
             if not torch.cuda.is_available():
