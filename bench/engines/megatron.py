@@ -71,7 +71,11 @@ class MegatronEngine(Engine):
             expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp,
         )
         model_parallel_cuda_manual_seed(cfg.bench.seed)
-        opts = mm.BuildOptions(use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16")
+        # MUONBENCH_MEGATRON_EXPERTS=sequential keeps Megatron's SequentialMLP (a fallback where torch lacks
+        # grouped_mm); the choice is recorded in describe()["experts"].
+        grouped = os.environ.get("MUONBENCH_MEGATRON_EXPERTS", "grouped_mm") != "sequential"
+        opts = mm.BuildOptions(use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16",
+                               grouped_mm_experts=grouped)
         self.tconfig = mm.transformer_config(model, par, opts)
         self.model_chunks = self._build_model(mm, opts)
         self.ptimer = PhaseTimer(cuda=True)
@@ -83,7 +87,7 @@ class MegatronEngine(Engine):
         self._facts = {
             "transformer_engine": opts.use_te,
             "core_attention": "te" if opts.use_te else "sdpa",
-            "experts": "te_grouped_gemm" if opts.use_te else "sequential_mlp",
+            "experts": "te_grouped_gemm" if opts.use_te else "grouped_mm" if opts.grouped_mm_experts else "sequential",
             "optimizer_kind": built.kind,
             "num_microbatches": self.num_microbatches,
             "num_params": sum(p.numel() for c in self.model_chunks for p in c.parameters()),

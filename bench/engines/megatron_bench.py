@@ -6,8 +6,9 @@
 
 Each `--case NAME OVERRIDES...` is composed with `bench.config.load`, run through `MegatronEngine` (setup, steps,
 teardown), and recorded with `bench.record` exactly as `bench.worker` records a run (same schema, same summary).
-One process saves the interpreter, CUDA and import start-up per variant on a metered device; a failing case (OOM,
-error) gets its record with the status and the next case runs. Cases that would start after `--budget-s` seconds
+With several cases each runs in its own child process (memory of one case cannot leak into the next: measured, an
+in-process second case ran out of memory at 130 GiB); a failing case (OOM, error) gets its record with the status
+and the next case runs. Cases that would start after `--budget-s` seconds
 are recorded as skipped (status error, message "skipped: time budget").
 """
 
@@ -27,6 +28,7 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     ap.add_argument("--out", required=True, help="root directory of the run directories")
     ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no case after this many seconds")
     ap.add_argument("--common", nargs="*", default=[], help="overrides appended to every case")
+    ap.add_argument("--in-process", action="store_true", help="run the cases in this process (default: one child each)")
     head, cases, cur = [], [], None
     for tok in argv:
         if tok == "--case":
@@ -113,7 +115,9 @@ def main(argv: list[str] | None = None) -> None:
 
     args, cases = parse_cases(sys.argv[1:] if argv is None else argv)
     root = Path(args.out)
-    _start_process_group()
+    isolate = len(cases) > 1 and not args.in_process
+    if not isolate:
+        _start_process_group()
     t0 = time.perf_counter()
     for name, overrides in cases:
         if time.perf_counter() - t0 > args.budget_s:
@@ -124,7 +128,15 @@ def main(argv: list[str] | None = None) -> None:
                 "error": {"type": "Skipped", "message": "skipped: time budget", "traceback": ""},
             })
             continue
-        rec = run_case(name, overrides, root)
+        if isolate:
+            import subprocess
+
+            cmd = [sys.executable, "-m", "bench.engines.megatron_bench", "--out", str(root), "--case", name, *overrides]
+            subprocess.run(cmd, check=False)
+            rec = record.read_json(root / name / "run.json") if (root / name / "run.json").exists() else {
+                "status": "error", "summary": None}
+        else:
+            rec = run_case(name, overrides, root)
         s = rec.get("summary") or {}
         print(f"[{name}] {rec['status']}: step {s.get('step_s_median')} s, model TF/GPU {s.get('model_tflops_per_gpu')},"
               f" optim {s.get('optim_s_median')} s, ns {s.get('ns_s_median')} s", flush=True)

@@ -34,6 +34,8 @@ class BuildOptions:
     """Transformer Engine layer specs (TE attention, fused norms + linears, grouped GEMM experts)."""
     sdpa_attention: bool = True
     """Without TE: replace the local core attention by SDPACoreAttention (flash kernels)."""
+    grouped_mm_experts: bool = True
+    """Without TE: replace SequentialMLP experts by GroupedMMExperts (torch grouped GEMM)."""
     dispatcher: str = "alltoall"
     """MoE token dispatcher: alltoall (GPU) | allgather (works on CPU, used by the unit tests)."""
     cpu_init: bool = False
@@ -137,6 +139,10 @@ def decoder_block_spec(config: Any, opts: BuildOptions) -> Any:
 
         for layer_spec in spec.layer_specs:
             layer_spec.submodules.self_attention.submodules.core_attention = SDPACoreAttention
+    if not opts.use_te and opts.grouped_mm_experts:
+        from bench.engines.megatron_experts import use_grouped_mm_experts
+
+        use_grouped_mm_experts(spec)
     return spec
 
 

@@ -40,11 +40,12 @@ def test_ten_step_smoke(opt):
     """Ten full steps: finite loss and timings, NS time only for Muon, parameters actually move."""
     eng = _engine(opt)
     try:
-        before = {n: p.detach().float().clone() for n, p in eng.model_chunks[0].named_parameters()}
+        # 2-D weights only: a 3e-4 step on a norm weight of 1.0 is below bf16 resolution (ulp 7.8e-3).
+        before = {n: p.detach().float().clone() for n, p in eng.model_chunks[0].named_parameters() if p.ndim == 2}
         rows = [eng.step() for _ in range(10)]
         after = dict(eng.model_chunks[0].named_parameters())
-        moved = sum(not torch.equal(before[n], after[n].detach().float()) for n in before)
-        assert moved == len(before), f"{len(before) - moved} parameters did not change"
+        frozen = [n for n in before if torch.equal(before[n], after[n].detach().float())]
+        assert not frozen, f"weights that did not change: {frozen}"
         for m in rows:
             assert math.isfinite(m.loss) and m.step_s > 0 and m.fwd_bwd_s > 0 and m.optim_s > 0
             assert m.step_s >= m.fwd_bwd_s
@@ -79,3 +80,39 @@ def test_first_update_ours_matches_megatron_builtin():
         assert cos > 0.98, (name, float(cos))
         ratio = ours[name].norm() / ref[name].norm()
         assert 0.95 < ratio < 1.05, (name, float(ratio))
+
+
+def test_grouped_mm_experts_cuda_matches_loop():
+    """The grouped-GEMM path equals a per-expert F.linear loop (bf16 tolerance), uneven and empty groups included."""
+    from types import SimpleNamespace
+
+    from bench.engines.megatron_experts import _swiglu
+
+    cfg = SimpleNamespace(expert_tensor_parallel_size=1, gated_linear_unit=True, add_bias_linear=False,
+                          moe_ffn_hidden_size=64, hidden_size=128, expert_model_parallel_size=1,
+                          use_cpu_initialization=False, params_dtype=torch.bfloat16,
+                          init_method=lambda w: torch.nn.init.normal_(w, std=0.02),
+                          output_layer_init_method=lambda w: torch.nn.init.normal_(w, std=0.02))
+    mod = _plain_grouped(cfg)
+    counts = torch.tensor([5, 0, 17, 9])
+    x = torch.randn(int(counts.sum()), 128, device="cuda", dtype=torch.bfloat16)
+    probs = torch.rand(int(counts.sum()), device="cuda")
+    out, _ = mod(x, counts, probs)
+    ref = []
+    for xe, pe, a, b in zip(x.split(counts.tolist()), probs.split(counts.tolist()), mod.linear_fc1.weights(),
+                            mod.linear_fc2.weights()):
+        ref.append(torch.nn.functional.linear(_swiglu(torch.nn.functional.linear(xe, a), pe), b))
+    torch.testing.assert_close(out, torch.cat(ref), rtol=2e-2, atol=2e-3)
+
+
+def _plain_grouped(cfg):
+    """GroupedMMExperts without MegatronModule's config checks (a plain namespace config)."""
+    from bench.engines.megatron_experts import GroupedMMExperts, _ExpertWeights
+
+    mod = GroupedMMExperts.__new__(GroupedMMExperts)
+    torch.nn.Module.__init__(mod)
+    mod.num_local_experts = 4
+    common = dict(allreduce=True, dtype=torch.bfloat16, device="cuda")
+    mod.linear_fc1 = _ExpertWeights(4, 128, 128, partition_dim=0, init_method=cfg.init_method, **common)
+    mod.linear_fc2 = _ExpertWeights(4, 128, 64, partition_dim=1, init_method=cfg.output_layer_init_method, **common)
+    return mod

@@ -14,11 +14,11 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from bench.engines import megatron_data as md  # noqa: E402
-from bench.engines import megatron_model as mm  # noqa: E402
-from bench.schema import ModelConfig, ParallelismConfig  # noqa: E402
-from optim import megatron as om  # noqa: E402
-from optim.configs import AdamWConfig, MuonConfig, RoutingConfig  # noqa: E402
+from bench.engines import megatron_data as md
+from bench.engines import megatron_model as mm
+from bench.schema import ModelConfig, ParallelismConfig
+from optim import megatron as om
+from optim.configs import AdamWConfig, MuonConfig, RoutingConfig
 
 
 def _gqa_model() -> ModelConfig:
@@ -41,7 +41,7 @@ def _mla_model() -> ModelConfig:
 
 
 PAR = ParallelismConfig(name="one", world_size=1)
-CPU_OPTS = mm.BuildOptions(use_te=False, dispatcher="allgather", cpu_init=True, router_dtype=None)
+CPU_OPTS = mm.BuildOptions(use_te=False, dispatcher="allgather", cpu_init=True, router_dtype=None, grouped_mm_experts=False)
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +233,49 @@ def test_engine_refuses_cpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ValueError, match="GPUs only"):
         MegatronEngine().setup(None, RankInfo(rank=0, world_size=1, local_rank=0))  # type: ignore[arg-type]
+
+
+def test_bench_driver_parses_cases():
+    from bench.engines.megatron_bench import parse_cases
+
+    args, cases = parse_cases(["--out", "r", "--budget-s", "5", "--common", "bench.steps=3",
+                               "--case", "a", "experiment=h200/x", "--case", "b", "optimizer=muon"])
+    assert args.out == "r" and args.budget_s == 5.0
+    assert cases == [("a", ["experiment=h200/x", "bench.steps=3"]), ("b", ["optimizer=muon", "bench.steps=3"])]
+    with pytest.raises(ValueError, match="name first"):
+        parse_cases(["--out", "r", "--case", "optimizer=muon"])
+    with pytest.raises(ValueError, match="unique"):
+        parse_cases(["--out", "r", "--case", "a", "--case", "a"])
+
+
+def test_grouped_mm_experts_match_sequential_mlp(megatron_groups, monkeypatch):
+    """Localises an expert-layout bug: the model with GroupedMMExperts equals the one with Megatron's SequentialMLP
+    when the expert weights are copied across ([gate; up] fc1 rows, probs applied after SwiGLU)."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    model = _gqa_model()
+    outs, params = [], []
+    for grouped in (False, True):
+        opts = dataclasses.replace(CPU_OPTS, bf16=False, grouped_mm_experts=grouped, force_balanced_router=False)
+        config = mm.transformer_config(model, PAR, opts)
+        config.cross_entropy_loss_fusion = False
+        torch.manual_seed(0)
+        gpt = mm.build_gpt_model(model, config, mm.decoder_block_spec(config, opts), pre_process=True,
+                                 post_process=True)
+        params.append(dict(gpt.named_parameters()))
+        outs.append(gpt)
+    seq, grp = params
+    with torch.no_grad():
+        for name, p in grp.items():
+            src = name
+            if ".experts.linear_fc" in name:
+                fc, idx = name.rsplit(".", 2)[-2], name.rsplit("weight", 1)[1]
+                src = name.replace(f"experts.{fc}.weight{idx}", f"experts.local_experts.{idx}.{fc}.weight")
+            p.copy_(seq[src])
+    tok = torch.randint(0, 250, (2, 32), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(32)[None].expand(2, 32)
+    ref, got = (g(tok, pos, None, labels=tok) for g in outs)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+    assert any(".experts.linear_fc1.weight3" in n for n in grp)
+    routes = {r.name: r for _, r in om.classify([outs[1]], RoutingConfig())}
+    r = routes["decoder.layers.1.mlp.experts.linear_fc2.weight2"]
+    assert r.role == "expert_fc2" and r.is_expert and r.optimizer == "matrix" and r.partition_dim == 1
