@@ -97,7 +97,8 @@ def table1(rows: list[dict[str, Any]]) -> str:
 
 
 def breakdown(rows: list[dict[str, Any]]) -> str:
-    header = ["optimizer", "step", "forward+backward", "communication", "optimizer step", "of which NS",
+    header = ["optimizer", "step", "forward+backward", "communication", "optimizer step",
+              "of which orthogonalize (NS; SVD for MOP)",
               "of which AdamW part", "of which other (clipping incl. its norm all-reduce, momentum, update)", "NS FLOPs per GPU per step (counted)",
               "NS FLOPs per step (bench.flops, each matrix once)"]
     body = []
