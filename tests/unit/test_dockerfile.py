@@ -91,3 +91,18 @@ def test_hadolint_clean() -> None:
     bad = subprocess.run([exe, "--no-color", "-"], input="FROM ubuntu\nRUN apt-get install vim\n",
                          capture_output=True, text=True, check=False)
     assert bad.returncode != 0 and "DL3008" in bad.stdout
+
+
+def test_versions_json_written_at_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m recipes.versions` (the Dockerfile's last RUN) records the stack and the build arguments."""
+    import json
+
+    from recipes.versions import main
+
+    monkeypatch.setenv("BASE_IMAGE", "nvcr.io/nvidia/nemo:26.02")
+    monkeypatch.setenv("GIT_SHA", "abc123")
+    out = tmp_path / "versions.json"
+    main([str(out)])
+    doc = json.loads(out.read_text())
+    assert doc["base_image"] == "nvcr.io/nvidia/nemo:26.02" and doc["muonbench_git_sha"] == "abc123"
+    assert doc["megatron-core"] and doc["torch"] and "megatron-bridge" in doc and "transformer-engine" in doc

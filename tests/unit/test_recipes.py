@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -288,3 +289,41 @@ def test_build_config_container_names_what_is_missing() -> None:
         pytest.skip("Megatron-Bridge is importable here: covered by the GPU smoke run instead")
     with pytest.raises(ValueError, match=missing[0]):
         build_config_container(_load("experiment=gb300/kimi_k2_muon"))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The published process environment and the offline CLI
+# --------------------------------------------------------------------------------------------------------------
+def _mb_env_vars(module: str, function: str) -> dict[str, str]:
+    """`cfg.env_vars = {**COMMON_PERF_ENV_VARS, ...}` of an MB perf recipe, read from source."""
+    tree = ast.parse(Path(str(F._module_path(module))).read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    target = next(n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                  and isinstance(n.targets[0], ast.Attribute) and n.targets[0].attr == "env_vars")
+    assert isinstance(target, ast.Dict)
+    common_tree = ast.parse(Path(str(F._module_path("megatron.bridge.perf_recipes.environment"))).read_text())
+    common = next(n.value for n in common_tree.body if isinstance(n, ast.AnnAssign)
+                  and getattr(n.target, "id", "") == "COMMON_PERF_ENV_VARS")
+    out = {str(k): str(v) for k, v in ast.literal_eval(common).items()}
+    out |= {ast.literal_eval(k): str(ast.literal_eval(v)) for k, v in zip(target.keys, target.values) if k}
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_kimi_environment_is_mb_perf_recipe_environment(optimizer: str) -> None:
+    """launcher.env of the Kimi experiments == env_vars of MB's kimi_k2_pretrain_256gpu_gb300_fp8mx_config."""
+    env = _load(f"experiment=gb300/kimi_k2_{optimizer}").launcher.env
+    mb = _mb_env_vars("megatron.bridge.perf_recipes.kimi.gb300.kimi_k2", "kimi_k2_pretrain_256gpu_gb300_fp8mx_config")
+    assert dict(env) == mb
+
+
+def test_cli_prints_plan_and_checks_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    from recipes.__main__ import main
+
+    assert main(["experiment=gb300/kimi_k2_muon", "--ab-mode", "fair"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["metadata"]["ab_mode"] == "fair" and doc["overrides"]["ddp"]["overlap_param_gather"] is True
+    assert "every override is a known field" in out.err
+    assert main(["experiment=gb300/kimi_k2_muon", "optimizer=mop", "optimizer.implementation=megatron"]) == 2
+    assert main(["experiment=gb300/kimi_k2_muon", "--ab-mode", "best"]) == 2
