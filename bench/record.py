@@ -158,6 +158,7 @@ def hardware_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "hostname": platform.node(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
         "gpu_name": None, "gpu_count": 0, "driver": None,
+        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     smi = shutil.which("nvidia-smi")
     if smi:

@@ -98,8 +98,9 @@ def table1(rows: list[dict[str, Any]]) -> str:
 
 def breakdown(rows: list[dict[str, Any]]) -> str:
     header = ["optimizer", "step", "forward+backward", "communication", "optimizer step",
-              "of which orthogonalize (NS; SVD for MOP)",
-              "of which AdamW part", "of which other (clipping incl. its norm all-reduce, momentum, update)", "NS FLOPs per GPU per step (counted)",
+              "of which orthogonalize (NS; SVD for MOP)", "of which AdamW part",
+              "of which other (clipping incl. its norm all-reduce, momentum, update)",
+              "NS FLOPs per GPU per step (counted)",
               "NS FLOPs per step (bench.flops, each matrix once)"]
     body = []
     for r in rows:
@@ -204,7 +205,8 @@ def _setup_text(rows: list[dict[str, Any]]) -> str:
         f"PP {r.get('pp')}, EP {r.get('ep')}; GBS {r.get('gbs')}, MBS {r.get('mbs')}, seq {r.get('seq_length')}), "
         f"engine `{r.get('engine')}` on `{r.get('device')}`, precision `{r.get('precision')}`, data `{r.get('data')}`",
         f"- hardware `{r.get('hardware_name')}`: CPU {r.get('cpu_model')}, GPU {r.get('gpu_name') or 'none'} "
-        f"x {r.get('gpu_count')} (driver {r.get('gpu_driver') or '-'})",
+        f"x {r.get('gpu_count')} (driver {r.get('gpu_driver') or '-'}); 1-min load average at the start of each run: "
+        + ", ".join(f"{fmt(x.get('load_avg_1m'), '.1f')}" for x in rows),
         f"- provenance: git `{str(r.get('git_sha'))[:12]}`{' (dirty tree)' if str(r.get('git_dirty')) == 'True' else ''}, "
         f"torch {r.get('torch')}, transformers {r.get('transformers')}, megatron-core {r.get('megatron_core')}; "
         f"timer `{r.get('timer')}`",
