@@ -48,7 +48,11 @@ CPU_SHAPES: list[tuple[str, int, int, int, str, str]] = [
 # EO SYRK autotunes every new shape (up to 180 configs x 2 keys); these finished quickly before (anchors (f)).
 EO_SYRK_DEFAULT = ("qwen_q", "k2_o")
 NUM_STEPS = 5
-OURS_LABEL = "ours: bench-local batched Muon step (fused momentum pack + plan-cached orthogonalize + fused update)"
+OURS_LABEL = (
+    "ours / ours_gram: bench-local batched Muon step (fused momentum pack + plan-cached orthogonalize + fused "
+    "update); optim_muon / optim_muon_gram: the project's optim.Muon (shape-grouped batched NS through "
+    "optim.kernels, per-parameter momentum and update); both with EO Muon v0.3.0 defaults except lr = 1e-4"
+)
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -259,8 +263,8 @@ def plot(rows: list[dict[str, Any]], path: Path, ceiling: float | None) -> None:
     import matplotlib.pyplot as plt
 
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    fig, ax = plt.subplots(figsize=(max(8, 0.8 * len(shapes) * max(1, len(impls)) / 2), 4.5))
+    impls = list(dict.fromkeys(r["impl"] for r in rows if r["tflops_plain"]))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(shapes)), 5))
     width = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):
         vals = {r["shape"]: r["tflops_plain"] or 0.0 for r in rows if r["impl"] == impl}

@@ -27,6 +27,7 @@ LAYERS: dict[str, list[tuple[int, int, int]]] = {
         (16384, 512, 1), (7168, 8192, 1), (384, 7168, 1),
     ],  # fmt: skip
 }
+OURS_STEPS = ("ours", "ours_gram", "optim_muon", "optim_muon_gram")
 CPU_LAYERS = {"tiny_layer": [(32, 48, 3), (40, 24, 2)]}
 
 
@@ -240,6 +241,13 @@ def optimizers(dev: str) -> dict[str, Callable[[list], Any]]:
         "ours_gram": lambda ps: BenchMuon(ps, lr=1e-4, use_gram=True),
         "torch_muon": lambda ps: torch.optim.Muon(ps, lr=1e-4),
     }
+    try:  # the project's optimizer (optim-core): same defaults as EO Muon v0.3.0 except lr
+        from optim import Muon, MuonConfig
+
+        opts["optim_muon"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4))
+        opts["optim_muon_gram"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4, use_gram_ns=True))
+    except ImportError:
+        pass
     try:
         from emerging_optimizers.orthogonalized_optimizers import Muon as EOMuon
 
@@ -257,7 +265,7 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
         r: dict[str, Any] = {}
         try:
             ps = make_params(spec, dev)
-            before = [p.detach().clone() for p in ps] if impl in ("eo_muon", "ours", "ours_gram") else None
+            before = [p.detach().clone() for p in ps] if impl in ("eo_muon", *OURS_STEPS) else None
             opt = mk(ps)
             t = time.perf_counter()
             opt.step()
@@ -281,7 +289,7 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
             torch.cuda.empty_cache()
     if "eo_muon" in deltas:
         ref = torch.cat(deltas["eo_muon"])
-        for impl in ("ours", "ours_gram"):
+        for impl in OURS_STEPS:
             if impl in deltas:
                 err = float((torch.cat(deltas[impl]) - ref).norm() / ref.norm())
                 d["impls"][impl]["update_rel_err_vs_eo"] = err
