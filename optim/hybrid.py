@@ -35,10 +35,30 @@ class HybridOptimizer(torch.optim.Optimizer):
         self.optimizers = optimizers
         self.routes = routes
         params = [p for opt in optimizers.values() for g in opt.param_groups for p in g["params"]]
+        self._own_groups: list[dict[str, Any]] | None = []  # used only while the base class initialises
         super().__init__(params, {})
-        # Share the sub-optimizers' group dicts so schedulers and per-group lr edits reach them.
-        self.param_groups = [g for opt in optimizers.values() for g in opt.param_groups]
-        self.state = ChainMap(*(opt.state for opt in optimizers.values()))  # type: ignore[assignment]
+        self._own_groups = None
+
+    # `param_groups` and `state` are views of the sub-optimizers' (load_state_dict replaces their objects), so
+    # LR schedulers and per-group edits reach them; the base class's own assignments are dropped.
+    @property  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        if self._own_groups is not None:
+            return self._own_groups
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        if self._own_groups is not None:
+            self._own_groups = value
+
+    @property  # type: ignore[override]
+    def state(self) -> ChainMap[Any, Any]:
+        return ChainMap(*(opt.state for opt in self.optimizers.values()))
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        pass
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
