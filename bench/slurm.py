@@ -99,14 +99,18 @@ def env_lines(env: dict[str, str]) -> list[str]:
     return lines
 
 
+def _out_root(cfg: RootConfig, run_dir: Path) -> Path:
+    """Root of the run directories: bench.out_dir when it holds `run_dir`, else the run directory's parent."""
+    out_root = Path(cfg.bench.out_dir).resolve()
+    return out_root if run_dir.is_relative_to(out_root) else run_dir.parent
+
+
 def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
     """pyxis flags: the image, this checkout and the run directory mounted at the same paths, workdir the repo."""
     la = cfg.launcher
     if not la.container_image:
         raise ValueError("launcher.container_image is empty: the job runs in a container (e.g. nvcr.io/nvidia/nemo:26.02)")
-    out_root = Path(cfg.bench.out_dir).resolve()
-    if not run_dir.is_relative_to(out_root):
-        out_root = run_dir
+    out_root = _out_root(cfg, run_dir)
     mounts = [f"{REPO_ROOT}:{REPO_ROOT}"]
     if not out_root.is_relative_to(REPO_ROOT):
         mounts.append(f"{out_root}:{out_root}")
@@ -153,10 +157,7 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
         '--nnodes="$SLURM_NNODES"', f"--nproc_per_node={int(gpus)}",
         "--rdzv_backend=c10d", '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv_id="$SLURM_JOB_ID"',
     ]
-    out_root = Path(cfg.bench.out_dir).resolve()
-    if not run_dir.is_relative_to(out_root):
-        out_root = run_dir.parent
-    report_args = " ".join(shlex.quote(a) for a in ("report", str(out_root), cfg.bench.report_name))
+    report_args = " ".join(shlex.quote(a) for a in ("report", str(_out_root(cfg, run_dir)), cfg.bench.report_name))
     lines = [
         *sbatch_header(cfg, run_dir),
         "",
