@@ -104,6 +104,20 @@ def test_optimizer_routes_are_bridge_fields(experiment: str, variant: list[str])
     assert unknown_fields(plan) == []
 
 
+@pytest.mark.parametrize("model", ["kimi_k2_tiny", "qwen3_moe_tiny", "kimi_k2_slice", "qwen3_30b_a3b_slice"])
+def test_proxy_models_on_one_gpu(model: str) -> None:
+    """The proxies turn a Bridge recipe into a one-GPU smoke run: shapes from our config, no EP dispatcher knobs."""
+    root = _load(f"model={model}", "parallelism=single_gpu", "engine=bridge", "hardware=h200", "precision=bf16",
+                 "optimizer=muon_megatron")
+    plan = build_plan(root)
+    assert unknown_fields(plan) == []
+    m = plan.overrides["model"]
+    assert (m["num_layers"], m["hidden_size"], m["num_moe_experts"]) == (
+        root.model.num_layers, root.model.hidden_size, root.model.num_experts)
+    assert m["expert_model_parallel_size"] == 1 and "moe_flex_dispatcher_backend" not in m
+    assert plan.precision_preset == "bf16_mixed" and "fp8_param_gather" not in plan.overrides["mixed_precision"]
+
+
 @pytest.mark.parametrize("family", sorted(MODEL_RECIPES))
 def test_recipe_entry_points_exist_in_bridge_source(family: str) -> None:
     """The base recipe function, provider class and precision presets named by recipes/ exist in the source."""
