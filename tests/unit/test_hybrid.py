@@ -4,14 +4,13 @@ every optimizer (the issue's definition of done)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
 
 import optim
 from optim.routing import SplitLayout
-from tests.unit.test_routing import tiny_qwen3_moe
+from tests.unit._optim_fixtures import one_thread, tiny_qwen3_moe  # noqa: F401
 
 CONFIGS = {
     "adamw": optim.AdamWConfig(lr=3e-3),
@@ -21,14 +20,7 @@ CONFIGS = {
     "soap_rekls": optim.SOAPConfig(lr=3e-3),
 }
 
-
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny GEMMs: extra intra-op threads only add contention on a shared 2-core runner (10-50x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _build(cfg, model, **kw):  # type: ignore[no-untyped-def]

@@ -14,6 +14,9 @@ import torch
 from optim.configs import MOPConfig
 from optim.optimizers import NonFiniteWarning
 from optim.optimizers.mop import MOP
+from tests.unit._optim_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = [(16, 24), (24, 16), (16, 24), (2, 8, 12)]
 

@@ -19,6 +19,9 @@ from optim.functional.split import RowSplit
 from optim.optimizers import NonFiniteError, NonFiniteWarning
 from optim.optimizers import muon as muon_mod
 from optim.optimizers.muon import Muon
+from tests.unit._optim_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = [(16, 24), (24, 16), (16, 24), (8, 8)]
 

@@ -7,6 +7,9 @@ import torch
 
 from optim.functional.newton_schulz import COEFFICIENT_SETS, newton_schulz, ns_coefficients
 from optim.functional.polar import polar_reference, polar_svd
+from tests.unit._optim_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 # Singular-value band of NS(X) on matrices with condition number 100 (s / ||X||_F >= ~3e-3).
 # simple: Keller Jordan's note says S' ~ U(0.5, 1.5), measured (0.68, 1.15); quintic (leloykun): ~(0.97, 1.11);

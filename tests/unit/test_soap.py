@@ -20,6 +20,9 @@ import torch
 from optim.configs import SOAPConfig
 from optim.optimizers import NonFiniteError
 from optim.optimizers.soap import SOAP
+from tests.unit._optim_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 SHAPES = [(8, 8), (12, 20), (20, 12)]
 
