@@ -77,6 +77,8 @@ def run_row(rec: dict[str, Any]) -> dict[str, Any]:
     row.update(rec.get("summary") or {})
     row.update({
         "timer": worker.get("timer"),
+        "math_dtype": (worker.get("engine") or {}).get("math_dtype"),
+        "optimizer_distribution": (worker.get("engine") or {}).get("optimizer_distribution"),
         "config_hash": rec.get("config_hash"),
         "git_sha": git.get("sha"),
         "git_dirty": git.get("dirty"),

@@ -27,7 +27,7 @@ RUN_SCHEMA = "muonbench.run/1"
 STATUSES = ("running", "ok", "oom", "timeout", "error")
 STEP_KEYS = (
     "step", "warmup", "step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "tokens", "loss", "peak_mem_bytes",
-    "ns_flops", "cpu_s", "adamw_s",
+    "ns_flops", "cpu_s", "adamw_s", "clip_s",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
 VERSION_PACKAGES = (
@@ -259,6 +259,7 @@ def summarize(steps: list[dict[str, Any]], *, world_size: int, model_flops_per_s
         "optim_s_median": _median(steady, "optim_s"),
         "ns_s_median": _median(steady, "ns_s"),
         "adamw_s_median": _median(steady, "adamw_s"),
+        "clip_s_median": _median(steady, "clip_s"),
         "comm_s_median": _median(steady, "comm_s"),
         "cpu_s_median": _median(steady, "cpu_s"),
         "tokens_per_step": tokens,

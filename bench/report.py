@@ -99,18 +99,19 @@ def table1(rows: list[dict[str, Any]]) -> str:
 def breakdown(rows: list[dict[str, Any]]) -> str:
     header = ["optimizer", "step", "forward+backward", "communication", "optimizer step",
               "of which orthogonalize (NS; SVD for MOP)", "of which AdamW part",
-              "of which other (clipping incl. its norm all-reduce, momentum, update)",
+              "of which grad clipping (incl. its norm all-reduce)", "of which other (momentum, update, LR)",
               "NS FLOPs per GPU per step (counted)",
               "NS FLOPs per step (bench.flops, each matrix once)"]
     body = []
     for r in rows:
         if r["status"] != "ok":
             continue
-        opt, ns, adam = (_num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median"))
-        other = None if opt is None else opt - (ns or 0.0) - (adam or 0.0)
+        opt, ns, adam, clip = (_num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median",
+                                                        "clip_s_median"))
+        other = None if opt is None else opt - (ns or 0.0) - (adam or 0.0) - (clip or 0.0)
         body.append([_label(r), *(fmt(r.get(k), ".2f", 1e3) for k in ("step_s_median", "fwd_bwd_s_median",
                                                                      "comm_s_median", "optim_s_median")),
-                     fmt(ns, ".2f", 1e3), fmt(adam, ".2f", 1e3), fmt(other, ".2f", 1e3),
+                     fmt(ns, ".2f", 1e3), fmt(adam, ".2f", 1e3), fmt(clip, ".2f", 1e3), fmt(other, ".2f", 1e3),
                      fmt(r.get("ns_flops_per_gpu_per_step"), ".4g"), fmt(r.get("ns_flops_enumerated_per_step"), ".4g")])
     return _md_table(header, body) + (
         "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
@@ -142,12 +143,13 @@ def _plot_breakdown(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    parts: dict[str, list[float]] = {k: [] for k in ("forward+backward", "communication", "NS", "AdamW part",
-                                                    "other optimizer", "rest of step")}
+    parts: dict[str, list[float]] = {k: [] for k in ("forward+backward", "communication", "orthogonalize (NS)",
+                                                    "AdamW part", "grad clipping", "other optimizer", "rest of step")}
     for r in ok:
-        step, fb, comm, opt, ns, adam = (_num(r.get(k)) or 0.0 for k in (
-            "step_s_median", "fwd_bwd_s_median", "comm_s_median", "optim_s_median", "ns_s_median", "adamw_s_median"))
-        for k, v in zip(parts, (fb, comm, ns, adam, opt - ns - adam, step - fb - comm - opt)):
+        step, fb, comm, opt, ns, adam, clip = (_num(r.get(k)) or 0.0 for k in (
+            "step_s_median", "fwd_bwd_s_median", "comm_s_median", "optim_s_median", "ns_s_median", "adamw_s_median",
+            "clip_s_median"))
+        for k, v in zip(parts, (fb, comm, ns, adam, clip, opt - ns - adam - clip, step - fb - comm - opt)):
             parts[k].append(max(v, 0.0) * 1e3)
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     bottom = [0.0] * len(ok)
@@ -197,20 +199,27 @@ def _loss_note(ok: list[dict[str, Any]]) -> str:
     return " ".join(notes)
 
 
+def _txt(v: Any) -> str:
+    """A CSV cell as text: '-' for empty (None or NaN)."""
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
 def _setup_text(rows: list[dict[str, Any]]) -> str:
-    r = rows[0]
+    r = {k: _txt(v) for k, v in rows[0].items()}
     lines = [
-        f"- experiment `{r.get('experiment') or '-'}`: model `{r.get('model')}` ({r.get('model_family')}), "
-        f"parallelism `{r.get('parallelism')}` (world size {r.get('world_size')}, DP {r.get('dp')}, TP {r.get('tp')}, "
-        f"PP {r.get('pp')}, EP {r.get('ep')}; GBS {r.get('gbs')}, MBS {r.get('mbs')}, seq {r.get('seq_length')}), "
-        f"engine `{r.get('engine')}` on `{r.get('device')}`, precision `{r.get('precision')}`, data `{r.get('data')}`",
-        f"- hardware `{r.get('hardware_name')}`: CPU {r.get('cpu_model')}, GPU {r.get('gpu_name') or 'none'} "
-        f"x {r.get('gpu_count')} (driver {r.get('gpu_driver') or '-'}); 1-min load average at the start of each run: "
-        + ", ".join(f"{fmt(x.get('load_avg_1m'), '.1f')}" for x in rows),
-        f"- provenance: git `{str(r.get('git_sha'))[:12]}`{' (dirty tree)' if str(r.get('git_dirty')) == 'True' else ''}, "
-        f"torch {r.get('torch')}, transformers {r.get('transformers')}, megatron-core {r.get('megatron_core')}; "
-        f"timer `{r.get('timer')}`",
+        f"- experiment `{r['experiment']}`: model `{r['model']}` ({r['model_family']}), parallelism "
+        f"`{r['parallelism']}` (world size {r['world_size']}, DP {r['dp']}, TP {r['tp']}, PP {r['pp']}, EP {r['ep']}; "
+        f"GBS {r['gbs']}, MBS {r['mbs']}, seq {r['seq_length']}), engine `{r['engine']}` on `{r['device']}`, "
+        f"precision `{r['precision']}` (math: {r.get('math_dtype', '-')}), data `{r['data']}`",
+        f"- hardware `{r['hardware_name']}`: CPU {r['cpu_model']}, GPU {r['gpu_name']} x {r['gpu_count']} "
+        f"(driver {r['gpu_driver']}); 1-min load average at the start of each run: "
+        + ", ".join(fmt(x.get("load_avg_1m"), ".1f") for x in rows),
+        f"- provenance: git `{r['git_sha'][:12]}`{' (dirty tree)' if r['git_dirty'] == 'True' else ''}, "
+        f"torch {r['torch']}, transformers {r['transformers']}, megatron-core {r['megatron_core']}; "
+        f"timer `{r['timer']}`",
     ]
+    for x in rows:
+        lines.append(f"- {_label(x)}: optimizer distribution: {_txt(x.get('optimizer_distribution'))}")
     for cmd in dict.fromkeys(str(x.get("command")) for x in rows):
         lines.append(f"- command: `{cmd}`")
     return "\n".join(lines)

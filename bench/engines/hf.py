@@ -142,6 +142,7 @@ class HFEngine(Engine):
             self.inner = self.layerwise.inner
             self.distribution = (f"layerwise: whole matrices per rank ({opt.assignment}), grad {opt.grad_sync}, "
                                  f"param all-gather{' overlapped with forward' if opt.overlap_param_gather else ''}")
+            self.layerwise._clip = self.phases.wrap(self.layerwise._clip, "clip")
             for d in self.layerwise.domains:
                 for method in ("sync_grads", "start_gather", "finish_gather"):
                     setattr(d, method, self.phases.wrap(getattr(d, method), "comm"))
@@ -213,7 +214,8 @@ class HFEngine(Engine):
                     self.layerwise.step()  # grad sync, clipping, owned-piece step, parameter all-gather
                 else:
                     if self.cfg.optimizer.clip_grad > 0:
-                        torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optimizer.clip_grad)
+                        with t.phase("clip"):
+                            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optimizer.clip_grad)
                     self.inner.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
@@ -230,7 +232,7 @@ class HFEngine(Engine):
             comm_s=s.get("comm", 0.0),
             tokens=self.tokens_per_step, loss=loss, peak_mem_bytes=int(peak),
             ns_flops=float(t.counters.get("ns_flops", 0.0)),
-            extra={"cpu_s": time.process_time() - cpu0, "adamw_s": s.get("adamw", 0.0)},
+            extra={"cpu_s": time.process_time() - cpu0, "adamw_s": s.get("adamw", 0.0), "clip_s": s.get("clip", 0.0)},
         )
 
     def describe(self) -> dict[str, Any]:
@@ -240,7 +242,7 @@ class HFEngine(Engine):
             "num_params": sum(p.numel() for p in self.params),
             "vocab_padded": padded_vocab_size(self.cfg.model),
             "routes": self.inner.summary() if self.inner is not None else {},
-            "math_dtype": "bf16 autocast, fp32 weights" if self.cuda else "fp32",
+            "math_dtype": "bf16 autocast, fp32 weights" if self.cuda else "fp32 (CPU)",
             "optimizer_distribution": self.distribution,
             "phases": "fwd_bwd and optim exclude the communication inside them; comm_s = all communication calls",
             "ns_timing": "wrapped matrix optimizer _orthogonalize" if self.ns_timed else "none",
