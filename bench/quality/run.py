@@ -129,16 +129,14 @@ def build_opt(name: str, model, lr: float, cfg: QualityConfig):
     named = list(model.named_parameters())
     common = dict(lr=lr, weight_decay=cfg.weight_decay)
     if name == "adamw":
-        import torch
-
-        return torch.optim.AdamW([p for _, p in named], lr=lr, betas=(0.9, 0.95), eps=1e-8,
-                                 weight_decay=cfg.weight_decay)
-    if name == "muon":
-        conf = configs.MuonConfig(**common, scale_mode="spectral", extra_scale_factor=0.2, ns_precision="fp32")
+        conf = configs.AdamWConfig(**common, betas=(0.9, 0.95), eps=1e-8)
+    elif name == "muon":
+        conf = configs.MuonConfig(**common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2,
+                                  ns_precision="fp32")
     elif name == "mop":
-        conf = configs.MOPConfig(**common, scale_mode="spectral", extra_scale_factor=0.2)
+        conf = configs.MOPConfig(**common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2)
     else:
-        conf = configs.SOAPConfig(**common)
+        conf = configs.SOAPConfig(**common, betas=(0.9, 0.95))
     return optim.build_optimizer(named, conf, naming="hf")
 
 
@@ -197,8 +195,8 @@ def train_one(name: str, lr: float, cfg: QualityConfig, train_tokens, val, vocab
             break
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             v = evaluate(model, val)
-            curve.append(dict(step=step + 1, train_loss=float(loss), val_loss=v, wall_s=wall))
-            log(f"  {name:<10} lr={lr:.0e} step {step + 1:>5}/{cfg.steps} train {float(loss):.3f} val {v:.3f}")
+            curve.append(dict(step=step + 1, train_loss=loss.item(), val_loss=v, wall_s=wall))
+            log(f"  {name:<10} lr={lr:.0e} step {step + 1:>5}/{cfg.steps} train {loss.item():.3f} val {v:.3f}")
     final = curve[-1]["val_loss"] if curve and status == "ok" else float("inf")
     return dict(optimizer=name, lr=lr, status=status, final_val_loss=final, curve=curve, wall_s=wall,
                 opt_step_s=opt_time, steps=cfg.steps)

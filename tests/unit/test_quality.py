@@ -9,6 +9,20 @@ import pytest
 from bench.quality import data, run
 
 
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """Tokenizer and token streams built once for the module (in a private cache)."""
+    cache = tmp_path_factory.mktemp("quality-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MUONBENCH_CACHE", str(cache))
+    corpus = data.stdlib_corpus()
+    tok = data.train_tokenizer(corpus, 512)
+    train = data.encode_split(corpus, tok, "train")
+    val = data.fixed_val_batches(data.encode_split(corpus, tok, "val"), batch_size=4, seq_len=32, num_batches=2)
+    yield tok, train, val
+    mp.undo()
+
+
 def test_split_fixed_disjoint_and_covering() -> None:
     a, b = data.stdlib_corpus(), data.stdlib_corpus()
     assert a == b, "the split must be a pure function of the stdlib file names"
@@ -52,15 +66,11 @@ def test_crossing_interpolates() -> None:
 
 
 @pytest.mark.parametrize("name", ["adamw", "muon", "mop", "soap_rekls"])
-def test_ten_step_smoke_per_optimizer(name: str, tmp_path, monkeypatch) -> None:
+def test_ten_step_smoke_per_optimizer(name: str, prepared) -> None:
     """10 steps of the proxy with each optimizer: finite losses, a validation point, a loss drop."""
-    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+    tok, train, val = prepared
     cfg = run.parse_cli(["steps=10", "eval_every=5", "seq_len=32", "batch_size=4", "hidden_size=32",
                          "vocab_size=512", "val_batches=2", f"optimizers={name}"])
-    corpus = data.stdlib_corpus()
-    tok = data.train_tokenizer(corpus, cfg.vocab_size)
-    train = data.encode_split(corpus, tok, "train")
-    val = data.fixed_val_batches(data.encode_split(corpus, tok, "val"), batch_size=4, seq_len=32, num_batches=2)
     out = run.train_one(name, 3e-3, cfg, train, val, tok.get_vocab_size(), lambda _: None)
     assert out["status"] == "ok"
     assert [p["step"] for p in out["curve"]] == [5, 10]
