@@ -97,9 +97,10 @@ def fit_gb300_hbm(lo: float = 0.2, hi: float = 1.0, iters: int = 40) -> tuple[fl
 
 def what_if_ns_host(ms: float) -> list[dict[str, float | str]]:
     """Calibration with another per-matrix host cost of the published NS loop (sensitivity, not the model)."""
-    old = C.NS_CALL_HOST_MS
-    C.NS_CALL_HOST_MS = C.Sourced(value=ms, source="what-if")
+    from bench.perfmodel import nscost
+
+    nscost.HOST_OVERRIDE_MS["published"] = ms
     try:
         return calibration()
     finally:
-        C.NS_CALL_HOST_MS = old
+        nscost.HOST_OVERRIDE_MS.pop("published", None)

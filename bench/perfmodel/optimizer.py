@@ -2,11 +2,12 @@
 
 `published` (blog-era NVIDIA, MCore legacy `LayerWiseDistributedOptimizer` as MB 26.02 runs it): gradients
 all-reduced (overlapped with backward), every parameter dealt ping-pong by numel over DP (experts over expert-DP),
-a per-matrix NS loop (one NS call each, launch-bound below ~1000 short side: host cost measured on our H200), then a blocking variable-size
-all-gather of the updated parameters. `ours`: gradients reduce-scattered into owner-aligned buckets (overlapped),
-`optimizer.assignment` (lpt_cost by default, on the batched NS cost), one batched NS call per shape and rank,
-Gram-NS FLOPs, non-matrix parameters in an element-wise distributed AdamW, the parameter all-gather overlapped with
-the next forward. AdamW (both profiles): Megatron's distributed optimizer with overlapped reduce-scatter and
+a per-matrix NS loop (one NS call each, launch-bound below a ~1000 short side: host cost measured on our H200),
+then a blocking variable-size all-gather of the updated parameters. `ours`: gradients reduce-scattered into
+owner-aligned buckets (overlapped), `optimizer.assignment` (lpt_cost by default, on the batched NS cost), one batched
+NS call per shape and rank with our measured kernels (plain or Gram-NS, whichever the plan picks; Gram-NS FLOPs on
+the curve when no measurement exists), non-matrix parameters in an element-wise distributed AdamW, the parameter
+all-gather overlapped with the next forward. AdamW (both profiles): Megatron's distributed optimizer with overlapped reduce-scatter and
 all-gather, as in the published AdamW runs.
 """
 
@@ -122,7 +123,7 @@ def _rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: Para
                    base: list[float]) -> list[float]:
     """Optimizer milliseconds per rank given owners (adds to `base`)."""
     loads = list(base)
-    host_call = nscost.host_call_ms(hw, algo.num_steps)
+    host_call = nscost.host_call_ms(hw, algo.num_steps, algo.profile)
     groups: list[dict[tuple[int, int, bool, int], int]] = [defaultdict(int) for _ in range(n_ranks)]
     for it, r in zip(items, owners, strict=True):
         if not it.muon or algo.optimizer == "adamw":
@@ -136,7 +137,7 @@ def _rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: Para
         for (m, n, expert, tp_dim), count in g.items():
             gpu, elem = _muon_item_ms(Item(rows=m, cols=n, expert=expert, muon=True, tp_dim=tp_dim), par, hw,
                                       algo, rate_hbm, table)
-            loads[r] += nscost.host_call_ms(hw, algo.num_steps) + count * (gpu + elem)
+            loads[r] += nscost.host_call_ms(hw, algo.num_steps, algo.profile) + count * (gpu + elem)
     return loads
 
 
@@ -149,7 +150,7 @@ def _cost_model(items: list[Item], par: ParallelismConfig, hw: HardwareConfig, a
         if key not in terms:
             if it.muon:
                 gpu, elem = _muon_item_ms(it, par, hw, algo, rate_hbm, table)
-                terms[key] = (nscost.host_call_ms(hw, algo.num_steps), gpu + elem)
+                terms[key] = (nscost.host_call_ms(hw, algo.num_steps, algo.profile), gpu + elem)
             else:
                 terms[key] = (0.0, it.rows * it.cols * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3)
     return CostModel(table=terms, num_steps=algo.num_steps)
@@ -162,7 +163,7 @@ def optimizer_step(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfi
     `backward_s`: the backward compute time of the slowest stage, the window in which gradient syncs overlap.
     """
     rate_hbm = hw.hbm_tbps * 1e12 * C.efficiency(hw.name).hbm.value
-    table = nscost.measured_table() if algo.profile == "ours" else {}
+    table = nscost.measured_table(algo.profile)
     dp, edp = par.dp * par.cp, max(1, par.expert_dp)
     dp_link = links.group_link(hw, dp, stride=par.tp)
     edp_link = links.group_link(hw, edp, stride=par.tp * par.cp * par.ep)

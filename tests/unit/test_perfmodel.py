@@ -158,3 +158,27 @@ def test_perfmodel_imports_no_torch() -> None:
     code = "import sys, bench.project, bench.perfmodel.model, bench.perfmodel.report; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_kernel_results_parsing(tmp_path) -> None:
+    """ns_data reads the kernel benchmark's results.json: batched calls lose one host cost, times are rescaled from
+    the run's GEMM ceiling to 701 TF/s, both orientations of a shape are averaged, EO keeps the lowest host cost."""
+    shapes = [
+        {"name": "tiny", "rows": 128, "cols": 2048, "batch": 1, "impls": {"ours": {"ms": 0.1}, "eo_plain": {"ms": 0.5}}},
+        {"name": "fc1", "rows": 1536, "cols": 2048, "batch": 10,
+         "impls": {"ours": {"ms": 3.1}, "ours_gram": {"ms": 2.6}, "eo_plain": {"ms": 4.0}}},
+        {"name": "q", "rows": 4096, "cols": 2048, "batch": 1, "impls": {"ours": {"ms": 1.1}, "eo_plain": {"ms": 1.0}}},
+        {"name": "o", "rows": 2048, "cols": 4096, "batch": 1, "impls": {"ours": {"ms": 0.9}, "eo_plain": {"ms": 1.0}}},
+    ]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"ceiling_tflops": 1402.0, "device_name": "test", "shapes": shapes}))
+    ours = nscost.ns_data("ours", path)
+    assert ours.host_ms == pytest.approx(0.1)
+    assert ours.table[(1536, 2048)] == pytest.approx((2.6 - 0.1) / 10 * 2.0)  # 1402 / 701 = 2
+    assert ours.table[(2048, 4096)] == pytest.approx(((1.1 - 0.1) + (0.9 - 0.1)) / 2 * 2.0)
+    eo = nscost.ns_data("published", path)
+    assert eo.host_ms == pytest.approx(C.NS_CALL_HOST_MS.value)  # anchors' 0.330 ms is lower than 0.5
+    assert eo.table[(1536, 2048)] == pytest.approx((4.0 - 0.33) / 10 * 2.0)
+    h200 = nscost.load_hardware("h200")
+    assert nscost.gpu_ms(2048, 1536, h200, table=ours.table) == pytest.approx(0.5)
+    assert nscost.ns_data("ours", tmp_path / "missing.json").table == {}
