@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-smoke collect report quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-cluster collect report quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,16 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
 	$(PY) -m bench.collect
 	$(PY) -m bench.report
+
+EXPERIMENT ?= gb300/kimi_k2_muon
+bench-cluster: $(STAMP) ## Slurm job of a published setup: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [ARGS="launcher.partition=P launcher.account=A"]
+	$(PY) -m bench.run experiment=$(EXPERIMENT) $(if $(DRY_RUN),launcher.dry_run=true) $(ARGS)
+
+docker-build: ## Build the NeMo 26.02 based image (ARGS="--build-arg MCORE_VERSION=0.19.2 --build-arg BRIDGE_VERSION=0.6.2")
+	docker build --build-arg GIT_SHA=$$(git rev-parse HEAD) -t muonbench:26.02 $(ARGS) .
+
+docker-shell: ## Shell in the image with this checkout mounted
+	docker run --rm -it --gpus all --ipc=host -v $(CURDIR):/opt/muonbench -w /opt/muonbench muonbench:26.02 bash
 
 quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
 	$(PY) -m bench.quality profile=cpu

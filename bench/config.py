@@ -37,6 +37,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "engine.name": ("hf", "megatron", "bridge"),
     "engine.device": ("cpu", "cuda"),
     "engine.backend": ("gloo", "nccl"),
+    "engine.ab_mode": ("published", "fair"),
     "launcher.name": ("local", "slurm"),
 }
 

@@ -261,6 +261,9 @@ class EngineConfig:
     """torch.distributed backend: gloo | nccl."""
     requires_gpu: bool = False
     compile: bool = False
+    ab_mode: str = "published"
+    """bridge: `published` (MB's A/B: AdamW with distributed optimizer, param-gather overlap and MXFP8 gather; Muon
+    without) or `fair` (the same param-gather and FP8 settings for every optimizer)."""
 
 
 @dataclass
