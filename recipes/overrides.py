@@ -157,8 +157,8 @@ def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -
 
 
 def ab_mode_of(root: RootConfig) -> str:
-    """The A/B mode a config asks for: `engine.ab_mode` (requested from the schema owner), else the default."""
-    return str(getattr(root.engine, "ab_mode", DEFAULT_AB_MODE))
+    """The A/B mode a config asks for (`engine.ab_mode`)."""
+    return root.engine.ab_mode
 
 
 def build_plan(root: RootConfig, *, ab_mode: str | None = None) -> BridgePlan:
