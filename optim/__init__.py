@@ -35,7 +35,25 @@ _EXPORTS = {
     "RoutingConfig": "optim.configs",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "MOP",
+    "SOAP",
+    "AdamWConfig",
+    "HybridOptimizer",
+    "MOPConfig",
+    "Muon",
+    "MuonConfig",
+    "NonFiniteError",
+    "NonFiniteWarning",
+    "ParamRoute",
+    "RoutingConfig",
+    "SOAPConfig",
+    "SplitLayout",
+    "build_optimizer",
+    "newton_schulz",
+    "ns_coefficients",
+    "route_parameters",
+]
 
 
 def __getattr__(name: str) -> Any:

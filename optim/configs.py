@@ -26,7 +26,9 @@ def _choice(field: str, value: object, allowed: tuple[object, ...]) -> None:
         raise ValueError(f"{field}={value!r} is not one of {allowed}")
 
 
-def _range(field: str, value: float, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False) -> None:
+def _range(
+    field: str, value: float, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
+) -> None:
     bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
     if bad:
         lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"

@@ -41,7 +41,7 @@ class HybridOptimizer(torch.optim.Optimizer):
 
     # `param_groups` and `state` are views of the sub-optimizers' (load_state_dict replaces their objects), so
     # LR schedulers and per-group edits reach them; the base class's own assignments are dropped.
-    @property  # type: ignore[override]
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         if self._own_groups is not None:
             return self._own_groups
@@ -111,13 +111,20 @@ def _matrix_optimizer(
             raise NotImplementedError(f"no matrix optimizer for {type(config).__name__}")
 
 
-def _adamw(config: AdamWConfig, decay: list[tuple[str, torch.Tensor]],
-           no_decay: list[tuple[str, torch.Tensor]]) -> torch.optim.AdamW:
-    groups = [{"params": ps, "weight_decay": wd} for ps, wd in ((decay, config.weight_decay), (no_decay, 0.0)) if ps]
+def _adamw(
+    config: AdamWConfig, decay: list[tuple[str, torch.Tensor]], no_decay: list[tuple[str, torch.Tensor]]
+) -> torch.optim.AdamW:
+    groups = [
+        {"params": ps, "weight_decay": wd} for ps, wd in ((decay, config.weight_decay), (no_decay, 0.0)) if ps
+    ]
     all_cuda = all(p.is_cuda for g in groups for _, p in g["params"])  # type: ignore[attr-defined]
     fused = all_cuda if config.fused is None else config.fused
     return torch.optim.AdamW(
-        groups, lr=config.lr, betas=config.betas, eps=config.eps, weight_decay=config.weight_decay,
+        groups,
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
         fused=fused or None,
     )
 
@@ -158,7 +165,9 @@ def build_optimizer(
     if matrix_routes:
         assert not isinstance(config, AdamWConfig)
         splits = {by_name[r.name]: r.split for r in matrix_routes if r.split is not None}
-        optimizers["matrix"] = _matrix_optimizer(config, [(r.name, by_name[r.name]) for r in matrix_routes], splits)
+        optimizers["matrix"] = _matrix_optimizer(
+            config, [(r.name, by_name[r.name]) for r in matrix_routes], splits
+        )
     if adamw_routes:
         decay = [(r.name, by_name[r.name]) for r in adamw_routes if r.decay]
         no_decay = [(r.name, by_name[r.name]) for r in adamw_routes if not r.decay]

@@ -107,8 +107,9 @@ def _is_router(parts: list[str], naming: Naming) -> bool:
     return parts[-2] == ("gate" if naming == "hf" else "router")
 
 
-def split_for(name: str, shape: tuple[int, ...], naming: Naming, routing: RoutingConfig,
-              layout: SplitLayout) -> RowSplit | None:
+def split_for(
+    name: str, shape: tuple[int, ...], naming: Naming, routing: RoutingConfig, layout: SplitLayout
+) -> RowSplit | None:
     """The RowSplit of a matrix parameter under `routing`, or None."""
     parts = name.split(".")
     module, leaf = (parts[-2] if len(parts) > 1 else ""), parts[-1]

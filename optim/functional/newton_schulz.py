@@ -75,7 +75,9 @@ REPEAT_LAST = frozenset({"polar_express", "cans", "deepseekv4"})
 COEFFICIENT_NAMES = (*COEFFICIENT_SETS, "custom")
 
 
-def ns_coefficients(name: str, num_steps: int, custom: Sequence[Sequence[float]] | None = None) -> list[Coeff]:
+def ns_coefficients(
+    name: str, num_steps: int, custom: Sequence[Sequence[float]] | None = None
+) -> list[Coeff]:
     """Returns the (a, b, c) tuple of each of `num_steps` iterations.
 
     Args:
@@ -114,7 +116,8 @@ def _normalize_fro(x: torch.Tensor, eps: float) -> torch.Tensor:
     k2 = (-exp).to(x.dtype) - k1
     y = torch.ldexp(torch.ldexp(x, k1), k2)
     thresh = torch.ldexp(torch.ldexp(torch.full_like(amax, eps), k1), k2)
-    return y / y.norm(dim=(-2, -1), keepdim=True).clamp_min(thresh)
+    out: torch.Tensor = y / y.norm(dim=(-2, -1), keepdim=True).clamp_min(thresh)
+    return out
 
 
 def _plain_iterations(x: torch.Tensor, coeffs: Sequence[Coeff]) -> torch.Tensor:

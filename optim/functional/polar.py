@@ -32,4 +32,5 @@ def polar_svd(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def polar_reference(x: torch.Tensor) -> torch.Tensor:
     """fp64 polar factor U V^T, returned in fp64 (test reference)."""
     u, _, vh = torch.linalg.svd(x.to(torch.float64), full_matrices=False)
-    return u @ vh
+    out: torch.Tensor = u @ vh
+    return out

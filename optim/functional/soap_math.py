@@ -76,10 +76,11 @@ def eigh_descending(factor: torch.Tensor) -> torch.Tensor:
     """Eigenvectors of symmetric (B, k, k), columns by descending eigenvalue; fp64 retry on failure."""
     try:
         _, vecs = torch.linalg.eigh(factor)
-    except (torch.linalg.LinAlgError, RuntimeError):
+    except RuntimeError:  # torch.linalg.LinAlgError is a RuntimeError
         _, vecs = torch.linalg.eigh(factor.double())
         vecs = vecs.to(factor.dtype)
-    return vecs.flip(-1)
+    out: torch.Tensor = vecs.flip(-1)
+    return out
 
 
 def sort_basis(factor: torch.Tensor, basis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

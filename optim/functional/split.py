@@ -31,7 +31,9 @@ class RowSplit:
 
     def __post_init__(self) -> None:
         if self.num_groups < 1 or not self.sizes or min(self.sizes) < 1:
-            raise ValueError(f"RowSplit(num_groups={self.num_groups}, sizes={self.sizes}) needs positive values")
+            raise ValueError(
+                f"RowSplit(num_groups={self.num_groups}, sizes={self.sizes}) needs positive values"
+            )
         if self.labels and len(self.labels) != len(self.sizes):
             raise ValueError(f"labels={self.labels!r} must name each of the {len(self.sizes)} blocks")
 
@@ -55,5 +57,7 @@ class RowSplit:
     def merge(self, pieces: list[torch.Tensor]) -> torch.Tensor:
         """Inverse of `split`."""
         lead, cols = pieces[0].shape[:-2], pieces[0].size(-1)
-        grouped = [p.reshape(*lead, self.num_groups, s, cols) for p, s in zip(pieces, self.sizes, strict=True)]
+        grouped = [
+            p.reshape(*lead, self.num_groups, s, cols) for p, s in zip(pieces, self.sizes, strict=True)
+        ]
         return torch.cat(grouped, dim=-2).reshape(*lead, self.rows, cols)

@@ -45,7 +45,9 @@ def finite_flags(tensors: Iterable[torch.Tensor]) -> list[bool]:
     return [bool(f) for f in torch.stack(flags).tolist()]
 
 
-def handle_nonfinite(events: list[tuple[str, int, str]], policy: str, log: list[tuple[str, int, str]]) -> None:
+def handle_nonfinite(
+    events: list[tuple[str, int, str]], policy: str, log: list[tuple[str, int, str]]
+) -> None:
     """Raise or warn about (name, step, kind) events; appends them to `log` either way."""
     if not events:
         return

@@ -29,7 +29,11 @@ class MOP(OrthogonalizedOptimizer):
     config: MOPConfig
 
     def __init__(
-        self, params: Any, config: MOPConfig | None = None, *, splits: Mapping[torch.Tensor, RowSplit] | None = None
+        self,
+        params: Any,
+        config: MOPConfig | None = None,
+        *,
+        splits: Mapping[torch.Tensor, RowSplit] | None = None,
     ) -> None:
         super().__init__(params, config or MOPConfig(), splits=splits)
 

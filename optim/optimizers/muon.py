@@ -18,8 +18,9 @@ from optim.functional.newton_schulz import newton_schulz, ns_coefficients
 from optim.functional.split import RowSplit
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 
+_kernels: Any
 try:
-    from optim import kernels as _kernels  # type: ignore[attr-defined]
+    from optim import kernels as _kernels
 except ImportError:
     _kernels = None
 
@@ -44,7 +45,11 @@ class Muon(OrthogonalizedOptimizer):
     config: MuonConfig
 
     def __init__(
-        self, params: Any, config: MuonConfig | None = None, *, splits: Mapping[torch.Tensor, RowSplit] | None = None
+        self,
+        params: Any,
+        config: MuonConfig | None = None,
+        *,
+        splits: Mapping[torch.Tensor, RowSplit] | None = None,
     ) -> None:
         config = config or MuonConfig()
         super().__init__(params, config, splits=splits)

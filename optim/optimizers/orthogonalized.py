@@ -41,7 +41,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
     config: Any
 
-    def __init__(self, params: Any, config: Any, *, splits: Mapping[torch.Tensor, RowSplit] | None = None) -> None:
+    def __init__(
+        self, params: Any, config: Any, *, splits: Mapping[torch.Tensor, RowSplit] | None = None
+    ) -> None:
         defaults = {"lr": config.lr, "momentum": config.momentum, "weight_decay": config.weight_decay}
         super().__init__(params, defaults)
         self.config = config
@@ -66,7 +68,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     def _shape_scale(self, rows: int, cols: int) -> float:
         if self.config.scale_mode == "nuclear_norm":
             return float(self.config.extra_scale_factor)
-        return shape_scale(rows, cols, self.config.scale_mode) * self.config.extra_scale_factor
+        return shape_scale(rows, cols, self.config.scale_mode) * float(self.config.extra_scale_factor)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
@@ -137,7 +139,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             x = stack[0] if len(stack) == 1 else torch.cat(stack)
             orth, mscale = self._orthogonalize(x)
             counts = [s.size(0) for s in stack]
-            for (i, j), o, ms in zip(idxs, orth.split(counts), _split_or_none(mscale, counts), strict=True):
+            for (i, j), o, ms in zip(
+                idxs, torch.split(orth, counts), _split_or_none(mscale, counts), strict=True
+            ):
                 shape = pieces[i][j].shape
                 rows, cols = shape[-2:]
                 o = o.mT if rows > cols else o
@@ -159,4 +163,4 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
 
 def _split_or_none(t: torch.Tensor | None, counts: list[int]) -> list[torch.Tensor | None]:
-    return [None] * len(counts) if t is None else list(t.split(counts))
+    return [None] * len(counts) if t is None else list(torch.split(t, counts))

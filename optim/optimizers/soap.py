@@ -40,7 +40,10 @@ class SOAP(torch.optim.Optimizer):
     def __init__(self, params: Any, config: SOAPConfig | None = None) -> None:
         config = config or SOAPConfig()
         defaults = {
-            "lr": config.lr, "betas": config.betas, "shampoo_beta": config.shampoo_beta, "eps": config.eps,
+            "lr": config.lr,
+            "betas": config.betas,
+            "shampoo_beta": config.shampoo_beta,
+            "eps": config.eps,
             "weight_decay": config.weight_decay,
         }
         super().__init__(params, defaults)
@@ -49,10 +52,12 @@ class SOAP(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
-                    raise ValueError(f"SOAP takes 2-D or 3-D (experts, out, in) tensors, got {tuple(p.shape)}")
+                    raise ValueError(
+                        f"SOAP takes 2-D or 3-D (experts, out, in) tensors, got {tuple(p.shape)}"
+                    )
 
     def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
-        st = self.state[p]
+        st: dict[str, Any] = self.state[p]
         if not st:
             cap = self.config.max_precond_dim
             lead = p.shape[:-2]
@@ -76,7 +81,11 @@ class SOAP(torch.optim.Optimizer):
         names = param_names(self.param_groups)
         todo = [(p, g) for g in self.param_groups for p in g["params"] if p.grad is not None]
         flags = finite_flags(p.grad for p, _ in todo)
-        bad = [(names[id(p)], self._init_state(p)["step"] + 1, "grad") for (p, _), ok in zip(todo, flags) if not ok]
+        bad = [
+            (names[id(p)], self._init_state(p)["step"] + 1, "grad")
+            for (p, _), ok in zip(todo, flags)
+            if not ok
+        ]
         handle_nonfinite(bad, cfg.nonfinite_policy, self.nonfinite_events)
         updates = []
         for (p, group), ok in zip(todo, flags, strict=True):
@@ -85,7 +94,11 @@ class SOAP(torch.optim.Optimizer):
             if ok:
                 updates.append((p, group, self._direction(p, group, st)))
         upd_ok = finite_flags(u for _, _, u in updates)
-        late = [(names[id(p)], self.state[p]["step"], "update") for (p, _, _), ok in zip(updates, upd_ok) if not ok]
+        late = [
+            (names[id(p)], self.state[p]["step"], "update")
+            for (p, _, _), ok in zip(updates, upd_ok)
+            if not ok
+        ]
         handle_nonfinite(late, cfg.nonfinite_policy, self.nonfinite_events)
         for (p, group, u), ok in zip(updates, upd_ok, strict=True):
             if not ok:
@@ -127,18 +140,32 @@ class SOAP(torch.optim.Optimizer):
             q_l, q_r = self._refresh(st, l, r, q_l, q_r, exp_avg, exp_avg_sq, use_eigh=cfg.use_eigh or t == 1)
         g_rot = sm.rotate(g, q_l, q_r)
         d = sm.adam_direction(
-            g_rot, exp_avg, exp_avg_sq, betas=group["betas"], eps=group["eps"], step=t,
-            correct_bias=cfg.correct_bias, nesterov=cfg.nesterov,
+            g_rot,
+            exp_avg,
+            exp_avg_sq,
+            betas=group["betas"],
+            eps=group["eps"],
+            step=t,
+            correct_bias=cfg.correct_bias,
+            nesterov=cfg.nesterov,
         )
         return sm.rotate_back(d, q_l, q_r)
 
     def _refresh(
-        self, st: dict[str, Any], l: sm.Basis, r: sm.Basis, q_l: sm.Basis, q_r: sm.Basis,
-        exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *, use_eigh: bool,
+        self,
+        st: dict[str, Any],
+        l: sm.Basis,
+        r: sm.Basis,
+        q_l: sm.Basis,
+        q_r: sm.Basis,
+        exp_avg: torch.Tensor,
+        exp_avg_sq: torch.Tensor,
+        *,
+        use_eigh: bool,
     ) -> tuple[sm.Basis, sm.Basis]:
         """New bases; exp_avg re-expressed and exp_avg_sq permuted in place."""
         orig = sm.rotate_back(exp_avg, q_l, q_r)
-        new = []
+        new: list[torch.Tensor | None] = []
         for dim, f, q, key in ((-2, l, q_l, "Q_L"), (-1, r, q_r, "Q_R")):
             if f is None or q is None:
                 new.append(None)
@@ -146,7 +173,11 @@ class SOAP(torch.optim.Optimizer):
             q_sorted, idx = sm.sort_basis(f, q)
             ix = idx.unsqueeze(-1) if dim == -2 else idx.unsqueeze(-2)
             exp_avg_sq.copy_(exp_avg_sq.gather(dim, ix.expand_as(exp_avg_sq)))
-            q_new = sm.eigh_descending(f) if use_eigh else sm.qr_power_step(f, q_sorted, self.config.power_iter_steps)
+            q_new = (
+                sm.eigh_descending(f)
+                if use_eigh
+                else sm.qr_power_step(f, q_sorted, self.config.power_iter_steps)
+            )
             st[key].copy_(q_new.view_as(st[key]))
             new.append(q_new)
         exp_avg.copy_(sm.rotate(orig, new[0], new[1]))

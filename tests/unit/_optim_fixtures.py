@@ -24,9 +24,18 @@ def tiny_qwen3_moe() -> Any:
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2,
-        mlp_only_layers=[0], max_position_embeddings=64,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        mlp_only_layers=[0],
+        max_position_embeddings=64,
     )
     return Qwen3MoeForCausalLM(cfg)
 
@@ -36,9 +45,24 @@ def tiny_deepseek_v3() -> Any:
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
     cfg = DeepseekV3Config(
-        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
-        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4,
-        n_shared_experts=1, num_experts_per_tok=2, n_group=1, topk_group=1, q_lora_rank=24, kv_lora_rank=16,
-        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=64,
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        first_k_dense_replace=1,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_routed_experts=4,
+        n_shared_experts=1,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        q_lora_rank=24,
+        kv_lora_rank=16,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=8,
+        v_head_dim=8,
+        max_position_embeddings=64,
     )
     return DeepseekV3ForCausalLM(cfg)

@@ -49,8 +49,12 @@ def test_routes_groups_and_splits() -> None:
     model = tiny_qwen3_moe()
     opt = _build(CONFIGS["muon"], model, routing=optim.RoutingConfig(split_gate_up=True))
     assert opt.summary() == {
-        "adamw/embedding": 1, "adamw/output": 1, "adamw/norm": 9,
-        "matrix/matrix": 11, "matrix/expert_stack": 2, "matrix/router": 1,
+        "adamw/embedding": 1,
+        "adamw/output": 1,
+        "adamw/norm": 9,
+        "matrix/matrix": 11,
+        "matrix/expert_stack": 2,
+        "matrix/router": 1,
     }
     muon, adamw = opt.optimizers["matrix"], opt.optimizers["adamw"]
     assert isinstance(muon, optim.Muon) and isinstance(adamw, torch.optim.AdamW)

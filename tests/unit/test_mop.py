@@ -40,7 +40,7 @@ def test_matches_eo(scale_mode: str, nesterov: bool) -> None:
     from emerging_optimizers.orthogonalized_optimizers.mop import MOP as EOMOP
 
     shapes = SHAPES[:3]
-    kw = dict(lr=1e-3, scale_mode=scale_mode, nesterov=nesterov, weight_decay=0.1)
+    kw = {"lr": 1e-3, "scale_mode": scale_mode, "nesterov": nesterov, "weight_decay": 0.1}
     ours, init = _run(lambda p: MOP(p, MOPConfig(**kw)), shapes, 4)  # type: ignore[arg-type]
     ref, _ = _run(lambda p: EOMOP(p, **kw), shapes, 4)
     for a, b, p0 in zip(ours, ref, init, strict=True):
@@ -49,7 +49,7 @@ def test_matches_eo(scale_mode: str, nesterov: bool) -> None:
 
 def test_polar_express_close_to_svd() -> None:
     """NS path: polar factor within Polar Express accuracy, nuclear norm as <O, M> within 1%."""
-    cfg = dict(lr=1e-3, weight_decay=0.0)
+    cfg = {"lr": 1e-3, "weight_decay": 0.0}
     svd, init = _run(lambda p: MOP(p, MOPConfig(**cfg)), SHAPES, 2)  # type: ignore[arg-type]
     pe, _ = _run(lambda p: MOP(p, MOPConfig(polar_method="polar_express", **cfg)), SHAPES, 2)  # type: ignore[arg-type]
     for a, b, p0 in zip(pe, svd, init, strict=True):
@@ -67,7 +67,9 @@ def test_3d_stack_matches_per_expert() -> None:
         s.grad = g[i].clone()
     MOP([stack], MOPConfig(lr=1e-3)).step()
     MOP(singles, MOPConfig(lr=1e-3)).step()
-    torch.testing.assert_close(stack.detach(), torch.stack([s.detach() for s in singles]), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        stack.detach(), torch.stack([s.detach() for s in singles]), atol=1e-6, rtol=1e-6
+    )
 
 
 def test_converges_on_quadratic() -> None:

@@ -43,7 +43,13 @@ def test_matches_eo_fp32(nesterov: bool, scale_mode: str) -> None:
     """Localises a wrong momentum, Nesterov, weight-decay order or scale formula vs EO 0.3.0."""
     from emerging_optimizers.orthogonalized_optimizers.muon import Muon as EOMuon
 
-    kw = dict(nesterov=nesterov, scale_mode=scale_mode, extra_scale_factor=0.5, weight_decay=0.1, lr=0.02)
+    kw = {
+        "nesterov": nesterov,
+        "scale_mode": scale_mode,
+        "extra_scale_factor": 0.5,
+        "weight_decay": 0.1,
+        "lr": 0.02,
+    }
     ours = _run(lambda p: Muon(p, MuonConfig(ns_precision="fp32", **kw)), SHAPES, 5)  # type: ignore[arg-type]
     ref = _run(lambda p: EOMuon(p, fp32_matmul_prec="highest", **kw), SHAPES, 5)
     for a, b in zip(ours, ref, strict=True):
@@ -55,7 +61,7 @@ def test_matches_eo_bf16(coefficient_type: str) -> None:
     """bf16 iterate (EO "medium"): agreement to bf16 rounding of the update."""
     from emerging_optimizers.orthogonalized_optimizers.muon import Muon as EOMuon
 
-    kw = dict(coefficient_type=coefficient_type, lr=0.01)
+    kw = {"coefficient_type": coefficient_type, "lr": 0.01}
     ours = _run(lambda p: Muon(p, MuonConfig(**kw)), SHAPES, 3)  # type: ignore[arg-type]
     ref = _run(lambda p: EOMuon(p, fp32_matmul_prec="medium", **kw), SHAPES, 3)
     for a, b in zip(ours, ref, strict=True):
@@ -64,10 +70,13 @@ def test_matches_eo_bf16(coefficient_type: str) -> None:
 
 def test_matches_torch_muon() -> None:
     """torch.optim.Muon == ours with simple coefficients, Nesterov, shape_scaling, bf16 (its definitions)."""
-    kw = dict(lr=0.01, weight_decay=0.1, momentum=0.95)
+    kw = {"lr": 0.01, "weight_decay": 0.1, "momentum": 0.95}
     ours = _run(
-        lambda p: Muon(p, MuonConfig(coefficient_type="simple", nesterov=True, scale_mode="shape_scaling", **kw)),
-        SHAPES, 3,
+        lambda p: Muon(
+            p, MuonConfig(coefficient_type="simple", nesterov=True, scale_mode="shape_scaling", **kw)
+        ),
+        SHAPES,
+        3,
     )
     ref = _run(lambda p: torch.optim.Muon(p, nesterov=True, adjust_lr_fn="original", **kw), SHAPES, 3)
     for a, b in zip(ours, ref, strict=True):
@@ -128,7 +137,9 @@ def test_3d_stack_is_per_expert_and_matches_2d() -> None:
     cfg = MuonConfig(ns_precision="fp32")
     Muon([stack], cfg).step()
     Muon(singles, cfg).step()
-    torch.testing.assert_close(stack.detach(), torch.stack([s.detach() for s in singles]), atol=1e-7, rtol=1e-7)
+    torch.testing.assert_close(
+        stack.detach(), torch.stack([s.detach() for s in singles]), atol=1e-7, rtol=1e-7
+    )
 
 
 def test_split_qkv_pieces_get_own_orthogonalization_and_scale() -> None:
@@ -144,7 +155,9 @@ def test_split_qkv_pieces_get_own_orthogonalization_and_scale() -> None:
     expect = []
     for lo, hi in ((0, 8), (8, 12), (12, 16)):
         piece = view[:, lo:hi].reshape(-1, 24)
-        expect.append((newton_schulz(piece, compute_dtype=torch.float32) * max(piece.shape) ** 0.5).view(2, -1, 24))
+        expect.append(
+            (newton_schulz(piece, compute_dtype=torch.float32) * max(piece.shape) ** 0.5).view(2, -1, 24)
+        )
     torch.testing.assert_close(-w.detach(), torch.cat(expect, dim=1).reshape(32, 24), atol=1e-6, rtol=1e-6)
 
 

@@ -60,7 +60,9 @@ def test_singular_values_in_band(name: str, dtype: torch.dtype, gen: torch.Gener
     steps, lo, hi = BANDS[name]
     x = torch.stack([_conditioned(24, 40, 2.0, gen) for _ in range(3)]).float()
     for inp in (x, x.mT):  # wide and tall
-        s = torch.linalg.svdvals(newton_schulz(inp, num_steps=steps, coefficients=name, compute_dtype=dtype).double())
+        s = torch.linalg.svdvals(
+            newton_schulz(inp, num_steps=steps, coefficients=name, compute_dtype=dtype).double()
+        )
         slack = 0.01 if dtype == torch.bfloat16 else 0.0
         assert lo - slack <= s.min().item() and s.max().item() <= hi + slack, (name, s.min(), s.max())
 
@@ -81,7 +83,9 @@ def test_batched_equals_per_slice(use_gram: bool, gen: torch.Generator) -> None:
     x = torch.randn(5, 12, 20, generator=gen) * torch.tensor([1e-3, 1.0, 10.0, 1e3, 0.0]).view(5, 1, 1)
     out = newton_schulz(x, compute_dtype=torch.float32, use_gram=use_gram)
     for i in range(5):
-        torch.testing.assert_close(out[i], newton_schulz(x[i], compute_dtype=torch.float32, use_gram=use_gram))
+        torch.testing.assert_close(
+            out[i], newton_schulz(x[i], compute_dtype=torch.float32, use_gram=use_gram)
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -105,8 +109,14 @@ def test_gram_ns_matches_plain(name: str, steps: int, gen: torch.Generator) -> N
     """Gram-NS is an exact rewrite: in fp64/fp32 it must equal plain NS up to rounding; bf16 stays close."""
     x = torch.randn(3, 32, 80, generator=gen)
     for restarts in ((), (2,), (1, 3)):
-        g64 = newton_schulz(x.double(), num_steps=steps, coefficients=name, compute_dtype=torch.float64,
-                            use_gram=True, restart_iterations=restarts)
+        g64 = newton_schulz(
+            x.double(),
+            num_steps=steps,
+            coefficients=name,
+            compute_dtype=torch.float64,
+            use_gram=True,
+            restart_iterations=restarts,
+        )
         p64 = newton_schulz(x.double(), num_steps=steps, coefficients=name, compute_dtype=torch.float64)
         torch.testing.assert_close(g64, p64, atol=1e-9, rtol=1e-9)
     g32 = newton_schulz(x, num_steps=steps, coefficients=name, compute_dtype=torch.float32, use_gram=True)
@@ -125,8 +135,9 @@ def test_matches_emerging_optimizers(name: str, gen: torch.Generator) -> None:
     x = torch.randn(2, 40, 24, generator=gen)
     with fp32_matmul_precision("highest"):
         ref = muon_utils.newton_schulz(x, steps=5, coefficient_type=name)
-    torch.testing.assert_close(newton_schulz(x, coefficients=name, compute_dtype=torch.float32), ref,
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        newton_schulz(x, coefficients=name, compute_dtype=torch.float32), ref, atol=1e-5, rtol=1e-5
+    )
     with fp32_matmul_precision("medium"):
         ref_bf = muon_utils.newton_schulz(x[0], steps=5, coefficient_type=name)
     ours_bf = newton_schulz(x[0], coefficients=name)

@@ -39,7 +39,9 @@ def test_qwen3_moe_hf_names() -> None:
         assert (routes[name].kind, routes[name].optimizer) == (kind, opt), name
     assert all(r.split is None for r in routes.values())  # HF q/k/v are separate; gate/up split is opt-in
     assert not routes["model.norm.weight"].decay and routes["model.embed_tokens.weight"].decay
-    no_router = _by_name(route_parameters(model.named_parameters(), routing=RoutingConfig(router_to_matrix=False)))
+    no_router = _by_name(
+        route_parameters(model.named_parameters(), routing=RoutingConfig(router_to_matrix=False))
+    )
     assert no_router["model.layers.1.mlp.gate.weight"].optimizer == "adamw"
 
 
@@ -62,7 +64,9 @@ def test_deepseek_v3_hf_names_and_splits() -> None:
     # the split is what the model computes: rows [:16] feed kv_a_layernorm (latent), rows [16:] are k_pe
     w = model.model.layers[0].self_attn.kv_a_proj_with_mqa.weight
     latent, rope = kv.split.split(w)
-    assert latent.shape == (16, 32) and rope.shape == (4, 32) and torch.equal(kv.split.merge([latent, rope]), w)
+    assert (
+        latent.shape == (16, 32) and rope.shape == (4, 32) and torch.equal(kv.split.merge([latent, rope]), w)
+    )
 
 
 MEGATRON = {
@@ -91,8 +95,9 @@ MEGATRON = {
     "decoder.final_layernorm.weight": (32,),
     "output_layer.weight": (128, 32),
 }
-LAYOUT = SplitLayout(num_attention_heads=4, num_query_groups=2, kv_channels=8, kv_lora_rank=16,
-                     qk_pos_emb_head_dim=4)
+LAYOUT = SplitLayout(
+    num_attention_heads=4, num_query_groups=2, kv_channels=8, kv_lora_rank=16, qk_pos_emb_head_dim=4
+)
 
 
 def _megatron_params() -> list[tuple[str, torch.Tensor]]:
@@ -109,8 +114,11 @@ def test_megatron_names() -> None:
     assert kinds["decoder.layers.0.self_attention.linear_qkv.bias"] == "bias"
     assert kinds["decoder.layers.1.mlp.shared_experts.gate_weight"] == "vector"
     matrix = {n for n, r in routes.items() if r.optimizer == "matrix"}
-    assert matrix == {n for n, s in MEGATRON.items() if len(s) == 2 and min(s) > 1 and "embedding" not in n
-                      and "output_layer" not in n}
+    assert matrix == {
+        n
+        for n, s in MEGATRON.items()
+        if len(s) == 2 and min(s) > 1 and "embedding" not in n and "output_layer" not in n
+    }
     qkv = routes["decoder.layers.0.self_attention.linear_qkv.weight"].split
     assert qkv == RowSplit(num_groups=2, sizes=(16, 8, 8), labels=("q", "k", "v"))
     assert all(r.split is None for n, r in routes.items() if "linear_qkv" not in n)  # MCore defaults
@@ -121,9 +129,12 @@ def test_megatron_optional_splits() -> None:
     routes = _by_name(route_parameters(_megatron_params(), naming="megatron", routing=routing, layout=LAYOUT))
     assert routes["decoder.layers.0.self_attention.linear_qkv.weight"].split is None
     assert routes["decoder.layers.1.self_attention.linear_kv_down_proj.weight"].split.sizes == (16, 4)  # type: ignore[union-attr]
-    for n in ("decoder.layers.0.mlp.linear_fc1.weight", "decoder.layers.1.mlp.experts.linear_fc1.weight1",
-              "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight",
-              "decoder.layers.1.mlp.shared_experts.linear_fc1.weight"):
+    for n in (
+        "decoder.layers.0.mlp.linear_fc1.weight",
+        "decoder.layers.1.mlp.experts.linear_fc1.weight1",
+        "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight",
+        "decoder.layers.1.mlp.shared_experts.linear_fc1.weight",
+    ):
         split = routes[n].split
         assert split is not None and split.labels == ("gate", "up") and split.rows == MEGATRON[n][0], n
     assert routes["decoder.layers.0.mlp.linear_fc2.weight"].split is None

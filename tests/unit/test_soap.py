@@ -60,13 +60,13 @@ def test_matches_eo_parameters(variant: str) -> None:
     from emerging_optimizers.soap.rekls import REKLS
     from emerging_optimizers.soap.soap import SOAP as EOSOAP
 
-    kw = dict(lr=0.01, eps=0.5)
+    kw = {"lr": 0.01, "eps": 0.5}
     if variant == "rekls":
         cfg, eo = SOAPConfig(eps_eigenvalue=0.5, **kw), lambda p: REKLS(p, **kw)
     else:
         kl = variant == "soap_kl"
         cfg = SOAPConfig(eps_eigenvalue=0.5, use_eigh=False, use_kl_shampoo=kl, **kw)
-        eo = lambda p: EOSOAP(p, use_kl_shampoo=kl, **kw)  # noqa: E731
+        eo = lambda p: EOSOAP(p, use_kl_shampoo=kl, **kw)
     a, b, init, _, _ = _pair(cfg, eo, 5)
     for x, y, p0 in zip(a, b, init, strict=True):
         torch.testing.assert_close(x.detach(), y.detach(), atol=5e-5 * (y - p0).abs().max().item(), rtol=1e-6)
@@ -150,7 +150,9 @@ def test_3d_stack_matches_per_expert() -> None:
             s.grad = g[i].clone()
         o1.step()
         o2.step()
-    torch.testing.assert_close(stack.detach(), torch.stack([s.detach() for s in singles]), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        stack.detach(), torch.stack([s.detach() for s in singles]), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_converges_on_quadratic() -> None:
@@ -172,6 +174,7 @@ def test_converges_on_quadratic() -> None:
 
 def test_deterministic_state_dict_and_nan() -> None:
     """Bitwise repeatable; resume == uninterrupted; NaN grad raises (policy raise) without touching weights."""
+
     def run(steps_before: int, resume: bool) -> list[torch.Tensor]:
         gen = torch.Generator().manual_seed(0)
         ps = [torch.randn(s, generator=gen).to(torch.bfloat16).requires_grad_() for s in SHAPES]
