@@ -1,16 +1,91 @@
-"""Prediction of the single-H200 Megatron slice measurement (issue 7), when its report exists."""
+"""Prediction of the single-H200 Megatron measurements (issue 7), when their report exists.
+
+Reads `reports/megatron_h200_202611/results.csv` (bench.collect format: one row per run with `experiment`,
+`status`, `step_s_median`, `optim_s_median`, ...), re-composes each run's config from its experiment and batch
+columns, and compares the predicted step and optimizer-step times. Profile: `ours` for our optimizer
+implementation, `published` otherwise (on one GPU the profiles differ only in the NS kernels and launches).
+"""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
+from typing import Any
 
 MEGATRON_REPORT = Path(__file__).resolve().parents[2] / "reports" / "megatron_h200_202611"
+TOLERANCE = 0.10
+
+
+def _float(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if out == out else None  # NaN -> None
+
+
+def _overrides(row: dict[str, str]) -> list[str]:
+    out = [f"experiment={row['experiment']}"]
+    for col, key in (("mbs", "parallelism.mbs"), ("gbs", "parallelism.gbs"), ("seq_length", "model.seq_length")):
+        if row.get(col) not in (None, ""):
+            out.append(f"{key}={int(float(row[col]))}")
+    return out
+
+
+def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
+    """One dict per successful H200 run: measured and predicted step / optimizer seconds."""
+    from bench.config import load
+    from bench.perfmodel.model import predict
+
+    csv_path = path / "results.csv"
+    if not csv_path.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    with csv_path.open() as f:
+        for row in csv.DictReader(f):
+            step = _float(row.get("step_s_median"))
+            if row.get("status") != "ok" or step is None or not row.get("experiment"):
+                continue
+            if row.get("hardware_name") not in (None, "", "h200"):
+                continue
+            try:
+                cfg = load(_overrides(row))
+            except ValueError as exc:
+                out.append({"experiment": row["experiment"], "error": str(exc)[:200]})
+                continue
+            profile = "ours" if row.get("implementation") == "ours" else "published"
+            pred = predict(cfg, profile)
+            optim = _float(row.get("optim_s_median"))
+            out.append({"experiment": row["experiment"], "optimizer": row.get("optimizer"), "profile": profile,
+                        "measured_step_s": step, "predicted_step_s": pred.step_time_s,
+                        "step_rel_error": pred.step_time_s / step - 1.0,
+                        "measured_optim_s": optim, "predicted_optim_s": pred.breakdown["optimizer_step"],
+                        "optim_rel_error": None if not optim else pred.breakdown["optimizer_step"] / optim - 1.0,
+                        "predicted_fwd_bwd_s": pred.step_time_s - pred.breakdown["optimizer_step"],
+                        "measured_fwd_bwd_s": _float(row.get("fwd_bwd_s_median"))})
+    return out
 
 
 def compare(path: Path = MEGATRON_REPORT) -> str:
-    """Markdown paragraph: the comparison, or that the measurement is pending."""
-    if not (path / "results.csv").exists():
-        return (f"Pending: `{path.relative_to(path.parents[1])}/results.csv` does not exist yet (the Megatron "
-                "helper's single-H200 run). The prediction for its configs: `python -m bench.project "
-                "experiment=h200/qwen3_30b_a3b_slice_muon_1gpu profile=ours`.")
-    return f"`{path.name}/results.csv` exists; comparison not implemented for its format yet."
+    """Markdown paragraph: the comparison table, or that the measurement is pending."""
+    rows = comparisons(path)
+    if not rows:
+        return (f"Pending: `reports/{path.name}/results.csv` has no successful H200 run yet (the Megatron helper's "
+                "single-H200 slice runs). Predictions for its configs: `python -m bench.project "
+                "experiment=h200/qwen3_30b_a3b_slice_muon_1gpu profile=ours` (and `..._adamw_1gpu`).")
+    lines = ["| experiment | profile | step measured (s) | predicted | error | optimizer measured (s) | predicted "
+             "| error |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['experiment']} | - | - | - | config error: {r['error']} | - | - | - |")
+            continue
+        opt_m = "-" if r["measured_optim_s"] is None else f"{r['measured_optim_s']:.3f}"
+        opt_e = "-" if r["optim_rel_error"] is None else f"{100 * r['optim_rel_error']:+.1f}%"
+        lines.append(f"| {r['experiment']} | {r['profile']} | {r['measured_step_s']:.3f} | "
+                     f"{r['predicted_step_s']:.3f} | {100 * r['step_rel_error']:+.1f}% | {opt_m} | "
+                     f"{r['predicted_optim_s']:.3f} | {opt_e} |")
+    ok = [r for r in rows if "error" not in r]
+    within = sum(abs(r["step_rel_error"]) <= TOLERANCE for r in ok)
+    lines += ["", f"{within} of {len(ok)} runs predicted within {100 * TOLERANCE:.0f}% on the step time "
+              "(H200 row: no fitted value; GEMM ceiling and HBM fraction are our H200 measurements)."]
+    return "\n".join(lines)

@@ -182,3 +182,22 @@ def test_kernel_results_parsing(tmp_path) -> None:
     h200 = nscost.load_hardware("h200")
     assert nscost.gpu_ms(2048, 1536, h200, table=ours.table) == pytest.approx(0.5)
     assert nscost.ns_data("ours", tmp_path / "missing.json").table == {}
+
+
+def test_h200_comparison_reads_collect_rows(tmp_path) -> None:
+    """The single-H200 check re-composes each run from its experiment and batch columns and reports the error."""
+    from bench.perfmodel import h200
+
+    assert "Pending" in h200.compare(tmp_path)
+    cfg = load(["experiment=h200/qwen3_30b_a3b_slice_muon_1gpu", "parallelism.mbs=2", "parallelism.gbs=8"])
+    pred = predict(cfg, "ours")
+    cols = ["experiment", "status", "implementation", "optimizer", "mbs", "gbs", "seq_length", "step_s_median",
+            "optim_s_median", "hardware_name"]
+    with (tmp_path / "results.csv").open("w") as f:
+        f.write(",".join(cols) + "\n")
+        f.write(f"h200/qwen3_30b_a3b_slice_muon_1gpu,ok,ours,muon,2,8,4096,{pred.step_time_s * 1.25},,h200\n")
+        f.write("h200/qwen3_30b_a3b_slice_adamw_1gpu,oom,torch,adamw,2,8,4096,,,h200\n")
+    rows = h200.comparisons(tmp_path)
+    assert len(rows) == 1 and rows[0]["profile"] == "ours"
+    assert rows[0]["step_rel_error"] == pytest.approx(1 / 1.25 - 1)
+    assert "0 of 1 runs predicted within 10%" in h200.compare(tmp_path)
