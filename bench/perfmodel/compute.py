@@ -83,10 +83,10 @@ def activation_bytes_per_token(model: ModelConfig, layer_type: str, *, q8: float
     """Forward HBM bytes per token of one layer's memory-bound kernels; `q8` = bytes of one quantized copy.
 
     Quantizing a bf16 tensor for a GEMM reads 2 B and writes a rowwise and a columnwise copy (TE MXFP8 keeps both
-    for fprop and wgrad): 2 + 2 q8 per element (for bf16 GEMMs q8 = 0: no copy).
+    for fprop and wgrad): 2 + 2 q8 per element; bf16 GEMMs (q8 = 0) read their input directly: no such pass.
     """
     h, k = model.hidden_size, model.moe_router_topk
-    quant = BF16 + 2 * q8
+    quant = BF16 + 2 * q8 if q8 > 0 else 0.0
     norm_quant = BF16 + max(2 * q8, BF16)  # fused RMSNorm + quantize (TE LayerNormLinear)
     residual = 3 * BF16  # read two streams, write one
     nh = model.num_attention_heads

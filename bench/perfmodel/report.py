@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.config import validate
-from bench.perfmodel import calibrate
+from bench.perfmodel import calibrate, nscost
 from bench.perfmodel import constants as C
 from bench.perfmodel.model import predict, tp_mode_table
 from bench.schema import RootConfig
@@ -173,8 +173,6 @@ def _plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
 
 def _what_if() -> dict[str, list[dict[str, Any]]]:
     """Published Muon rows under other measured per-matrix host costs of the NS loop."""
-    from bench.perfmodel import nscost
-
     out = {}
     singles = nscost.ns_data("published").single_call_ms
     if singles:
@@ -213,7 +211,8 @@ def write_report(out_dir: str) -> str:
 
     text = render(cal=cal, fit=fit, worst=worst, rows=rows, files=files, tp_table=tp_mode_table(tp_cfg),
                   command=COMMAND, constants=C, what_if=_what_if(),
-                  h200=h200_check())
+                  h200=h200_check(), ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")},
+                  ns_hosts={p: nscost.ns_data(p).host_ms for p in ("published", "ours")})
     (out / "README.md").write_text(text)
     assert not any(isinstance(v, float) and math.isnan(v) for r in rows for v in r.values())
     return str(out / "README.md")
