@@ -1,6 +1,6 @@
-"""Pure tensor math: Newton-Schulz, exact polar factor, SOAP/KL-Shampoo helpers."""
+"""Pure tensor math: newton_schulz (NS and Gram-NS), polar (exact SVD polar factor), split (fused-row blocks),
+soap_math (SOAP / KL-Shampoo helpers).
 
-from optim.functional.newton_schulz import COEFFICIENT_SETS, newton_schulz, ns_coefficients
-from optim.functional.polar import polar_svd
-
-__all__ = ["COEFFICIENT_SETS", "newton_schulz", "ns_coefficients", "polar_svd"]
+Import from the submodules (`from optim.functional.newton_schulz import newton_schulz`); this package does not
+re-export functions under its submodules' names, so `import optim.functional.newton_schulz as ns` is the module.
+"""

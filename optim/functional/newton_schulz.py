@@ -21,6 +21,11 @@ References: Jordan, "Muon" (2024); You/leloykun quintic coefficients; Amsel et a
 arXiv:2505.16932; Grishina et al., "CANS", arXiv:2506.10935; thib-s/flash-newton-schulz (AOL);
 DeepSeek-V4 report; Dao-AILab/gram-newton-schulz.
 
+Gram-NS squares the condition number of the iterate, so in bf16 it loses singular values below ~1/16 of the
+largest; with "quintic", "polar_express" and "simple" and one restart at iteration 2 it stays within ~2% of
+fp32 NS (tests), but "cans" (intermediate singular values reach ~2) diverges in bf16 with that restart
+(measured relative error 11 vs 0.1 for plain NS): use plain NS or fp32 there.
+
 Numerical caveats: the Frobenius normalization uses a power-of-two pre-scaling (exact), so inputs whose squares
 would under- or overflow in fp32 are still normalized correctly; an all-zero input returns zeros; ||X|| < eps
 gives X / eps, as in the reference implementations. Non-finite inputs give non-finite outputs (callers check).
