@@ -138,7 +138,7 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
               " all scaled to each hardware row's bf16 GEMM rate.", "", "## Constants and sources", ""]
     for name in sorted(dir(C)):
         val = getattr(C, name)
-        if isinstance(val, C.Sourced):
+        if isinstance(val, C.Sourced) and not name.startswith("_"):
             lines.append(f"- `{name}` = {val.value:g}: {val.source}")
     for hw, eff in C.FITTED.items():
         lines.append(f"- `{hw}`: GEMM bf16 {eff.gemm_bf16.value:.3f} ({eff.gemm_bf16.source}); GEMM FP8 "
@@ -148,7 +148,8 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
               "- Kimi K2's selective recompute of the MLA up-projections (+~1.6% FLOPs), CUDA graphs, router "
               "GEMM precision details, MTP; activation traffic is an itemized estimate, not a trace.",
               "- Host launch cost of forward/backward (only the optimizer's NS loop is launch-bound here).",
-              "- `ours` NS speed assumes time proportional to Gram-NS FLOPs at the plain per-shape efficiency until "
-              "reports/ns_kernels_h200_202611/results.json provides measured kernel times (then used, scaled "
-              "by the GEMM rate).", ""]
+              "- NS on GB300 is our H200 kernel times scaled by the bf16 GEMM rate (no GB300 kernel measurement); "
+              "shapes the kernel benchmark did not measure use the curve (with Gram-NS FLOPs for `ours`).",
+              "- Activation memory (the state_memory_gib column counts weights, gradients and optimizer state only).",
+              ""]
     return "\n".join(lines)
