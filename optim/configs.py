@@ -102,13 +102,19 @@ class MOPConfig:
     """MOP: momentum orthogonalized by its polar factor (exact SVD, or Polar Express iterations)."""
 
     lr: float = 3e-4
+    """Learning rate."""
     momentum: float = 0.95
+    """EMA coefficient of the momentum (as Muon)."""
     nesterov: bool = False
+    """Nesterov input g + beta (buf - g) (as Muon)."""
     weight_decay: float = 0.01
+    """Decay coefficient; see weight_decay_method."""
     weight_decay_method: WeightDecayMethod = "decoupled"
+    """decoupled | independent | l2 (as Muon)."""
     scale_mode: str = "nuclear_norm"
     """nuclear_norm (sum of singular values, PolarGrad arXiv 2505.21799) or a Muon mode."""
     extra_scale_factor: float = 1.0
+    """Multiplies the scale."""
     polar_method: str = "svd"
     """svd: exact U V^T; polar_express: Newton-Schulz with the Polar Express coefficients."""
     num_ns_steps: int = 8
@@ -116,7 +122,9 @@ class MOPConfig:
     ns_precision: str = "fp32"
     """Iterate precision when polar_method is polar_express (EO runs MOP at "highest")."""
     eps: float = 1e-7
+    """Lower clamp of the Frobenius norm in Newton-Schulz."""
     nonfinite_policy: NonfinitePolicy = "skip"
+    """skip | raise (as Muon)."""
 
     def __post_init__(self) -> None:
         _check_common(self)
@@ -133,6 +141,7 @@ class SOAPConfig:
     """
 
     lr: float = 3e-4
+    """Learning rate."""
     betas: tuple[float, float] = (0.9, 0.95)
     """Inner Adam (beta1, beta2)."""
     shampoo_beta: float = 0.95
@@ -142,7 +151,9 @@ class SOAPConfig:
     eps_eigenvalue: float = 1e-8
     """Clamp of the eigenvalue estimates in the KL-Shampoo correction (EO uses eps)."""
     weight_decay: float = 0.01
+    """Decay coefficient; see weight_decay_method."""
     weight_decay_method: WeightDecayMethod = "decoupled"
+    """decoupled | independent | l2."""
     use_eigh: bool = True
     """True: eigh every refresh (REKLS); False: one QR power step per refresh (SOAP); the first is always eigh."""
     use_kl_shampoo: bool = True
@@ -156,7 +167,9 @@ class SOAPConfig:
     correct_bias: bool = True
     """Adam bias correction and shampoo_beta bias correction."""
     nesterov: bool = False
+    """Nesterov variant of the inner Adam momentum."""
     nonfinite_policy: NonfinitePolicy = "skip"
+    """skip | raise: a NaN/Inf gradient (checked before any state changes)."""
 
     def __post_init__(self) -> None:
         _range("lr", self.lr, 0.0, float("inf"))
@@ -180,9 +193,13 @@ class AdamWConfig:
     """torch.optim.AdamW for the non-matrix parameters, and the AdamW baseline."""
 
     lr: float = 3e-4
+    """Learning rate."""
     betas: tuple[float, float] = (0.9, 0.95)
+    """(beta1, beta2); MB recipes use 0.95 for beta2."""
     eps: float = 1e-8
+    """Denominator epsilon."""
     weight_decay: float = 0.01
+    """Decoupled decay of the decay group (no_decay_1d parameters get 0)."""
     fused: bool | None = None
     """None: fused on CUDA, foreach otherwise."""
 
