@@ -91,7 +91,7 @@ class MuonConfig:
             )
         _range("eps", self.eps, 0.0, 1.0, lo_open=True)
         bad = [i for i in self.gram_restart_iterations if not 0 < i < self.num_ns_steps]
-        if bad:
+        if self.use_gram_ns and bad:
             raise ValueError(
                 f"gram_restart_iterations={self.gram_restart_iterations!r} must lie in [1, num_ns_steps)"
             )

@@ -229,6 +229,9 @@ def test_rejects_1d_and_bad_config() -> None:
         MuonConfig(scale_mode="rms")
     with pytest.raises(ValueError, match="custom_coefficients"):
         MuonConfig(coefficient_type="custom")
+    with pytest.raises(ValueError, match="gram_restart_iterations"):
+        MuonConfig(use_gram_ns=True, num_ns_steps=2)
+    MuonConfig(num_ns_steps=2)  # restarts only matter for Gram-NS
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         MuonConfig(coefficient_type="custom", custom_coefficients=((2.0, -1.5, 0.5),))
