@@ -12,7 +12,7 @@ A slow baseline flatters Muon, so the engine plugs this module into the MoE spec
   one `torch.nn.functional.grouped_mm` each over the tokens sorted by expert (`offs` = cumulative tokens per
   expert); SwiGLU and the routing probabilities in between, as Megatron's MLP applies them.
 - Expert tensor parallelism is not supported (ETP = 1); expert parallelism is (allreduce=False under EP > 1).
-- CPU (unit tests): the same math as a loop of `F.linear` per expert.
+- Any device torch's grouped_mm runs on (CUDA bf16 in the runs; CPU fp32 in the unit tests).
 """
 
 from __future__ import annotations
@@ -76,23 +76,30 @@ class GroupedMMExperts(MegatronModule):
     def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor,
                 **unused: Any) -> tuple[torch.Tensor, None]:
         """hidden [T, H] sorted by expert, tokens_per_expert [E], probs [T] -> ([T, H], None)."""
-        w1, w2 = self.linear_fc1.weights(), self.linear_fc2.weights()
-        if hidden.is_cuda:
-            if _grouped_mm is None:
-                raise RuntimeError("torch.nn.functional.grouped_mm is missing: GroupedMMExperts needs torch >= 2.8")
-            offs = torch.cumsum(tokens_per_expert.to(hidden.device), 0, dtype=torch.int32)
-            h = _grouped_mm(hidden, torch.stack(w1).transpose(1, 2), offs=offs)
-            act = _swiglu(h, probs)
-            out = _grouped_mm(act, torch.stack(w2).transpose(1, 2), offs=offs)
-            return out, None
-        counts = [int(c) for c in tokens_per_expert.tolist()]
-        outs = []
-        for x, p, a, b in zip(hidden.split(counts), probs.split(counts), w1, w2, strict=True):
-            outs.append(F.linear(_swiglu(F.linear(x, a), p), b))
-        return torch.cat(outs), None
+        if _grouped_mm is None:
+            raise RuntimeError("torch.nn.functional.grouped_mm is missing: GroupedMMExperts needs torch >= 2.8")
+        offs = torch.cumsum(tokens_per_expert.to(hidden.device), 0, dtype=torch.int32)
+        w1 = torch.stack(self.linear_fc1.weights()).transpose(1, 2)
+        w2 = torch.stack(self.linear_fc2.weights()).transpose(1, 2)
+        h = _ContiguousGrad.apply(_grouped_mm(hidden, w1, offs=offs))
+        out = _grouped_mm(_swiglu(h, probs), w2, offs=offs)
+        return _ContiguousGrad.apply(out), None
 
     def backward_dw(self) -> None:
         """No delayed weight-gradient computation (Megatron calls this only with delay_wgrad_compute)."""
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the incoming gradient dense: grouped_mm's backward rejects expanded
+    (stride-0) gradients, e.g. the gradient of a sum (measured on torch 2.11: "Invalid strides/sizes")."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def _swiglu(h: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

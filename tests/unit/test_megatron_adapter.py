@@ -279,3 +279,42 @@ def test_grouped_mm_experts_match_sequential_mlp(megatron_groups, monkeypatch):
     routes = {r.name: r for _, r in om.classify([outs[1]], RoutingConfig())}
     r = routes["decoder.layers.1.mlp.experts.linear_fc2.weight2"]
     assert r.role == "expert_fc2" and r.is_expert and r.optimizer == "matrix" and r.partition_dim == 1
+
+
+def test_grouped_mm_experts_forward_backward_vs_loop():
+    """grouped_mm path vs a per-expert F.linear loop, with an empty expert, and a backward from a sum (an expanded
+    gradient, which grouped_mm's backward rejects unless made dense)."""
+    from types import SimpleNamespace
+
+    from bench.engines.megatron_experts import GroupedMMExperts, _swiglu
+
+    torch.manual_seed(0)
+    cfg = SimpleNamespace(
+        expert_tensor_parallel_size=1, gated_linear_unit=True, add_bias_linear=False, moe_ffn_hidden_size=16,
+        hidden_size=32, expert_model_parallel_size=1, use_cpu_initialization=True, params_dtype=torch.float32,
+        init_method=lambda w: torch.nn.init.normal_(w, std=0.1),
+        output_layer_init_method=lambda w: torch.nn.init.normal_(w, std=0.1),
+    )
+    mod = GroupedMMExperts.__new__(GroupedMMExperts)
+    torch.nn.Module.__init__(mod)
+    mod.num_local_experts = 3
+    from bench.engines.megatron_experts import _ExpertWeights
+
+    mod.linear_fc1 = _ExpertWeights(3, 32, 32, partition_dim=0, allreduce=True, init_method=cfg.init_method,
+                                    dtype=torch.float32, device="cpu")
+    mod.linear_fc2 = _ExpertWeights(3, 32, 16, partition_dim=1, allreduce=True,
+                                    init_method=cfg.output_layer_init_method, dtype=torch.float32, device="cpu")
+    counts = torch.tensor([5, 0, 7])
+    x = torch.randn(12, 32, requires_grad=True)
+    probs = torch.rand(12)
+    out, bias = GroupedMMExperts.forward(mod, x, counts, probs)
+    assert bias is None
+    ref = torch.cat([
+        torch.nn.functional.linear(_swiglu(torch.nn.functional.linear(xe, a), pe), b)
+        for xe, pe, a, b in zip(x.split([5, 0, 7]), probs.split([5, 0, 7]), mod.linear_fc1.weights(),
+                                mod.linear_fc2.weights())
+    ])
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    out.sum().backward()
+    assert mod.linear_fc1.weight0.grad is not None and float(mod.linear_fc1.weight1.grad.abs().sum()) == 0.0
+    assert mod.linear_fc1.weight0.allreduce and mod.linear_fc2.weight2.partition_dim == 1
