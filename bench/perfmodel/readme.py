@@ -19,14 +19,17 @@ def _pick(rows: list[dict[str, Any]], study: str, **match: Any) -> list[dict[str
 def _caption(name: str, rows: list[dict[str, Any]]) -> str:
     """One sentence per plot, computed from the rows."""
     if name == "sweep_dp.png":
-        a = {r["x"]: r["tflops_per_gpu_model"] for r in _pick(rows, "dp", optimizer="adamw")}
-        p = {r["x"]: r["tflops_per_gpu_model"] for r in _pick(rows, "dp", optimizer="muon", profile="published")}
-        o = {r["x"]: r["tflops_per_gpu_model"] for r in _pick(rows, "dp", optimizer="muon", profile="ours")}
-        return (f"Qwen3-30B-A3B, EP8, 64 sequences per GPU. Muon/AdamW model TF: published {p[8] / a[8]:.3f} at DP8, "
-                f"{p[64] / a[64]:.3f} at DP64, {p[1024] / a[1024]:.3f} at DP1024; ours {o[8] / a[8]:.3f}, "
-                f"{o[64] / a[64]:.3f}, {o[1024] / a[1024]:.3f}. Expert-DP grows with DP, so each GPU "
-                "orthogonalizes fewer experts; above 72 GPUs the DP group leaves the NVLink domain and the "
-                "published blocking all_gatherv is exposed on the network.")
+        parts = []
+        for setup in ("qwen3_30b_a3b", "kimi_k2"):
+            a = {r["x"]: r["tflops_per_gpu_model"] for r in _pick(rows, "dp", optimizer="adamw", setup=setup)}
+            for prof in ("published", "ours"):
+                m = {r["x"]: r["tflops_per_gpu_model"]
+                     for r in _pick(rows, "dp", optimizer="muon", profile=prof, setup=setup)}
+                parts.append(f"{setup} {prof}: " + ", ".join(f"DP{x} {m[x] / a[x]:.3f}" for x in sorted(m)
+                                                              if x in (min(m), 64, 256, 1024)))
+        return ("64 sequences per DP rank. Muon/AdamW model TF: " + "; ".join(parts) + ". Expert-DP grows with DP, "
+                "so each GPU orthogonalizes fewer experts; once the DP group leaves the 72-GPU NVLink domain the "
+                "published blocking all_gatherv runs on the network, while ours overlaps its gather.")
     if name == "sweep_ep.png":
         best = {prof: min(_pick(rows, "ep", optimizer="muon", profile=prof), key=lambda r: r["step_time_s"])["x"]
                 for prof in ("published", "ours")}

@@ -52,11 +52,14 @@ def sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     qa, qm = base["gb300/qwen3_30b_a3b_adamw"], base["gb300/qwen3_30b_a3b_muon"]
     ka, km = base["gb300/kimi_k2_adamw"], base["gb300/kimi_k2_muon"]
-    for dp in (8, 16, 32, 64, 128, 256, 512, 1024):  # Qwen3, EP8, 64 sequences per GPU
-        par = {"world_size": dp, "gbs": 64 * dp}
-        rows.append(_row("dp", dp, _variant(qa, par=par), "published"))
-        for prof in ("published", "ours"):
-            rows.append(_row("dp", dp, _variant(qm, par=par), prof))
+    for dp in (8, 16, 32, 64, 128, 256, 512, 1024):  # 64 sequences per DP rank; Qwen3 EP8, Kimi K2 PP4 EP64
+        for name, a_cfg, m_cfg, pp in (("qwen3_30b_a3b", qa, qm, 1), ("kimi_k2", ka, km, 4)):
+            if dp < a_cfg.parallelism.ep:
+                continue
+            par = {"world_size": dp * pp, "gbs": 64 * dp}
+            rows.append(_row("dp", dp, _variant(a_cfg, par=par), "published", setup=name))
+            for prof in ("published", "ours"):
+                rows.append(_row("dp", dp, _variant(m_cfg, par=par), prof, setup=name))
     for ep in (1, 2, 4, 8, 16, 32, 64):  # Qwen3 on 64 GPUs
         par = {"world_size": 64, "gbs": 4096, "ep": ep}
         rows.append(_row("ep", ep, _variant(qa, par=par), "published"))
@@ -118,16 +121,17 @@ def _plot(rows: list[dict[str, Any]], out: Path) -> list[str]:
     ax.set_ylabel("predicted step time (s), GB300 MXFP8")
     ax.legend(fontsize=7, loc="upper right")
     save(fig, "calibration_breakdown.png")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, match in (("AdamW", {"optimizer": "adamw"}), ("Muon published", {"optimizer": "muon",
-                         "profile": "published"}), ("Muon ours", {"optimizer": "muon", "profile": "ours"})):
-        for study, xlabel in (("dp", "DP size (Qwen3-30B-A3B, EP8, GB300)"),):
-            xs, sel = series(study, **match)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, setup, xlabel in zip(axes, ("qwen3_30b_a3b", "kimi_k2"), ("DP size (Qwen3-30B-A3B, EP8, GB300)",
+                                 "DP size (Kimi K2, PP4 EP64, GB300)"), strict=True):
+        for label, match in (("AdamW", {"optimizer": "adamw"}), ("Muon published", {"optimizer": "muon",
+                             "profile": "published"}), ("Muon ours", {"optimizer": "muon", "profile": "ours"})):
+            xs, sel = series("dp", setup=setup, **match)
             ax.plot(xs, [r["tflops_per_gpu_model"] for r in sel], marker="o", label=label)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel(xlabel)
-    ax.set_ylabel("predicted model TF/GPU")
-    ax.legend()
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("predicted model TF/GPU")
+        ax.legend()
     save(fig, "sweep_dp.png")
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, match in (("AdamW", {"optimizer": "adamw"}), ("Muon published", {"optimizer": "muon",
