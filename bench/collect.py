@@ -75,26 +75,28 @@ def run_row(rec: dict[str, Any]) -> dict[str, Any]:
         if key != "name":
             row[f"optimizer.{key}"] = value if not isinstance(value, (list, dict)) else str(value)
     row.update(rec.get("summary") or {})
-    row.update({
-        "timer": worker.get("timer"),
-        "math_dtype": (worker.get("engine") or {}).get("math_dtype"),
-        "optimizer_distribution": (worker.get("engine") or {}).get("optimizer_distribution"),
-        "config_hash": rec.get("config_hash"),
-        "git_sha": git.get("sha"),
-        "git_dirty": git.get("dirty"),
-        "torch": versions.get("torch"),
-        "transformers": versions.get("transformers"),
-        "megatron_core": versions.get("megatron-core"),
-        "cpu_model": hw.get("cpu_model"),
-        "gpu_name": hw.get("gpu_name"),
-        "gpu_count": hw.get("gpu_count"),
-        "gpu_driver": hw.get("driver"),
-        "load_avg_1m": hw.get("load_avg_1m"),
-        "start_time": rec.get("start_time"),
-        "duration_s": rec.get("duration_s"),
-        "command": " ".join(rec.get("command") or []),
-        "run_dir": rec.get("run_dir"),
-    })
+    row.update(
+        {
+            "timer": worker.get("timer"),
+            "math_dtype": (worker.get("engine") or {}).get("math_dtype"),
+            "optimizer_distribution": (worker.get("engine") or {}).get("optimizer_distribution"),
+            "config_hash": rec.get("config_hash"),
+            "git_sha": git.get("sha"),
+            "git_dirty": git.get("dirty"),
+            "torch": versions.get("torch"),
+            "transformers": versions.get("transformers"),
+            "megatron_core": versions.get("megatron-core"),
+            "cpu_model": hw.get("cpu_model"),
+            "gpu_name": hw.get("gpu_name"),
+            "gpu_count": hw.get("gpu_count"),
+            "gpu_driver": hw.get("driver"),
+            "load_avg_1m": hw.get("load_avg_1m"),
+            "start_time": rec.get("start_time"),
+            "duration_s": rec.get("duration_s"),
+            "command": " ".join(rec.get("command") or []),
+            "run_dir": rec.get("run_dir"),
+        }
+    )
     return row
 
 
@@ -132,15 +134,26 @@ def collect(run_dirs: list[Path], dest: Path) -> tuple[Any, Any]:
 
 def terminal_table(results: Any) -> str:
     """A short fixed-width table of the collected runs."""
-    cols = ["run_id", "optimizer", "status", "step_s_median", "optim_s_median", "ns_s_median",
-            "model_tflops_per_gpu", "ns_tflops_per_gpu", "loss_last"]
+    cols = [
+        "run_id",
+        "optimizer",
+        "status",
+        "step_s_median",
+        "optim_s_median",
+        "ns_s_median",
+        "model_tflops_per_gpu",
+        "ns_tflops_per_gpu",
+        "loss_last",
+    ]
     view = results.reindex(columns=cols)
     return view.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.collect", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runs", nargs="*", type=Path, help="run directories or roots to search (default: latest invocation)")
+    ap.add_argument(
+        "--runs", nargs="*", type=Path, help="run directories or roots to search (default: latest invocation)"
+    )
     ap.add_argument("--out-dir", type=Path, default=Path("runs"), help="bench.out_dir holding LATEST.json")
     ap.add_argument("--name", help="report name (default: bench.report_name of the runs)")
     ap.add_argument("--reports", type=Path, default=Path("reports"), help="root of report folders")
@@ -155,10 +168,14 @@ def main(argv: list[str] | None = None) -> int:
         if not run_dirs:
             raise ValueError(f"no run.json under {[str(r) for r in args.runs or []]}")
         if not name:
-            names = {record.read_json(d / "run.json").get("config", {}).get("bench", {}).get("report_name")
-                     for d in run_dirs}
+            names = {
+                record.read_json(d / "run.json").get("config", {}).get("bench", {}).get("report_name")
+                for d in run_dirs
+            }
             if len(names) != 1:
-                raise ValueError(f"runs have several bench.report_name values {sorted(map(str, names))}; pass --name")
+                raise ValueError(
+                    f"runs have several bench.report_name values {sorted(map(str, names))}; pass --name"
+                )
             name = names.pop()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

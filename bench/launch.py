@@ -79,14 +79,20 @@ def check_device(cfg: RootConfig) -> None:
             "(torch.cuda.device_count() = 0). Run it on a GPU machine, or use engine=hf engine.device=cpu."
         )
     if have < need:
-        raise ValueError(f"launcher=local needs {need} GPUs on this machine (nproc_per_node) but it has {have}")
+        raise ValueError(
+            f"launcher=local needs {need} GPUs on this machine (nproc_per_node) but it has {have}"
+        )
 
 
 def local_command(cfg: RootConfig, run_dir: str | Path, *, python: str | None = None) -> list[str]:
     """`python -m torch.distributed.run --standalone --nnodes=1 --nproc_per_node=N -m bench.worker <run_dir>`."""
     return [
-        python or sys.executable, "-m", "torch.distributed.run",
-        "--standalone", "--nnodes=1", f"--nproc_per_node={nproc_per_node(cfg)}",
+        python or sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc_per_node(cfg)}",
         *worker_argv(run_dir),
     ]
 
@@ -106,12 +112,16 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
     env = {**os.environ, **{str(k): str(v) for k, v in cfg.launcher.env.items()}}
     env.setdefault("OMP_NUM_THREADS", "1")
     out_log, err_log = open(run_dir / "stdout.log", "wb"), open(run_dir / "stderr.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+    )
     assert proc.stdout is not None and proc.stderr is not None
     term_out = [sys.stdout.buffer] if echo else []
     term_err = [sys.stderr.buffer] if echo else []
-    threads = [threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
-               threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True)]
+    threads = [
+        threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
+        threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True),
+    ]
     for t in threads:
         t.start()
     timed_out = False
@@ -165,8 +175,12 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
         return LaunchResult(command=["sbatch", str(script)], returncode=None, submitted=False)
     res = subprocess.run([sbatch, str(script)], capture_output=True, text=True)
     print(res.stdout.strip() or res.stderr.strip())
-    return LaunchResult(command=[sbatch, str(script)], returncode=res.returncode,
-                        stderr_tail=res.stderr[-4000:], submitted=res.returncode == 0)
+    return LaunchResult(
+        command=[sbatch, str(script)],
+        returncode=res.returncode,
+        stderr_tail=res.stderr[-4000:],
+        submitted=res.returncode == 0,
+    )
 
 
 def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:

@@ -18,7 +18,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,33 @@ from typing import Any
 RUN_SCHEMA = "muonbench.run/1"
 STATUSES = ("running", "ok", "oom", "timeout", "error")
 STEP_KEYS = (
-    "step", "warmup", "step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "tokens", "loss", "peak_mem_bytes",
-    "ns_flops", "cpu_s", "adamw_s", "clip_s",
+    "step",
+    "warmup",
+    "step_s",
+    "fwd_bwd_s",
+    "optim_s",
+    "ns_s",
+    "comm_s",
+    "tokens",
+    "loss",
+    "peak_mem_bytes",
+    "ns_flops",
+    "cpu_s",
+    "adamw_s",
+    "clip_s",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
 VERSION_PACKAGES = (
-    "torch", "megatron-core", "megatron-bridge", "transformers", "emerging-optimizers", "hydra-core", "omegaconf",
-    "numpy", "triton", "transformer-engine",
+    "torch",
+    "megatron-core",
+    "megatron-bridge",
+    "transformers",
+    "emerging-optimizers",
+    "hydra-core",
+    "omegaconf",
+    "numpy",
+    "triton",
+    "transformer-engine",
 )
 PROTOCOL_TEXT = (
     "warm-up steps excluded; steady window = the remaining steps; step time = median over the window, spread = IQR "
@@ -45,7 +65,7 @@ STDERR_TAIL_CHARS = 4000
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -156,15 +176,23 @@ def hardware_info() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "hostname": platform.node(), "cpu_model": cpu_model, "cpu_count": os.cpu_count(),
-        "gpu_name": None, "gpu_count": 0, "driver": None,
+        "hostname": platform.node(),
+        "cpu_model": cpu_model,
+        "cpu_count": os.cpu_count(),
+        "gpu_name": None,
+        "gpu_count": 0,
+        "driver": None,
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
     }
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            res = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
+            res = subprocess.run(
+                [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             rows = [r.split(", ") for r in res.stdout.strip().splitlines() if r.strip()]
             if res.returncode == 0 and rows:
                 info.update(gpu_name=rows[0][0], gpu_count=len(rows), driver=rows[0][-1])
@@ -173,8 +201,15 @@ def hardware_info() -> dict[str, Any]:
     return info
 
 
-def new_run_record(*, run_id: str, run_dir: str | Path, config: dict[str, Any], config_hash: str | None,
-                   overrides: list[str], command: list[str]) -> dict[str, Any]:
+def new_run_record(
+    *,
+    run_id: str,
+    run_dir: str | Path,
+    config: dict[str, Any],
+    config_hash: str | None,
+    overrides: list[str],
+    command: list[str],
+) -> dict[str, Any]:
     """The initial `run.json` of a run (status `running`), written before anything is launched."""
     bench = config.get("bench", {})
     return {
@@ -197,8 +232,11 @@ def new_run_record(*, run_id: str, run_dir: str | Path, config: dict[str, Any], 
         "env": {k: v for k, v in os.environ.items() if k.startswith(("NCCL_", "CUDA_", "OMP_", "TORCH_"))},
         "worker": None,
         "protocol": {
-            "steps": bench.get("steps"), "warmup_steps": bench.get("warmup_steps"),
-            "statistic": "median", "spread": "iqr", "text": PROTOCOL_TEXT,
+            "steps": bench.get("steps"),
+            "warmup_steps": bench.get("warmup_steps"),
+            "statistic": "median",
+            "spread": "iqr",
+            "text": PROTOCOL_TEXT,
         },
         "summary": None,
     }
@@ -211,7 +249,11 @@ def classify_failure(*, returncode: int | None, timed_out: bool, worker_error: d
     """Status of a run that did not finish cleanly: timeout, oom (worker reported OutOfMemoryError) or error."""
     if timed_out:
         return "timeout"
-    if worker_error and worker_error.get("type") in ("OutOfMemoryError", "torch.OutOfMemoryError", "MemoryError"):
+    if worker_error and worker_error.get("type") in (
+        "OutOfMemoryError",
+        "torch.OutOfMemoryError",
+        "MemoryError",
+    ):
         return "oom"
     if returncode is not None and returncode in (-9, 137):
         return "oom"  # SIGKILL without a timeout: the kernel's OOM killer is the usual sender
@@ -234,8 +276,13 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def summarize(steps: list[dict[str, Any]], *, world_size: int, model_flops_per_step: float | None,
-              peak_tflops: float = 0.0) -> dict[str, Any] | None:
+def summarize(
+    steps: list[dict[str, Any]],
+    *,
+    world_size: int,
+    model_flops_per_step: float | None,
+    peak_tflops: float = 0.0,
+) -> dict[str, Any] | None:
     """Summary metrics over the steady window (rows with `warmup` false); None when the window is empty."""
     steady = [r for r in steps if not r.get("warmup")]
     if not steady:
@@ -308,18 +355,29 @@ def ns_flops_enumerated(config: dict[str, Any]) -> float | None:
     from bench import flops
 
     opt = config.get("optimizer") or {}
-    uses_ns = opt.get("name") == "muon" or (opt.get("name") == "mop" and opt.get("polar_method") == "polar_express")
+    uses_ns = opt.get("name") == "muon" or (
+        opt.get("name") == "mop" and opt.get("polar_method") == "polar_express"
+    )
     if not uses_ns:
         return None
     root = config_from_dict(config)
-    mats = flops.enumerate_ns_matrices(root.model, split_qkv=opt["split_qkv"], split_mla=opt["split_mla"],
-                                       split_gate_up=opt["split_gate_up"],
-                                       include_router=opt["router_to_matrix_optimizer"])
+    mats = flops.enumerate_ns_matrices(
+        root.model,
+        split_qkv=opt["split_qkv"],
+        split_mla=opt["split_mla"],
+        split_gate_up=opt["split_gate_up"],
+        include_router=opt["router_to_matrix_optimizer"],
+    )
     return float(flops.ns_flops_per_step(mats, opt["num_ns_steps"], "plain"))
 
 
-def finalize(run_dir: str | Path, *, status: str, error: dict[str, Any] | None = None,
-             launch_command: list[str] | None = None) -> dict[str, Any]:
+def finalize(
+    run_dir: str | Path,
+    *,
+    status: str,
+    error: dict[str, Any] | None = None,
+    launch_command: list[str] | None = None,
+) -> dict[str, Any]:
     """Close a run record: status, error, end time, duration and the summary computed from `steps.jsonl`."""
     assert status in STATUSES, status
     run_dir = Path(run_dir)
@@ -328,8 +386,9 @@ def finalize(run_dir: str | Path, *, status: str, error: dict[str, Any] | None =
     model_flops = model_flops_per_step(cfg)
     world = (cfg.get("parallelism") or {}).get("world_size") or 1
     peak = (cfg.get("hardware") or {}).get("peak_bf16_tflops") or 0.0
-    summary = summarize(read_steps(run_dir), world_size=world, model_flops_per_step=model_flops,
-                        peak_tflops=peak)
+    summary = summarize(
+        read_steps(run_dir), world_size=world, model_flops_per_step=model_flops, peak_tflops=peak
+    )
     if summary is not None:
         summary["ns_flops_enumerated_per_step"] = ns_flops_enumerated(cfg)
     end = now_iso()
@@ -337,8 +396,13 @@ def finalize(run_dir: str | Path, *, status: str, error: dict[str, Any] | None =
     duration = None
     if start:
         duration = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-    fields: dict[str, Any] = {"status": status, "error": error, "end_time": end, "duration_s": duration,
-                              "summary": summary}
+    fields: dict[str, Any] = {
+        "status": status,
+        "error": error,
+        "end_time": end,
+        "duration_s": duration,
+        "summary": summary,
+    }
     if launch_command is not None:
         fields["launch_command"] = launch_command
     return update_run_json(run_dir, **fields)

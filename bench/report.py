@@ -57,66 +57,112 @@ def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["status"] != "ok" or r["optimizer"] == BASELINE:
             continue
         key = tuple(r.get(c) for c in GROUP_COLUMNS)
-        base = [b for b in rows if b["optimizer"] == BASELINE and b["status"] == "ok"
-                and tuple(b.get(c) for c in GROUP_COLUMNS) == key]
+        base = [
+            b
+            for b in rows
+            if b["optimizer"] == BASELINE
+            and b["status"] == "ok"
+            and tuple(b.get(c) for c in GROUP_COLUMNS) == key
+        ]
         if not base:
             continue
         b = base[-1]
         m, mb = _num(r.get("model_tflops_per_gpu")), _num(b.get("model_tflops_per_gpu"))
         t = _num(r.get("total_tflops_per_gpu"))
-        out.append({
-            "optimizer": _label(r), "baseline": _label(b),
-            "model_only_ratio": m / mb if m and mb else None,
-            "total_ratio": t / mb if t and mb else None,
-            "step_time_ratio": (_num(r["step_s_median"]) or 0) / (_num(b["step_s_median"]) or 1),
-            "extra_step_ms": ((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0)) * 1e3,
-            "resolved": abs((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0))
-            > max(_num(r.get("step_s_iqr")) or 0, _num(b.get("step_s_iqr")) or 0),
-        })
+        out.append(
+            {
+                "optimizer": _label(r),
+                "baseline": _label(b),
+                "model_only_ratio": m / mb if m and mb else None,
+                "total_ratio": t / mb if t and mb else None,
+                "step_time_ratio": (_num(r["step_s_median"]) or 0) / (_num(b["step_s_median"]) or 1),
+                "extra_step_ms": ((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0)) * 1e3,
+                "resolved": abs((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0))
+                > max(_num(r.get("step_s_iqr")) or 0, _num(b.get("step_s_iqr")) or 0),
+            }
+        )
     return out
 
 
 def table1(rows: list[dict[str, Any]]) -> str:
-    header = ["optimizer", "status", "step time, ms: median (IQR)", "tokens/s per GPU", "model TFLOP/s per GPU",
-              "NS TFLOP/s per GPU", "published form: total = model + NS", "MFU (model)"]
+    header = [
+        "optimizer",
+        "status",
+        "step time, ms: median (IQR)",
+        "tokens/s per GPU",
+        "model TFLOP/s per GPU",
+        "NS TFLOP/s per GPU",
+        "published form: total = model + NS",
+        "MFU (model)",
+    ]
     body = []
     for r in rows:
         ok = r["status"] == "ok"
         mfu = _num(r.get("mfu"))
-        body.append([
-            _label(r), r["status"],
-            f"{fmt(r.get('step_s_median'), '.1f', 1e3)} ({fmt(r.get('step_s_iqr'), '.1f', 1e3)})" if ok else "-",
-            fmt(r.get("tokens_per_s_per_gpu"), ".0f") if ok else "-",
-            fmt(r.get("model_tflops_per_gpu")) if ok else "-",
-            fmt(r.get("ns_tflops_per_gpu")) if ok else "-",
-            (f"{fmt(r.get('total_tflops_per_gpu'))} = {fmt(r.get('model_tflops_per_gpu'))} + "
-             f"{fmt(r.get('ns_tflops_per_gpu'))}") if ok else "-",
-            (f"{mfu:.1%}" if mfu is not None else "N/A (no peak for this hardware)") if ok else "-",
-        ])
+        body.append(
+            [
+                _label(r),
+                r["status"],
+                f"{fmt(r.get('step_s_median'), '.1f', 1e3)} ({fmt(r.get('step_s_iqr'), '.1f', 1e3)})"
+                if ok
+                else "-",
+                fmt(r.get("tokens_per_s_per_gpu"), ".0f") if ok else "-",
+                fmt(r.get("model_tflops_per_gpu")) if ok else "-",
+                fmt(r.get("ns_tflops_per_gpu")) if ok else "-",
+                (
+                    f"{fmt(r.get('total_tflops_per_gpu'))} = {fmt(r.get('model_tflops_per_gpu'))} + "
+                    f"{fmt(r.get('ns_tflops_per_gpu'))}"
+                )
+                if ok
+                else "-",
+                (f"{mfu:.1%}" if mfu is not None else "N/A (no peak for this hardware)") if ok else "-",
+            ]
+        )
     return _md_table(header, body)
 
 
 def breakdown(rows: list[dict[str, Any]]) -> str:
-    header = ["optimizer", "step", "forward+backward", "communication", "optimizer step",
-              "of which orthogonalize (NS; SVD for MOP)", "of which AdamW part",
-              "of which grad clipping (incl. its norm all-reduce)", "of which other (momentum, update, LR)",
-              "NS FLOPs per GPU per step (counted)",
-              "NS FLOPs per step (bench.flops, each matrix once)"]
+    header = [
+        "optimizer",
+        "step",
+        "forward+backward",
+        "communication",
+        "optimizer step",
+        "of which orthogonalize (NS; SVD for MOP)",
+        "of which AdamW part",
+        "of which grad clipping (incl. its norm all-reduce)",
+        "of which other (momentum, update, LR)",
+        "NS FLOPs per GPU per step (counted)",
+        "NS FLOPs per step (bench.flops, each matrix once)",
+    ]
     body = []
     for r in rows:
         if r["status"] != "ok":
             continue
-        opt, ns, adam, clip = (_num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median",
-                                                        "clip_s_median"))
+        opt, ns, adam, clip = (
+            _num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median", "clip_s_median")
+        )
         other = None if opt is None else opt - (ns or 0.0) - (adam or 0.0) - (clip or 0.0)
-        body.append([_label(r), *(fmt(r.get(k), ".2f", 1e3) for k in ("step_s_median", "fwd_bwd_s_median",
-                                                                     "comm_s_median", "optim_s_median")),
-                     fmt(ns, ".2f", 1e3), fmt(adam, ".2f", 1e3), fmt(clip, ".2f", 1e3), fmt(other, ".2f", 1e3),
-                     fmt(r.get("ns_flops_per_gpu_per_step"), ".4g"), fmt(r.get("ns_flops_enumerated_per_step"), ".4g")])
+        body.append(
+            [
+                _label(r),
+                *(
+                    fmt(r.get(k), ".2f", 1e3)
+                    for k in ("step_s_median", "fwd_bwd_s_median", "comm_s_median", "optim_s_median")
+                ),
+                fmt(ns, ".2f", 1e3),
+                fmt(adam, ".2f", 1e3),
+                fmt(clip, ".2f", 1e3),
+                fmt(other, ".2f", 1e3),
+                fmt(r.get("ns_flops_per_gpu_per_step"), ".4g"),
+                fmt(r.get("ns_flops_enumerated_per_step"), ".4g"),
+            ]
+        )
     return _md_table(header, body) + (
         "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
         "exactly). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
-        "forward+backward and optimizer step exclude the communication inside them.")
+        "forward+backward and optimizer step exclude the communication inside them."
+    )
 
 
 def _plot_tflops(rows: list[dict[str, Any]], path: Path) -> None:
@@ -143,12 +189,31 @@ def _plot_breakdown(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    parts: dict[str, list[float]] = {k: [] for k in ("forward+backward", "communication", "orthogonalize (NS)",
-                                                    "AdamW part", "grad clipping", "other optimizer", "rest of step")}
+    parts: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "forward+backward",
+            "communication",
+            "orthogonalize (NS)",
+            "AdamW part",
+            "grad clipping",
+            "other optimizer",
+            "rest of step",
+        )
+    }
     for r in ok:
-        step, fb, comm, opt, ns, adam, clip = (_num(r.get(k)) or 0.0 for k in (
-            "step_s_median", "fwd_bwd_s_median", "comm_s_median", "optim_s_median", "ns_s_median", "adamw_s_median",
-            "clip_s_median"))
+        step, fb, comm, opt, ns, adam, clip = (
+            _num(r.get(k)) or 0.0
+            for k in (
+                "step_s_median",
+                "fwd_bwd_s_median",
+                "comm_s_median",
+                "optim_s_median",
+                "ns_s_median",
+                "adamw_s_median",
+                "clip_s_median",
+            )
+        )
         for k, v in zip(parts, (fb, comm, ns, adam, clip, opt - ns - adam - clip, step - fb - comm - opt)):
             parts[k].append(max(v, 0.0) * 1e3)
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
@@ -164,8 +229,9 @@ def _plot_breakdown(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-def _plot_curves(steps: Any, rows: list[dict[str, Any]], key: str, ylabel: str, path: Path,
-                 scale: float = 1.0) -> None:
+def _plot_curves(
+    steps: Any, rows: list[dict[str, Any]], key: str, ylabel: str, path: Path, scale: float = 1.0
+) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
@@ -187,15 +253,19 @@ def _plot_curves(steps: Any, rows: list[dict[str, Any]], key: str, ylabel: str, 
 def _loss_note(ok: list[dict[str, Any]]) -> str:
     notes = []
     if any(r.get("data") == "mock" for r in ok):
-        notes.append("With `data=mock` the tokens are uniform random, so no model can go below ln(vocab) nats: the "
-                     "loss curve checks that training runs (finite, no divergence); it does not compare optimizer "
-                     "quality (bench/quality does).")
+        notes.append(
+            "With `data=mock` the tokens are uniform random, so no model can go below ln(vocab) nats: the "
+            "loss curve checks that training runs (finite, no divergence); it does not compare optimizer "
+            "quality (bench/quality does)."
+        )
     warm = {int(w) for w in (_num(r.get("optimizer.lr_warmup_steps")) for r in ok) if w is not None}
     steps = {int(s) for s in (_num(r.get("steps")) for r in ok) if s is not None}
     if warm and steps and min(warm) > max(steps):
-        notes.append(f"The LR schedule is the published one (linear warm-up over {min(warm)} steps), so in "
-                     f"{max(steps)} steps the LR stays below {max(steps) / min(warm):.1%} of its peak: the runs "
-                     "measure throughput, not learning.")
+        notes.append(
+            f"The LR schedule is the published one (linear warm-up over {min(warm)} steps), so in "
+            f"{max(steps)} steps the LR stays below {max(steps) / min(warm):.1%} of its peak: the runs "
+            "measure throughput, not learning."
+        )
     return " ".join(notes)
 
 
@@ -207,16 +277,16 @@ def _txt(v: Any) -> str:
 def _setup_text(rows: list[dict[str, Any]]) -> str:
     r = {k: _txt(v) for k, v in rows[0].items()}
     lines = [
-        f"- experiment `{r['experiment']}`: model `{r['model']}` ({r['model_family']}), parallelism "
+        (f"- experiment `{r['experiment']}`: model `{r['model']}` ({r['model_family']}), parallelism "
         f"`{r['parallelism']}` (world size {r['world_size']}, DP {r['dp']}, TP {r['tp']}, PP {r['pp']}, EP {r['ep']}; "
         f"GBS {r['gbs']}, MBS {r['mbs']}, seq {r['seq_length']}), engine `{r['engine']}` on `{r['device']}`, "
-        f"precision `{r['precision']}` (math: {r.get('math_dtype', '-')}), data `{r['data']}`",
+        f"precision `{r['precision']}` (math: {r.get('math_dtype', '-')}), data `{r['data']}`"),
         f"- hardware `{r['hardware_name']}`: CPU {r['cpu_model']}, GPU {r['gpu_name']} x {r['gpu_count']} "
         f"(driver {r['gpu_driver']}); 1-min load average at the start of each run: "
         + ", ".join(fmt(x.get("load_avg_1m"), ".1f") for x in rows),
-        f"- provenance: git `{r['git_sha'][:12]}`{' (dirty tree)' if r['git_dirty'] == 'True' else ''}, "
+        (f"- provenance: git `{r['git_sha'][:12]}`{' (dirty tree)' if r['git_dirty'] == 'True' else ''}, "
         f"torch {r['torch']}, transformers {r['transformers']}, megatron-core {r['megatron_core']}; "
-        f"timer `{r['timer']}`",
+        f"timer `{r['timer']}`"),
     ]
     for x in rows:
         lines.append(f"- {_label(x)}: optimizer distribution: {_txt(x.get('optimizer_distribution'))}")
@@ -243,37 +313,73 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     warm_n = {fmt(r.get("warmup_steps"), ".0f") for r in rows}
     parts = [
         f"# {name}",
-        f"Generated by `python -m bench.report` from `results.csv` and `steps.csv` ({len(rows)} runs, "
-        f"{len(ok)} ok). Plots are drawn from these files only.",
-        "## Setup", _setup_text(rows),
+        (f"Generated by `python -m bench.report` from `results.csv` and `steps.csv` ({len(rows)} runs, "
+        f"{len(ok)} ok). Plots are drawn from these files only."),
+        "## Setup",
+        _setup_text(rows),
         "## Protocol",
-        f"{len(steps_n) == 1 and steps_n.pop() or steps_n} steps per run, the first "
-        f"{len(warm_n) == 1 and warm_n.pop() or warm_n} are warm-up. {record.PROTOCOL_TEXT}.",
-        "## Throughput (Table 1 form)", table1(rows),
+        (f"{len(steps_n) == 1 and steps_n.pop() or steps_n} steps per run, the first "
+        f"{len(warm_n) == 1 and warm_n.pop() or warm_n} are warm-up. {record.PROTOCOL_TEXT}."),
+        "## Throughput (Table 1 form)",
+        table1(rows),
     ]
     if ratios:
-        lines = [f"- **{x['optimizer']} / {x['baseline']}: model-only ratio {fmt(x['model_only_ratio'], '.3f')}** "
-                 f"(model TFLOP/s per GPU; = step-time ratio {fmt(1 / x['step_time_ratio'] if x['step_time_ratio'] else None, '.3f')}"
-                 f", {fmt(x['extra_step_ms'], '+.1f')} ms per step); with NS FLOPs counted (published form) "
-                 f"{fmt(x['total_ratio'], '.3f')}"
-                 + ("" if x["resolved"] else "; the step-time difference is within the IQR of the runs, so this "
-                    "machine does not resolve it") for x in ratios]
-        parts += ["Model-only ratio against AdamW (the honest comparison; the published form adds NS FLOPs to the "
-                  "Muon side only):", "\n".join(lines)]
-    parts += ["## Optimizer step breakdown", breakdown(rows), "## Loss",
-              _md_table(["optimizer", "first step", "last step"],
-                        [[_label(r), fmt(r.get("loss_first"), ".4f"), fmt(r.get("loss_last"), ".4f")] for r in ok]),
-              _loss_note(ok)]
+        lines = [
+            f"- **{x['optimizer']} / {x['baseline']}: model-only ratio {fmt(x['model_only_ratio'], '.3f')}** "
+            f"(model TFLOP/s per GPU; = step-time ratio {fmt(1 / x['step_time_ratio'] if x['step_time_ratio'] else None, '.3f')}"
+            f", {fmt(x['extra_step_ms'], '+.1f')} ms per step); with NS FLOPs counted (published form) "
+            f"{fmt(x['total_ratio'], '.3f')}"
+            + (
+                ""
+                if x["resolved"]
+                else "; the step-time difference is within the IQR of the runs, so this "
+                "machine does not resolve it"
+            )
+            for x in ratios
+        ]
+        parts += [
+            ("Model-only ratio against AdamW (the honest comparison; the published form adds NS FLOPs to the "
+            "Muon side only):"),
+            "\n".join(lines),
+        ]
+    parts += [
+        "## Optimizer step breakdown",
+        breakdown(rows),
+        "## Loss",
+        _md_table(
+            ["optimizer", "first step", "last step"],
+            [[_label(r), fmt(r.get("loss_first"), ".4f"), fmt(r.get("loss_last"), ".4f")] for r in ok],
+        ),
+        _loss_note(ok),
+    ]
     if failed:
-        parts += ["## Failed runs", _md_table(["run", "optimizer", "status", "error"], [
-            [str(r["run_id"]), str(r["optimizer"]), str(r["status"]),
-             f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}".replace("|", "/").replace("\n", " ")]
-            for r in failed])]
+        parts += [
+            "## Failed runs",
+            _md_table(
+                ["run", "optimizer", "status", "error"],
+                [
+                    [
+                        str(r["run_id"]),
+                        str(r["optimizer"]),
+                        str(r["status"]),
+                        f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}".replace(
+                            "|", "/"
+                        ).replace("\n", " "),
+                    ]
+                    for r in failed
+                ],
+            ),
+        ]
     peak = [r for r in ok if _num(r.get("peak_mem_bytes"))]
     if peak:
-        parts += ["## Memory", _md_table(["optimizer", "peak memory per rank, MiB"],
-                                         [[_label(r), fmt(r["peak_mem_bytes"], ".0f", 2**-20)] for r in peak]),
-                  "GPU: torch.cuda.max_memory_allocated; CPU: peak resident set size of the rank process."]
+        parts += [
+            "## Memory",
+            _md_table(
+                ["optimizer", "peak memory per rank, MiB"],
+                [[_label(r), fmt(r["peak_mem_bytes"], ".0f", 2**-20)] for r in peak],
+            ),
+            "GPU: torch.cuda.max_memory_allocated; CPU: peak resident set size of the rank process.",
+        ]
     dest.mkdir(parents=True, exist_ok=True)
     if ok:
         _plot_tflops(rows, dest / "tflops.png")
@@ -297,13 +403,18 @@ def main(argv: list[str] | None = None) -> int:
     if not name:
         collected = sorted(args.reports.glob("*/results.csv"), key=lambda p: p.stat().st_mtime)
         if not collected:
-            print(f"error: no --name and no {args.reports}/*/results.csv; run `python -m bench.collect` first",
-                  file=sys.stderr)
+            print(
+                f"error: no --name and no {args.reports}/*/results.csv; run `python -m bench.collect` first",
+                file=sys.stderr,
+            )
             return 2
         name = collected[-1].parent.name
     dest = args.reports / str(name)
     if not (dest / "results.csv").exists():
-        print(f"error: {dest / 'results.csv'} does not exist; run `python -m bench.collect` first", file=sys.stderr)
+        print(
+            f"error: {dest / 'results.csv'} does not exist; run `python -m bench.collect` first",
+            file=sys.stderr,
+        )
         return 2
     results = pd.read_csv(dest / "results.csv")
     steps = pd.read_csv(dest / "steps.csv")

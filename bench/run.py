@@ -42,10 +42,15 @@ def with_hydra_defaults(argv: list[str]) -> list[str]:
 def _note_run(out_dir: Path, run_dir: Path, status: str, report_name: str) -> None:
     """Add a run to `<out_dir>/LATEST.json` (the manifest of this invocation)."""
     _INVOCATION["runs"].append({"run_dir": str(run_dir), "status": status})
-    record.write_json_atomic(out_dir / "LATEST.json", {
-        "invocation": _INVOCATION["id"], "command": ["python", "-m", "bench.run", *_INVOCATION["argv"]],
-        "report_name": report_name, "runs": [r["run_dir"] for r in _INVOCATION["runs"]],
-    })
+    record.write_json_atomic(
+        out_dir / "LATEST.json",
+        {
+            "invocation": _INVOCATION["id"],
+            "command": ["python", "-m", "bench.run", *_INVOCATION["argv"]],
+            "report_name": report_name,
+            "runs": [r["run_dir"] for r in _INVOCATION["runs"]],
+        },
+    )
 
 
 def _worker_error(run_dir: Path) -> dict[str, Any] | None:
@@ -64,8 +69,8 @@ def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, An
     status = record.classify_failure(returncode=res.returncode, timed_out=res.timed_out, worker_error=werr)
     error = {
         "type": (werr or {}).get("type") or ("Timeout" if res.timed_out else f"exit code {res.returncode}"),
-        "message": (werr or {}).get("message") or
-        (f"killed after bench.timeout_s" if res.timed_out else "worker exited without a structured error"),
+        "message": (werr or {}).get("message")
+        or ("killed after bench.timeout_s" if res.timed_out else "worker exited without a structured error"),
         "traceback": (werr or {}).get("traceback"),
         "returncode": res.returncode,
         "stderr_tail": res.stderr_tail,
@@ -76,8 +81,13 @@ def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, An
 def _fail_early(run_dir: Path, exc: Exception) -> dict[str, Any]:
     """Close a record whose run never started (config rule, launcher or device check)."""
     print(f"error: {exc}", file=sys.stderr)
-    error = {"type": type(exc).__name__, "message": str(exc), "traceback": None, "returncode": None,
-             "stderr_tail": record.tail(str(exc))}
+    error = {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": None,
+        "returncode": None,
+        "stderr_tail": record.tail(str(exc)),
+    }
     return record.finalize(run_dir, status="error", error=error)
 
 
@@ -98,13 +108,31 @@ def execute(cfg: Any) -> str:
     except ValueError as exc:
         raw = OmegaConf.to_container(cfg, resolve=True)
         assert isinstance(raw, dict)
-        record.write_json_atomic(run_dir / "run.json", record.new_run_record(
-            run_id=run_id, run_dir=run_dir, config=raw, config_hash=None, overrides=overrides, command=command))
+        record.write_json_atomic(
+            run_dir / "run.json",
+            record.new_run_record(
+                run_id=run_id,
+                run_dir=run_dir,
+                config=raw,
+                config_hash=None,
+                overrides=overrides,
+                command=command,
+            ),
+        )
         rec = _fail_early(run_dir, exc)
         _note_run(out_dir, run_dir, rec["status"], str(cfg.bench.report_name))
         return rec["status"]
-    record.write_json_atomic(run_dir / "run.json", record.new_run_record(
-        run_id=run_id, run_dir=run_dir, config=cfg_dict, config_hash=chash, overrides=overrides, command=command))
+    record.write_json_atomic(
+        run_dir / "run.json",
+        record.new_run_record(
+            run_id=run_id,
+            run_dir=run_dir,
+            config=cfg_dict,
+            config_hash=chash,
+            overrides=overrides,
+            command=command,
+        ),
+    )
     print(f"== run {run_id}: {' '.join(overrides) or '(defaults)'}", file=sys.stderr, flush=True)
     try:
         res = launch.launch(root, run_dir)
@@ -137,10 +165,12 @@ def summary_line(rec: dict[str, Any]) -> str:
         v = s.get(key)
         return "n/a" if v is None else format(v * scale, fmt)
 
-    return (f"{head}: step {f('step_s_median', 1e3)} ms (IQR {f('step_s_iqr', 1e3)}), "
-            f"optimizer {f('optim_s_median', 1e3)} ms (NS {f('ns_s_median', 1e3)}), "
-            f"model {f('model_tflops_per_gpu')} + NS {f('ns_tflops_per_gpu')} TFLOP/s per GPU, "
-            f"loss {f('loss_first', fmt='.4f')} -> {f('loss_last', fmt='.4f')}")
+    return (
+        f"{head}: step {f('step_s_median', 1e3)} ms (IQR {f('step_s_iqr', 1e3)}), "
+        f"optimizer {f('optim_s_median', 1e3)} ms (NS {f('ns_s_median', 1e3)}), "
+        f"model {f('model_tflops_per_gpu')} + NS {f('ns_tflops_per_gpu')} TFLOP/s per GPU, "
+        f"loss {f('loss_first', fmt='.4f')} -> {f('loss_last', fmt='.4f')}"
+    )
 
 
 def main() -> None:
@@ -154,8 +184,10 @@ def main() -> None:
     runs = _INVOCATION["runs"]
     bad = [r for r in runs if r["status"] != "ok"]
     if runs:
-        print(f"== {len(runs) - len(bad)}/{len(runs)} runs ok" + (
-            "; not ok: " + ", ".join(f"{r['run_dir']} ({r['status']})" for r in bad) if bad else ""))
+        print(
+            f"== {len(runs) - len(bad)}/{len(runs)} runs ok"
+            + ("; not ok: " + ", ".join(f"{r['run_dir']} ({r['status']})" for r in bad) if bad else "")
+        )
     if bad:
         sys.exit(1)
 

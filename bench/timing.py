@@ -75,8 +75,9 @@ class PhaseTimer:
                 for key in keys:
                     self._cpu[key] += dt
 
-    def wrap(self, fn: Callable[..., Any], phase: str,
-             count: Callable[..., float] | None = None) -> Callable[..., Any]:
+    def wrap(
+        self, fn: Callable[..., Any], phase: str, count: Callable[..., float] | None = None
+    ) -> Callable[..., Any]:
         """`fn` with every call timed under `phase`; `count(*args, **kwargs)` is added to `counters[phase + '_flops']`."""
 
         @functools.wraps(fn)

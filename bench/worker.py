@@ -25,8 +25,11 @@ _EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s")
 def rank_info() -> RankInfo:
     """This process's place, from torchrun's environment (a plain `python -m bench.worker` is rank 0 of 1)."""
     env = os.environ
-    return RankInfo(rank=int(env.get("RANK", 0)), world_size=int(env.get("WORLD_SIZE", 1)),
-                    local_rank=int(env.get("LOCAL_RANK", 0)))
+    return RankInfo(
+        rank=int(env.get("RANK", 0)),
+        world_size=int(env.get("WORLD_SIZE", 1)),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+    )
 
 
 def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any]:
@@ -36,8 +39,11 @@ def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any
 
     values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
     if rank.world_size > 1:
-        buf = torch.tensor([float("nan") if v is None else float(v) for v in values.values()] + [m.loss],
-                           dtype=torch.float64, device=device)
+        buf = torch.tensor(
+            [float("nan") if v is None else float(v) for v in values.values()] + [m.loss],
+            dtype=torch.float64,
+            device=device,
+        )
         maxes = buf[:-1].clone()
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
         loss = buf[-1:].clone()
@@ -55,18 +61,27 @@ def _torch_facts() -> dict[str, Any]:
     import torch
 
     facts: dict[str, Any] = {
-        "torch": torch.__version__, "cuda": torch.version.cuda, "num_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "num_threads": torch.get_num_threads(),
         "cuda_available": torch.cuda.is_available(),
     }
     if torch.cuda.is_available():
-        facts.update(gpu_name=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
-                     nccl=".".join(map(str, torch.cuda.nccl.version())))
+        facts.update(
+            gpu_name=torch.cuda.get_device_name(0),
+            gpu_count=torch.cuda.device_count(),
+            nccl=".".join(map(str, torch.cuda.nccl.version())),
+        )
     return facts
 
 
 def _write_error(run_dir: Path, rank: RankInfo, exc: BaseException) -> dict[str, Any]:
-    err = {"rank": rank.rank, "type": type(exc).__name__, "message": str(exc)[:2000],
-           "traceback": record.tail("".join(traceback.format_exception(exc)))}
+    err = {
+        "rank": rank.rank,
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": record.tail("".join(traceback.format_exception(exc))),
+    }
     record.write_json_atomic(run_dir / f"worker_error.rank{rank.rank}.json", err)
     return err
 
@@ -85,20 +100,29 @@ def run(run_dir: Path) -> None:
     try:
         engine.setup(cfg, rank)
         if rank.rank == 0:
-            record.update_run_json(run_dir, worker={**_torch_facts(), "timer": engine.timer,
-                                                    "engine": engine.describe()})
+            record.update_run_json(
+                run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()}
+            )
         bar = None
         if rank.rank == 0 and cfg.bench.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=cfg.bench.steps, desc=f"{cfg.optimizer.name}", unit="step", file=sys.stderr,
-                       dynamic_ncols=True, mininterval=0.5)
+            bar = tqdm(
+                total=cfg.bench.steps,
+                desc=f"{cfg.optimizer.name}",
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                mininterval=0.5,
+            )
         for i in range(cfg.bench.steps):
             row = reduce_metrics(engine.step(), rank, engine.device)
             if log is not None:
                 log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
             if bar is not None:
-                bar.set_postfix(loss=f"{row['loss']:.3f}", step_ms=f"{row['step_s'] * 1e3:.0f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{row['loss']:.3f}", step_ms=f"{row['step_s'] * 1e3:.0f}", refresh=False
+                )
                 bar.update(1)
         if bar is not None:
             bar.close()
@@ -112,7 +136,9 @@ def run(run_dir: Path) -> None:
         if log is not None:
             log.close()
             status = record.classify_failure(returncode=None, timed_out=False, worker_error=err)
-            record.finalize(run_dir, status=status, error={k: err[k] for k in ("type", "message", "traceback")})
+            record.finalize(
+                run_dir, status=status, error={k: err[k] for k in ("type", "message", "traceback")}
+            )
         raise
     finally:
         engine.teardown()

@@ -37,7 +37,9 @@ def engine_class(name: str) -> type[Engine]:
         missing = exc.name or "?"
         if missing == module_name:
             raise ValueError(f"engine.name={name!r}: {module_name} is not in this checkout yet") from exc
-        raise ValueError(f"engine.name={name!r} is unavailable here: it needs the package {missing!r} ({exc})") from exc
+        raise ValueError(
+            f"engine.name={name!r} is unavailable here: it needs the package {missing!r} ({exc})"
+        ) from exc
     cls = getattr(module, cls_name, None)
     if cls is None:
         raise ValueError(f"engine.name={name!r}: {module_name} defines no class {cls_name}")

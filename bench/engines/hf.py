@@ -42,10 +42,14 @@ class TokenStream:
         if spec.startswith("text:"):
             path = Path(spec.removeprefix("text:"))
             if vocab_size < 256:
-                raise ValueError(f"bench.data={spec!r}: byte-level text needs model.vocab_size >= 256, got {vocab_size}")
+                raise ValueError(
+                    f"bench.data={spec!r}: byte-level text needs model.vocab_size >= 256, got {vocab_size}"
+                )
             data = torch.frombuffer(bytearray(path.read_bytes()), dtype=torch.uint8).long()
             if data.numel() <= seq_length:
-                raise ValueError(f"bench.data={spec!r}: file has {data.numel()} bytes, needs > seq_length={seq_length}")
+                raise ValueError(
+                    f"bench.data={spec!r}: file has {data.numel()} bytes, needs > seq_length={seq_length}"
+                )
             self.text = data
             return
         raise ValueError(f"bench.data={spec!r}: the hf engine reads 'mock' or 'text:<path>'")
@@ -57,7 +61,7 @@ class TokenStream:
         return torch.stack([self.text[s : s + self.seq_length] for s in starts.tolist()])
 
 
-def lr_lambda(opt: Any, total_steps: int):  # noqa: ANN201 (a closure for LambdaLR)
+def lr_lambda(opt: Any, total_steps: int):
     """Linear warm-up to `lr` over `lr_warmup_steps`, then `lr_decay` to `min_lr` at `total_steps` (multiplier)."""
     warm, floor = opt.lr_warmup_steps, opt.min_lr / opt.lr if opt.lr else 0.0
     decay_steps = max(1, total_steps - warm)
@@ -90,12 +94,18 @@ class HFEngine(Engine):
         par, eng = cfg.parallelism, cfg.engine
         for knob in ("tp", "pp", "cp", "ep", "etp"):
             if getattr(par, knob) != 1:
-                raise ValueError(f"parallelism.{knob}={getattr(par, knob)}: the hf engine is pure data parallel "
-                                 "(allowed: 1); use engine=megatron for model parallelism")
+                raise ValueError(
+                    f"parallelism.{knob}={getattr(par, knob)}: the hf engine is pure data parallel "
+                    "(allowed: 1); use engine=megatron for model parallelism"
+                )
         if cfg.precision.name != "bf16":
-            raise ValueError(f"precision.name={cfg.precision.name!r}: the hf engine has no FP8 path; allowed: ['bf16']")
+            raise ValueError(
+                f"precision.name={cfg.precision.name!r}: the hf engine has no FP8 path; allowed: ['bf16']"
+            )
         if rank.world_size != par.world_size:
-            raise ValueError(f"parallelism.world_size={par.world_size} but {rank.world_size} processes were started")
+            raise ValueError(
+                f"parallelism.world_size={par.world_size} but {rank.world_size} processes were started"
+            )
         self.rank, self.cfg = rank, cfg
         if eng.device == "cuda":
             if not torch.cuda.is_available():
@@ -106,12 +116,17 @@ class HFEngine(Engine):
         else:
             self.device = "cpu"
         self.cuda = eng.device == "cuda"
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda else nullcontext())
+        self.autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.cuda else nullcontext()
         self.model = build_model(cfg.model, seed=cfg.bench.seed).to(self.device)
         self.grad_accum = par.grad_accum
         self.tokens_per_step = par.gbs * cfg.model.seq_length
-        self.data = TokenStream(cfg.bench.data, vocab_size=cfg.model.vocab_size, seq_length=cfg.model.seq_length,
-                                mbs=par.mbs, seed=cfg.bench.seed + 1 + rank.rank)
+        self.data = TokenStream(
+            cfg.bench.data,
+            vocab_size=cfg.model.vocab_size,
+            seq_length=cfg.model.seq_length,
+            mbs=par.mbs,
+            seed=cfg.bench.seed + 1 + rank.rank,
+        )
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.phases = PhaseTimer(cuda=self.cuda)
         self._build_optimizer()
@@ -131,23 +146,35 @@ class HFEngine(Engine):
         else:
             from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
 
-            lw_cfg = LayerWiseConfig(strategy=opt.assignment, grad_sync=opt.grad_sync,
-                                     overlap_param_gather=opt.overlap_param_gather, max_grad_norm=opt.clip_grad)
+            lw_cfg = LayerWiseConfig(
+                strategy=opt.assignment,
+                grad_sync=opt.grad_sync,
+                overlap_param_gather=opt.overlap_param_gather,
+                max_grad_norm=opt.clip_grad,
+            )
             self.layerwise = LayerWiseDistributedOptimizer(
-                named, lambda owned: optimizer_factory.build(owned, opt, naming="hf", layout=layout),
+                named,
+                lambda owned: optimizer_factory.build(owned, opt, naming="hf", layout=layout),
                 is_matrix=optimizer_factory.is_matrix(named, opt, naming="hf", layout=layout),
-                dp_group=dist.group.WORLD, config=lw_cfg)
+                dp_group=dist.group.WORLD,
+                config=lw_cfg,
+            )
             if opt.overlap_param_gather:
                 self.layerwise.register_forward_hooks(self.model)
             self.inner = self.layerwise.inner
-            self.distribution = (f"layerwise: whole matrices per rank ({opt.assignment}), grad {opt.grad_sync}, "
-                                 f"param all-gather{' overlapped with forward' if opt.overlap_param_gather else ''}")
+            self.distribution = (
+                f"layerwise: whole matrices per rank ({opt.assignment}), grad {opt.grad_sync}, "
+                f"param all-gather{' overlapped with forward' if opt.overlap_param_gather else ''}"
+            )
             self.layerwise._clip = self.phases.wrap(self.layerwise._clip, "clip")
             for d in self.layerwise.domains:
                 for method in ("sync_grads", "start_gather", "finish_gather"):
                     setattr(d, method, self.phases.wrap(getattr(d, method), "comm"))
-        self.scheduler = (None if self.inner is None else
-                          torch.optim.lr_scheduler.LambdaLR(self.inner, lr_lambda(opt, self.cfg.bench.steps)))
+        self.scheduler = (
+            None
+            if self.inner is None
+            else torch.optim.lr_scheduler.LambdaLR(self.inner, lr_lambda(opt, self.cfg.bench.steps))
+        )
 
     def _instrument(self) -> None:
         """Time the matrix optimizer's orthogonalize calls (NS FLOPs from their shapes) and the AdamW step."""
@@ -169,6 +196,7 @@ class HFEngine(Engine):
             case _:
                 k = -1
         if k >= 0:
+
             def count(x: torch.Tensor) -> float:
                 return ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])  # x: (B, m, n)
 
@@ -226,13 +254,20 @@ class HFEngine(Engine):
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         return StepMetrics(
-            step_s=s["step"], fwd_bwd_s=s["fwd_bwd"] - s.get("fwd_bwd/comm", 0.0),
+            step_s=s["step"],
+            fwd_bwd_s=s["fwd_bwd"] - s.get("fwd_bwd/comm", 0.0),
             optim_s=s["optim"] - s.get("optim/comm", 0.0),
             ns_s=s.get("ns", 0.0) if self.ns_timed else None,
             comm_s=s.get("comm", 0.0),
-            tokens=self.tokens_per_step, loss=loss, peak_mem_bytes=int(peak),
+            tokens=self.tokens_per_step,
+            loss=loss,
+            peak_mem_bytes=int(peak),
             ns_flops=float(t.counters.get("ns_flops", 0.0)),
-            extra={"cpu_s": time.process_time() - cpu0, "adamw_s": s.get("adamw", 0.0), "clip_s": s.get("clip", 0.0)},
+            extra={
+                "cpu_s": time.process_time() - cpu0,
+                "adamw_s": s.get("adamw", 0.0),
+                "clip_s": s.get("clip", 0.0),
+            },
         )
 
     def describe(self) -> dict[str, Any]:

@@ -21,32 +21,39 @@ def padded_vocab_size(model: ModelConfig) -> int:
 def _rope(model: ModelConfig) -> dict[str, Any]:
     if model.rope_scaling_factor == 1.0:
         return {"rope_type": "default", "rope_theta": model.rotary_base}
-    return {"rope_type": "yarn", "rope_theta": model.rotary_base, "factor": model.rope_scaling_factor,
-            "original_max_position_embeddings": model.rope_original_max_position_embeddings}
+    return {
+        "rope_type": "yarn",
+        "rope_theta": model.rotary_base,
+        "factor": model.rope_scaling_factor,
+        "original_max_position_embeddings": model.rope_original_max_position_embeddings,
+    }
 
 
 def hf_config(model: ModelConfig) -> Any:
     """The transformers config equivalent to `model` (`Qwen3MoeConfig` or `DeepseekV3Config`)."""
-    common = dict(
-        vocab_size=padded_vocab_size(model),
-        hidden_size=model.hidden_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads,
-        max_position_embeddings=max(model.seq_length,
-                                    int(model.rope_original_max_position_embeddings * model.rope_scaling_factor)),
-        rms_norm_eps=model.norm_eps,
-        tie_word_embeddings=model.tie_embeddings,
-        rope_parameters=_rope(model),
-        use_cache=False,
-        attention_bias=False,
-    )
+    common = {
+        "vocab_size": padded_vocab_size(model),
+        "hidden_size": model.hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "max_position_embeddings": max(
+            model.seq_length, int(model.rope_original_max_position_embeddings * model.rope_scaling_factor)
+        ),
+        "rms_norm_eps": model.norm_eps,
+        "tie_word_embeddings": model.tie_embeddings,
+        "rope_parameters": _rope(model),
+        "use_cache": False,
+        "attention_bias": False,
+    }
     match model.family:
         case "qwen3_moe":
             from transformers import Qwen3MoeConfig
 
             if model.moe_router_score_function != "softmax":
-                raise ValueError(f"model.moe_router_score_function={model.moe_router_score_function!r}: "
-                                 "transformers' Qwen3-MoE routes with softmax; allowed: ['softmax']")
+                raise ValueError(
+                    f"model.moe_router_score_function={model.moe_router_score_function!r}: "
+                    "transformers' Qwen3-MoE routes with softmax; allowed: ['softmax']"
+                )
             if model.moe_shared_expert_intermediate_size:
                 raise ValueError(
                     f"model.moe_shared_expert_intermediate_size={model.moe_shared_expert_intermediate_size}: "
@@ -70,11 +77,15 @@ def hf_config(model: ModelConfig) -> Any:
             from transformers import DeepseekV3Config
 
             if model.moe_router_score_function != "sigmoid":
-                raise ValueError(f"model.moe_router_score_function={model.moe_router_score_function!r}: "
-                                 "transformers' DeepSeek-V3 routes with sigmoid; allowed: ['sigmoid']")
+                raise ValueError(
+                    f"model.moe_router_score_function={model.moe_router_score_function!r}: "
+                    "transformers' DeepSeek-V3 routes with sigmoid; allowed: ['sigmoid']"
+                )
             if model.moe_shared_expert_intermediate_size not in (0, model.moe_ffn_hidden_size):
-                raise ValueError(f"model.moe_shared_expert_intermediate_size={model.moe_shared_expert_intermediate_size}: "
-                                 f"DeepSeek-V3 shared experts have the expert size; allowed: [0, {model.moe_ffn_hidden_size}]")
+                raise ValueError(
+                    f"model.moe_shared_expert_intermediate_size={model.moe_shared_expert_intermediate_size}: "
+                    f"DeepSeek-V3 shared experts have the expert size; allowed: [0, {model.moe_ffn_hidden_size}]"
+                )
 
             return DeepseekV3Config(
                 **common,

@@ -12,19 +12,32 @@ import pytest
 
 pytestmark = pytest.mark.dist
 
-COMMON = ["experiment=cpu/qwen3_moe_tiny_dp2", "bench.steps=3", "bench.warmup_steps=1", "bench.progress=false"]
+COMMON = [
+    "experiment=cpu/qwen3_moe_tiny_dp2",
+    "bench.steps=3",
+    "bench.warmup_steps=1",
+    "bench.progress=false",
+]
 
 
 def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_sweep_runs_records_and_reports(tmp_path):
     """A 2-rank AdamW/Muon sweep with one impossible-layout job: the sweep goes on, every job leaves a record."""
     out = tmp_path / "runs"
-    res = _cli("bench.run", "-m", "optimizer=adamw,muon", "parallelism.gbs=8,6", *COMMON, f"bench.out_dir={out}",
-               cwd=tmp_path)
+    res = _cli(
+        "bench.run",
+        "-m",
+        "optimizer=adamw,muon",
+        "parallelism.gbs=8,6",
+        *COMMON,
+        f"bench.out_dir={out}",
+        cwd=tmp_path,
+    )
     assert res.returncode == 1, res.stdout + res.stderr  # the two gbs=6 jobs break a layout rule
     assert "global batch must be divisible by MBS x DP" in res.stderr
     recs = {p.parent.name: json.loads(p.read_text()) for p in out.rglob("run.json")}
@@ -33,14 +46,17 @@ def test_sweep_runs_records_and_reports(tmp_path):
     assert sorted(ok) == ["0_adamw", "2_muon"]
     assert {recs[n]["error"]["type"] for n in ("1_adamw", "3_muon")} == {"ConfigError"}
     assert all(recs[n]["launch_command"] is None for n in ("1_adamw", "3_muon"))  # failed before launch
-    for name, rec in ok.items():
+    for rec in ok.values():
         steps = [json.loads(x) for x in (out / rec["run_id"] / "steps.jsonl").read_text().splitlines()]
         assert [s["warmup"] for s in steps] == [True, False, False]
         assert all(s["tokens"] == 8 * 64 and s["step_s"] > 0 and s["comm_s"] > 0 for s in steps)
         assert "--nproc_per_node=2" in rec["launch_command"]
         assert rec["worker"]["timer"] == "perf_counter" and rec["summary"]["model_tflops_per_gpu"] > 0
     muon = ok["2_muon"]["summary"]
-    assert muon["ns_s_median"] > 0 and 0 < muon["ns_flops_per_gpu_per_step"] <= muon["ns_flops_enumerated_per_step"]
+    assert (
+        muon["ns_s_median"] > 0
+        and 0 < muon["ns_flops_per_gpu_per_step"] <= muon["ns_flops_enumerated_per_step"]
+    )
     assert ok["0_adamw"]["summary"]["ns_s_median"] is None
     assert "layerwise" in ok["2_muon"]["worker"]["engine"]["optimizer_distribution"]
 
@@ -58,8 +74,14 @@ def test_sweep_runs_records_and_reports(tmp_path):
 def test_failing_rank_leaves_an_error_record(tmp_path):
     """A worker exception (missing data file) on both ranks: status error with the exception and stderr tail."""
     out = tmp_path / "runs"
-    res = _cli("bench.run", "optimizer=adamw", "bench.data=text:/nonexistent/corpus.txt", *COMMON,
-               f"bench.out_dir={out}", cwd=tmp_path)
+    res = _cli(
+        "bench.run",
+        "optimizer=adamw",
+        "bench.data=text:/nonexistent/corpus.txt",
+        *COMMON,
+        f"bench.out_dir={out}",
+        cwd=tmp_path,
+    )
     assert res.returncode == 1
     (path,) = out.rglob("run.json")
     rec = json.loads(path.read_text())

@@ -17,7 +17,7 @@ def runs(tmp_path_factory):
 
 def test_collect_one_row_per_run_including_failed(runs, tmp_path):
     """Localises a collector that drops failed runs (a sweep silently shrinking) or mixes up columns."""
-    root, dirs = runs
+    _root, dirs = runs
     results, steps = collect.collect(dirs, tmp_path)
     assert list(results["run_id"]) == ["0_adamw", "1_muon", "2_muon"]
     assert list(results["status"]) == ["ok", "ok", "error"]
@@ -35,7 +35,9 @@ def test_collect_one_row_per_run_including_failed(runs, tmp_path):
 
 def test_collect_cli_uses_latest_manifest(runs, tmp_path, capsys):
     root, dirs = runs
-    record.write_json_atomic(root / "LATEST.json", {"report_name": "fixture", "runs": [str(d) for d in dirs[:2]]})
+    record.write_json_atomic(
+        root / "LATEST.json", {"report_name": "fixture", "runs": [str(d) for d in dirs[:2]]}
+    )
     assert collect.main(["--out-dir", str(root), "--reports", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "0_adamw" in out and "2_muon" not in out

@@ -11,8 +11,19 @@ ONE_RANK = RankInfo(rank=0, world_size=1, local_rank=0)
 
 
 def _cfg(*overrides: str):
-    return config.load(["model=qwen3_moe_tiny", "parallelism=single_gpu", "parallelism.gbs=4", "parallelism.mbs=2",
-                        "engine=hf", "hardware=cpu", "bench.steps=3", "bench.warmup_steps=1", *overrides])
+    return config.load(
+        [
+            "model=qwen3_moe_tiny",
+            "parallelism=single_gpu",
+            "parallelism.gbs=4",
+            "parallelism.mbs=2",
+            "engine=hf",
+            "hardware=cpu",
+            "bench.steps=3",
+            "bench.warmup_steps=1",
+            *overrides,
+        ]
+    )
 
 
 def _run(cfg, steps: int = 2):
@@ -40,7 +51,7 @@ def test_muon_step_metrics_and_ns_flops_match_the_enumeration():
 def test_adamw_baseline_has_no_ns_and_all_params_on_adamw():
     metrics, info = _run(_cfg("optimizer=adamw"))
     assert metrics[-1].ns_s is None and metrics[-1].ns_flops == 0.0
-    assert set(k.split("/")[0] for k in info["routes"]) == {"adamw"}
+    assert {k.split("/")[0] for k in info["routes"]} == {"adamw"}
 
 
 def test_same_seed_same_losses():
@@ -66,7 +77,11 @@ def test_bad_engine_inputs_are_value_errors():
 def test_lr_schedule_warmup_then_cosine_to_min():
     from bench.engines.hf import lr_lambda
 
-    opt = _cfg("optimizer=muon", "optimizer.lr_warmup_steps=4", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4").optimizer
+    opt = _cfg(
+        "optimizer=muon", "optimizer.lr_warmup_steps=4", "optimizer.lr=1e-3", "optimizer.min_lr=1e-4"
+    ).optimizer
     mult = lr_lambda(opt, total_steps=14)
     assert [mult(i) for i in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
-    assert mult(9) == pytest.approx(0.55) and mult(14) == pytest.approx(0.1) and mult(20) == pytest.approx(0.1)
+    assert (
+        mult(9) == pytest.approx(0.55) and mult(14) == pytest.approx(0.1) and mult(20) == pytest.approx(0.1)
+    )

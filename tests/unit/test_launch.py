@@ -95,9 +95,11 @@ def test_bench_modules_import_without_torch():
     """Launching and tabulating must work where torch cannot be imported (login node)."""
     import subprocess
 
-    code = ("import sys; sys.modules['torch'] = None\n"
-            "import bench.run, bench.launch, bench.record, bench.collect, bench.report, bench.engines\n"
-            "print('ok')")
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import bench.run, bench.launch, bench.record, bench.collect, bench.report, bench.engines\n"
+        "print('ok')"
+    )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 

@@ -37,8 +37,10 @@ def test_steplog_rejects_keys_outside_vocabulary_and_reader_drops_torn_line(tmp_
 def test_summarize_excludes_warmup_and_uses_median_iqr():
     """Localises warm-up leaking into the statistic or a TFLOP/s formula that forgets the GPU count."""
     times = [9.0, 9.0, 1.0, 3.0, 2.0, 4.0]
-    steps = [{"step": i, "warmup": i < 2, "step_s": t, "tokens": 100, "loss": 1.0, "ns_flops": 5e11}
-             for i, t in enumerate(times)]
+    steps = [
+        {"step": i, "warmup": i < 2, "step_s": t, "tokens": 100, "loss": 1.0, "ns_flops": 5e11}
+        for i, t in enumerate(times)
+    ]
     s = record.summarize(steps, world_size=2, model_flops_per_step=8e12, peak_tflops=10.0)
     assert s["num_steady_steps"] == 4
     assert s["step_s_median"] == 2.5
@@ -55,7 +57,13 @@ def test_fixture_run_record_has_provenance_and_summary(tmp_path):
     run = make_run(tmp_path, "0_muon", "muon")
     rec = record.read_json(run / "run.json")
     assert rec["schema"] == record.RUN_SCHEMA and rec["status"] == "ok" and rec["error"] is None
-    assert set(rec["versions"]) >= {"torch", "megatron-core", "megatron-bridge", "transformers", "emerging-optimizers"}
+    assert set(rec["versions"]) >= {
+        "torch",
+        "megatron-core",
+        "megatron-bridge",
+        "transformers",
+        "emerging-optimizers",
+    }
     assert rec["versions"]["torch"].startswith("2.")
     assert len(rec["git"]["sha"]) == 40 and isinstance(rec["git"]["dirty"], bool)
     assert rec["hardware"]["cpu_count"] >= 1
@@ -82,12 +90,15 @@ def test_failed_run_still_writes_complete_record(tmp_path):
     assert rec["end_time"] and rec["duration_s"] >= 0 and rec["config"]["optimizer"]["name"] == "muon"
 
 
-@pytest.mark.parametrize(("kw", "want"), [
-    ({"returncode": None, "timed_out": True, "worker_error": None}, "timeout"),
-    ({"returncode": 1, "timed_out": False, "worker_error": {"type": "OutOfMemoryError"}}, "oom"),
-    ({"returncode": -9, "timed_out": False, "worker_error": None}, "oom"),
-    ({"returncode": 1, "timed_out": False, "worker_error": {"type": "ValueError"}}, "error"),
-])
+@pytest.mark.parametrize(
+    ("kw", "want"),
+    [
+        ({"returncode": None, "timed_out": True, "worker_error": None}, "timeout"),
+        ({"returncode": 1, "timed_out": False, "worker_error": {"type": "OutOfMemoryError"}}, "oom"),
+        ({"returncode": -9, "timed_out": False, "worker_error": None}, "oom"),
+        ({"returncode": 1, "timed_out": False, "worker_error": {"type": "ValueError"}}, "error"),
+    ],
+)
 def test_classify_failure(kw, want):
     assert record.classify_failure(**kw) == want
 

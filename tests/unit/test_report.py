@@ -17,7 +17,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 def rendered(tmp_path_factory):
     root = tmp_path_factory.mktemp("runs")
     dest = tmp_path_factory.mktemp("reports") / "fixture"
-    results, steps = collect.collect(make_fixture_runs(root), dest)
+    results, _steps = collect.collect(make_fixture_runs(root), dest)
     text = report.render(pd.read_csv(dest / "results.csv"), pd.read_csv(dest / "steps.csv"), dest, "fixture")
     return text, dest, results
 
