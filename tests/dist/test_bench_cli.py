@@ -72,13 +72,18 @@ def test_sweep_runs_records_and_reports(tmp_path):
 
 
 def test_failing_rank_leaves_an_error_record(tmp_path):
-    """A worker exception (missing data file) on both ranks: status error with the exception and stderr tail."""
+    """A worker exception (missing data file) under torchrun: status error with the exception and stderr tail.
+
+    One rank keeps it cheap; the 2-rank path is covered above."""
     out = tmp_path / "runs"
     res = _cli(
         "bench.run",
         "optimizer=adamw",
         "bench.data=text:/nonexistent/corpus.txt",
         *COMMON,
+        "parallelism.world_size=1",
+        "parallelism.gpus_per_node=1",
+        "parallelism.gbs=2",
         f"bench.out_dir={out}",
         cwd=tmp_path,
     )
