@@ -37,12 +37,16 @@ def state_dtype(p: torch.Tensor) -> torch.dtype:
     return torch.float32 if p.dtype in (torch.bfloat16, torch.float16) else p.dtype
 
 
-def finite_flags(tensors: Iterable[torch.Tensor]) -> list[bool]:
-    """isfinite(t).all() for each tensor with a single host sync."""
-    flags = [torch.isfinite(t).all() for t in tensors]
+def host_flags(flags: list[torch.Tensor]) -> list[bool]:
+    """0-d boolean device tensors -> Python bools with a single host sync."""
     if not flags:
         return []
     return [bool(f) for f in torch.stack(flags).tolist()]
+
+
+def finite_flags(tensors: Iterable[torch.Tensor]) -> list[bool]:
+    """isfinite(t).all() for each tensor with a single host sync."""
+    return host_flags([torch.isfinite(t).all() for t in tensors])
 
 
 def handle_nonfinite(

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from optim.functional.split import RowSplit
-from optim.optimizers.base import finite_flags, handle_nonfinite, keep_state_dtypes, param_names, state_dtype
+from optim.optimizers.base import handle_nonfinite, host_flags, keep_state_dtypes, param_names, state_dtype
 
 
 def shape_scale(rows: int, cols: int, mode: str) -> float:
@@ -78,7 +78,10 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         cfg = self.config
-        entries: list[tuple[torch.Tensor, dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        # Transient memory: the new momentum (and the Nesterov input) of every parameter until the update; the
+        # fp32 copy of a low-precision gradient lives only inside the loop body.
+        entries: list[tuple[torch.Tensor, dict[str, Any], torch.Tensor, torch.Tensor]] = []
+        checks: list[torch.Tensor] = []
         for group in self.param_groups:
             beta, wd = group["momentum"], group["weight_decay"]
             for p in group["params"]:
@@ -94,8 +97,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                     g = g.add(p.to(buf.dtype), alpha=wd)
                 new_buf = torch.lerp(buf, g, 1 - beta)
                 m = g.lerp(new_buf, beta) if cfg.nesterov else new_buf
-                entries.append((p, group, g, new_buf, m))
-        flags = finite_flags(t for e in entries for t in (e[2], e[3]))
+                entries.append((p, group, new_buf, m))
+                checks += [torch.isfinite(g).all(), torch.isfinite(new_buf).all()]
+        flags = host_flags(checks)
         names = param_names(self.param_groups)
         good, events = [], []
         for i, e in enumerate(entries):
@@ -107,10 +111,10 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
         for e in entries:
             self.state[e[0]]["step"] += 1
-        for p, _, _, new_buf, _ in good:
+        for p, _, new_buf, _ in good:
             self.state[p]["momentum_buffer"] = new_buf
-        updates = self._orthogonalize_all([(e[0], e[4]) for e in good])
-        for (p, group, _, _, _), u in zip(good, updates, strict=True):
+        updates = self._orthogonalize_all([(e[0], e[3]) for e in good])
+        for (p, group, _, _), u in zip(good, updates, strict=True):
             lr, wd = group["lr"], group["weight_decay"]
             if wd != 0 and cfg.weight_decay_method == "decoupled":
                 p.add_(p, alpha=-lr * wd)
