@@ -58,7 +58,8 @@ def format_text(res: dict[str, Any]) -> str:
              f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
              f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
              f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "
-             f"{res['info']['memory_gib']:.1f} (activations not counted)",
+             f"{res['info']['memory_gib']:.1f} (activations not counted)"
+             + ("  ** does not fit **" if res["info"]["state_memory_gib"] > res["info"]["memory_gib"] > 0 else ""),
              "  breakdown (s):"]
     lines += [f"    {k:<32} {v:.4f}" for k, v in res["breakdown"].items() if v]
     if res["tp_modes"]:
