@@ -211,7 +211,7 @@ class SOAPSchema(MatrixOptimizerSchema):
     precondition_frequency: int = 1
     max_precond_dim: int = 8192
     """Sides larger than this stay unpreconditioned."""
-    eps_eigenvalue: float = 1e-10
+    eps_eigenvalue: float = 1e-8
 
 
 # --------------------------------------------------------------------------------------------------------------
