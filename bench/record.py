@@ -40,6 +40,7 @@ STEP_KEYS = (
     "cpu_s",
     "adamw_s",
     "clip_s",
+    "grad_norm",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
 VERSION_PACKAGES = (

@@ -19,7 +19,7 @@ from bench import record
 from bench.engines import RankInfo, StepMetrics, engine_class
 
 _FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")
-_EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s")
+_EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s", "grad_norm")
 
 
 def rank_info() -> RankInfo:
@@ -33,25 +33,31 @@ def rank_info() -> RankInfo:
 
 
 def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any]:
-    """Times, memory and NS FLOPs: max over ranks; loss: mean over ranks. Unmeasured (None) values stay None."""
+    """Times, memory, NS FLOPs, grad norm: max over ranks; loss: mean over the ranks that report a finite loss
+    (with pipeline parallelism only the last stage has one). Unmeasured (None) values stay None."""
+    import math
+
     import torch
     import torch.distributed as dist
 
     values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
+    has_loss = m.loss is not None and math.isfinite(m.loss)
     if rank.world_size > 1:
-        buf = torch.tensor(
-            [float("nan") if v is None else float(v) for v in values.values()] + [m.loss],
+        maxes = torch.tensor(
+            [float("nan") if v is None else float(v) for v in values.values()],
             dtype=torch.float64,
             device=device,
         )
-        maxes = buf[:-1].clone()
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-        loss = buf[-1:].clone()
+        loss = torch.tensor(
+            [m.loss if has_loss else 0.0, float(has_loss)], dtype=torch.float64, device=device
+        )
         dist.all_reduce(loss, op=dist.ReduceOp.SUM)
         values = {k: None if v is None else float(x) for (k, v), x in zip(values.items(), maxes.tolist())}
-        loss_value = float(loss.item()) / rank.world_size
+        total, count = loss.tolist()
+        loss_value = total / count if count else float("nan")
     else:
-        loss_value = float(m.loss)
+        loss_value = float(m.loss) if has_loss else float("nan")
     if values["peak_mem_bytes"] is not None:
         values["peak_mem_bytes"] = int(values["peak_mem_bytes"])
     return {**values, "tokens": m.tokens, "loss": loss_value}

@@ -226,6 +226,7 @@ class HFEngine(Engine):
         cpu0 = time.process_time()
         (self.layerwise or self.inner).zero_grad(set_to_none=True)
         losses = []
+        grad_norm = None
         with t.phase("step"):
             with t.phase("fwd_bwd"):
                 for _ in range(self.grad_accum):
@@ -243,7 +244,9 @@ class HFEngine(Engine):
                 else:
                     if self.cfg.optimizer.clip_grad > 0:
                         with t.phase("clip"):
-                            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.optimizer.clip_grad)
+                            grad_norm = torch.nn.utils.clip_grad_norm_(
+                                self.params, self.cfg.optimizer.clip_grad
+                            )
                     self.inner.step()
                 if self.scheduler is not None:
                     self.scheduler.step()
@@ -267,7 +270,8 @@ class HFEngine(Engine):
                 "cpu_s": time.process_time() - cpu0,
                 "adamw_s": s.get("adamw", 0.0),
                 "clip_s": s.get("clip", 0.0),
-            },
+            }
+            | ({} if grad_norm is None else {"grad_norm": float(grad_norm)}),
         )
 
     def describe(self) -> dict[str, Any]:
