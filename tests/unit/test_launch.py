@@ -115,3 +115,18 @@ def test_slurm_script_of_kimi_k2_matches_its_layout(tmp_path, capsys):
     for key, value in cfg.launcher.env.items():
         assert f"export {key}={shlex.quote(str(value))}" in text
     assert text in capsys.readouterr().out
+
+
+def test_cli_unknown_option_lists_the_available_ones(tmp_path):
+    """`python -m bench.run optimizer=sgd` fails at compose time, before any run directory, naming the choices."""
+    import subprocess
+
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.run", "optimizer=sgd", f"bench.out_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode != 0
+    assert "Could not find 'optimizer/sgd'" in res.stderr and "muon" in res.stderr and "adamw" in res.stderr
+    assert not list(tmp_path.rglob("run.json"))
