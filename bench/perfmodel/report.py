@@ -200,7 +200,11 @@ def write_report(out_dir: str) -> str:
     base = {row.experiment: calibrate.load_row(row) for row in calibrate.TABLE1}
     cal = calibrate.calibration(base)
     fit, worst = calibrate.fit_gb300_hbm()
-    rows = [{"study": "calibration", **r} for r in cal] + sweeps(base)
+    from bench.perfmodel.validate import layer_step_comparison
+
+    layer_steps = layer_step_comparison()
+    rows = ([{"study": "calibration", **r} for r in cal] + sweeps(base)
+            + [{"study": "h200_layer_step", **r} for r in layer_steps])
     keys: list[str] = []
     for r in rows:
         keys += [k for k in r if k not in keys]
@@ -215,7 +219,7 @@ def write_report(out_dir: str) -> str:
 
     text = render(cal=cal, fit=fit, worst=worst, rows=rows, files=files, tp_table=tp_mode_table(tp_cfg),
                   command=COMMAND, constants=C, what_if=_what_if(),
-                  h200=h200_check(), ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")},
+                  h200=h200_check(), layer_steps=layer_steps, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")},
                   ns_hosts={p: nscost.ns_data(p).host_ms for p in ("published", "ours")})
     (out / "README.md").write_text(text)
     assert not any(isinstance(v, float) and math.isnan(v) for r in rows for v in r.values())

@@ -201,3 +201,19 @@ def test_h200_comparison_reads_collect_rows(tmp_path) -> None:
     assert len(rows) == 1 and rows[0]["profile"] == "ours"
     assert rows[0]["step_rel_error"] == pytest.approx(1 / 1.25 - 1)
     assert "0 of 1 runs predicted within 10%" in h200.compare(tmp_path)
+
+
+def test_layer_step_hand_checked() -> None:
+    """One Qwen3 layer's fused AdamW step on H200: 622,854,144 params x 30 B / (4.8 TB/s x 0.72) = 5.407 ms; the
+    published Muon loop is at least one host-bound NS call per matrix (260 matrices x 0.33 ms)."""
+    from bench.perfmodel import validate
+
+    model = load(["model=qwen3_30b_a3b"], validate_=False).model
+    items = validate.layer_items(model, 1, router=False)
+    assert len(items) == 260 and sum(it.rows * it.cols for it in items) == 622_854_144
+    h200 = nscost.load_hardware("h200")
+    adamw = validate.predict_layer_ms(model, 1, h200, "adamw", "published", router=False)
+    assert adamw == pytest.approx(622_854_144 * 30 / (4.8e12 * 0.72) * 1e3, rel=1e-9)
+    eo = validate.predict_layer_ms(model, 1, h200, "muon", "published", router=False)
+    ours = validate.predict_layer_ms(model, 1, h200, "muon", "ours", router=False)
+    assert eo >= 260 * C.NS_CALL_HOST_MS.value and ours < eo
