@@ -119,6 +119,7 @@ def run(run_dir: Path) -> None:
                 unit="step",
                 file=sys.stderr,
                 dynamic_ncols=True,
+                ascii=True,
                 mininterval=0.5,
             )
         for i in range(cfg.bench.steps):

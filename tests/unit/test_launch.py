@@ -130,3 +130,28 @@ def test_cli_unknown_option_lists_the_available_ones(tmp_path):
     assert res.returncode != 0
     assert "Could not find 'optimizer/sgd'" in res.stderr and "muon" in res.stderr and "adamw" in res.stderr
     assert not list(tmp_path.rglob("run.json"))
+
+
+def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_path):
+    """Localises a hung run that blocks the sweep, or a timed-out run recorded as ok/error."""
+    from bench import config as cfgmod
+    from bench import record
+
+    cfg = _cfg("bench.timeout_s=1")
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    monkeypatch.setattr(launch, "local_command", lambda cfg, run_dir: [sys.executable, "-c", child])
+    record.write_json_atomic(
+        tmp_path / "run.json",
+        record.new_run_record(
+            run_id="t",
+            run_dir=tmp_path,
+            config=cfgmod.as_dict(cfg),
+            config_hash="x",
+            overrides=[],
+            command=["x"],
+        ),
+    )
+    res = launch.run_local(cfg, tmp_path, echo=False)
+    assert res.timed_out and res.returncode is not None and res.returncode < 0
+    rec = run._close_after_launch(tmp_path, res)
+    assert rec["status"] == "timeout" and rec["error"]["type"] == "Timeout"
