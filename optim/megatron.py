@@ -103,7 +103,11 @@ def _role(name: str, param: torch.Tensor) -> str:
 
 def qkv_split(model_config: Any, rows: int) -> RowSplit | None:
     """Per-query-group [q, (gate,) k, v] blocks of a (TP-local) linear_qkv weight with `rows` rows (MCore layout)."""
-    heads, groups, d = model_config.num_attention_heads, model_config.num_query_groups, model_config.kv_channels
+    heads, groups, d = (
+        model_config.num_attention_heads,
+        model_config.num_query_groups,
+        model_config.kv_channels,
+    )
     if not groups or not d:
         return None
     q = heads // groups * d
@@ -115,7 +119,9 @@ def qkv_split(model_config: Any, rows: int) -> RowSplit | None:
     return RowSplit(num_groups=rows // sum(sizes), sizes=sizes, labels=labels)
 
 
-def classify_parameter(name: str, param: torch.Tensor, model_config: Any, routing: RoutingConfig) -> ParamRoute:
+def classify_parameter(
+    name: str, param: torch.Tensor, model_config: Any, routing: RoutingConfig
+) -> ParamRoute:
     """Route one Megatron parameter (see the module docstring for the rules)."""
     role = _role(name, param)
     to_adam = role in ("embedding", "output", "norm", "bias", "other") or param.ndim != 2
@@ -128,10 +134,16 @@ def classify_parameter(name: str, param: torch.Tensor, model_config: Any, routin
             split = qkv_split(model_config, rows)
         elif role == "mla_kv_down" and routing.split_mla_kv_down:
             split = RowSplit(
-                num_groups=1, sizes=(model_config.kv_lora_rank, model_config.qk_pos_emb_head_dim),
+                num_groups=1,
+                sizes=(model_config.kv_lora_rank, model_config.qk_pos_emb_head_dim),
                 labels=("latent", "rope"),
             )
-        elif role.endswith("fc1") and routing.split_gate_up and model_config.gated_linear_unit and rows % 2 == 0:
+        elif (
+            role.endswith("fc1")
+            and routing.split_gate_up
+            and model_config.gated_linear_unit
+            and rows % 2 == 0
+        ):
             split = RowSplit(num_groups=1, sizes=(rows // 2, rows // 2), labels=("gate", "up"))
     tp_sharded = bool(getattr(param, "tensor_model_parallel", False))
     return ParamRoute(
@@ -141,15 +153,22 @@ def classify_parameter(name: str, param: torch.Tensor, model_config: Any, routin
         shape=tuple(param.shape),
         is_expert=role.startswith("expert_"),
         expert_parallel=not getattr(param, "allreduce", True),
-        partition_dim=int(param.partition_dim) if tp_sharded and getattr(param, "partition_dim", -1) >= 0 else None,
+        partition_dim=_partition_dim(param) if tp_sharded else None,
         split=split,
         weight_decay=not (to_adam and routing.no_decay_1d and param.ndim == 1),
     )
 
 
-def classify(model_chunks: Iterable[torch.nn.Module], routing: RoutingConfig) -> list[tuple[torch.Tensor, ParamRoute]]:
+def _partition_dim(param: torch.Tensor) -> int | None:
+    dim = int(getattr(param, "partition_dim", -1))
+    return dim if dim >= 0 else None
+
+
+def classify(
+    model_chunks: Iterable[torch.nn.Module], routing: RoutingConfig
+) -> list[tuple[torch.Tensor, ParamRoute]]:
     """(parameter, route) for every trainable parameter of the (DDP/Float16-wrapped or bare) Megatron chunks."""
-    out = []
+    out: list[tuple[torch.Tensor, ParamRoute]] = []
     for chunk in model_chunks:
         model_config = _model_config(chunk)
         for name, p in chunk.named_parameters():
@@ -160,7 +179,7 @@ def classify(model_chunks: Iterable[torch.nn.Module], routing: RoutingConfig) ->
 
 def _strip_wrappers(name: str) -> str:
     while name.startswith("module."):
-        name = name[len("module."):]
+        name = name[len("module.") :]
     return name
 
 
@@ -190,8 +209,15 @@ def _fields(cls: type) -> set[str]:
 
 
 def megatron_optimizer_config(
-    *, optimizer: str, adamw: AdamWConfig, clip_grad: float, use_distributed_optimizer: bool, bf16: bool = True,
-    muon: MuonConfig | None = None, routing: RoutingConfig | None = None, tp_mode: str = "blockwise",
+    *,
+    optimizer: str,
+    adamw: AdamWConfig,
+    clip_grad: float,
+    use_distributed_optimizer: bool,
+    bf16: bool = True,
+    muon: MuonConfig | None = None,
+    routing: RoutingConfig | None = None,
+    tp_mode: str = "blockwise",
 ) -> Any:
     """Megatron `OptimizerConfig` for adam (baseline, or the Adam side of ours) or Megatron's built-in muon.
 
@@ -201,12 +227,19 @@ def megatron_optimizer_config(
     from megatron.core.optimizer import OptimizerConfig
 
     have = _fields(OptimizerConfig)
-    kw: dict[str, Any] = dict(
-        optimizer="adam", lr=adamw.lr, min_lr=adamw.lr, weight_decay=adamw.weight_decay,
-        adam_beta1=adamw.betas[0], adam_beta2=adamw.betas[1], adam_eps=adamw.eps, clip_grad=clip_grad,
-        bf16=bf16, params_dtype=torch.bfloat16 if bf16 else torch.float32,
-        use_distributed_optimizer=use_distributed_optimizer,
-    )
+    kw: dict[str, Any] = {
+        "optimizer": "adam",
+        "lr": adamw.lr,
+        "min_lr": adamw.lr,
+        "weight_decay": adamw.weight_decay,
+        "adam_beta1": adamw.betas[0],
+        "adam_beta2": adamw.betas[1],
+        "adam_eps": adamw.eps,
+        "clip_grad": clip_grad,
+        "bf16": bf16,
+        "params_dtype": torch.bfloat16 if bf16 else torch.float32,
+        "use_distributed_optimizer": use_distributed_optimizer,
+    }
     if optimizer == "muon":
         if muon is None or routing is None:
             raise ValueError("optimizer='muon' needs the muon and routing configs")
@@ -215,11 +248,18 @@ def megatron_optimizer_config(
         if muon.coefficient_type == "custom":
             raise ValueError("coefficient_type='custom' is not available in Megatron's built-in Muon")
         kw.update(
-            lr=muon.lr, min_lr=muon.lr, weight_decay=muon.weight_decay, use_distributed_optimizer=False,
-            muon_momentum=muon.momentum, muon_split_qkv=routing.split_qkv, muon_scale_mode=muon.scale_mode,
+            lr=muon.lr,
+            min_lr=muon.lr,
+            weight_decay=muon.weight_decay,
+            use_distributed_optimizer=False,
+            muon_momentum=muon.momentum,
+            muon_split_qkv=routing.split_qkv,
+            muon_scale_mode=muon.scale_mode,
             muon_fp32_matmul_prec="medium" if muon.ns_precision == "bf16" else "highest",
-            muon_coefficient_type=muon.coefficient_type, muon_num_ns_steps=muon.num_ns_steps,
-            muon_tp_mode=tp_mode, muon_extra_scale_factor=muon.extra_scale_factor,
+            muon_coefficient_type=muon.coefficient_type,
+            muon_num_ns_steps=muon.num_ns_steps,
+            muon_tp_mode=tp_mode,
+            muon_extra_scale_factor=muon.extra_scale_factor,
         )
         kw["muon_nesterov" if "muon_nesterov" in have else "muon_use_nesterov"] = muon.nesterov
         if "use_layer_wise_distributed_optimizer" in have:
@@ -230,7 +270,9 @@ def megatron_optimizer_config(
         raise ValueError(f"optimizer={optimizer!r} is not one of ('adam', 'muon')")
     unknown = set(kw) - have
     if unknown:
-        raise ValueError(f"megatron-core's OptimizerConfig lacks {sorted(unknown)}: unsupported megatron-core version")
+        raise ValueError(
+            f"megatron-core's OptimizerConfig lacks {sorted(unknown)}: unsupported megatron-core version"
+        )
     return OptimizerConfig(**kw)
 
 
@@ -243,8 +285,10 @@ def ddp_config(*, kind: str, distributed: bool, overlap_grad_reduce: bool) -> An
     if kind not in ("adamw", *IMPLEMENTATIONS):
         raise ValueError(f"kind={kind!r} is not one of {('adamw', *IMPLEMENTATIONS)}")
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True, overlap_grad_reduce=overlap_grad_reduce,
-        use_distributed_optimizer=distributed and kind == "adamw", check_for_nan_in_grad=False,
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=overlap_grad_reduce,
+        use_distributed_optimizer=distributed and kind == "adamw",
+        check_for_nan_in_grad=False,
     )
 
 
@@ -277,7 +321,9 @@ def _inner_torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
 # ----------------------------------------------------------------------------------------------------------------
 # builders
 # ----------------------------------------------------------------------------------------------------------------
-def build_megatron_adamw(model_chunks: list[Any], adamw: AdamWConfig, *, clip_grad: float, distributed: bool) -> Any:
+def build_megatron_adamw(
+    model_chunks: list[Any], adamw: AdamWConfig, *, clip_grad: float, distributed: bool
+) -> Any:
     """AdamW through Megatron's optimizer factory (DistributedOptimizer when `distributed`), fused kernel."""
     from megatron.core.optimizer import get_megatron_optimizer
 
@@ -290,7 +336,12 @@ def build_megatron_adamw(model_chunks: list[Any], adamw: AdamWConfig, *, clip_gr
 
 
 def build_megatron_muon(
-    model_chunks: list[Any], muon: MuonConfig, adamw: AdamWConfig, routing: RoutingConfig, *, clip_grad: float,
+    model_chunks: list[Any],
+    muon: MuonConfig,
+    adamw: AdamWConfig,
+    routing: RoutingConfig,
+    *,
+    clip_grad: float,
     tp_mode: str = "blockwise",
 ) -> Any:
     """Megatron's built-in Muon: TensorParallelMuon (emerging-optimizers) + LayerWiseDistributedOptimizer + Adam."""
@@ -301,32 +352,44 @@ def build_megatron_muon(
             f"routing={routing}: Megatron's built-in Muon always sends the router to Muon and splits only QKV"
         )
     config = megatron_optimizer_config(
-        optimizer="muon", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=False, muon=muon,
-        routing=routing, tp_mode=tp_mode,
+        optimizer="muon",
+        adamw=adamw,
+        clip_grad=clip_grad,
+        use_distributed_optimizer=False,
+        muon=muon,
+        routing=routing,
+        tp_mode=tp_mode,
     )
     opt = get_megatron_optimizer(config, model_chunks, use_gloo_process_groups=False)
     fuse_torch_adam(opt)
     return opt
 
 
-def _matrix_optimizer(groups: list[dict[str, Any]], cfg: MatrixConfig, splits: dict[torch.Tensor, RowSplit]) -> Any:
+def _matrix_optimizer(
+    groups: list[dict[str, Any]], cfg: MatrixConfig, splits: dict[torch.Tensor, RowSplit]
+) -> Any:
     if isinstance(cfg, MuonConfig):
         from optim.optimizers.muon import Muon
 
         return Muon(groups, cfg, splits=splits)
     if isinstance(cfg, MOPConfig):
-        from optim.optimizers.mop import MOP  # type: ignore[import-not-found]
+        from optim.optimizers.mop import MOP
 
         return MOP(groups, cfg, splits=splits)
     if isinstance(cfg, SOAPConfig):
-        from optim.optimizers.soap import SOAP  # type: ignore[import-not-found]
+        from optim.optimizers.soap import SOAP
 
         return SOAP(groups, cfg)
     raise NotImplementedError(f"no matrix optimizer for config class {type(cfg).__name__}")
 
 
 def build_ours(
-    model_chunks: list[Any], matrix: MatrixConfig, adamw: AdamWConfig, routing: RoutingConfig, *, clip_grad: float,
+    model_chunks: list[Any],
+    matrix: MatrixConfig,
+    adamw: AdamWConfig,
+    routing: RoutingConfig,
+    *,
+    clip_grad: float,
     tp_mode: str = "blockwise",
 ) -> tuple[Any, list[ParamRoute]]:
     """Our matrix optimizer + fused AdamW inside Megatron's mixed-precision wrappers, chained; returns the routes.
@@ -361,15 +424,21 @@ def build_ours(
         inner = _matrix_optimizer([{"params": mat_params, "param_names": mat_names}], matrix, splits)
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
         _retarget_splits(inner, mat_params)
-    adam_groups = [
+    adam_groups: list[dict[str, Any]] = [
         {"params": [p for p, _ in ps_], "param_names": [n for _, n in ps_], "weight_decay": wd}
         for ps_, wd in ((adam_wd[0], adamw.weight_decay), (adam_wd[1], 0.0))
         if ps_
     ]
     if adam_groups:
-        fused = all(p.is_cuda for g in adam_groups for p in g["params"]) if adamw.fused is None else adamw.fused
+        on_cuda = all(p.is_cuda for ps_ in adam_wd for p, _ in ps_)
+        fused = on_cuda if adamw.fused is None else adamw.fused
         inner = torch.optim.AdamW(
-            adam_groups, lr=adamw.lr, betas=adamw.betas, eps=adamw.eps, weight_decay=adamw.weight_decay, fused=fused
+            adam_groups,
+            lr=adamw.lr,
+            betas=adamw.betas,
+            eps=adamw.eps,
+            weight_decay=adamw.weight_decay,
+            fused=fused,
         )
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
     return ChainedOptimizer(parts), [r for _, r in routed]
@@ -414,6 +483,8 @@ def matrix_shapes(routes: list[ParamRoute]) -> list[tuple[int, int]]:
             continue
         rows, cols = r.shape[-2], r.shape[-1]
         count = r.shape[0] if len(r.shape) == 3 else 1
-        pieces = [(rows, cols)] if r.split is None else [(r.split.num_groups * s, cols) for s in r.split.sizes]
+        pieces = (
+            [(rows, cols)] if r.split is None else [(r.split.num_groups * s, cols) for s in r.split.sizes]
+        )
         out.extend(pieces * count)
     return out

@@ -66,16 +66,20 @@ class MegatronEngine(Engine):
         self.device = torch.device("cuda", rank.local_rank)
         self._owns_pg = _init_distributed(rank, "nccl")
         ps.initialize_model_parallel(
-            tensor_model_parallel_size=par.tp, pipeline_model_parallel_size=par.pp,
-            virtual_pipeline_model_parallel_size=par.vp if par.vp > 1 else None, context_parallel_size=par.cp,
-            expert_model_parallel_size=par.ep, expert_tensor_parallel_size=par.etp,
+            tensor_model_parallel_size=par.tp,
+            pipeline_model_parallel_size=par.pp,
+            virtual_pipeline_model_parallel_size=par.vp if par.vp > 1 else None,
+            context_parallel_size=par.cp,
+            expert_model_parallel_size=par.ep,
+            expert_tensor_parallel_size=par.etp,
         )
         model_parallel_cuda_manual_seed(cfg.bench.seed)
         # MUONBENCH_MEGATRON_EXPERTS=sequential keeps Megatron's SequentialMLP (a fallback where torch lacks
         # grouped_mm); the choice is recorded in describe()["experts"].
         grouped = os.environ.get("MUONBENCH_MEGATRON_EXPERTS", "grouped_mm") != "sequential"
-        opts = mm.BuildOptions(use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16",
-                               grouped_mm_experts=grouped)
+        opts = mm.BuildOptions(
+            use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16", grouped_mm_experts=grouped
+        )
         self.tconfig = mm.transformer_config(model, par, opts)
         self.model_chunks = self._build_model(mm, opts)
         self.ptimer = PhaseTimer(cuda=True)
@@ -87,7 +91,11 @@ class MegatronEngine(Engine):
         self._facts = {
             "transformer_engine": opts.use_te,
             "core_attention": "te" if opts.use_te else "sdpa",
-            "experts": "te_grouped_gemm" if opts.use_te else "grouped_mm" if opts.grouped_mm_experts else "sequential",
+            "experts": "te_grouped_gemm"
+            if opts.use_te
+            else "grouped_mm"
+            if opts.grouped_mm_experts
+            else "sequential",
             "optimizer_kind": built.kind,
             "num_microbatches": self.num_microbatches,
             "num_params": sum(p.numel() for c in self.model_chunks for p in c.parameters()),
@@ -108,14 +116,18 @@ class MegatronEngine(Engine):
 
         spec = mm.decoder_block_spec(self.tconfig, opts)
         module = mm.build_gpt_model(
-            self.cfg.model, self.tconfig, spec,
-            pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+            self.cfg.model,
+            self.tconfig,
+            spec,
+            pre_process=ps.is_pipeline_first_stage(),
+            post_process=ps.is_pipeline_last_stage(),
         )
         module.cuda(torch.cuda.current_device())
         if self.tconfig.bf16:
             module = Float16Module(self.tconfig, module)
         ddp_cfg = om.ddp_config(
-            kind=megatron_optim.implementation(self.cfg), distributed=True,
+            kind=megatron_optim.implementation(self.cfg),
+            distributed=True,
             overlap_grad_reduce=self.cfg.parallelism.dp > 1,
         )
         return [DistributedDataParallel(config=self.tconfig, ddp_config=ddp_cfg, module=module)]
@@ -136,10 +148,17 @@ class MegatronEngine(Engine):
         m, p = self.cfg.model, self.cfg.parallelism
         if kind == "mock":
             seed = self.cfg.bench.seed + ps.get_data_parallel_rank()
-            return md.mock_batches(vocab_size=m.vocab_size, seq_length=m.seq_length, mbs=p.mbs, seed=seed,
-                                   device=self.device)
-        return md.indexed_batches(arg, seq_length=m.seq_length, mbs=p.mbs, dp_rank=ps.get_data_parallel_rank(),
-                                  dp_size=ps.get_data_parallel_world_size(), device=self.device)
+            return md.mock_batches(
+                vocab_size=m.vocab_size, seq_length=m.seq_length, mbs=p.mbs, seed=seed, device=self.device
+            )
+        return md.indexed_batches(
+            arg,
+            seq_length=m.seq_length,
+            mbs=p.mbs,
+            dp_rank=ps.get_data_parallel_rank(),
+            dp_size=ps.get_data_parallel_world_size(),
+            device=self.device,
+        )
 
     # ------------------------------------------------------------------------------------------------ step
     def step(self) -> StepMetrics:
@@ -155,8 +174,12 @@ class MegatronEngine(Engine):
             self.optimizer.zero_grad()
             with t.phase("fwd_bwd"):
                 losses = get_forward_backward_func()(
-                    forward_step_func=_forward_step, data_iterator=self.data, model=self.model_chunks,
-                    num_microbatches=self.num_microbatches, seq_length=m.seq_length, micro_batch_size=p.mbs,
+                    forward_step_func=_forward_step,
+                    data_iterator=self.data,
+                    model=self.model_chunks,
+                    num_microbatches=self.num_microbatches,
+                    seq_length=m.seq_length,
+                    micro_batch_size=p.mbs,
                     forward_only=False,
                 )
             with t.phase("optim"):
@@ -164,11 +187,19 @@ class MegatronEngine(Engine):
         phases = t.collect()
         loss = _mean_loss(losses)
         return StepMetrics(
-            step_s=phases["step"], fwd_bwd_s=phases["fwd_bwd"], optim_s=phases["optim"], ns_s=phases.get("ns", 0.0),
-            comm_s=None, tokens=p.gbs * m.seq_length, loss=loss,
-            peak_mem_bytes=int(torch.cuda.max_memory_allocated()), ns_flops=t.counters.get("ns_flops", 0.0),
-            extra={"grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                   "update_ok": float(bool(ok))},
+            step_s=phases["step"],
+            fwd_bwd_s=phases["fwd_bwd"],
+            optim_s=phases["optim"],
+            ns_s=phases.get("ns", 0.0),
+            comm_s=None,
+            tokens=p.gbs * m.seq_length,
+            loss=loss,
+            peak_mem_bytes=int(torch.cuda.max_memory_allocated()),
+            ns_flops=t.counters.get("ns_flops", 0.0),
+            extra={
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "update_ok": float(bool(ok)),
+            },
         )
 
     def describe(self) -> dict[str, Any]:

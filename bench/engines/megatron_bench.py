@@ -26,9 +26,13 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     """Split `--case NAME OVERRIDES...` groups; ValueError on a case without a name or a repeated name."""
     ap = argparse.ArgumentParser(prog="python -m bench.engines.megatron_bench")
     ap.add_argument("--out", required=True, help="root directory of the run directories")
-    ap.add_argument("--budget-s", type=float, default=float("inf"), help="start no case after this many seconds")
+    ap.add_argument(
+        "--budget-s", type=float, default=float("inf"), help="start no case after this many seconds"
+    )
     ap.add_argument("--common", nargs="*", default=[], help="overrides appended to every case")
-    ap.add_argument("--in-process", action="store_true", help="run the cases in this process (default: one child each)")
+    ap.add_argument(
+        "--in-process", action="store_true", help="run the cases in this process (default: one child each)"
+    )
     head, cases, cur = [], [], None
     for tok in argv:
         if tok == "--case":
@@ -59,32 +63,51 @@ def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
     cfg = config.load(overrides)
     run_dir = root / name
     rec = record.new_run_record(
-        run_id=name, run_dir=run_dir, config=config.as_dict(cfg), config_hash=config.config_hash(cfg),
-        overrides=overrides, command=[sys.executable, "-m", "bench.engines.megatron_bench", "--case", name, *overrides],
+        run_id=name,
+        run_dir=run_dir,
+        config=config.as_dict(cfg),
+        config_hash=config.config_hash(cfg),
+        overrides=overrides,
+        command=[sys.executable, "-m", "bench.engines.megatron_bench", "--case", name, *overrides],
     )
     record.write_json_atomic(run_dir / "run.json", rec)
     log = record.StepLog(run_dir)
     engine = MegatronEngine()
     try:
         engine.setup(cfg, RankInfo(rank=0, world_size=1, local_rank=0))
-        record.update_run_json(run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()})
+        record.update_run_json(
+            run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()}
+        )
         for i in range(cfg.bench.steps):
             m = engine.step()
             row = {
-                "step": i, "warmup": i < cfg.bench.warmup_steps, "step_s": m.step_s, "fwd_bwd_s": m.fwd_bwd_s,
-                "optim_s": m.optim_s, "ns_s": m.ns_s, "comm_s": m.comm_s, "tokens": m.tokens, "loss": m.loss,
-                "peak_mem_bytes": m.peak_mem_bytes, "ns_flops": m.ns_flops,
+                "step": i,
+                "warmup": i < cfg.bench.warmup_steps,
+                "step_s": m.step_s,
+                "fwd_bwd_s": m.fwd_bwd_s,
+                "optim_s": m.optim_s,
+                "ns_s": m.ns_s,
+                "comm_s": m.comm_s,
+                "tokens": m.tokens,
+                "loss": m.loss,
+                "peak_mem_bytes": m.peak_mem_bytes,
+                "ns_flops": m.ns_flops,
             }
             log.write(row)
-            print(f"[{name}] step {i} {m.step_s * 1e3:.0f} ms (fb {m.fwd_bwd_s * 1e3:.0f}, opt {m.optim_s * 1e3:.0f},"
-                  f" ns {(m.ns_s or 0) * 1e3:.0f}) loss {m.loss:.3f} mem {m.peak_mem_bytes / 2**30:.1f} GiB",
-                  flush=True)
+            print(
+                f"[{name}] step {i} {m.step_s * 1e3:.0f} ms (fb {m.fwd_bwd_s * 1e3:.0f}, opt {m.optim_s * 1e3:.0f},"
+                f" ns {(m.ns_s or 0) * 1e3:.0f}) loss {m.loss:.3f} mem {m.peak_mem_bytes / 2**30:.1f} GiB",
+                flush=True,
+            )
         log.close()
         return record.finalize(run_dir, status="ok")
-    except Exception as exc:  # every failure leaves a record; the next case still runs
+    except Exception as exc:  # noqa: BLE001 - every failure leaves a record; the next case still runs
         log.close()
-        err = {"type": type(exc).__name__, "message": str(exc)[:2000],
-               "traceback": record.tail("".join(traceback.format_exception(exc)))}
+        err = {
+            "type": type(exc).__name__,
+            "message": str(exc)[:2000],
+            "traceback": record.tail("".join(traceback.format_exception(exc))),
+        }
         print(f"[{name}] FAILED {err['type']}: {err['message'][:500]}\n{err['traceback']}", flush=True)
         status = record.classify_failure(returncode=None, timed_out=False, worker_error=err)
         return record.finalize(run_dir, status=status, error=err)
@@ -95,8 +118,13 @@ def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
 def _torch_facts() -> dict[str, Any]:
     import torch
 
-    return {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu_name": torch.cuda.get_device_name(0),
-            "gpu_count": torch.cuda.device_count(), "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu_name": torch.cuda.get_device_name(0),
+        "gpu_count": torch.cuda.device_count(),
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+    }
 
 
 def _start_process_group() -> None:
@@ -123,23 +151,44 @@ def main(argv: list[str] | None = None) -> None:
         if time.perf_counter() - t0 > args.budget_s:
             print(f"[{name}] skipped: time budget {args.budget_s:.0f} s spent", flush=True)
             run_dir = root / name
-            record.write_json_atomic(run_dir / "run.json", {
-                "schema": record.RUN_SCHEMA, "run_id": name, "status": "error", "overrides": overrides,
-                "error": {"type": "Skipped", "message": "skipped: time budget", "traceback": ""},
-            })
+            record.write_json_atomic(
+                run_dir / "run.json",
+                {
+                    "schema": record.RUN_SCHEMA,
+                    "run_id": name,
+                    "status": "error",
+                    "overrides": overrides,
+                    "error": {"type": "Skipped", "message": "skipped: time budget", "traceback": ""},
+                },
+            )
             continue
         if isolate:
             import subprocess
 
-            cmd = [sys.executable, "-m", "bench.engines.megatron_bench", "--out", str(root), "--case", name, *overrides]
+            cmd = [
+                sys.executable,
+                "-m",
+                "bench.engines.megatron_bench",
+                "--out",
+                str(root),
+                "--case",
+                name,
+                *overrides,
+            ]
             subprocess.run(cmd, check=False)
-            rec = record.read_json(root / name / "run.json") if (root / name / "run.json").exists() else {
-                "status": "error", "summary": None}
+            rec = (
+                record.read_json(root / name / "run.json")
+                if (root / name / "run.json").exists()
+                else {"status": "error", "summary": None}
+            )
         else:
             rec = run_case(name, overrides, root)
         s = rec.get("summary") or {}
-        print(f"[{name}] {rec['status']}: step {s.get('step_s_median')} s, model TF/GPU {s.get('model_tflops_per_gpu')},"
-              f" optim {s.get('optim_s_median')} s, ns {s.get('ns_s_median')} s", flush=True)
+        print(
+            f"[{name}] {rec['status']}: step {s.get('step_s_median')} s, model TF/GPU {s.get('model_tflops_per_gpu')},"
+            f" optim {s.get('optim_s_median')} s, ns {s.get('ns_s_median')} s",
+            flush=True,
+        )
     print(f"all cases done in {time.perf_counter() - t0:.0f} s", flush=True)
 
 

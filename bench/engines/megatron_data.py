@@ -36,7 +36,9 @@ def _batch(tokens_plus_one: Any) -> dict[str, Any]:
     return {"tokens": tokens, "labels": labels, "loss_mask": loss_mask, "position_ids": position_ids}
 
 
-def mock_batches(*, vocab_size: int, seq_length: int, mbs: int, seed: int, device: Any) -> Iterator[dict[str, Any]]:
+def mock_batches(
+    *, vocab_size: int, seq_length: int, mbs: int, seed: int, device: Any
+) -> Iterator[dict[str, Any]]:
     """Endless random micro-batches (ids in [0, vocab_size)); the same seed gives the same stream."""
     import torch
 

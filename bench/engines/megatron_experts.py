@@ -32,8 +32,18 @@ except ImportError:  # torch < 2.10 names it privately
 class _ExpertWeights(torch.nn.Module):
     """`num` parameters weight0..weight<num-1> of shape (out, in) with Megatron's TP/expert attributes."""
 
-    def __init__(self, num: int, out_features: int, in_features: int, *, partition_dim: int, allreduce: bool,
-                 init_method: Any, dtype: torch.dtype, device: Any) -> None:
+    def __init__(
+        self,
+        num: int,
+        out_features: int,
+        in_features: int,
+        *,
+        partition_dim: int,
+        allreduce: bool,
+        init_method: Any,
+        dtype: torch.dtype,
+        device: Any,
+    ) -> None:
         super().__init__()
         self.num = num
         for e in range(num):
@@ -53,31 +63,49 @@ class _ExpertWeights(torch.nn.Module):
 class GroupedMMExperts(MegatronModule):
     """Megatron experts module (builder signature of SequentialMLP) running on `F.grouped_mm`."""
 
-    def __init__(self, num_local_experts: int, config: Any, submodules: Any = None, pg_collection: Any = None,
-                 name: str | None = None) -> None:
+    def __init__(
+        self,
+        num_local_experts: int,
+        config: Any,
+        submodules: Any = None,
+        pg_collection: Any = None,
+        name: str | None = None,
+    ) -> None:
         super().__init__(config=config)
         if config.expert_tensor_parallel_size != 1:
             raise ValueError(
                 f"expert_tensor_parallel_size={config.expert_tensor_parallel_size}: GroupedMMExperts supports 1"
             )
         if not config.gated_linear_unit or config.add_bias_linear:
-            raise ValueError("GroupedMMExperts implements SwiGLU experts without biases (gated_linear_unit=True, "
-                             "add_bias_linear=False)")
+            raise ValueError(
+                "GroupedMMExperts implements SwiGLU experts without biases (gated_linear_unit=True, "
+                "add_bias_linear=False)"
+            )
         self.num_local_experts = num_local_experts
         ffn, hidden = config.moe_ffn_hidden_size, config.hidden_size
         allreduce = config.expert_model_parallel_size == 1
         device = "cpu" if config.use_cpu_initialization else torch.cuda.current_device()
-        common = dict(allreduce=allreduce, dtype=config.params_dtype, device=device)
-        self.linear_fc1 = _ExpertWeights(num_local_experts, 2 * ffn, hidden, partition_dim=0,
-                                         init_method=config.init_method, **common)
-        self.linear_fc2 = _ExpertWeights(num_local_experts, hidden, ffn, partition_dim=1,
-                                         init_method=config.output_layer_init_method, **common)
+        common = {"allreduce": allreduce, "dtype": config.params_dtype, "device": device}
+        self.linear_fc1 = _ExpertWeights(
+            num_local_experts, 2 * ffn, hidden, partition_dim=0, init_method=config.init_method, **common
+        )
+        self.linear_fc2 = _ExpertWeights(
+            num_local_experts,
+            hidden,
+            ffn,
+            partition_dim=1,
+            init_method=config.output_layer_init_method,
+            **common,
+        )
 
-    def forward(self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor,
-                **unused: Any) -> tuple[torch.Tensor, None]:
+    def forward(
+        self, hidden: torch.Tensor, tokens_per_expert: torch.Tensor, probs: torch.Tensor, **unused: Any
+    ) -> tuple[torch.Tensor, None]:
         """hidden [T, H] sorted by expert, tokens_per_expert [E], probs [T] -> ([T, H], None)."""
         if _grouped_mm is None:
-            raise RuntimeError("torch.nn.functional.grouped_mm is missing: GroupedMMExperts needs torch >= 2.8")
+            raise RuntimeError(
+                "torch.nn.functional.grouped_mm is missing: GroupedMMExperts needs torch >= 2.8"
+            )
         offs = torch.cumsum(tokens_per_expert.to(hidden.device), 0, dtype=torch.int32)
         w1 = torch.stack(self.linear_fc1.weights()).transpose(1, 2)
         w2 = torch.stack(self.linear_fc2.weights()).transpose(1, 2)
@@ -119,7 +147,10 @@ def use_grouped_mm_experts(spec: Any) -> int:
         sub = getattr(mlp, "keywords", {}).get("submodules") if isinstance(mlp, partial) else None
         if sub is None or not hasattr(sub, "experts"):
             continue
-        layer.submodules.mlp = partial(mlp.func, *mlp.args,
-                                       **{**mlp.keywords, "submodules": dataclasses.replace(sub, experts=GroupedMMExperts)})
+        layer.submodules.mlp = partial(
+            mlp.func,
+            *mlp.args,
+            **{**mlp.keywords, "submodules": dataclasses.replace(sub, experts=GroupedMMExperts)},
+        )
         count += 1
     return count

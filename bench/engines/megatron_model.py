@@ -21,7 +21,7 @@ def te_available() -> bool:
     """True when Transformer Engine's PyTorch extension imports (then the TE layer specs are used)."""
     try:
         import transformer_engine.pytorch  # noqa: F401
-    except Exception:  # ImportError, or a broken TE build raising at import
+    except Exception:  # noqa: BLE001 - ImportError, or a broken TE build raising at import
         return False
     return True
 
@@ -65,33 +65,33 @@ def transformer_config(model: ModelConfig, par: ParallelismConfig, opts: BuildOp
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     dtype = torch.bfloat16 if opts.bf16 else torch.float32
-    kw: dict[str, Any] = dict(
-        num_layers=model.num_layers,
-        hidden_size=model.hidden_size,
-        num_attention_heads=model.num_attention_heads,
-        ffn_hidden_size=model.ffn_hidden_size or 4 * model.hidden_size,
-        gated_linear_unit=model.gated_linear_unit,
-        activation_func=F.silu if model.gated_linear_unit else F.gelu,
-        bias_activation_fusion=model.gated_linear_unit,
-        normalization="RMSNorm",
-        layernorm_epsilon=model.norm_eps,
-        qk_layernorm=model.qk_layernorm,
-        add_bias_linear=False,
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        tensor_model_parallel_size=par.tp,
-        pipeline_model_parallel_size=par.pp,
-        context_parallel_size=par.cp,
-        expert_model_parallel_size=par.ep,
-        expert_tensor_parallel_size=par.etp,
-        sequence_parallel=par.sequence_parallel and par.tp > 1,
-        bf16=opts.bf16,
-        params_dtype=dtype,
-        pipeline_dtype=dtype,
-        use_cpu_initialization=opts.cpu_init,
-        cross_entropy_loss_fusion=True,
-        cross_entropy_fusion_impl="native",
-    )
+    kw: dict[str, Any] = {
+        "num_layers": model.num_layers,
+        "hidden_size": model.hidden_size,
+        "num_attention_heads": model.num_attention_heads,
+        "ffn_hidden_size": model.ffn_hidden_size or 4 * model.hidden_size,
+        "gated_linear_unit": model.gated_linear_unit,
+        "activation_func": F.silu if model.gated_linear_unit else F.gelu,
+        "bias_activation_fusion": model.gated_linear_unit,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": model.norm_eps,
+        "qk_layernorm": model.qk_layernorm,
+        "add_bias_linear": False,
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+        "tensor_model_parallel_size": par.tp,
+        "pipeline_model_parallel_size": par.pp,
+        "context_parallel_size": par.cp,
+        "expert_model_parallel_size": par.ep,
+        "expert_tensor_parallel_size": par.etp,
+        "sequence_parallel": par.sequence_parallel and par.tp > 1,
+        "bf16": opts.bf16,
+        "params_dtype": dtype,
+        "pipeline_dtype": dtype,
+        "use_cpu_initialization": opts.cpu_init,
+        "cross_entropy_loss_fusion": True,
+        "cross_entropy_fusion_impl": "native",
+    }
     if par.pp > 1 and par.vp > 1:
         kw["virtual_pipeline_model_parallel_size"] = par.vp
     if model.num_experts:
@@ -146,7 +146,9 @@ def decoder_block_spec(config: Any, opts: BuildOptions) -> Any:
     return spec
 
 
-def build_gpt_model(model: ModelConfig, config: Any, spec: Any, *, pre_process: bool, post_process: bool) -> Any:
+def build_gpt_model(
+    model: ModelConfig, config: Any, spec: Any, *, pre_process: bool, post_process: bool
+) -> Any:
     """A Megatron `GPTModel` (untied embeddings, RoPE) for one pipeline stage."""
     from megatron.core.models.gpt import GPTModel
 

@@ -17,8 +17,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("megatron.core")
 
 TINY = [
-    "model=qwen3_moe_tiny", "parallelism=single_gpu", "parallelism.gbs=4", "parallelism.mbs=2", "engine=megatron",
-    "hardware=h200", "precision=bf16",
+    "model=qwen3_moe_tiny",
+    "parallelism=single_gpu",
+    "parallelism.gbs=4",
+    "parallelism.mbs=2",
+    "engine=megatron",
+    "hardware=h200",
+    "precision=bf16",
 ]
 
 
@@ -34,14 +39,18 @@ def _engine(overrides: list[str]):
 
 
 @pytest.mark.parametrize(
-    "opt", [["optimizer=adamw"], ["optimizer=muon"], ["optimizer=muon_megatron"]], ids=["adamw", "ours", "megatron"]
+    "opt",
+    [["optimizer=adamw"], ["optimizer=muon"], ["optimizer=muon_megatron"]],
+    ids=["adamw", "ours", "megatron"],
 )
 def test_ten_step_smoke(opt):
     """Ten full steps: finite loss and timings, NS time only for Muon, parameters actually move."""
     eng = _engine(opt)
     try:
         # 2-D weights only: a 3e-4 step on a norm weight of 1.0 is below bf16 resolution (ulp 7.8e-3).
-        before = {n: p.detach().float().clone() for n, p in eng.model_chunks[0].named_parameters() if p.ndim == 2}
+        before = {
+            n: p.detach().float().clone() for n, p in eng.model_chunks[0].named_parameters() if p.ndim == 2
+        }
         rows = [eng.step() for _ in range(10)]
         after = dict(eng.model_chunks[0].named_parameters())
         frozen = [n for n in before if torch.equal(before[n], after[n].detach().float())]
@@ -67,7 +76,9 @@ def test_first_update_ours_matches_megatron_builtin():
             before = {n: p.detach().float().clone() for n, p in eng.model_chunks[0].named_parameters()}
             eng.step()
             deltas[impl] = {
-                n: p.detach().float() - before[n] for n, p in eng.model_chunks[0].named_parameters() if p.ndim == 2
+                n: p.detach().float() - before[n]
+                for n, p in eng.model_chunks[0].named_parameters()
+                if p.ndim == 2
             }
         finally:
             eng.teardown()
@@ -88,19 +99,30 @@ def test_grouped_mm_experts_cuda_matches_loop():
 
     from bench.engines.megatron_experts import _swiglu
 
-    cfg = SimpleNamespace(expert_tensor_parallel_size=1, gated_linear_unit=True, add_bias_linear=False,
-                          moe_ffn_hidden_size=64, hidden_size=128, expert_model_parallel_size=1,
-                          use_cpu_initialization=False, params_dtype=torch.bfloat16,
-                          init_method=lambda w: torch.nn.init.normal_(w, std=0.02),
-                          output_layer_init_method=lambda w: torch.nn.init.normal_(w, std=0.02))
+    cfg = SimpleNamespace(
+        expert_tensor_parallel_size=1,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        moe_ffn_hidden_size=64,
+        hidden_size=128,
+        expert_model_parallel_size=1,
+        use_cpu_initialization=False,
+        params_dtype=torch.bfloat16,
+        init_method=lambda w: torch.nn.init.normal_(w, std=0.02),
+        output_layer_init_method=lambda w: torch.nn.init.normal_(w, std=0.02),
+    )
     mod = _plain_grouped(cfg)
     counts = torch.tensor([5, 0, 17, 9])
     x = torch.randn(int(counts.sum()), 128, device="cuda", dtype=torch.bfloat16)
     probs = torch.rand(int(counts.sum()), device="cuda")
     out, _ = mod(x, counts, probs)
     ref = []
-    for xe, pe, a, b in zip(x.split(counts.tolist()), probs.split(counts.tolist()), mod.linear_fc1.weights(),
-                            mod.linear_fc2.weights()):
+    for xe, pe, a, b in zip(
+        x.split(counts.tolist()),
+        probs.split(counts.tolist()),
+        mod.linear_fc1.weights(),
+        mod.linear_fc2.weights(),
+    ):
         ref.append(torch.nn.functional.linear(_swiglu(torch.nn.functional.linear(xe, a), pe), b))
     torch.testing.assert_close(out, torch.cat(ref), rtol=2e-2, atol=2e-3)
 
@@ -112,7 +134,9 @@ def _plain_grouped(cfg):
     mod = GroupedMMExperts.__new__(GroupedMMExperts)
     torch.nn.Module.__init__(mod)
     mod.num_local_experts = 4
-    common = dict(allreduce=True, dtype=torch.bfloat16, device="cuda")
+    common = {"allreduce": True, "dtype": torch.bfloat16, "device": "cuda"}
     mod.linear_fc1 = _ExpertWeights(4, 128, 128, partition_dim=0, init_method=cfg.init_method, **common)
-    mod.linear_fc2 = _ExpertWeights(4, 128, 64, partition_dim=1, init_method=cfg.output_layer_init_method, **common)
+    mod.linear_fc2 = _ExpertWeights(
+        4, 128, 64, partition_dim=1, init_method=cfg.output_layer_init_method, **common
+    )
     return mod

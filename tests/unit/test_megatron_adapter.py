@@ -23,25 +23,55 @@ from optim.configs import AdamWConfig, MuonConfig, RoutingConfig
 
 def _gqa_model() -> ModelConfig:
     return ModelConfig(
-        name="tiny_gqa", family="qwen3_moe", num_layers=2, hidden_size=64, num_attention_heads=8, attention="gqa",
-        num_query_groups=2, kv_channels=16, ffn_hidden_size=128, num_dense_layers=1, num_experts=4,
-        moe_router_topk=2, moe_ffn_hidden_size=32, moe_shared_expert_intermediate_size=32, vocab_size=250,
+        name="tiny_gqa",
+        family="qwen3_moe",
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=8,
+        attention="gqa",
+        num_query_groups=2,
+        kv_channels=16,
+        ffn_hidden_size=128,
+        num_dense_layers=1,
+        num_experts=4,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=32,
+        moe_shared_expert_intermediate_size=32,
+        vocab_size=250,
         seq_length=32,
     )
 
 
 def _mla_model() -> ModelConfig:
     return ModelConfig(
-        name="tiny_mla", family="deepseek_v3", num_layers=2, hidden_size=64, num_attention_heads=4, attention="mla",
-        q_lora_rank=32, kv_lora_rank=16, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=16, ffn_hidden_size=128,
-        num_dense_layers=1, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
-        moe_shared_expert_intermediate_size=32, vocab_size=256, seq_length=32,
-        moe_router_score_function="sigmoid", moe_router_enable_expert_bias=True,
+        name="tiny_mla",
+        family="deepseek_v3",
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        attention="mla",
+        q_lora_rank=32,
+        kv_lora_rank=16,
+        qk_head_dim=16,
+        qk_pos_emb_head_dim=8,
+        v_head_dim=16,
+        ffn_hidden_size=128,
+        num_dense_layers=1,
+        num_experts=4,
+        moe_router_topk=2,
+        moe_ffn_hidden_size=32,
+        moe_shared_expert_intermediate_size=32,
+        vocab_size=256,
+        seq_length=32,
+        moe_router_score_function="sigmoid",
+        moe_router_enable_expert_bias=True,
     )
 
 
 PAR = ParallelismConfig(name="one", world_size=1)
-CPU_OPTS = mm.BuildOptions(use_te=False, dispatcher="allgather", cpu_init=True, router_dtype=None, grouped_mm_experts=False)
+CPU_OPTS = mm.BuildOptions(
+    use_te=False, dispatcher="allgather", cpu_init=True, router_dtype=None, grouped_mm_experts=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +129,7 @@ def test_transformer_config_mla_and_router(megatron_groups):
 
 def test_gqa_routing_on_real_megatron_model(megatron_groups):
     """Routes of every parameter of a real Megatron GQA MoE model (dense first layer, routed + shared experts)."""
-    gpt, config = _build(_gqa_model())
+    gpt, _config = _build(_gqa_model())
     routes = {r.name: r for _, r in om.classify([gpt], RoutingConfig())}
     emb = routes["embedding.word_embeddings.weight"]
     out = routes["output_layer.weight"]
@@ -140,7 +170,7 @@ def test_routing_options_router_and_gate_up(megatron_groups):
 
 
 def test_mla_routing_on_real_megatron_model(megatron_groups, monkeypatch):
-    gpt, config = _build(_mla_model(), monkeypatch)
+    gpt, _config = _build(_mla_model(), monkeypatch)
     names = {n for n, _ in gpt.named_parameters()}
     routes = {r.name: r for _, r in om.classify([gpt], RoutingConfig(split_mla_kv_down=True))}
     kv_down = routes["decoder.layers.1.self_attention.linear_kv_down_proj.weight"]
@@ -158,7 +188,9 @@ def test_sdpa_core_attention_matches_reference():
 
     from bench.engines.megatron_attention import SDPACoreAttention
 
-    cfg = type("C", (), {"context_parallel_size": 1, "attention_dropout": 0.0, "kv_channels": 8, "window_size": None})
+    cfg = type(
+        "C", (), {"context_parallel_size": 1, "attention_dropout": 0.0, "kv_channels": 8, "window_size": None}
+    )
     torch.manual_seed(0)
     for ng, hv in ((2, 8), (4, 6)):
         s, b, np_, hn = 7, 2, 4, 8
@@ -181,23 +213,41 @@ def test_sdpa_core_attention_matches_reference():
 def test_optimizer_config_versions_and_errors():
     muon = MuonConfig(nesterov=True, num_ns_steps=6)
     cfg = om.megatron_optimizer_config(
-        optimizer="muon", adamw=AdamWConfig(), clip_grad=1.0, use_distributed_optimizer=True, muon=muon,
+        optimizer="muon",
+        adamw=AdamWConfig(),
+        clip_grad=1.0,
+        use_distributed_optimizer=True,
+        muon=muon,
         routing=RoutingConfig(),
     )
-    assert cfg.optimizer == "muon" and cfg.use_layer_wise_distributed_optimizer and not cfg.use_distributed_optimizer
+    assert (
+        cfg.optimizer == "muon"
+        and cfg.use_layer_wise_distributed_optimizer
+        and not cfg.use_distributed_optimizer
+    )
     assert cfg.muon_nesterov is True and cfg.muon_num_ns_steps == 6 and cfg.muon_fp32_matmul_prec == "medium"
-    adam = om.megatron_optimizer_config(optimizer="adam", adamw=AdamWConfig(lr=1e-3), clip_grad=0.5,
-                                        use_distributed_optimizer=True)
+    adam = om.megatron_optimizer_config(
+        optimizer="adam", adamw=AdamWConfig(lr=1e-3), clip_grad=0.5, use_distributed_optimizer=True
+    )
     assert adam.optimizer == "adam" and adam.use_distributed_optimizer and adam.lr == 1e-3
     with pytest.raises(ValueError, match="tp_mode"):
-        om.megatron_optimizer_config(optimizer="muon", adamw=AdamWConfig(), clip_grad=1.0,
-                                     use_distributed_optimizer=False, muon=muon, routing=RoutingConfig(),
-                                     tp_mode="layer_sharded")
+        om.megatron_optimizer_config(
+            optimizer="muon",
+            adamw=AdamWConfig(),
+            clip_grad=1.0,
+            use_distributed_optimizer=False,
+            muon=muon,
+            routing=RoutingConfig(),
+            tp_mode="layer_sharded",
+        )
     with pytest.raises(ValueError, match="optimizer="):
-        om.megatron_optimizer_config(optimizer="lamb", adamw=AdamWConfig(), clip_grad=1.0,
-                                     use_distributed_optimizer=False)
+        om.megatron_optimizer_config(
+            optimizer="lamb", adamw=AdamWConfig(), clip_grad=1.0, use_distributed_optimizer=False
+        )
     assert om.ddp_config(kind="adamw", distributed=True, overlap_grad_reduce=False).use_distributed_optimizer
-    assert not om.ddp_config(kind="megatron", distributed=True, overlap_grad_reduce=False).use_distributed_optimizer
+    assert not om.ddp_config(
+        kind="megatron", distributed=True, overlap_grad_reduce=False
+    ).use_distributed_optimizer
     with pytest.raises(ValueError, match="kind="):
         om.ddp_config(kind="eo", distributed=True, overlap_grad_reduce=False)
 
@@ -238,10 +288,27 @@ def test_engine_refuses_cpu(monkeypatch):
 def test_bench_driver_parses_cases():
     from bench.engines.megatron_bench import parse_cases
 
-    args, cases = parse_cases(["--out", "r", "--budget-s", "5", "--common", "bench.steps=3",
-                               "--case", "a", "experiment=h200/x", "--case", "b", "optimizer=muon"])
+    args, cases = parse_cases(
+        [
+            "--out",
+            "r",
+            "--budget-s",
+            "5",
+            "--common",
+            "bench.steps=3",
+            "--case",
+            "a",
+            "experiment=h200/x",
+            "--case",
+            "b",
+            "optimizer=muon",
+        ]
+    )
     assert args.out == "r" and args.budget_s == 5.0
-    assert cases == [("a", ["experiment=h200/x", "bench.steps=3"]), ("b", ["optimizer=muon", "bench.steps=3"])]
+    assert cases == [
+        ("a", ["experiment=h200/x", "bench.steps=3"]),
+        ("b", ["optimizer=muon", "bench.steps=3"]),
+    ]
     with pytest.raises(ValueError, match="name first"):
         parse_cases(["--out", "r", "--case", "optimizer=muon"])
     with pytest.raises(ValueError, match="unique"):
@@ -255,12 +322,15 @@ def test_grouped_mm_experts_match_sequential_mlp(megatron_groups, monkeypatch):
     model = _gqa_model()
     outs, params = [], []
     for grouped in (False, True):
-        opts = dataclasses.replace(CPU_OPTS, bf16=False, grouped_mm_experts=grouped, force_balanced_router=False)
+        opts = dataclasses.replace(
+            CPU_OPTS, bf16=False, grouped_mm_experts=grouped, force_balanced_router=False
+        )
         config = mm.transformer_config(model, PAR, opts)
         config.cross_entropy_loss_fusion = False
         torch.manual_seed(0)
-        gpt = mm.build_gpt_model(model, config, mm.decoder_block_spec(config, opts), pre_process=True,
-                                 post_process=True)
+        gpt = mm.build_gpt_model(
+            model, config, mm.decoder_block_spec(config, opts), pre_process=True, post_process=True
+        )
         params.append(dict(gpt.named_parameters()))
         outs.append(gpt)
     seq, grp = params
@@ -290,8 +360,14 @@ def test_grouped_mm_experts_forward_backward_vs_loop():
 
     torch.manual_seed(0)
     cfg = SimpleNamespace(
-        expert_tensor_parallel_size=1, gated_linear_unit=True, add_bias_linear=False, moe_ffn_hidden_size=16,
-        hidden_size=32, expert_model_parallel_size=1, use_cpu_initialization=True, params_dtype=torch.float32,
+        expert_tensor_parallel_size=1,
+        gated_linear_unit=True,
+        add_bias_linear=False,
+        moe_ffn_hidden_size=16,
+        hidden_size=32,
+        expert_model_parallel_size=1,
+        use_cpu_initialization=True,
+        params_dtype=torch.float32,
         init_method=lambda w: torch.nn.init.normal_(w, std=0.1),
         output_layer_init_method=lambda w: torch.nn.init.normal_(w, std=0.1),
     )
@@ -300,20 +376,39 @@ def test_grouped_mm_experts_forward_backward_vs_loop():
     mod.num_local_experts = 3
     from bench.engines.megatron_experts import _ExpertWeights
 
-    mod.linear_fc1 = _ExpertWeights(3, 32, 32, partition_dim=0, allreduce=True, init_method=cfg.init_method,
-                                    dtype=torch.float32, device="cpu")
-    mod.linear_fc2 = _ExpertWeights(3, 32, 16, partition_dim=1, allreduce=True,
-                                    init_method=cfg.output_layer_init_method, dtype=torch.float32, device="cpu")
+    mod.linear_fc1 = _ExpertWeights(
+        3,
+        32,
+        32,
+        partition_dim=0,
+        allreduce=True,
+        init_method=cfg.init_method,
+        dtype=torch.float32,
+        device="cpu",
+    )
+    mod.linear_fc2 = _ExpertWeights(
+        3,
+        32,
+        16,
+        partition_dim=1,
+        allreduce=True,
+        init_method=cfg.output_layer_init_method,
+        dtype=torch.float32,
+        device="cpu",
+    )
     counts = torch.tensor([5, 0, 7])
     x = torch.randn(12, 32, requires_grad=True)
     probs = torch.rand(12)
     out, bias = GroupedMMExperts.forward(mod, x, counts, probs)
     assert bias is None
-    ref = torch.cat([
-        torch.nn.functional.linear(_swiglu(torch.nn.functional.linear(xe, a), pe), b)
-        for xe, pe, a, b in zip(x.split([5, 0, 7]), probs.split([5, 0, 7]), mod.linear_fc1.weights(),
-                                mod.linear_fc2.weights())
-    ])
+    ref = torch.cat(
+        [
+            torch.nn.functional.linear(_swiglu(torch.nn.functional.linear(xe, a), pe), b)
+            for xe, pe, a, b in zip(
+                x.split([5, 0, 7]), probs.split([5, 0, 7]), mod.linear_fc1.weights(), mod.linear_fc2.weights()
+            )
+        ]
+    )
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     out.sum().backward()
     assert mod.linear_fc1.weight0.grad is not None and float(mod.linear_fc1.weight1.grad.abs().sum()) == 0.0
