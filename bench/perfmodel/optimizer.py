@@ -118,7 +118,7 @@ def _muon_item_ms(it: Item, par: ParallelismConfig, hw: HardwareConfig, algo: Al
     return cost.total_ms, elem
 
 
-def _rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: ParallelismConfig,
+def rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: ParallelismConfig,
                    hw: HardwareConfig, algo: Algo, rate_hbm: float, table: dict[tuple[int, int], float],
                    base: list[float]) -> list[float]:
     """Optimizer milliseconds per rank given owners (adds to `base`)."""
@@ -207,7 +207,7 @@ def _muon_step_ms(dense: list[Item], experts: list[Item], par: ParallelismConfig
     strategy = algo.assignment
     cm = _cost_model(dense + experts, par, hw, algo, rate_hbm, table)
     e_owner = assign([(it.rows, it.cols) for it in experts], edp, strategy, cost_model=cm) if experts else []
-    e_loads = _rank_loads_ms(experts, e_owner, edp, par, hw, algo, rate_hbm, table, [0.0] * edp)
+    e_loads = rank_loads_ms(experts, e_owner, edp, par, hw, algo, rate_hbm, table, [0.0] * edp)
     base = [e_loads[r % edp] for r in range(dp)]  # expert loads tiled over the stage's DP ranks
     if algo.profile == "ours":  # AdamW parameters go to an element-wise distributed optimizer: even shards
         adam = sum(it.rows * it.cols for it in dense if not it.muon)
@@ -216,7 +216,7 @@ def _muon_step_ms(dense: list[Item], experts: list[Item], par: ParallelismConfig
     shapes = [(it.rows, it.cols) for it in dense]
     kw = {"initial_loads": base} if strategy == "lpt_cost" else {}
     owners = assign(shapes, dp, strategy, cost_model=cm, **kw) if dense else []
-    return max(_rank_loads_ms(dense, owners, dp, par, hw, algo, rate_hbm, table, base))
+    return max(rank_loads_ms(dense, owners, dp, par, hw, algo, rate_hbm, table, base))
 
 
 def state_memory_gib(model: ModelConfig, par: ParallelismConfig, algo: Algo) -> float:

@@ -3,7 +3,7 @@
 `reports/ns_kernels_h200_202611/results.json` times `optimizer.step()` for one Qwen3-30B-A3B layer (q, k, v, o and
 128 experts as separate matrices, no router) and one Kimi K2 MoE layer at EP64 (6 experts, MLA, shared expert,
 router): EO Muon (the published loop), our batched step and fused AdamW. The model predicts the same parameter
-sets with the same code paths as the cluster prediction (`optimizer._rank_loads_ms` on one rank).
+sets with the same code paths as the cluster prediction (`optimizer.rank_loads_ms` on one rank).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def predict_layer_ms(model: ModelConfig, ep: int, hw: HardwareConfig, optimizer:
                     else "plain", num_steps=5, tp_mode="duplicated")
     rate_hbm = hw.hbm_tbps * 1e12 * C.efficiency(hw.name).hbm.value
     table = nscost.measured_table(profile)
-    return opt._rank_loads_ms(items, [0] * len(items), 1, par, hw, algo, rate_hbm, table, [0.0])[0]
+    return opt.rank_loads_ms(items, [0] * len(items), 1, par, hw, algo, rate_hbm, table, [0.0])[0]
 
 
 def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, Any]]:
