@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
 
     cpu = args["device"] == "cpu"
     if not cpu and not torch.cuda.is_available():
-        raise SystemExit("bench.ns_kernels needs a CUDA GPU (run it on the H200); `device=cpu` runs a tiny smoke")
+        raise SystemExit(
+            "bench.ns_kernels needs a CUDA GPU (run it on the H200); `device=cpu` runs a tiny smoke"
+        )
     out = Path(args["out"])
     # A fresh plan cache next to the results: every shape's warm-up is measured and the choices are kept.
     os.environ.setdefault("MUONBENCH_CACHE", str(out))
@@ -169,10 +170,14 @@ def step_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
                     "impl": impl,
                     "ms": ms,
                     "vs_adamw": ms / base if (ms and base) else None,
-                    "ns_tflops_effective": d["ns_plain_flops"] / ms / 1e9 if ms and impl != "adamw_fused" else None,
+                    "ns_tflops_effective": d["ns_plain_flops"] / ms / 1e9
+                    if ms and impl != "adamw_fused"
+                    else None,
                     "first_step_ms": r.get("first_step_ms"),
                     "update_rel_err_vs_eo": r.get("update_rel_err_vs_eo"),
-                    "phases_ms": "/".join(_fmt(r.get(k)) for k in ("pack_ms", "orthogonalize_ms", "update_ms"))
+                    "phases_ms": "/".join(
+                        _fmt(r.get(k)) for k in ("pack_ms", "orthogonalize_ms", "update_ms")
+                    )
                     if "pack_ms" in r
                     else "",
                     "note": r.get("note", ""),
@@ -185,8 +190,10 @@ def render_markdown(res: dict[str, Any]) -> str:
     lines = [
         f"# Newton-Schulz kernels on {res.get('device_name', '?')}",
         "",
-        f"Command: `{res.get('command', '')}`. Matmul ceiling (bf16 8192^3, same run): "
-        f"{_fmt(res.get('ceiling_tflops'))} TFLOP/s.",
+        (
+            f"Command: `{res.get('command', '')}`. Matmul ceiling (bf16 8192^3, same run): "
+            f"{_fmt(res.get('ceiling_tflops'))} TFLOP/s."
+        ),
         "",
         "Protocol: fp32 inputs (Gaussian), quintic coefficients, 5 steps, bf16 operands with fp32 accumulation;",
         "median of CUDA-event timings after warm-up (each repeat waits for the GPU); TFLOP/s on the plain count",
@@ -211,7 +218,10 @@ def render_markdown(res: dict[str, Any]) -> str:
     if micro:
         tiles = [k[:-3] for k in micro[0] if k.endswith("_ms") and k != "cublas_ms"]
         lines += ["", "## X X^T alone: Triton one-triangle kernel vs cuBLAS bmm (ms)", ""]
-        lines += ["| B x m x k | cuBLAS | " + " | ".join(tiles) + " | best speed-up |", "|---" * (len(tiles) + 3) + "|"]
+        lines += [
+            "| B x m x k | cuBLAS | " + " | ".join(tiles) + " | best speed-up |",
+            "|---" * (len(tiles) + 3) + "|",
+        ]
         for r in micro:
             cells = " | ".join(_fmt(r[f"{t}_ms"]) for t in tiles)
             lines.append(
@@ -219,8 +229,10 @@ def render_markdown(res: dict[str, Any]) -> str:
             )
     lines += ["", "## One-layer optimizer step", "", OURS_LABEL + ".", ""]
     lines += [
-        "| layer | impl | ms/step | vs fused AdamW | effective NS TFLOP/s | first step ms | update err vs EO "
-        "| pack/orthogonalize/update ms | note |",
+        (
+            "| layer | impl | ms/step | vs fused AdamW | effective NS TFLOP/s | first step ms | update err vs EO "
+            "| pack/orthogonalize/update ms | note |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in step_rows(res):
@@ -268,10 +280,14 @@ def plot(rows: list[dict[str, Any]], path: Path, ceiling: float | None) -> None:
     width = 0.8 / max(1, len(impls))
     for j, impl in enumerate(impls):
         vals = {r["shape"]: r["tflops_plain"] or 0.0 for r in rows if r["impl"] == impl}
-        ax.bar([i + j * width for i in range(len(shapes))], [vals.get(s, 0.0) for s in shapes], width, label=impl)
+        ax.bar(
+            [i + j * width for i in range(len(shapes))], [vals.get(s, 0.0) for s in shapes], width, label=impl
+        )
     if ceiling:
         ax.axhline(ceiling, color="k", ls="--", lw=1, label=f"bf16 matmul ceiling {ceiling:.0f}")
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(shapes))], shapes, rotation=45, ha="right", fontsize=7)
+    ax.set_xticks(
+        [i + 0.4 - width / 2 for i in range(len(shapes))], shapes, rotation=45, ha="right", fontsize=7
+    )
     ax.set_ylabel("TFLOP/s (plain NS count)")
     ax.set_title("Newton-Schulz, 5 quintic steps, per shape")
     ax.legend(fontsize=7)

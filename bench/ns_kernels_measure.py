@@ -20,12 +20,24 @@ QUINTIC = ns_coefficients("quintic", 5)
 TORCH_MUON_COEFFS = (3.4445, -4.7750, 2.0315)
 # Layer parameter shapes (rows, cols, count); experts as separate parameters, like the H200 baseline json.
 LAYERS: dict[str, list[tuple[int, int, int]]] = {
-    "qwen3_30b_a3b_layer": [(4096, 2048, 1), (512, 2048, 2), (2048, 4096, 1), (1536, 2048, 128), (2048, 768, 128)],
+    "qwen3_30b_a3b_layer": [
+        (4096, 2048, 1),
+        (512, 2048, 2),
+        (2048, 4096, 1),
+        (1536, 2048, 128),
+        (2048, 768, 128),
+    ],
     # 6 local routed experts at EP64 plus the shared expert, MLA projections, attention out, router.
     "kimi_k2_moe_layer_ep64": [
-        (4096, 7168, 7), (7168, 2048, 7), (1536, 7168, 1), (12288, 1536, 1), (576, 7168, 1),
-        (16384, 512, 1), (7168, 8192, 1), (384, 7168, 1),
-    ],  # fmt: skip
+        (4096, 7168, 7),
+        (7168, 2048, 7),
+        (1536, 7168, 1),
+        (12288, 1536, 1),
+        (576, 7168, 1),
+        (16384, 512, 1),
+        (7168, 8192, 1),
+        (384, 7168, 1),
+    ],
 }
 OURS_STEPS = ("ours", "ours_gram", "optim_muon", "optim_muon_gram")
 CPU_LAYERS = {"tiny_layer": [(32, 48, 3), (40, 24, 2)]}
@@ -93,12 +105,21 @@ def ns_impls(dev: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     return impls
 
 
-def measure_shape(shape: tuple[str, int, int, int, str, str], dev: str, with_error: bool, log: Callable) -> dict:
+def measure_shape(
+    shape: tuple[str, int, int, int, str, str], dev: str, with_error: bool, log: Callable
+) -> dict:
     name, rows, cols, batch, model, role = shape
     gen = torch.Generator(device=dev).manual_seed(1234)
     x = torch.randn(batch, rows, cols, device=dev, generator=gen)
     refs = [polar64(x[i]) for i in range(min(batch, 2))] if with_error else []
-    row: dict[str, Any] = {"name": name, "rows": rows, "cols": cols, "batch": batch, "model": model, "role": role}
+    row: dict[str, Any] = {
+        "name": name,
+        "rows": rows,
+        "cols": cols,
+        "batch": batch,
+        "model": model,
+        "role": role,
+    }
     row["impls"] = {}
     for impl, fn in ns_impls(dev).items():
         r: dict[str, Any] = {}
@@ -116,13 +137,12 @@ def measure_shape(shape: tuple[str, int, int, int, str, str], dev: str, with_err
             if refs:
                 r["ortho_err"] = ortho_err(out, refs)
             del out
-            r["ms"] = median_ms(lambda: fn(x), dev)
+            r["ms"] = median_ms(lambda f=fn, xx=x: f(xx), dev)
         except Exception as e:  # noqa: BLE001 - one failing baseline must not lose the others
             r["note"] = f"error: {type(e).__name__}: {str(e)[:200]}"
         row["impls"][impl] = r
-        log(f"  {name} {impl}: {r.get('ms', float('nan')):.3f} ms err {r.get('ortho_err', float('nan')):.4f} "
-            f"{r.get('method', '')} {r.get('note', '')}")  # fmt: skip
-    del x, refs
+        ms, err = r.get("ms", float("nan")), r.get("ortho_err", float("nan"))
+        log(f"  {name} {impl}: {ms:.3f} ms err {err:.4f} {r.get('method', '')} {r.get('note', '')}")
     if dev == "cuda":
         torch.cuda.empty_cache()
     return row
@@ -147,13 +167,18 @@ for name, r, c in json.loads(sys.argv[1]):
 """
 
 
-def run_eo_syrk(shapes: list[tuple[str, int, int]], timeout: float, log: Callable) -> dict[str, dict[str, Any]]:
+def run_eo_syrk(
+    shapes: list[tuple[str, int, int]], timeout: float, log: Callable
+) -> dict[str, dict[str, Any]]:
     """EO use_syrk=True in a subprocess with a wall-clock limit: a shape still autotuning reports a timeout."""
     if not shapes:
         return {}
     t = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-c", _SYRK_CODE, json.dumps(shapes)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", _SYRK_CODE, json.dumps(shapes)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -203,7 +228,9 @@ class BenchMuon:
 
         def pack() -> list[torch.Tensor]:
             return [
-                momentum_pack([p.grad for p in self.groups[k]], self.bufs[k], beta=self.beta, nesterov=self.nesterov)
+                momentum_pack(
+                    [p.grad for p in self.groups[k]], self.bufs[k], beta=self.beta, nesterov=self.nesterov
+                )
                 for k in keys
             ]
 
@@ -284,7 +311,9 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
         if impl.startswith("ours"):
             r["note"] = (r.get("note", "") + " bench-local batched step").strip()
         d["impls"][impl] = r
-        log(f"  step {name} {impl}: {r.get('ms', float('nan')):.2f} ms (first {r.get('first_step_ms', 0):.0f} ms)")
+        log(
+            f"  step {name} {impl}: {r.get('ms', float('nan')):.2f} ms (first {r.get('first_step_ms', 0):.0f} ms)"
+        )
         if dev == "cuda":
             torch.cuda.empty_cache()
     if "eo_muon" in deltas:
@@ -304,14 +333,21 @@ def syrk_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
     for nb, m, k in ((128, 1536, 2048), (128, 768, 2048), (8, 2048, 7168), (1, 7168, 18432), (1, 8192, 8192)):
         x = torch.randn(nb, m, k, device="cuda").bfloat16()
         full = 2.0 * nb * m * m * k
-        r: dict[str, Any] = {"batch": nb, "m": m, "k": k, "cublas_ms": median_ms(lambda: torch.bmm(x, x.mT), "cuda")}
+        r: dict[str, Any] = {
+            "batch": nb,
+            "m": m,
+            "k": k,
+            "cublas_ms": median_ms(lambda xx=x: torch.bmm(xx, xx.mT), "cuda"),
+        }
         for name, cfg in TILE_CONFIGS.items():
-            r[f"{name}_ms"] = median_ms(lambda c=cfg: sym_mm(x, x, config=c), "cuda")
+            r[f"{name}_ms"] = median_ms(lambda c=cfg, xx=x: sym_mm(xx, xx, config=c), "cuda")
         r["cublas_tflops"] = full / r["cublas_ms"] / 1e9
         r["best_sym_speedup"] = r["cublas_ms"] / min(r[f"{n}_ms"] for n in TILE_CONFIGS)
         rows.append(r)
-        log(f"  syrk micro {nb}x{m}x{k}: " + " ".join(f"{k_}={v:.3f}" for k_, v in r.items() if k_.endswith("ms")))
-        del x
+        log(
+            f"  syrk micro {nb}x{m}x{k}: "
+            + " ".join(f"{k_}={v:.3f}" for k_, v in r.items() if k_.endswith("ms"))
+        )
     return rows
 
 

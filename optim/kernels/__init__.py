@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,7 +24,10 @@ from optim.kernels.ns_batched import Coeff, TorchOps, orthogonalize_with
 
 __all__ = ["available", "orthogonalize", "plan_for", "triton_importable"]
 
-_PLANNER = None
+if TYPE_CHECKING:
+    from optim.kernels.plan import Planner
+
+_PLANNER: Planner | None = None
 
 
 def triton_importable() -> bool:
@@ -36,7 +40,7 @@ def available() -> bool:
     return torch.cuda.is_available() and triton_importable()
 
 
-def _planner():  # type: ignore[no-untyped-def]
+def _planner() -> Planner:
     global _PLANNER
     if _PLANNER is None:
         from optim.kernels.plan import Planner

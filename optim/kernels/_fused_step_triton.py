@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
 """Triton kernels behind `optim.kernels.fused_step` (imported lazily: needs Triton)."""
 
 from __future__ import annotations

@@ -35,7 +35,11 @@ def _ptrs(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def _fast_ok(tensors: Sequence[torch.Tensor]) -> bool:
     from optim.kernels import available
 
-    return not TRITON_FAILURE and available() and all(t.is_cuda and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+    return (
+        not TRITON_FAILURE
+        and available()
+        and all(t.is_cuda and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+    )
 
 
 def momentum_pack_torch(
@@ -96,7 +100,13 @@ def apply_update(
     block = 2048
     try:
         apply_update_kernel[(triton.cdiv(numel, block), nb)](
-            _ptrs(params), update, numel, float(1.0 - lr * weight_decay), float(-lr * scale), BLOCK=block, num_warps=8
+            _ptrs(params),
+            update,
+            numel,
+            float(1.0 - lr * weight_decay),
+            float(-lr * scale),
+            BLOCK=block,
+            num_warps=8,
         )
     except Exception as e:  # noqa: BLE001 - see momentum_pack
         TRITON_FAILURE.append(f"apply_update: {type(e).__name__}: {str(e)[:300]}")

@@ -37,7 +37,9 @@ class MatOps(Protocol):
         self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
     ) -> torch.Tensor: ...
 
-    def full(self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float) -> torch.Tensor: ...
+    def full(
+        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float
+    ) -> torch.Tensor: ...
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor: ...
 
@@ -55,7 +57,9 @@ class TorchOps:
             return torch.bmm(a, b.mT) if alpha == 1.0 else torch.bmm(a, b.mT).mul_(alpha)
         return torch.baddbmm(d, a, b.mT, beta=beta, alpha=alpha)
 
-    def full(self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float) -> torch.Tensor:
+    def full(
+        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float
+    ) -> torch.Tensor:
         return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
@@ -73,7 +77,8 @@ def normalize_bf16(x: torch.Tensor, eps: float, transpose: bool) -> torch.Tensor
     inv = norm.clamp_min(eps).reciprocal()
     if x.dtype == torch.bfloat16 and not transpose and x.is_contiguous():
         # One pass; the scale rounded to bf16 (relative 2^-9) only rescales the input, which NS tolerates.
-        return x * inv.to(torch.bfloat16)
+        scaled: torch.Tensor = x * inv.to(torch.bfloat16)
+        return scaled
     src = x.mT if transpose else x
     out = torch.empty(src.shape, dtype=torch.bfloat16, device=x.device)
     out.copy_(src)

@@ -15,6 +15,7 @@ Candidates (all bf16 operands, fp32 accumulation):
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -78,7 +79,7 @@ class GraphRunner:
 
     def __init__(self, body: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> None:
         self.static_in = example.clone()
-        stream = torch.cuda.Stream()
+        stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # compile Triton kernels, create cuBLAS handles and workspaces
@@ -133,7 +134,13 @@ class Planner:
         return run
 
     def run(
-        self, name: str, key: str, x: torch.Tensor, coeffs: Sequence[Coeff], eps: float, restarts: frozenset[int]
+        self,
+        name: str,
+        key: str,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        restarts: frozenset[int],
     ) -> torch.Tensor:
         body = self.body(name, coeffs, eps, restarts)
         if not name.endswith("+graph") or torch.cuda.is_current_stream_capturing():
@@ -189,7 +196,7 @@ class Planner:
                 if not err < AGREE_RTOL:
                     rejected[name] = f"disagrees with plain_torch: rel err {err:.3g}"
                     continue
-                times[name] = _median_ms(lambda n=name: self.run(n, key, x, coeffs, eps, restarts))
+                times[name] = _median_ms(functools.partial(self.run, name, key, x, coeffs, eps, restarts))
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
                 rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
         best = min(times, key=times.__getitem__)
@@ -206,7 +213,8 @@ class Planner:
 
 def _median_ms(fn: Callable[[], object], budget_ms: float = 60.0) -> float:
     """Median of CUDA-event timings; as many repeats (3..25) as fit in about budget_ms."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
 
     def once() -> float:
         start.record()

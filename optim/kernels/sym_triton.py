@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator"
 """Triton kernel for products with a symmetric output: C = alpha * A B^T + beta * D, one triangle computed.
 
 Used for X X^T (B = A = X), A A^T = A^2 for symmetric A, and the congruence (P R) P^T of Gram-NS: products whose
@@ -47,7 +48,7 @@ def _sym_mm_kernel(
     a_ptrs = a_ptr + bid * s_ab + (rows % M)[:, None] * s_am + offs_k[None, :] * s_ak
     b_ptrs = b_ptr + bid * s_bb + (cols % M)[:, None] * s_bm + offs_k[None, :] * s_bk
     acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
+    for k in range(tl.cdiv(K, BLOCK_K)):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b = tl.load(b_ptrs)
@@ -142,7 +143,9 @@ class TritonOps:
     ) -> torch.Tensor:
         return sym_mm(a, b, alpha=alpha, d=d, beta=beta, config=self.config)
 
-    def full(self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float) -> torch.Tensor:
+    def full(
+        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float
+    ) -> torch.Tensor:
         return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:

@@ -61,7 +61,9 @@ def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     nb, m, k = bmk
     a = torch.randn(nb, m, k, device="cuda").bfloat16()
     ref = a.float() @ a.float().mT
-    torch.testing.assert_close(sym_mm(a, a, config=TILE_CONFIGS[cfg]).float(), ref, rtol=1e-2, atol=0.05 * k**0.5)
+    torch.testing.assert_close(
+        sym_mm(a, a, config=TILE_CONFIGS[cfg]).float(), ref, rtol=1e-2, atol=0.05 * k**0.5
+    )
     s = (ref / k).bfloat16()
     d = torch.randn(nb, m, m, device="cuda")
     d = (d + d.mT).bfloat16()
