@@ -70,7 +70,15 @@ def format_text(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cli, overrides = split_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:  # user and config errors: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    cli, overrides = split_args(argv)
     if "report" in cli:
         from bench.perfmodel.report import write_report
 

@@ -150,6 +150,7 @@ def test_project_rejects_bad_cli_values() -> None:
         project.project(["experiment=gb300/kimi_k2_muon"], profile="fast")
     with pytest.raises(ValueError, match="hardware.name='cpu'"):
         project.project(["optimizer=adamw"])
+    assert project.main(["experiment=gb300/kimi_k2_muon", "optimizer=mop"]) == 2
     cli, rest = project.split_args(["profile=ours", "format=json", "model=kimi_k2"])
     assert cli == {"profile": "ours", "format": "json"} and rest == ["model=kimi_k2"]
 
