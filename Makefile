@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-cluster collect report quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project collect report quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -32,6 +32,24 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
 	$(PY) -m bench.collect
 	$(PY) -m bench.report
+
+bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
+	$(PY) -m bench.ns_kernels $(ARGS)
+
+flops: $(STAMP) ## Model and Newton-Schulz FLOPs: make flops ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64"
+	$(PY) -m bench.flops $(ARGS)
+
+balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model=qwen3_30b_a3b parallelism=dp8_ep8"
+	$(PY) -m bench.balance $(ARGS)
+
+project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
+	$(PY) -m bench.project $(ARGS)
+
+collect: $(STAMP) ## Gather run directories into results.csv
+	$(PY) -m bench.collect $(ARGS)
+
+report: $(STAMP) ## Write the markdown report and plots from the collected CSVs
+	$(PY) -m bench.report $(ARGS)
 
 EXPERIMENT ?= gb300/kimi_k2_muon
 bench-cluster: $(STAMP) ## Slurm job of a published setup: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [ARGS="launcher.partition=P launcher.account=A"]
