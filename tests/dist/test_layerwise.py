@@ -2,8 +2,14 @@
 strategy, both gradient paths, both all-gather mechanisms, buckets and overlap; resume at the same and at a different
 DP size; an interrupted save never corrupts the last good checkpoint.
 
-Tolerance 2e-5 (abs and rel) where the N-rank sum of gradients runs in another order than the reference mean;
-same-DP resume is bitwise (rtol = atol = 0).
+Gradients are multiples of 2^-8, so their N-rank sums are exact and every DP size feeds the optimizers the same
+bits; the remaining differences come from batching other sets of same-shape matrices into one NS call:
+tolerance 2e-5 (abs and rel). Same-DP resume is bitwise (rtol = atol = 0). SOAP runs with a basis refresh every
+10 steps (REKLS's per-step refresh moves a 21x16 matrix by up to 0.6 at lr 0.01 in its second step and turns
+last-bit differences into O(1) ones). SOAP's 3-D expert stacks are compared only where the pieces equal the
+single-process stacks: optim.SOAP steps every expert but the first of a stack differently from the same matrix
+alone (`test_soap_expert_stack_is_per_expert`, strict xfail until optim-core fixes it), so a stack cut into
+pieces cannot match the uncut reference.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from dist_harness import context, spawn, subgroups
 from torch import nn
 from torch.testing import assert_close
 
-from optim.configs import AdamWConfig, MuonConfig
+from optim.configs import AdamWConfig, MOPConfig, MuonConfig, SOAPConfig
 from optim.distributed.checkpoint import load_sharded, save_sharded
 from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer, default_is_expert
 from optim.hybrid import build_optimizer
@@ -29,7 +35,7 @@ SHAPES = {  # odd shapes: uneven splits, same-shape matrices that batch, 3-D exp
     "model.layers.0.self_attn.o_proj.weight": (16, 21),
     "model.layers.0.input_layernorm.weight": (16,),
     "model.layers.0.mlp.gate.weight": (3, 16),
-    "model.layers.0.mlp.experts.gate_up_proj": (3, 21, 16),
+    "model.layers.0.mlp.experts.gate_up_proj": (5, 21, 16),
     "model.layers.0.mlp.experts.down_proj": (3, 16, 11),
     "model.layers.1.self_attn.q_proj.weight": (21, 16),
     "model.layers.1.self_attn.o_proj.weight": (16, 21),
@@ -42,8 +48,15 @@ ADAMW = AdamWConfig(lr=0.01, weight_decay=0.1)
 TOL = {"rtol": 2e-5, "atol": 2e-5}
 
 
-def factory(named: list[tuple[str, torch.Tensor]]) -> torch.optim.Optimizer:
-    return build_optimizer(named, MUON, adamw=ADAMW)
+MATRIX_CONFIGS = {"muon": MUON, "mop": MOPConfig(lr=0.05, weight_decay=0.1),
+                  # QR-power SOAP refreshing its basis every 10 steps: with a basis refresh every step (REKLS, the
+                  # default) the second step jumps by up to 60x lr on these shapes and amplifies last bits to O(1)
+                  "soap": SOAPConfig(lr=0.01, weight_decay=0.1, use_eigh=False, use_kl_shampoo=False,
+                                     precondition_frequency=10)}
+
+
+def factory(named: list[tuple[str, torch.Tensor]], algo: str = "muon") -> torch.optim.Optimizer:
+    return build_optimizer(named, MATRIX_CONFIGS[algo], adamw=ADAMW)
 
 
 class Leaf(nn.Module):
@@ -74,9 +87,12 @@ class Toy(nn.Module):
 
 
 def micro_grads(step: int, num_micro: int = 4) -> list[dict[str, torch.Tensor]]:
-    """The global batch's per-micro-batch gradients (identical on every rank)."""
+    """The global batch's per-micro-batch gradients (identical on every rank), multiples of 2^-8: their sums and
+    means over 1, 2 or 4 micro-batches are exact in fp32 in any order, so every DP size feeds the optimizer the
+    same bits."""
     gen = torch.Generator().manual_seed(1000 + step)
-    return [{n: torch.randn(s, generator=gen) for n, s in SHAPES.items()} for _ in range(num_micro)]
+    return [{n: torch.round(torch.randn(s, generator=gen) * 256) / 256 for n, s in SHAPES.items()}
+            for _ in range(num_micro)]
 
 
 def set_local_grads(model: nn.Module, step: int, dp_rank: int, dp: int) -> None:
@@ -101,27 +117,29 @@ def reference(seed: int, steps: range, *, expert_micro: slice = slice(None), mod
     return model
 
 
-CONFIGS = [
-    LayerWiseConfig(strategy="lpt_cost", grad_sync="reduce_scatter", collective="auto", overlap_param_gather=True),
-    LayerWiseConfig(strategy="round_robin", grad_sync="all_reduce", collective="per_owner"),
-    LayerWiseConfig(strategy="ping_pong_numel", grad_sync="reduce_scatter", collective="padded", bucket_numel=300,
-                    overlap_param_gather=True),
-    LayerWiseConfig(strategy="lpt_cost", grad_sync="reduce_scatter", collective="per_owner", bucket_numel=500),
+CONFIGS = [  # (placement and communication, matrix optimizer)
+    (LayerWiseConfig(strategy="lpt_cost", grad_sync="reduce_scatter", collective="auto", overlap_param_gather=True),
+     "muon"),
+    (LayerWiseConfig(strategy="round_robin", grad_sync="all_reduce", collective="per_owner"), "soap"),
+    (LayerWiseConfig(strategy="ping_pong_numel", grad_sync="reduce_scatter", collective="padded", bucket_numel=300,
+                     overlap_param_gather=True), "mop"),
+    (LayerWiseConfig(strategy="lpt_cost", grad_sync="reduce_scatter", collective="per_owner", bucket_numel=500),
+     "muon"),
 ]
 
 
 def _check_steps(rank: int, ws: int) -> None:
     """N-rank steps == single process, every config; at 4 ranks experts use pairs as expert-DP groups."""
     pairs, mine = subgroups(ws, 2) if ws == 4 else ([None], 0)
-    for cfg in CONFIGS:
+    for cfg, algo in CONFIGS:
         model = Toy(seed=3)
         e_group = pairs[mine] if ws == 4 else "dp"
-        opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=dist.group.WORLD,
-                                            expert_dp_group=e_group, config=cfg)
+        opt = LayerWiseDistributedOptimizer(model.named_parameters(), lambda named, a=algo: factory(named, a),
+                                            dp_group=dist.group.WORLD, expert_dp_group=e_group, config=cfg)
         if cfg.overlap_param_gather:
             opt.register_forward_hooks(model)
         ref_model = Toy(seed=3)
-        ref_opt = factory(list(ref_model.named_parameters()))
+        ref_opt = factory(list(ref_model.named_parameters()), algo)
         for step in range(3):
             set_local_grads(model, step, rank, ws)  # experts: averaged over the pair only at 4 ranks
             before = model.get_parameter(Q0).detach().clone()
@@ -132,8 +150,22 @@ def _check_steps(rank: int, ws: int) -> None:
             expert_micro = slice(2 * mine, 2 * mine + 2) if ws == 4 else slice(None)
             reference(3, range(step, step + 1), expert_micro=expert_micro, model=ref_model, opt=ref_opt)
         for (name, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):
-            assert_close(p, q, **TOL, msg=context(f"{cfg} {name}"))
+            if _stack_cut(opt, name, algo):
+                continue
+            assert_close(p, q, **TOL, msg=context(f"{algo} {cfg} {name}"))
     _check_clip(rank, ws)
+
+
+def _stack_cut(opt: LayerWiseDistributedOptimizer, name: str, algo: str) -> bool:
+    """SOAP and a 3-D stack cut into several pieces anywhere in the group (see the module docstring)."""
+    if algo != "soap":
+        return False
+    for d in opt.domains:
+        for b in d.buckets:
+            idx = [i for i in b.params if d.names[i] == name]
+            if idx and d.params[idx[0]].ndim == 3:
+                return sum(pc.index == idx[0] for ps in b.pieces for pc in ps) > 1
+    return False
 
 
 def _check_clip(rank: int, ws: int) -> None:
@@ -155,8 +187,8 @@ def _check_clip(rank: int, ws: int) -> None:
 
 
 def _run_dp(group: dist.ProcessGroup | None, dp_rank: int, dp: int, model: Toy, steps: range,
-            ckpt_load: str | None = None) -> LayerWiseDistributedOptimizer:
-    opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=group)
+            ckpt_load: str | None = None, algo: str = "muon") -> LayerWiseDistributedOptimizer:
+    opt = LayerWiseDistributedOptimizer(model.named_parameters(), lambda named: factory(named, algo), dp_group=group)
     if ckpt_load:
         model.load_state_dict(torch.load(os.path.join(ckpt_load, "model.pt"), weights_only=True))
         load_sharded(opt, ckpt_load)
@@ -166,29 +198,32 @@ def _run_dp(group: dist.ProcessGroup | None, dp_rank: int, dp: int, model: Toy, 
     return opt
 
 
-def _check_resume(rank: int, ws: int, tmp: str) -> None:
-    """Save at DP=2 after 2 steps; resume at DP 2 (bitwise), 4 and 1 (fp32 tolerance) == the unbroken run."""
+def _check_resume(rank: int, ws: int, tmp: str, algo: str) -> None:
+    """Save at DP=2 after 2 steps; resume at DP 2 (bitwise), 4 and 1 (fp32 tolerance) == the unbroken run.
+    Muon state is momentum; SOAP state adds the Kronecker factors and eigenbases, per expert for 3-D stacks."""
     pairs, mine = subgroups(ws, 2)
     singles, _ = subgroups(ws, 1)
-    ckpt = os.path.join(tmp, "ckpt")
+    ckpt = os.path.join(tmp, f"ckpt_{algo}")
     unbroken = Toy(seed=9)
     if mine == 0:
         model = Toy(seed=9)
-        opt = _run_dp(pairs[0], rank, 2, model, range(2))
+        opt = _run_dp(pairs[0], rank, 2, model, range(2), algo=algo)
         save_sharded(opt, ckpt, tag="step2", group=pairs[0])
         if rank == 0:
             torch.save(model.state_dict(), os.path.join(ckpt, "model.pt"))
-        opt = _run_dp(pairs[0], rank, 2, unbroken, range(4))
+        _run_dp(pairs[0], rank, 2, unbroken, range(4), algo=algo)
     dist.barrier()
-    for name, t in unbroken.state_dict().items():  # replica 0's unbroken result to everyone
+    for t in unbroken.state_dict().values():  # replica 0's unbroken result to everyone
         dist.broadcast(t, src=0)
     for label, group, dp_rank, dp in (("dp2", pairs[mine], rank % 2, 2), ("dp4", dist.group.WORLD, rank, 4),
                                       ("dp1", singles[rank], 0, 1)):
         resumed = Toy(seed=123)
-        _run_dp(group, dp_rank, dp, resumed, range(2, 4), ckpt_load=ckpt)
+        _run_dp(group, dp_rank, dp, resumed, range(2, 4), ckpt_load=ckpt, algo=algo)
         tol = {"rtol": 0, "atol": 0} if label == "dp2" else TOL
         for (name, p), (_, q) in zip(resumed.named_parameters(), unbroken.named_parameters(), strict=True):
-            assert_close(p, q, **tol, msg=context(f"resume {label} {name}"))
+            if label != "dp2" and algo == "soap" and p.ndim == 3:
+                continue  # the pieces of the stacks differ from DP 2's (see the module docstring)
+            assert_close(p, q, **tol, msg=context(f"resume {algo} {label} {name}"))
 
 
 def _check_training(rank: int, ws: int) -> None:
@@ -226,7 +261,8 @@ def _worker(rank: int, ws: int, tmp: str) -> None:
     if ws == 2:
         _check_training(rank, ws)
     if ws == 4:
-        _check_resume(rank, ws, tmp)
+        _check_resume(rank, ws, tmp, "muon")
+        _check_resume(rank, ws, tmp, "soap")
 
 
 @pytest.mark.dist
@@ -236,6 +272,26 @@ def test_layerwise_equals_single_process(world_size: int, tmp_path) -> None:
     that misses pieces or completes too early/late with overlap, local instead of global clipping, and a resume
     that loses or misplaces state when the DP size changes."""
     spawn(_worker, world_size, str(tmp_path))
+
+
+@pytest.mark.xfail(strict=True, reason="optim.SOAP: experts after the first of a 3-D stack get another update "
+                   "than the same matrix stepped alone (optim-core issue 3)")
+def test_soap_expert_stack_is_per_expert() -> None:
+    """A 3-D stack is a batch of independent matrices: SOAP on (3, 11, 11) must equal SOAP on each matrix."""
+    from optim.optimizers.soap import SOAP
+
+    torch.manual_seed(0)
+    stack = nn.Parameter(torch.randn(3, 11, 11))
+    singles = [nn.Parameter(stack.detach()[e].clone()) for e in range(3)]
+    opts = [SOAP([("e", p)], MATRIX_CONFIGS["soap"]) for p in (stack, *singles)]
+    g = torch.randn(3, 11, 11)
+    stack.grad = g.clone()
+    for e, p in enumerate(singles):
+        p.grad = g[e].clone()
+    for o in opts:
+        o.step()
+    for e, p in enumerate(singles):
+        assert_close(stack[e], p, rtol=1e-6, atol=1e-6, msg=context(f"expert {e}"))
 
 
 def test_interrupted_save_keeps_last_good_checkpoint(tmp_path, monkeypatch) -> None:
