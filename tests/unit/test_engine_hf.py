@@ -10,6 +10,17 @@ from bench.engines import RankInfo, engine_class
 ONE_RANK = RankInfo(rank=0, world_size=1, local_rank=0)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls: one intra-op thread avoids oversubscribing a shared CPU (as torchrun's OMP_NUM_THREADS=1)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _cfg(*overrides: str):
     return config.load(
         [
