@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,8 +168,9 @@ class Planner:
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
         entry = self.measure(x, coeffs, eps, use_gram, restarts, key)
-        self.choices[key] = entry
-        self._save()
+        if not entry.get("fallback"):
+            self.choices[key] = entry
+            self._save()
         return str(entry["method"]), key
 
     def measure(
@@ -199,6 +201,13 @@ class Planner:
                 times[name] = _median_ms(functools.partial(self.run, name, key, x, coeffs, eps, restarts))
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
                 rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
+        if not times:
+            # Nothing could be timed (e.g. out of memory while measuring next to a full model): use the cuBLAS body,
+            # which is always valid, say why once, and leave the entry uncached so a later step measures again.
+            warnings.warn(f"NS plan for {nb}x{r}x{c}: no candidate could be measured ({rejected}); using plain_torch",
+                          RuntimeWarning, stacklevel=3)
+            return {"method": "plain_torch", "times_ms": {}, "rejected": rejected, "fallback": True,
+                    "plan_s": time.perf_counter() - t_start}
         best = min(times, key=times.__getitem__)
         for name in list(self.graphs):  # keep only the chosen graph alive (memory)
             if name.startswith(key + "|") and not name.endswith("|" + best):

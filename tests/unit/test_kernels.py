@@ -204,3 +204,28 @@ def test_tile_names_match_configs() -> None:
     from optim.kernels.sym_triton import TILE_CONFIGS
 
     assert set(TILE_NAMES) == set(TILE_CONFIGS)
+
+
+def test_plan_falls_back_when_no_candidate_can_be_measured(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """A plan whose candidates all fail to time (e.g. OOM next to a full model) uses plain_torch, warns, and
+    caches nothing (Megatron H200 run: `min()` of an empty candidate set crashed the optimizer step)."""
+    from optim.kernels import plan as plan_mod
+
+    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+
+    def no_timing(*_a, **_k):  # type: ignore[no-untyped-def]
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(plan_mod, "_median_ms", no_timing)
+    p = plan_mod.Planner()
+    x = torch.randn(2, 8, 16)
+    coeffs = [(3.4445, -4.7750, 2.0315)] * 5
+    with pytest.warns(RuntimeWarning, match="no candidate could be measured"):
+        entry = p.measure(x, coeffs, 1e-7, False, frozenset({2}), "k")
+    assert entry["method"] == "plain_torch" and entry["fallback"] is True
+    assert "plain_torch" in entry["rejected"]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(plan_mod, "env_key", lambda device: "cpu-test")
+    with pytest.warns(RuntimeWarning):
+        method, _ = p.choose(x, coeffs, 1e-7, False, frozenset({2}))
+    assert method == "plain_torch" and not p.choices and not (tmp_path / "ns_plan.json").exists()
