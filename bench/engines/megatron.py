@@ -128,7 +128,8 @@ class MegatronEngine(Engine):
         ddp_cfg = om.ddp_config(
             kind=megatron_optim.implementation(self.cfg),
             distributed=True,
-            overlap_grad_reduce=self.cfg.parallelism.dp > 1,
+            # ours with layer-wise ownership reduce-scatters gradients itself: DDP must not start its all-reduce
+            overlap_grad_reduce=self.cfg.parallelism.dp > 1 and not _ours_layerwise(self.cfg),
         )
         return [DistributedDataParallel(config=self.tconfig, ddp_config=ddp_cfg, module=module)]
 
@@ -221,6 +222,14 @@ class MegatronEngine(Engine):
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_pg = False
+
+
+def _ours_layerwise(cfg: RootConfig) -> bool:
+    return (
+        cfg.optimizer.name != "adamw"
+        and cfg.optimizer.implementation == "ours"
+        and (cfg.optimizer.distributed == "layerwise")
+    )
 
 
 def _forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:

@@ -120,7 +120,15 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
         opt = om.build_megatron_muon(model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=tp_mode)
         _time_megatron_muon(opt, timer, matrix.num_ns_steps)
         return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=matrix.num_ns_steps)
-    opt, routes = om.build_ours(model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=tp_mode)
+    opt, routes = om.build_ours(
+        model_chunks,
+        matrix,
+        adamw,
+        routing,
+        clip_grad=clip,
+        tp_mode=tp_mode,
+        layerwise=cfg.optimizer.distributed == "layerwise",
+    )
     k = getattr(matrix, "num_ns_steps", 0)
     _time_ours(opt, timer, k)
     return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=k, routes=routes)
