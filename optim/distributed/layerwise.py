@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from optim.distributed.assignment import CostModel, Strategy
+from optim.distributed.assignment import CostModel, Strategy, canonical
 from optim.distributed.comm import group_rank_size
 from optim.distributed.layout import Bucket, Piece, build_layout
 
@@ -102,7 +102,8 @@ class _Domain:
     """One group and its parameters, layout, flat buffers and owned piece views."""
 
     def __init__(self, named: list[tuple[str, nn.Parameter]], is_matrix: Sequence[bool],
-                 group: dist.ProcessGroup | None, cfg: LayerWiseConfig) -> None:
+                 group: dist.ProcessGroup | None, cfg: LayerWiseConfig,
+                 initial_loads: Sequence[float] | None = None) -> None:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.group = group
@@ -110,8 +111,9 @@ class _Domain:
         dtypes = {p.dtype for p in self.params}
         if len(dtypes) > 1:
             raise ValueError(f"parameters of one domain must share a dtype, got {sorted(map(str, dtypes))}")
+        self.is_matrix = list(is_matrix)
         layout = build_layout([tuple(p.shape) for p in self.params], is_matrix, self.size, strategy=cfg.strategy,
-                              cost_model=cfg.cost_model, bucket_numel=cfg.bucket_numel)
+                              cost_model=cfg.cost_model, bucket_numel=cfg.bucket_numel, initial_loads=initial_loads)
         self.buckets: list[Bucket] = layout.buckets
         dtype = self.params[0].dtype if self.params else torch.float32
         device = self.params[0].device if self.params else torch.device("cpu")
@@ -207,6 +209,17 @@ class _Domain:
                 dst = self._model_slice(pc)
                 dst.copy_(src.view(dst.shape))
 
+    def ns_load_ms(self, cost_model: CostModel) -> float:
+        """Modelled NS milliseconds of the matrices this rank owns (batched per shape)."""
+        counts: dict[tuple[int, int], int] = {}
+        for b in self.buckets:
+            for pc in b.pieces[self.rank]:
+                p = self.params[pc.index]
+                if self.is_matrix[pc.index]:
+                    key = canonical(p.shape)
+                    counts[key] = counts.get(key, 0) + (pc.stop - pc.start if p.ndim == 3 else 1)
+        return sum(cost_model.group_ms(k, c) for k, c in counts.items())
+
     def owned_sq_norm(self) -> torch.Tensor:
         return sum((g.float().square().sum() for g in self.shard_grads), torch.zeros(()))
 
@@ -242,16 +255,30 @@ class LayerWiseDistributedOptimizer:
         self.config = config or LayerWiseConfig()
         named = [(n, p) for n, p in named_params if p.requires_grad]
         matrix = is_matrix or _routed_matrix(named)
-        e_group = dp_group if expert_dp_group == "dp" else expert_dp_group
-        self.norm_group = dp_group if norm_group == "dp" else norm_group
+        e_group = _resolve(expert_dp_group, dp_group, "expert_dp_group")
+        self.norm_group = _resolve(norm_group, dp_group, "norm_group")
         self.domains: list[_Domain] = []
-        for want_expert, group in ((False, dp_group), (True, e_group)):
-            part = [(n, p) for n, p in named if is_expert(n) == want_expert]
-            if part:
-                self.domains.append(_Domain(part, [matrix(n, p) for n, p in part], group, self.config))  # type: ignore[arg-type]
+        experts = [(n, p) for n, p in named if is_expert(n)]
+        dense = [(n, p) for n, p in named if not is_expert(n)]
+        loads = None
+        if experts:  # experts first; lpt_cost then places dense matrices on top of each rank's expert load
+            self.domains.append(_Domain(experts, [matrix(n, p) for n, p in experts], e_group, self.config))
+            loads = self._gather_loads(self.domains[0].ns_load_ms(self.config.cost_model or CostModel()), dp_group)
+        if dense:
+            self.domains.insert(0, _Domain(dense, [matrix(n, p) for n, p in dense], dp_group, self.config, loads))
         owned: list[tuple[str, torch.Tensor]] = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
         self.inner: torch.optim.Optimizer | None = optimizer_factory(owned) if owned else None
         self._hooks: list[Any] = []
+
+    @staticmethod
+    def _gather_loads(load: float, group: dist.ProcessGroup | None) -> list[float] | None:
+        """Every DP rank's expert NS load (identical list on all ranks)."""
+        _, size = group_rank_size(group)
+        if size == 1:
+            return [load]
+        out = torch.zeros(size, dtype=torch.float64)
+        dist.all_gather_into_tensor(out, torch.tensor([load], dtype=torch.float64), group=group)
+        return [float(x) for x in out]
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -327,6 +354,15 @@ class LayerWiseDistributedOptimizer:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+
+def _resolve(group: dist.ProcessGroup | None | str, dp_group: dist.ProcessGroup | None,
+             field: str) -> dist.ProcessGroup | None:
+    if isinstance(group, str):
+        if group != "dp":
+            raise ValueError(f"{field}={group!r}: must be a process group, None or 'dp'")
+        return dp_group
+    return group
 
 
 def _routed_matrix(named: list[tuple[str, nn.Parameter]]) -> Callable[[str, torch.Tensor], bool]:

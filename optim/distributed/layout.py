@@ -70,8 +70,12 @@ def build_layout(
     strategy: Strategy | str,
     cost_model: CostModel | None = None,
     bucket_numel: int = 0,
+    initial_loads: Sequence[float] | None = None,
 ) -> DomainLayout:
-    """Layout of parameters with `shapes` (model order) over `num_ranks` ranks; see the module docstring."""
+    """Layout of parameters with `shapes` (model order) over `num_ranks` ranks; see the module docstring.
+
+    `initial_loads` (NS ms already on each rank, e.g. its expert matrices) is used by `lpt_cost` only.
+    """
     numels = [_numel(s) for s in shapes]
     items: list[tuple[int, Sequence[int]]] = []  # (param index, matrix shape) per owned matrix
     for i, (s, mat) in enumerate(zip(shapes, is_matrix, strict=True)):
@@ -79,7 +83,8 @@ def build_layout(
             if len(s) not in (2, 3):
                 raise ValueError(f"parameter {i} of shape {tuple(s)}: a matrix must be 2-D or a 3-D stack")
             items += [(i, s[-2:])] * (s[0] if len(s) == 3 else 1)
-    owners = assign([m for _, m in items], num_ranks, strategy, cost_model=cost_model)
+    owners = assign([m for _, m in items], num_ranks, strategy, cost_model=cost_model,
+                    initial_loads=initial_loads if Strategy(strategy) == Strategy.LPT_COST else None)
     per_param: dict[int, list[int]] = {}
     for (i, _), r in zip(items, owners, strict=True):
         per_param.setdefault(i, [0] * num_ranks)[r] += 1
