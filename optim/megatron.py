@@ -436,12 +436,15 @@ def build_ours(
     )
     parts = []
     if mat_params:
-        inner = _matrix_optimizer([{"params": mat_params, "param_names": mat_names}], matrix, splits)
+        group = megatron_group(
+            mat_params, mat_names, lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
+        )
+        inner = _matrix_optimizer([group], matrix, splits)
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
         _retarget_splits(inner, mat_params)
     adam_groups: list[dict[str, Any]] = [
-        {"params": [p for p, _ in ps_], "param_names": [n for _, n in ps_], "weight_decay": wd}
-        for ps_, wd in ((adam_wd[0], adamw.weight_decay), (adam_wd[1], 0.0))
+        megatron_group([p for p, _ in ps_], [n for _, n in ps_], lr=adamw.lr, weight_decay=wd, wd_mult=mult)
+        for ps_, wd, mult in ((adam_wd[0], adamw.weight_decay, 1.0), (adam_wd[1], 0.0, 0.0))
         if ps_
     ]
     if adam_groups:
@@ -457,6 +460,26 @@ def build_ours(
         )
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
     return ChainedOptimizer(parts), [r for _, r in routed]
+
+
+def megatron_group(
+    params: list[torch.Tensor], names: list[str], *, lr: float, weight_decay: float, wd_mult: float
+) -> dict[str, Any]:
+    """A param group with the keys Megatron reads: its checkpoint loader matches saved groups to current ones by
+    (max_lr, min_lr, wd_mult, lr_mult, is_expert_parallel, ...), so groups that differ only in weight decay would
+    collide without `wd_mult`; its LR scheduler reads max_lr / min_lr / lr_mult and multiplies wd by wd_mult."""
+    return {
+        "params": params,
+        "param_names": names,
+        "weight_decay": weight_decay,
+        "wd_mult": wd_mult,
+        "lr_mult": 1.0,
+        "max_lr": lr,
+        "min_lr": lr,
+        "is_expert_parallel": False,
+        "is_decoupled_lr": False,
+        "default_config": True,
+    }
 
 
 def _wrap_mixed_precision(inner: torch.optim.Optimizer, config: Any, f16_cls: type, f32_cls: type) -> Any:

@@ -494,3 +494,17 @@ def test_disable_ddp_grad_sync_refuses_overlap():
     chunk.ddp_config.overlap_grad_reduce = False
     om.disable_ddp_grad_sync([chunk])
     assert chunk.finish_grad_sync() is None
+
+
+def test_groups_survive_megatron_checkpoint_matching():
+    """Localises a checkpoint bug: Megatron's loader matches param groups by identifier keys; our decay and
+    no-decay AdamW groups must stay distinct (else the no-decay group would load weight_decay=0.033)."""
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    a, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
+    groups = [om.megatron_group([a], ["a"], lr=1e-3, weight_decay=0.033, wd_mult=1.0),
+              om.megatron_group([b], ["b"], lr=1e-3, weight_decay=0.0, wd_mult=0.0)]
+    opt = torch.optim.AdamW(groups, lr=1e-3)
+    saved = copy.deepcopy(opt.state_dict()["param_groups"])
+    loaded = MegatronOptimizer._filter_and_reorder_param_groups(opt.param_groups, saved)
+    assert [g["weight_decay"] for g in loaded] == [0.033, 0.0]
