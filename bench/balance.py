@@ -28,7 +28,7 @@ import json
 import sys
 from typing import Any
 
-BALANCE_KEYS = ("strategy", "format", "cost_table", "grad_bytes", "param_bytes", "ranks")
+BALANCE_KEYS = ("strategy", "format", "cost_table", "cost_impl", "grad_bytes", "param_bytes", "ranks")
 STRATEGIES = ("round_robin", "ping_pong_numel", "lpt_cost")
 
 
@@ -152,10 +152,33 @@ def _text(model: Any, par: Any, results: list[dict[str, Any]], ranks: str) -> st
     return "\n".join(lines)
 
 
+def cost_model_from(path: str, impl: str) -> Any:
+    """CostModel from a JSON table (`CostModel.from_table`) or a `bench.ns_kernels` results.csv.
+
+    From the CSV (rows with kind == "ns" and the given impl): the fixed cost of a call is the fastest single-matrix
+    time of that impl (a launch-bound shape such as a router), and each shape's per-matrix cost is
+    (ms - fixed) / batch. Shapes not measured fall back to the analytic model with that fixed cost.
+    """
+    import csv
+
+    from optim.distributed.assignment import CostModel, canonical
+
+    if not path.endswith(".csv"):
+        return CostModel.from_table(path)
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("kind") == "ns" and r.get("impl") == impl and r.get("ms")]
+    if not rows:
+        raise ValueError(f"cost_table={path!r}: no rows with kind=ns and impl={impl!r}")
+    fixed = min(float(r["ms"]) for r in rows if int(r["batch"]) == 1)
+    table = {canonical((int(r["rows"]), int(r["cols"]))): (fixed, max(0.0, float(r["ms"]) - fixed) / int(r["batch"]))
+             for r in rows}
+    return CostModel(fixed_ms=fixed, table=table)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    opts = {"strategy": "all", "format": "text", "cost_table": "", "grad_bytes": "4", "param_bytes": "2",
-            "ranks": "summary"}
+    opts = {"strategy": "all", "format": "text", "cost_table": "", "cost_impl": "ours_gram", "grad_bytes": "4",
+            "param_bytes": "2", "ranks": "summary"}
     overrides = []
     for a in args:
         key, _, value = a.partition("=")
@@ -172,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     from optim.distributed.assignment import CostModel
 
     cfg = load(overrides)
-    cost = CostModel.from_table(opts["cost_table"]) if opts["cost_table"] else CostModel()
+    cost = cost_model_from(opts["cost_table"], opts["cost_impl"]) if opts["cost_table"] else CostModel()
     strategies = STRATEGIES if opts["strategy"] == "all" else (opts["strategy"],)
     opt = cfg.optimizer
     splits = ({"split_qkv": opt.split_qkv, "split_mla": opt.split_mla, "split_gate_up": opt.split_gate_up}

@@ -131,7 +131,9 @@ def lpt_cost(
     Matrices are visited by decreasing standalone cost (ties: larger shape groups first, then model order). Each goes
     to the rank whose load after adding it is smallest, where adding a shape the rank already holds costs only
     `per_matrix_ms` (it joins that rank's batched call) and a new shape also pays `fixed_ms`. Ties go to the lowest
-    rank, so the result is deterministic and identical on every rank.
+    rank, so the result is deterministic and identical on every rank. If the round-robin or ping-pong deal has a
+    smaller maximum load (possible when counts divide evenly), that deal is returned instead, so lpt_cost is never
+    worse than the published strategies under the same cost model.
 
     Args:
         shapes: (rows, cols) of each matrix.
@@ -155,6 +157,7 @@ def lpt_cost(
     order = sorted(range(len(shapes)), key=lambda i: (-sum(terms[keys[i]]), -group_size[keys[i]], i))
     held: list[set[Shape]] = [set() for _ in range(num_ranks)]
     owners = [0] * len(shapes)
+    base = list(loads)
     for i in order:
         k = keys[i]
         fixed, per = terms[k]
@@ -166,7 +169,14 @@ def lpt_cost(
         owners[i] = best
         loads[best] = best_load
         held[best].add(k)
-    return owners
+    # Greedy LPT can lose to a regular deal when counts divide evenly (the deal then gives every rank the same
+    # multiset of shapes); keep whichever placement has the smallest maximum load, LPT on ties.
+    best_owners, best_max = owners, max(loads)
+    for cand in (round_robin(shapes, num_ranks), ping_pong_numel(shapes, num_ranks)):
+        cand_max = max(b + x for b, x in zip(base, rank_loads(shapes, cand, num_ranks, cost_model=model), strict=True))
+        if cand_max < best_max * (1 - 1e-12):
+            best_owners, best_max = cand, cand_max
+    return best_owners
 
 
 def assign(

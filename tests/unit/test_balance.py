@@ -65,3 +65,19 @@ def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["strategy"] == "lpt_cost" and out["imbalance"] > 1.0 and out["bytes_per_step"] > 0
     with pytest.raises(ValueError, match="strategy='greedy'"):
         main([*QWEN, "strategy=greedy"])
+
+
+def test_cost_table_from_ns_kernels_csv(tmp_path) -> None:
+    """A bench.ns_kernels results.csv calibrates the model: fixed = fastest single call, per = (ms - fixed) / B."""
+    from bench.balance import cost_model_from
+
+    path = tmp_path / "results.csv"
+    path.write_text("kind,shape,rows,cols,batch,impl,ms\n"
+                    "ns,router,128,2048,1,ours_gram,0.135\n"
+                    "ns,fc2,2048,768,128,ours_gram,8.135\n"
+                    "ns,fc2,2048,768,128,eo_plain,10.0\n")
+    model = cost_model_from(str(path), "ours_gram")
+    assert model.terms((768, 2048)) == pytest.approx((0.135, 8.0 / 128))
+    assert model.fixed_ms == pytest.approx(0.135)
+    with pytest.raises(ValueError, match="impl='nope'"):
+        cost_model_from(str(path), "nope")
