@@ -1,7 +1,8 @@
 """Layer-wise optimizer balance from shapes alone (no GPU): per-rank Newton-Schulz load, imbalance, bytes moved.
 
     python -m bench.balance model=kimi_k2 parallelism=pp4_dp64_ep64 [strategy=all|round_robin|ping_pong_numel|
-        lpt_cost] [format=text|json] [cost_table=<json>] [grad_bytes=4] [param_bytes=2] [ranks=summary|all]
+        lpt_cost] [format=text|json] [cost_table=<json, or a bench.ns_kernels results.csv>] [cost_impl=ours_gram]
+        [grad_bytes=4] [param_bytes=2] [ranks=summary|all]
 
 Every other `key=value` is a Hydra override of the config tree (`bench.config.load`).
 
@@ -14,12 +15,13 @@ Model of a step (one matrix = one owner, `optim.distributed.assignment`):
 - Load of a rank = sum over its distinct shapes of the batched NS cost (`CostModel`, or a measured table).
   With TP > 1 every TP rank is charged the full matrix (duplicated TP mode, MCore's default).
 - `imbalance` = max / mean load over the ranks of one DP group, worst group: what the assignment controls.
-  `imbalance_world` = max / mean over all ranks (also includes pipeline-stage imbalance, which no assignment fixes).
-- Bytes sent per rank per step (max over ranks), grads in `grad_bytes`, params in `param_bytes`:
-  ours (`reduce_scatter`): reduce-scatter of grads + all-gather of params, both over per-rank segments padded to the
-  largest; non-matrix (AdamW) parameters are sharded element-wise and fill the smaller segments first.
-  published (`all_reduce`): ring all-reduce of all grads (2 (N-1)/N of the bytes) + variable-size all-gather
-  (each owner sends its bytes to N - 1 peers). Norm weights are not counted (<0.01% of bytes).
+  `imbalance_bound` = the same for the best whole-matrix placement can reach at least: the stage's largest dense
+  matrix on top of the smallest expert load. `imbalance_world` = max / mean over all ranks (also pipeline-stage
+  imbalance, which no assignment fixes). Batching lowers the mean as well as the max, so compare `max_ms` too.
+- Bytes sent per rank per step (max over ranks), grads in `grad_bytes`, params in `param_bytes`, see
+  `_segments_bytes`: ours = reduce-scatter + all-gather over padded per-rank segments, or per-owner reduce and
+  broadcast when padding exceeds 25% (AdamW parameters are sharded element-wise and level the segments first);
+  published = all-reduce of all grads + grouped send/recv all-gather. Norm weights are not counted (<0.01%).
 """
 
 from __future__ import annotations
