@@ -30,6 +30,9 @@ HYDRA_DEFAULTS = {
 }
 """Run-directory layout; each can be overridden on the command line (the key is then left alone)."""
 
+LAUNCHED_OK = ("ok", "submitted", "written")
+"""Statuses of a run that did not fail: finished ok, or a Slurm job submitted / its script written (dry run)."""
+
 _INVOCATION: dict[str, Any] = {"id": time.strftime("%Y%m%d_%H%M%S"), "argv": [], "runs": []}
 
 
@@ -141,9 +144,10 @@ def execute(cfg: Any) -> str:
     else:
         if root.launcher.name == "slurm" and res.returncode in (0, None):
             rec = record.update_run_json(run_dir, launch_command=res.command)
+            status = "submitted" if res.submitted else "written"
             print(f"== {run_id}: {'submitted' if res.submitted else 'script written (not submitted)'}")
-            _note_run(out_dir, run_dir, rec["status"], root.bench.report_name)
-            return "ok"
+            _note_run(out_dir, run_dir, status, root.bench.report_name)
+            return status
         rec = _close_after_launch(run_dir, res)
     _note_run(out_dir, run_dir, rec["status"], root.bench.report_name)
     print(summary_line(rec), flush=True)
@@ -182,12 +186,12 @@ def main() -> None:
     task = hydra.main(config_path=str(config.CONF_DIR), config_name="config", version_base="1.3")(execute)
     task()
     runs = _INVOCATION["runs"]
-    bad = [r for r in runs if r["status"] != "ok"]
+    bad = [r for r in runs if r["status"] not in LAUNCHED_OK]
     if runs:
-        print(
-            f"== {len(runs) - len(bad)}/{len(runs)} runs ok"
-            + ("; not ok: " + ", ".join(f"{r['run_dir']} ({r['status']})" for r in bad) if bad else "")
-        )
+        counts = {st: sum(r["status"] == st for r in runs) for st in LAUNCHED_OK}
+        head = ", ".join(f"{n} {st}" for st, n in counts.items() if n) or "0 ok"
+        tail = "; not ok: " + ", ".join(f"{r['run_dir']} ({r['status']})" for r in bad) if bad else ""
+        print(f"== {len(runs)} runs: {head}{tail}")
     if bad:
         sys.exit(1)
 

@@ -104,17 +104,34 @@ def test_bench_modules_import_without_torch():
     assert res.returncode == 0, res.stderr
 
 
-def test_slurm_script_of_kimi_k2_matches_its_layout(tmp_path, capsys):
-    """experiment=gb300/kimi_k2_muon through the real bench.slurm writer: nodes, GPUs per node, env, the worker."""
-    cfg = config.load(["experiment=gb300/kimi_k2_muon", "launcher=slurm", "launcher.dry_run=true"])
-    res = launch.launch(cfg, tmp_path)
-    text = (tmp_path / "job.sbatch").read_text()
-    assert res.submitted is False
+def test_slurm_script_of_kimi_k2_matches_its_layout(tmp_path):
+    """`bench.run experiment=gb300/kimi_k2_muon launcher=slurm launcher.dry_run=true` through the real
+    bench.slurm writer: nodes, GPUs per node, env and the worker, checked as text; a dry run exits 0."""
+    import subprocess
+
+    cfg = config.load(["experiment=gb300/kimi_k2_muon", "launcher=slurm"])
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.run",
+            "experiment=gb300/kimi_k2_muon",
+            "launcher=slurm",
+            "launcher.dry_run=true",
+            f"bench.out_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr
+    (script,) = tmp_path.rglob("job.sbatch")
+    text = script.read_text()
     assert "#SBATCH --nodes=64" in text and "#SBATCH --gpus-per-node=4" in text
-    assert "--nproc_per_node=4" in text and f"-m bench.worker {tmp_path}" in text
+    assert "--nproc_per_node=4" in text and f"-m bench.worker {script.parent}" in text
     for key, value in cfg.launcher.env.items():
         assert f"export {key}={shlex.quote(str(value))}" in text
-    assert text in capsys.readouterr().out
+    assert "1 written" in res.stdout and text.splitlines()[0] in res.stdout
 
 
 def test_cli_unknown_option_lists_the_available_ones(tmp_path):
