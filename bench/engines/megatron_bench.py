@@ -175,7 +175,14 @@ def main(argv: list[str] | None = None) -> None:
                 name,
                 *overrides,
             ]
-            subprocess.run(cmd, check=False)
+            left = args.case_timeout_s
+            try:
+                subprocess.run(cmd, check=False, timeout=left)
+            except subprocess.TimeoutExpired:
+                print(f"[{name}] killed after {left:.0f} s", flush=True)
+                if (root / name / "run.json").exists():
+                    err = {"type": "Timeout", "message": f"case killed after {left:.0f} s", "traceback": ""}
+                    record.finalize(root / name, status="timeout", error=err)
             rec = (
                 record.read_json(root / name / "run.json")
                 if (root / name / "run.json").exists()
