@@ -96,3 +96,20 @@ def test_lr_schedule_warmup_then_cosine_to_min():
     assert (
         mult(9) == pytest.approx(0.55) and mult(14) == pytest.approx(0.1) and mult(20) == pytest.approx(0.1)
     )
+
+
+def test_token_stream_text_windows_are_file_bytes(tmp_path):
+    from bench.engines.hf import TokenStream
+
+    text = bytes(range(256)) * 3
+    path = tmp_path / "corpus.bin"
+    path.write_bytes(text)
+    stream = TokenStream(f"text:{path}", vocab_size=512, seq_length=16, mbs=3, seed=7)
+    batch = stream.next()
+    assert batch.shape == (3, 16)
+    for row in batch.tolist():
+        assert bytes(row) in text
+    with pytest.raises(ValueError, match="vocab_size >= 256"):
+        TokenStream(f"text:{path}", vocab_size=128, seq_length=16, mbs=1, seed=0)
+    mock = TokenStream("mock", vocab_size=512, seq_length=16, mbs=2, seed=7).next()
+    assert mock.equal(TokenStream("mock", vocab_size=512, seq_length=16, mbs=2, seed=7).next())
