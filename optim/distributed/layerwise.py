@@ -74,8 +74,9 @@ class LayerWiseConfig:
     """padded | per_owner | auto (padded when the bucket's padding is <= 25%), for both grads and params."""
     overlap_param_gather: bool = False
     """Leave the parameter all-gather in flight; complete it in forward pre-hooks."""
-    bucket_numel: int = 0
-    """Elements per bucket (model order); 0 = one bucket per domain."""
+    bucket_numel: int = 40_000_000
+    """Elements per bucket (model order; MCore's DDP default size); 0 = one bucket per domain. Each bucket is one
+    all-gather that a forward pre-hook can wait for on its own."""
     average_grads: bool = True
     """Divide the summed gradients by the group size (each rank's loss is its local mean)."""
     max_grad_norm: float = 0.0
@@ -116,7 +117,7 @@ class _Domain:
                               cost_model=cfg.cost_model, bucket_numel=cfg.bucket_numel, initial_loads=initial_loads)
         self.buckets: list[Bucket] = layout.buckets
         dtype = self.params[0].dtype if self.params else torch.float32
-        device = self.params[0].device if self.params else torch.device("cpu")
+        device = self.device = self.params[0].device if self.params else torch.device("cpu")
         self.shard_params = [torch.zeros(b.segment_numel, dtype=dtype, device=device) for b in self.buckets]
         self.shard_grads = [torch.zeros(b.segment_numel, dtype=dtype, device=device) for b in self.buckets]
         self.owned: list[tuple[str, nn.Parameter, int, int]] = []  # (name, view, bucket, piece index)
@@ -221,7 +222,7 @@ class _Domain:
         return sum(cost_model.group_ms(k, c) for k, c in counts.items())
 
     def owned_sq_norm(self) -> torch.Tensor:
-        return sum((g.float().square().sum() for g in self.shard_grads), torch.zeros(()))
+        return sum((g.float().square().sum() for g in self.shard_grads), torch.zeros((), device=self.device))
 
 
 class LayerWiseDistributedOptimizer:
@@ -263,7 +264,8 @@ class LayerWiseDistributedOptimizer:
         loads = None
         if experts:  # experts first; lpt_cost then places dense matrices on top of each rank's expert load
             self.domains.append(_Domain(experts, [matrix(n, p) for n, p in experts], e_group, self.config))
-            loads = self._gather_loads(self.domains[0].ns_load_ms(self.config.cost_model or CostModel()), dp_group)
+            loads = self._gather_loads(self.domains[0].ns_load_ms(self.config.cost_model or CostModel()), dp_group,
+                                       self.domains[0].device)
         if dense:
             self.domains.insert(0, _Domain(dense, [matrix(n, p) for n, p in dense], dp_group, self.config, loads))
         owned: list[tuple[str, torch.Tensor]] = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
@@ -271,13 +273,13 @@ class LayerWiseDistributedOptimizer:
         self._hooks: list[Any] = []
 
     @staticmethod
-    def _gather_loads(load: float, group: dist.ProcessGroup | None) -> list[float] | None:
-        """Every DP rank's expert NS load (identical list on all ranks)."""
+    def _gather_loads(load: float, group: dist.ProcessGroup | None, device: torch.device) -> list[float] | None:
+        """Every DP rank's expert NS load (identical list on all ranks; on `device` so NCCL can move it)."""
         _, size = group_rank_size(group)
         if size == 1:
             return [load]
-        out = torch.zeros(size, dtype=torch.float64)
-        dist.all_gather_into_tensor(out, torch.tensor([load], dtype=torch.float64), group=group)
+        out = torch.zeros(size, dtype=torch.float64, device=device)
+        dist.all_gather_into_tensor(out, torch.tensor([load], dtype=torch.float64, device=device), group=group)
         return [float(x) for x in out]
 
     @property
@@ -319,7 +321,7 @@ class LayerWiseDistributedOptimizer:
             self.finish_param_sync()
 
     def _clip(self) -> None:
-        sq = sum((d.owned_sq_norm() for d in self.domains), torch.zeros(()))
+        sq = sum((d.owned_sq_norm() for d in self.domains), torch.zeros((), device=self.domains[0].device))
         if self.norm_group is not None and dist.is_initialized():
             dist.all_reduce(sq, group=self.norm_group)
         scale = self.config.max_grad_norm / (sq.sqrt().item() + 1e-6)
