@@ -99,6 +99,10 @@ def run(run_dir: Path) -> None:
     rec = record.read_json(run_dir / "run.json")
     cfg = record.config_from_dict(rec["config"])
     rank = rank_info()
+    if cfg.engine.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(rank.local_rank)  # before NCCL starts, so every collective uses this rank's GPU
     if rank.world_size > 1:
         dist.init_process_group(backend=cfg.engine.backend)
     engine = engine_class(cfg.engine.name)()
