@@ -118,7 +118,8 @@ class Planner:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(self.choices, indent=1, sort_keys=True))
+            kept = {k: v for k, v in self.choices.items() if not v.get("fallback")}  # fallbacks: this process only
+            tmp.write_text(json.dumps(kept, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
         except OSError:  # a read-only home must not break the optimizer step
             pass
@@ -168,9 +169,8 @@ class Planner:
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
         entry = self.measure(x, coeffs, eps, use_gram, restarts, key)
-        if not entry.get("fallback"):
-            self.choices[key] = entry
-            self._save()
+        self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
+        self._save()
         return str(entry["method"]), key
 
     def measure(
@@ -203,7 +203,7 @@ class Planner:
                 rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
         if not times:
             # Nothing could be timed (e.g. out of memory while measuring next to a full model): use the cuBLAS body,
-            # which is always valid, say why once, and leave the entry uncached so a later step measures again.
+            # which is always valid, and say why once; the choice is not written to the on-disk cache.
             warnings.warn(f"NS plan for {nb}x{r}x{c}: no candidate could be measured ({rejected}); using plain_torch",
                           RuntimeWarning, stacklevel=3)
             return {"method": "plain_torch", "times_ms": {}, "rejected": rejected, "fallback": True,
