@@ -9,15 +9,25 @@ Per parameter p with gradient g (fp32 state for bf16/fp16 parameters):
 
 Every piece (a split part of a fused matrix, or a whole matrix, or each expert of a 3-D stack) is oriented short
 side first, and all pieces of equal shape in the step are concatenated and orthogonalized in ONE batched call.
-A NaN/Inf in g or in the new buf is detected before anything is written (one host sync per step); the parameter
-is then skipped with a NonFiniteWarning (its momentum is kept) or NonFiniteError is raised.
+
+Element-wise work runs as multi-tensor `torch._foreach_*` ops per (param group, dtype, device), not per parameter:
+momentum and Nesterov input (`_foreach_lerp`), weight decay and update (`_foreach_add_`); scaling is one multiply
+per shape group. On CPU the foreach ops apply the same per-tensor kernels as the plain ops (bitwise equal to a
+per-parameter loop); on CUDA they are fused multi-tensor kernels with the same formulas.
+
+Non-finite values: a NaN/Inf in g or in the new buf is detected before anything is written, then that parameter is
+skipped with a NonFiniteWarning (its weight and old momentum are kept) or NonFiniteError is raised. Detection is
+one screen per step with one host sync: the L1 norm of every orthogonalization input m (`_foreach_norm`) must be
+finite. That is exact as a screen: a NaN/Inf in g makes buf non-finite, a non-finite buf makes m non-finite, and
+a non-finite m makes its norm non-finite. Only when the screen fails (a real NaN/Inf, or an L1 norm overflowing
+fp32) are g and buf checked per parameter (a second sync), so events and skips are those of a per-parameter check.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,6 +44,27 @@ def shape_scale(rows: int, cols: int, mode: str) -> float:
     if mode == "unit_rms_norm":
         return math.sqrt(rows / cols)
     raise ValueError(f"scale_mode={mode!r} is not one of ('spectral', 'shape_scaling', 'unit_rms_norm')")
+
+
+class _Entry(NamedTuple):
+    """One parameter's step: its group, the new momentum and the orthogonalization input."""
+
+    p: torch.Tensor
+    group: dict[str, Any]
+    new_buf: torch.Tensor
+    m: torch.Tensor
+
+
+def _bucket[T](items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
+    """Items grouped by key, groups in first-seen order, items in input order."""
+    out: dict[Hashable, list[T]] = {}
+    for it in items:
+        out.setdefault(key(it), []).append(it)
+    return list(out.values())
+
+
+def _dtype_device_of_buf(slot: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[torch.dtype, torch.device]:
+    return slot[2].dtype, slot[2].device
 
 
 class OrthogonalizedOptimizer(torch.optim.Optimizer):
@@ -78,50 +109,81 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         cfg = self.config
-        # Transient memory: the new momentum (and the Nesterov input) of every parameter until the update; the
-        # fp32 copy of a low-precision gradient lives only inside the loop body.
-        entries: list[tuple[torch.Tensor, dict[str, Any], torch.Tensor, torch.Tensor]] = []
-        checks: list[torch.Tensor] = []
+        # Transient memory: the new momentum (and the Nesterov input) of every parameter until the update.
+        entries = self._momentum()
+        if not entries:
+            return loss
+        good, events = self._check_finite(entries)
+        handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
+        for e in entries:
+            self.state[e.p]["step"] += 1
+        for e in good:
+            self.state[e.p]["momentum_buffer"] = e.new_buf
+        updates = self._orthogonalize_all([(e.p, e.m) for e in good])
+        pairs = list(zip(good, updates, strict=True))
+        for bucket in _bucket(pairs, lambda eu: (id(eu[0].group), eu[0].p.dtype, eu[0].p.device)):
+            group = bucket[0][0].group
+            lr, wd = group["lr"], group["weight_decay"]
+            ps = [e.p for e, _ in bucket]
+            if wd != 0 and cfg.weight_decay_method == "decoupled":
+                torch._foreach_add_(ps, ps, alpha=-lr * wd)
+            elif wd != 0 and cfg.weight_decay_method == "independent":
+                torch._foreach_add_(ps, ps, alpha=-wd)
+            torch._foreach_add_(ps, [u for _, u in bucket], alpha=-lr)
+        return loss
+
+    def _momentum(self) -> list[_Entry]:
+        """New momentum and orthogonalization input of every parameter with a gradient (state not yet written)."""
+        cfg = self.config
+        entries: list[_Entry] = []
         for group in self.param_groups:
             beta, wd = group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
+            ps = [p for p in group["params"] if p.grad is not None]
+            for p in ps:
                 st = self.state[p]
                 if not st:
                     st["step"] = 0
                     st["momentum_buffer"] = torch.zeros_like(p, dtype=state_dtype(p))
-                buf = st["momentum_buffer"]
-                g = p.grad.to(buf.dtype)
+            slots = [(i, p, self.state[p]["momentum_buffer"]) for i, p in enumerate(ps)]
+            out: dict[int, _Entry] = {}
+            for bucket in _bucket(slots, _dtype_device_of_buf):
+                dtype = bucket[0][2].dtype
+                grads = [p.grad.to(dtype) for _, p, _ in bucket]
                 if cfg.weight_decay_method == "l2" and wd != 0:
-                    g = g.add(p.to(buf.dtype), alpha=wd)
-                new_buf = torch.lerp(buf, g, 1 - beta)
-                m = g.lerp(new_buf, beta) if cfg.nesterov else new_buf
-                entries.append((p, group, new_buf, m))
-                checks += [torch.isfinite(g).all(), torch.isfinite(new_buf).all()]
+                    grads = list(torch._foreach_add(grads, [p.to(dtype) for _, p, _ in bucket], alpha=wd))
+                new_bufs = torch._foreach_lerp([b for _, _, b in bucket], grads, 1 - beta)
+                ms = torch._foreach_lerp(grads, new_bufs, beta) if cfg.nesterov else new_bufs
+                for (i, p, _), nb, m in zip(bucket, new_bufs, ms, strict=True):
+                    out[i] = _Entry(p, group, nb, m)
+            entries += [out[i] for i in range(len(ps))]
+        return entries
+
+    def _check_finite(self, entries: list[_Entry]) -> tuple[list[_Entry], list[tuple[str, int, str]]]:
+        """(entries to update, (name, step, kind) of the skipped ones); see the module docstring."""
+        screens = [
+            torch.isfinite(torch.stack(torch._foreach_norm([e.m for e in bucket], 1))).all()
+            for bucket in _bucket(entries, lambda e: (e.m.dtype, e.m.device))
+        ]
+        if all(host_flags(screens)):
+            return entries, []
+        cfg = self.config
+        checks = []
+        for e in entries:
+            g = e.p.grad.to(e.new_buf.dtype)  # type: ignore[union-attr]
+            wd = e.group["weight_decay"]
+            if cfg.weight_decay_method == "l2" and wd != 0:
+                g = g.add(e.p.to(e.new_buf.dtype), alpha=wd)
+            checks += [torch.isfinite(g).all(), torch.isfinite(e.new_buf).all()]
         flags = host_flags(checks)
         names = param_names(self.param_groups)
         good, events = [], []
         for i, e in enumerate(entries):
-            st = self.state[e[0]]
             if flags[2 * i] and flags[2 * i + 1]:
                 good.append(e)
             else:
-                events.append((names[id(e[0])], st["step"] + 1, "grad" if not flags[2 * i] else "momentum"))
-        handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
-        for e in entries:
-            self.state[e[0]]["step"] += 1
-        for p, _, new_buf, _ in good:
-            self.state[p]["momentum_buffer"] = new_buf
-        updates = self._orthogonalize_all([(e[0], e[3]) for e in good])
-        for (p, group, _, _), u in zip(good, updates, strict=True):
-            lr, wd = group["lr"], group["weight_decay"]
-            if wd != 0 and cfg.weight_decay_method == "decoupled":
-                p.add_(p, alpha=-lr * wd)
-            elif wd != 0 and cfg.weight_decay_method == "independent":
-                p.add_(p, alpha=-wd)
-            p.add_(u, alpha=-lr)
-        return loss
+                kind = "grad" if not flags[2 * i] else "momentum"
+                events.append((names[id(e.p)], self.state[e.p]["step"] + 1, kind))
+        return good, events
 
     def _orthogonalize_all(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """Split, group pieces by oriented shape, one batched call per shape, scale, merge."""
@@ -136,23 +198,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 buckets.setdefault((min(rows, cols), max(rows, cols)), []).append((i, j))
         out: list[list[torch.Tensor | None]] = [[None] * len(parts) for parts in pieces]
         for idxs in buckets.values():
-            stack = []
-            for i, j in idxs:
-                part = pieces[i][j].reshape(-1, *pieces[i][j].shape[-2:])
-                stack.append(part.mT if part.size(-2) > part.size(-1) else part)
-            x = stack[0] if len(stack) == 1 else torch.cat(stack)
-            orth, mscale = self._orthogonalize(x)
-            counts = [s.size(0) for s in stack]
-            for (i, j), o, ms in zip(
-                idxs, torch.split(orth, counts), _split_or_none(mscale, counts), strict=True
-            ):
-                shape = pieces[i][j].shape
-                rows, cols = shape[-2:]
-                o = o.mT if rows > cols else o
-                o = o * self._shape_scale(rows, cols)
-                if ms is not None:
-                    o = o * ms.view(-1, 1, 1)
-                out[i][j] = o.reshape(shape)
+            outs = self._orthogonalize_bucket([pieces[i][j] for i, j in idxs])
+            for (i, j), o in zip(idxs, outs, strict=True):
+                out[i][j] = o.reshape(pieces[i][j].shape)
         result = []
         for (p, _), parts_out in zip(items, out, strict=True):
             done = [t for t in parts_out if t is not None]
@@ -160,11 +208,36 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             result.append(split.merge(done) if split is not None else done[0])
         return result
 
+    def _orthogonalize_bucket(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Pieces of one oriented shape -> scaled orthogonalized pieces (as (n, rows, cols) stacks).
+
+        One `_orthogonalize` call on the stack of all pieces (tall ones transposed), then one scale multiply over
+        the stack (a per-matrix factor only where pieces of this group differ in scale). Outputs come back in the
+        pieces' own orientation and contiguous, so the update runs on the fast multi-tensor path.
+        """
+        views = [part.reshape(-1, *part.shape[-2:]) for part in parts]
+        tall = [v.size(-2) > v.size(-1) for v in views]
+        stack = [v.mT if t else v for v, t in zip(views, tall, strict=True)]
+        x = stack[0] if len(stack) == 1 else torch.cat(stack)
+        orth, mscale = self._orthogonalize(x)
+        counts = [v.size(0) for v in views]
+        scales = [self._shape_scale(*v.shape[-2:]) for v in views]
+        factor: float | torch.Tensor = scales[0]
+        if any(s != scales[0] for s in scales):
+            per_matrix = [s for s, n in zip(scales, counts, strict=True) for _ in range(n)]
+            factor = torch.tensor(per_matrix, dtype=orth.dtype, device=orth.device).view(-1, 1, 1)
+        all_tall = all(tall)
+        src = orth.mT if all_tall else orth
+        scaled = torch.empty(src.shape, dtype=orth.dtype, device=orth.device)
+        torch.mul(src, factor, out=scaled)
+        if mscale is not None:
+            scaled.mul_(mscale.view(-1, 1, 1))
+        outs = list(torch.split(scaled, counts))
+        if not all_tall:
+            outs = [o.mT.contiguous() if t else o for o, t in zip(outs, tall, strict=True)]
+        return outs
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch.optim load, keeping fp32 momentum of low-precision parameters in fp32."""
         super().load_state_dict(state_dict)
         keep_state_dtypes(self, state_dict)
-
-
-def _split_or_none(t: torch.Tensor | None, counts: list[int]) -> list[torch.Tensor | None]:
-    return [None] * len(counts) if t is None else list(torch.split(t, counts))
