@@ -22,7 +22,9 @@ each bucket of its `optim.distributed.layout`:
    same choice: padded `reduce_scatter_tensor`, or one `reduce` per owner into its exact segment.
    With `overlap_param_gather`, gathers are left in flight (async work handles) and each bucket is waited for and
    copied into the model by a forward pre-hook of the first module that uses it (`register_forward_hooks`), or
-   by `finish_param_sync()` (called at the start of `step` and before checkpoints).
+   by `finish_param_sync()` (called at the start of `step` and before checkpoints). With `overlap_grad_reduce`,
+   step 1 starts from post-accumulate-grad hooks: a bucket's collective is launched during backward as soon as
+   its last gradient is accumulated, and `step` only waits (micro-batches before the last run under `no_sync()`).
 
 Why the AdamW part is sharded element-wise (dim-0 cuts) rather than owned whole: an owner-per-tensor AdamW puts a
 whole embedding (Kimi K2: 1.17 B elements, ~14 GB of fp32 state) on one rank and makes the padded gather useless;
@@ -34,7 +36,8 @@ parameters are identical on all ranks at construction, and all parameters of a d
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -74,6 +77,9 @@ class LayerWiseConfig:
     """padded | per_owner | auto (padded when the bucket's padding is <= 25%), for both grads and params."""
     overlap_param_gather: bool = False
     """Leave the parameter all-gather in flight; complete it in forward pre-hooks."""
+    overlap_grad_reduce: bool = False
+    """Start a bucket's gradient collective from backward hooks as soon as all its gradients are accumulated
+    (run all but the last micro-batch under `no_sync()`)."""
     bucket_numel: int = 40_000_000
     """Elements per bucket (model order; MCore's DDP default size); 0 = one bucket per domain. Each bucket is one
     all-gather that a forward pre-hook can wait for on its own."""
@@ -127,6 +133,7 @@ class _Domain:
                 self.owned.append((self.names[pc.index], nn.Parameter(view), bi, k))
         self.mode = [self._mode(b, ShardCollective(cfg.collective)) for b in self.buckets]
         self.pending: dict[int, tuple[list[Any], torch.Tensor]] = {}
+        self.pending_grads: dict[int, tuple[list[Any], torch.Tensor]] = {}
         self.copy_model_to_shards()
 
     def _piece_view(self, flat: torch.Tensor, pc: Piece) -> torch.Tensor:
@@ -149,33 +156,48 @@ class _Domain:
             for pc in b.pieces[self.rank]:
                 self._piece_view(self.shard_params[bi], pc).copy_(self._model_slice(pc))
 
+    def launch_grad_sync(self, bi: int, grad_sync: GradSync) -> None:
+        """Pack bucket `bi`'s local gradients into the owner-aligned buffer and start its collective (async)."""
+        b, seg = self.buckets[bi], self.buckets[bi].segment_numel
+        flat = self.shard_grads[bi].new_zeros(self.size * seg)
+        for r, pieces in enumerate(b.pieces):
+            for pc in pieces:
+                g = self.params[pc.index].grad
+                if g is not None:
+                    dst = flat[r * seg + pc.offset : r * seg + pc.offset + pc.numel]
+                    dst.copy_((g[pc.start : pc.stop] if g.ndim else g).reshape(-1))
+        works: list[Any] = []
+        if self.size == 1:
+            pass
+        elif grad_sync == GradSync.REDUCE_SCATTER and self.mode[bi] == ShardCollective.PADDED:
+            works = [dist.reduce_scatter_tensor(self.shard_grads[bi], flat, group=self.group, async_op=True)]
+        elif grad_sync == GradSync.REDUCE_SCATTER:
+            sizes = b.sizes()
+            works = [dist.reduce(flat[r * seg : r * seg + sizes[r]], dst=self._global(r), group=self.group,
+                                 async_op=True) for r in range(self.size) if sizes[r]]
+        else:
+            works = [dist.all_reduce(flat, group=self.group, async_op=True)]
+        self.pending_grads[bi] = (works, flat)
+
+    def finish_grad_sync(self, bi: int, grad_sync: GradSync, average: bool) -> None:
+        """Wait for bucket `bi`'s gradient collective; leave this rank's reduced segment in `shard_grads[bi]`."""
+        works, flat = self.pending_grads.pop(bi)
+        for w in works:
+            w.wait()
+        seg = self.buckets[bi].segment_numel
+        padded_rs = self.size > 1 and grad_sync == GradSync.REDUCE_SCATTER and self.mode[bi] == ShardCollective.PADDED
+        if not padded_rs:  # the padded reduce-scatter wrote shard_grads directly
+            self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
+        if average and self.size > 1:
+            self.shard_grads[bi].div_(self.size)
+
     def sync_grads(self, grad_sync: GradSync, average: bool) -> None:
-        for bi, b in enumerate(self.buckets):
-            seg = b.segment_numel
-            flat = self.shard_grads[bi].new_zeros(self.size * seg)
-            for r, pieces in enumerate(b.pieces):
-                for pc in pieces:
-                    g = self.params[pc.index].grad
-                    if g is not None:
-                        dst = flat[r * seg + pc.offset : r * seg + pc.offset + pc.numel]
-                        dst.copy_((g[pc.start : pc.stop] if g.ndim else g).reshape(-1))
-            if self.size == 1:
-                self.shard_grads[bi].copy_(flat)
-            elif grad_sync == GradSync.REDUCE_SCATTER and self.mode[bi] == ShardCollective.PADDED:
-                dist.reduce_scatter_tensor(self.shard_grads[bi], flat, group=self.group)
-            elif grad_sync == GradSync.REDUCE_SCATTER:
-                sizes = b.sizes()
-                works = [dist.reduce(flat[r * seg : r * seg + sizes[r]], dst=self._global(r), group=self.group,
-                                     async_op=True) for r in range(self.size) if sizes[r]]
-                for w in works:
-                    w.wait()
-                self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
-            else:
-                dist.all_reduce(flat, group=self.group)
-                self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
-            if average and self.size > 1:
-                self.shard_grads[bi].div_(self.size)
-        for name, view, bi, k in self.owned:
+        """Reduce every bucket to its owners (buckets already launched by backward hooks are only waited for)."""
+        for bi in range(len(self.buckets)):
+            if bi not in self.pending_grads:
+                self.launch_grad_sync(bi, grad_sync)
+            self.finish_grad_sync(bi, grad_sync, average)
+        for _, view, bi, k in self.owned:
             view.grad = self._piece_view(self.shard_grads[bi], self.buckets[bi].pieces[self.rank][k])
 
     def start_gather(self, bi: int) -> None:
@@ -271,6 +293,10 @@ class LayerWiseDistributedOptimizer:
         owned: list[tuple[str, torch.Tensor]] = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
         self.inner: torch.optim.Optimizer | None = optimizer_factory(owned) if owned else None
         self._hooks: list[Any] = []
+        self._sync_enabled = True
+        self._remaining: dict[tuple[int, int], int] = {}
+        if self.config.overlap_grad_reduce:
+            self._register_grad_hooks()
 
     @staticmethod
     def _gather_loads(load: float, group: dist.ProcessGroup | None, device: torch.device) -> list[float] | None:
@@ -296,7 +322,40 @@ class LayerWiseDistributedOptimizer:
                 out.append((name, pc.start, pc.stop, view))
         return out
 
+    def _bucket_sizes(self) -> dict[tuple[int, int], int]:
+        return {(di, bi): len(b.params) for di, d in enumerate(self.domains) for bi, b in enumerate(d.buckets)}
+
+    def _register_grad_hooks(self) -> None:
+        """Post-accumulate-grad hooks: the last gradient of a bucket launches that bucket's collective."""
+        self._remaining = self._bucket_sizes()
+        for di, d in enumerate(self.domains):
+            for bi, b in enumerate(d.buckets):
+                for i in b.params:
+                    def hook(_p: torch.Tensor, di: int = di, bi: int = bi) -> None:
+                        if not self._sync_enabled:
+                            return
+                        self._remaining[(di, bi)] -= 1
+                        if self._remaining[(di, bi)] == 0:
+                            self.domains[di].launch_grad_sync(bi, GradSync(self.config.grad_sync))
+
+                    self._hooks.append(d.params[i].register_post_accumulate_grad_hook(hook))  # type: ignore[no-untyped-call]
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no bucket launches from backward hooks), as DDP's `no_sync`."""
+        self._sync_enabled = False
+        try:
+            yield
+        finally:
+            self._sync_enabled = True
+
     def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the model's gradients (and any gradient collective a backward hook started)."""
+        self._remaining = self._bucket_sizes()
+        for d in self.domains:
+            for bi in list(d.pending_grads):
+                for w in d.pending_grads.pop(bi)[0]:
+                    w.wait()
         for d in self.domains:
             for p in d.params:
                 if set_to_none:
@@ -309,7 +368,8 @@ class LayerWiseDistributedOptimizer:
         """Sync gradients to owners, clip, step the owned pieces, start (or finish) the parameter all-gather."""
         self.finish_param_sync()
         for d in self.domains:
-            d.sync_grads(self.config.grad_sync, self.config.average_grads)
+            d.sync_grads(GradSync(self.config.grad_sync), self.config.average_grads)
+        self._remaining = self._bucket_sizes()
         if self.config.max_grad_norm > 0:
             self._clip()
         if self.inner is not None:

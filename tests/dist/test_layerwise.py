@@ -229,7 +229,9 @@ def _check_resume(rank: int, ws: int, tmp: str, algo: str) -> None:
 
 def _check_training(rank: int, ws: int) -> None:
     """Three steps of a tiny transformers Qwen3-MoE (3-D expert stacks, router, qk-norm) with Muon + AdamW on
-    2 ranks (each its half of the batch, overlapped parameter gather) == one process on the whole batch."""
+    2 ranks == one process on the whole batch. Each rank runs its half as 2 micro-batches (the first under
+    no_sync), with gradient collectives launched from backward hooks and the parameter gather overlapped with the
+    next forward."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     cfg = Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
@@ -239,14 +241,19 @@ def _check_training(rank: int, ws: int) -> None:
     model = Qwen3MoeForCausalLM(cfg)
     ref = Qwen3MoeForCausalLM(cfg)
     ref.load_state_dict(model.state_dict())
-    opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=dist.group.WORLD,
-                                        config=LayerWiseConfig(overlap_param_gather=True))
+    lw = LayerWiseConfig(overlap_param_gather=True, overlap_grad_reduce=True, bucket_numel=3000)
+    opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=dist.group.WORLD, config=lw)
+    assert len(opt.domains[0].buckets) > 1
     opt.register_forward_hooks(model)
     ref_opt = factory(list(ref.named_parameters()))
     batches = torch.randint(0, 96, (3, 4, 16), generator=torch.Generator().manual_seed(5))
     for x in batches:
         local = x[rank * 4 // ws : (rank + 1) * 4 // ws]
-        model(input_ids=local, labels=local).loss.backward()
+        with opt.no_sync():
+            (model(input_ids=local[:1], labels=local[:1]).loss / 2).backward()
+        assert not any(d.pending_grads for d in opt.domains)
+        (model(input_ids=local[1:], labels=local[1:]).loss / 2).backward()
+        assert all(len(d.pending_grads) == len(d.buckets) for d in opt.domains)  # launched during backward
         opt.step()
         opt.zero_grad()
         ref(input_ids=x, labels=x).loss.backward()
