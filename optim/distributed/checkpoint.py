@@ -10,7 +10,8 @@ pieces along dim 0 (momentum, Adam moments and any per-row or per-expert state f
 Atomicity: files go to `<name>.tmp.<pid>` first, are fsynced and then `os.replace`d, and the manifest
 (`latest.json`, naming the tag and files) is replaced last, after all ranks finished writing. An interrupted save
 leaves the previous manifest and the files it names intact, so loading never sees a truncated file.
-The model parameters are saved separately by the caller (all ranks hold them after `finish_param_sync()`).
+The model parameters are saved separately by the caller (all ranks hold them after `finish_param_sync()`), and so
+are the inner optimizer's hyperparameters (lr, betas: restore the LR scheduler); only per-parameter state is here.
 """
 
 from __future__ import annotations
