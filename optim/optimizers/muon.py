@@ -57,21 +57,27 @@ class Muon(OrthogonalizedOptimizer):
         self.coefficients = ns_coefficients(config.coefficient_type, config.num_ns_steps, custom)
         self._kernels_ok: bool | None = None
 
+    def _use_kernels(self, x: torch.Tensor) -> bool:
+        """Dispatch predicate: CUDA input, bf16 iterate, and `optim.kernels` available (checked once)."""
+        if not (x.is_cuda and self.config.ns_precision == "bf16"):
+            return False
+        if self._kernels_ok is None:
+            self._kernels_ok = kernels_available()
+        return self._kernels_ok
+
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One call per shape group (the base class stacks the group): (B, m, n) -> orthogonalized stack."""
         cfg = self.config
-        if x.is_cuda and cfg.ns_precision == "bf16":
-            if self._kernels_ok is None:
-                self._kernels_ok = kernels_available()
-            if self._kernels_ok:
-                assert _kernels is not None
-                out = _kernels.orthogonalize(
-                    x,
-                    coeffs=self.coefficients,
-                    eps=cfg.eps,
-                    use_gram=cfg.use_gram_ns,
-                    restart_iterations=cfg.gram_restart_iterations,
-                )
-                return out.to(x.dtype), None
+        if self._use_kernels(x):
+            assert _kernels is not None
+            out = _kernels.orthogonalize(
+                x,
+                coeffs=self.coefficients,
+                eps=cfg.eps,
+                use_gram=cfg.use_gram_ns,
+                restart_iterations=cfg.gram_restart_iterations,
+            )
+            return out.to(x.dtype), None
         out = newton_schulz(
             x,
             num_steps=cfg.num_ns_steps,
