@@ -101,13 +101,22 @@ class HardwareEfficiency:
     gemm_fp8: Sourced
     hbm: Sourced
     """Achieved fraction of the HBM datasheet bandwidth in memory-bound kernels (activations, optimizer)."""
-    host_scale: Sourced
-    """Host (CPU launch) cost relative to our H200 host."""
+    eo_loop_ms: Sourced
+    """Host milliseconds per matrix of the published per-matrix NS loop (EO newton_schulz inside Megatron's Muon)
+    on this row's host, when the GPU work is shorter (launch-bound)."""
 
 
 _H200_BF16 = Sourced(value=H200_GEMM_CEILING_TFLOPS.value / H200_PEAK_BF16_TFLOPS,
                      source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (anchors.md f)")
-_SAME_HOST = Sourced(value=1.0, source="no host measurement: our H200 host (anchors.md f) assumed")
+_X86_HOST = Sourced(
+    value=0.755,
+    source="our H200 (x86 HGX host), per matrix inside a real optimizer step: EO Muon 196.4 ms / 260 matrices = "
+           "0.755 ms (anchors.md f); other in-situ measurements 0.486 (kernel run, EO step, 126.3 ms / 260) and "
+           "0.785 (Megatron built-in Muon, 1.22 s NS / 1,554 matrices, reports/megatron_h200_202611): the middle one")
+_GRACE_HOST = Sourced(
+    value=0.33,
+    source="no GB300 (Grace) host measurement: the lowest EO NS call we measured anywhere (isolated call on the "
+           "H200 host, NS_CALL_HOST_MS); Table 1's Qwen3 Muon row needs <= ~0.21 ms per matrix on that node")
 _GEMM_FRACTION_ASSUMED = "no measurement on this GPU: our H200 bf16 GEMM ceiling fraction 701/989 assumed"
 
 # The GB300 row's one fitted value is `hbm`: the bandwidth that the training step's memory-bound kernels achieve.
@@ -123,25 +132,25 @@ FITTED: dict[str, HardwareEfficiency] = {
                     source="FITTED (the only fitted value of this row) to NVIDIA blog Table 1, minimax over its four "
                            "model-TF rows (Kimi K2 256 GB300: 1,051 / 1,029; Qwen3-30B-A3B 8 GB300: 713 / 686), "
                            "bench.perfmodel.calibrate.fit_gb300_hbm"),
-        host_scale=_SAME_HOST,
+        eo_loop_ms=_GRACE_HOST,
     ),
     "b200": HardwareEfficiency(
         gemm_bf16=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED),
         gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
         hbm=Sourced(value=GB300_HBM_FIT, source="no B200 fit: the GB300 fit (same 8 TB/s HBM3e, same kernels)"),
-        host_scale=_SAME_HOST,
+        eo_loop_ms=_X86_HOST,
     ),
     "h200": HardwareEfficiency(
         gemm_bf16=_H200_BF16,
         gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
         hbm=HBM_EFFICIENCY,
-        host_scale=Sourced(value=1.0, source="our H200 host (anchors.md f)"),
+        eo_loop_ms=_X86_HOST,
     ),
     "h100": HardwareEfficiency(
         gemm_bf16=Sourced(value=_H200_BF16.value, source="same Hopper die as H200: its measured ceiling fraction"),
         gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
         hbm=Sourced(value=HBM_EFFICIENCY.value, source="same Hopper memory system as H200: its measured fraction"),
-        host_scale=_SAME_HOST,
+        eo_loop_ms=_X86_HOST,
     ),
 }
 

@@ -1,4 +1,4 @@
-"""Validation of the optimizer-step model on one H200 against the kernel benchmark's whole-layer step timings.
+"""Validation of the optimizer-step model on one H200 against measured whole-layer optimizer steps.
 
 `reports/ns_kernels_h200_202611/results.json` times `optimizer.step()` for one Qwen3-30B-A3B layer (q, k, v, o and
 128 experts as separate matrices, no router) and one Kimi K2 MoE layer at EP64 (6 experts, MLA, shared expert,
@@ -24,6 +24,13 @@ LAYERS: dict[str, tuple[str, int, bool]] = {
 }
 """results.json step name -> (model config, EP size, router included)."""
 IMPLS = {"eo_muon": ("muon", "published"), "ours": ("muon", "ours"), "adamw_fused": ("adamw", "published")}
+TRANSCRIBED: tuple[tuple[str, str, float, str], ...] = (
+    ("qwen3_30b_a3b_layer", "eo_muon", 196.4, "anchors.md f (first H200 run)"),
+    ("qwen3_30b_a3b_layer", "adamw_fused", 5.01, "anchors.md f (first H200 run)"),
+)
+"""Layer steps measured in other runs: (layer, impl, ms, source)."""
+MEGATRON_BUILTIN_MUON_S = (1.58, "reports/megatron_h200_202611/README.md: Megatron built-in Muon optimizer step on the "
+                                 "6-layer Qwen3 slice, call 2 (transcribed; its record was lost)")
 
 
 def layer_items(model: ModelConfig, ep: int, *, router: bool) -> list[opt.Item]:
@@ -51,23 +58,30 @@ def predict_layer_ms(model: ModelConfig, ep: int, hw: HardwareConfig, optimizer:
 
 
 def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, Any]]:
-    """Measured vs predicted per-layer optimizer steps on H200; [] without the kernel results."""
+    """Measured vs predicted optimizer steps on H200: the kernel benchmark's layer steps (when its results exist),
+    the anchors' layer steps and the Megatron built-in Muon step of the 6-layer slice."""
     from bench.config import load
 
-    if not path.exists():
-        return []
-    steps = json.loads(path.read_text()).get("steps", {})
+    steps = json.loads(path.read_text()).get("steps", {}) if path.exists() else {}
     hw = nscost.load_hardware("h200")
     out: list[dict[str, Any]] = []
-    for name, (model_name, ep, router) in LAYERS.items():
-        if name not in steps:
-            continue
+    measured_rows = [(name, impl, float(v["ms"]), f"{path.parent.name}/results.json")
+                     for name in LAYERS for impl, v in steps.get(name, {}).get("impls", {}).items()
+                     if impl in IMPLS and "ms" in v]
+    for name, impl, ms, source in [*measured_rows, *TRANSCRIBED]:
+        model_name, ep, router = LAYERS[name]
         model = load([f"model={model_name}"], validate_=False).model
-        for impl, (optimizer, profile) in IMPLS.items():
-            measured = steps[name]["impls"].get(impl, {}).get("ms")
-            if measured is None:
-                continue
-            pred = predict_layer_ms(model, ep, hw, optimizer, profile, router=router)
-            out.append({"layer": name, "impl": impl, "profile": profile, "measured_ms": float(measured),
-                        "predicted_ms": pred, "rel_error": pred / float(measured) - 1.0})
+        optimizer, profile = IMPLS[impl]
+        pred = predict_layer_ms(model, ep, hw, optimizer, profile, router=router)
+        out.append({"layer": name, "impl": impl, "profile": profile, "measured_ms": ms, "predicted_ms": pred,
+                    "rel_error": pred / ms - 1.0, "source": source})
+    from bench.perfmodel.model import predict
+
+    cfg = load(["experiment=h200/qwen3_30b_a3b_slice_muon_1gpu", "optimizer=muon_megatron"])
+    ms = MEGATRON_BUILTIN_MUON_S[0] * 1e3
+    pred = predict(cfg, "published").breakdown["optimizer_step"] * 1e3
+    out.append({"layer": "qwen3_30b_a3b_slice (6 layers, 1,554 matrices)", "impl": "megatron_builtin_muon",
+                "profile": "published", "measured_ms": ms, "predicted_ms": pred, "rel_error": pred / ms - 1.0,
+                "source": MEGATRON_BUILTIN_MUON_S[1]})
     return out
+
