@@ -53,7 +53,8 @@ MATRIX_CONFIGS = {"muon": MUON, "mop": MOPConfig(lr=0.05, weight_decay=0.1),
                   # QR-power SOAP refreshing its basis every 10 steps: with a basis refresh every step (REKLS, the
                   # default) the second step jumps by up to 60x lr on these shapes and amplifies last bits to O(1)
                   "soap": SOAPConfig(lr=0.01, weight_decay=0.1, use_eigh=False, use_kl_shampoo=False,
-                                     precondition_frequency=10)}
+                                     precondition_frequency=10),
+                  "rekls": SOAPConfig(lr=0.01, weight_decay=0.1)}  # the default SOAP-REKLS, at 1 rank only
 
 
 def factory(named: list[tuple[str, torch.Tensor]], algo: str = "muon") -> torch.optim.Optimizer:
@@ -132,7 +133,8 @@ CONFIGS = [  # (placement and communication, matrix optimizer)
 def _check_steps(rank: int, ws: int) -> None:
     """N-rank steps == single process, every config; at 4 ranks experts use pairs as expert-DP groups."""
     pairs, mine = subgroups(ws, 2) if ws == 4 else ([None], 0)
-    for cfg, algo in CONFIGS:
+    extra = [(LayerWiseConfig(), "rekls")] if ws == 1 else []
+    for cfg, algo in CONFIGS + extra:
         model = Toy(seed=3)
         e_group = pairs[mine] if ws == 4 else "dp"
         opt = LayerWiseDistributedOptimizer(model.named_parameters(), lambda named, a=algo: factory(named, a),
