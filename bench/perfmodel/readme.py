@@ -92,8 +92,9 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
               "## Muon / AdamW model-TF ratio", ""]
     lines += _table(["setup", "published (blog)", "predicted, profile published", "predicted, profile ours"],
                     [[k, f"{v[2]:.3f}", f"{v[0]:.3f}", f"{v[1]:.3f}"] for k, v in ratio.items()])
-    lines += ["", "Sensitivity of the `published` Muon rows to the per-matrix host cost of the NS loop (model: "
-              f"{C.NS_CALL_HOST_MS.value} ms, the lowest measured EO call on a host-bound shape):", ""]
+    lines += ["", "Sensitivity of the `published` Muon rows to the per-matrix host cost of the NS loop (GB300 row: "
+              f"{C.FITTED['gb300'].eo_loop_ms.value} ms, no Grace-host measurement, so the lowest EO call we "
+              "measured on any host):", ""]
     wrows = [[label, r["row"], f"{r['published_tflops']:.0f}", f"{r['predicted_tflops']:.1f}",
               f"{100 * r['rel_error']:+.1f}%"] for label, rs in what_if.items() for r in rs if "Muon" in str(r["row"])]
     lines += _table(["host cost per matrix", "row", "published", "predicted", "error"], wrows)
@@ -101,8 +102,9 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
     d_k = cal[1]["predicted_step_s"] - cal[0]["predicted_step_s"]
     lines += ["", "The Qwen3 Muon row is the sensitive one: each GPU runs 1,560 launch-bound NS calls (16 local "
               "experts x 48 layers x 2 + 24 attention matrices). Table 1's +0.33 s for the whole Muon step means at "
-              "most ~0.21 ms per matrix on the GB300 node; our H200 hosts measured 0.33-0.49 ms per EO NS call and "
-              f"0.755 ms per parameter for EO's whole step. The model charges {C.NS_CALL_HOST_MS.value} ms and "
+              "most ~0.21 ms per matrix on the GB300 node; our H200 hosts measured 0.33-0.49 ms per isolated EO NS call "
+              "and 0.49-0.79 ms per matrix inside real optimizer steps (the H200 row uses 0.755). The GB300 row "
+              f"charges {C.FITTED['gb300'].eo_loop_ms.value} ms and "
               f"predicts Muon - AdamW = +{d_q:.2f} s for Qwen3 (blog +0.33 s) and +{d_k:.2f} s for Kimi K2 (blog "
               "+0.27 s); the Qwen3 row stays within 3% because the step is 8.9 s long. One batched call per shape "
               "(profile `ours`) removes the question.", "",
@@ -161,7 +163,7 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
     for hw, eff in C.FITTED.items():
         lines.append(f"- `{hw}`: GEMM bf16 {eff.gemm_bf16.value:.3f} ({eff.gemm_bf16.source}); GEMM FP8 "
                      f"{eff.gemm_fp8.value:.3f} ({eff.gemm_fp8.source}); HBM {eff.hbm.value:.3f} "
-                     f"({eff.hbm.source})")
+                     f"({eff.hbm.source}); EO loop host {eff.eo_loop_ms.value} ms/matrix ({eff.eo_loop_ms.source})")
     lines += ["", "## Not modelled", "",
               "- Kimi K2's selective recompute of the MLA up-projections (+~1.6% FLOPs), CUDA graphs, router "
               "GEMM precision details, MTP; activation traffic is an itemized estimate, not a trace.",
