@@ -32,11 +32,62 @@ def _overrides(row: dict[str, str]) -> list[str]:
     return out
 
 
-def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
-    """One dict per successful H200 run: measured and predicted step / optimizer seconds."""
-    from bench.config import load
+def _typed(cfg: dict[str, Any]) -> Any:
+    """RootConfig from a run record's resolved config dict (unknown keys dropped)."""
+    from dataclasses import fields
+
+    from bench import schema
+
+    def build(cls: type, d: dict[str, Any]) -> Any:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    opt_cls = schema.OPTIMIZER_SCHEMAS[cfg["optimizer"]["name"]]
+    return schema.RootConfig(
+        model=build(schema.ModelConfig, cfg["model"]), parallelism=build(schema.ParallelismConfig, cfg["parallelism"]),
+        optimizer=build(opt_cls, cfg["optimizer"]), hardware=build(schema.HardwareConfig, cfg["hardware"]),
+        precision=build(schema.PrecisionConfig, cfg["precision"]), engine=build(schema.EngineConfig, cfg["engine"]),
+        launcher=build(schema.LauncherConfig, cfg["launcher"]), experiment_name=cfg.get("experiment_name", ""))
+
+
+def _row(name: str, cfg: Any, implementation: str | None, optimizer: str | None, step: float,
+         optim: float | None) -> dict[str, Any]:
     from bench.perfmodel.model import predict
 
+    profile = "ours" if implementation == "ours" else "published"
+    pred = predict(cfg, profile)
+    return {"experiment": name, "optimizer": optimizer, "profile": profile,
+            "measured_step_s": step, "predicted_step_s": pred.step_time_s,
+            "step_rel_error": pred.step_time_s / step - 1.0,
+            "measured_optim_s": optim, "predicted_optim_s": pred.breakdown["optimizer_step"],
+            "optim_rel_error": None if not optim else pred.breakdown["optimizer_step"] / optim - 1.0}
+
+
+def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
+    """From run records (`**/run.json` with a summary) under the report: the resolved config is used as is."""
+    import json
+
+    out: list[dict[str, Any]] = []
+    for rec_path in sorted(path.glob("**/run.json")):
+        rec = json.loads(rec_path.read_text())
+        summary, cfg = rec.get("summary") or {}, rec.get("config") or {}
+        step = _float(summary.get("step_s_median"))
+        if rec.get("status") != "ok" or step is None or (cfg.get("hardware") or {}).get("name") != "h200":
+            continue
+        name = cfg.get("experiment_name") or rec.get("run_id") or rec_path.parent.name
+        out.append(_row(str(name), _typed(cfg), cfg["optimizer"].get("implementation"), cfg["optimizer"]["name"],
+                        step, _float(summary.get("optim_s_median"))))
+    return out
+
+
+def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
+    """One dict per successful H200 run: measured and predicted step / optimizer seconds (run records first,
+    else the results.csv rows re-composed from their experiment and batch columns)."""
+    from bench.config import load
+
+    records = record_comparisons(path)
+    if records:
+        return records
     csv_path = path / "results.csv"
     if not csv_path.exists():
         return []
@@ -53,16 +104,8 @@ def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
             except ValueError as exc:
                 out.append({"experiment": row["experiment"], "error": str(exc)[:200]})
                 continue
-            profile = "ours" if row.get("implementation") == "ours" else "published"
-            pred = predict(cfg, profile)
-            optim = _float(row.get("optim_s_median"))
-            out.append({"experiment": row["experiment"], "optimizer": row.get("optimizer"), "profile": profile,
-                        "measured_step_s": step, "predicted_step_s": pred.step_time_s,
-                        "step_rel_error": pred.step_time_s / step - 1.0,
-                        "measured_optim_s": optim, "predicted_optim_s": pred.breakdown["optimizer_step"],
-                        "optim_rel_error": None if not optim else pred.breakdown["optimizer_step"] / optim - 1.0,
-                        "predicted_fwd_bwd_s": pred.step_time_s - pred.breakdown["optimizer_step"],
-                        "measured_fwd_bwd_s": _float(row.get("fwd_bwd_s_median"))})
+            out.append(_row(row["experiment"], cfg, row.get("implementation"), row.get("optimizer"), step,
+                            _float(row.get("optim_s_median"))))
     return out
 
 

@@ -218,3 +218,20 @@ def test_layer_step_hand_checked() -> None:
     eo = validate.predict_layer_ms(model, 1, h200, "muon", "published", router=False)
     ours = validate.predict_layer_ms(model, 1, h200, "muon", "ours", router=False)
     assert eo >= 260 * C.NS_CALL_HOST_MS.value and ours < eo
+
+
+def test_h200_comparison_reads_run_records(tmp_path) -> None:
+    """Run records (run.json with the resolved config and a summary) are predicted from their own config."""
+    from bench.config import as_dict
+    from bench.perfmodel import h200
+
+    cfg = load(["experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu"])
+    pred = predict(cfg, "published")
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    rec = {"status": "ok", "run_id": "a", "config": as_dict(cfg),
+           "summary": {"step_s_median": pred.step_time_s / 0.95, "optim_s_median": None}}
+    (run / "run.json").write_text(json.dumps(rec))
+    rows = h200.comparisons(tmp_path)
+    assert len(rows) == 1 and rows[0]["step_rel_error"] == pytest.approx(-0.05)
+    assert "1 of 1 runs predicted within 10%" in h200.compare(tmp_path)
