@@ -129,13 +129,13 @@ def rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: Paral
         if not it.muon or algo.optimizer == "adamw":
             loads[r] += it.rows * it.cols * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3
         elif algo.batched:
-            groups[r][(*canonical((it.rows, it.cols)), it.expert, it.tp_dim)] += 1
+            groups[r][(it.rows, it.cols, it.expert, it.tp_dim)] += 1  # one batched call per shape
         else:  # per-matrix NS loop: one launch-bound NS call unless the GPU work is longer
             gpu, elem = _muon_item_ms(it, par, hw, algo, rate_hbm, table)
             loads[r] += max(host_call, gpu) + elem
     for r, g in enumerate(groups):
-        for (m, n, expert, tp_dim), count in g.items():
-            gpu, elem = _muon_item_ms(Item(rows=m, cols=n, expert=expert, muon=True, tp_dim=tp_dim), par, hw,
+        for (rows, cols, expert, tp_dim), count in g.items():
+            gpu, elem = _muon_item_ms(Item(rows=rows, cols=cols, expert=expert, muon=True, tp_dim=tp_dim), par, hw,
                                       algo, rate_hbm, table)
             loads[r] += nscost.host_call_ms(hw, algo.num_steps, algo.profile) + count * (gpu + elem)
     return loads
