@@ -45,11 +45,27 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEFAULTS = {"model": "qwen3_30b_a3b", "layers": "1", "steps": "10", "warmup": "2",
-            "strategies": "lpt_cost,round_robin,ping_pong_numel", "out": "", "format": "text", "scale": "1.0",
-            "grad_sync": "reduce_scatter", "experts": "separate", "qkv": "split", "ns_precision": "bf16"}
-CHOICES = {"format": ("text", "json"), "grad_sync": ("reduce_scatter", "all_reduce"),
-           "experts": ("separate", "stacked"), "qkv": ("split", "fused"), "ns_precision": ("bf16", "fp32")}
+DEFAULTS = {
+    "model": "qwen3_30b_a3b",
+    "layers": "1",
+    "steps": "10",
+    "warmup": "2",
+    "strategies": "lpt_cost,round_robin,ping_pong_numel",
+    "out": "",
+    "format": "text",
+    "scale": "1.0",
+    "grad_sync": "reduce_scatter",
+    "experts": "separate",
+    "qkv": "split",
+    "ns_precision": "bf16",
+}
+CHOICES = {
+    "format": ("text", "json"),
+    "grad_sync": ("reduce_scatter", "all_reduce"),
+    "experts": ("separate", "stacked"),
+    "qkv": ("split", "fused"),
+    "ns_precision": ("bf16", "fp32"),
+}
 STRATEGIES = ("lpt_cost", "round_robin", "ping_pong_numel")
 PHASES = ("step", "ns", "grad_sync", "param_gather")
 
@@ -106,8 +122,10 @@ def layer_params(model: Any, *, layers: int, scale: float, experts: str, qkv: st
                 cfg = SimpleNamespace(num_attention_heads=heads, num_query_groups=groups, kv_channels=d)
                 split = qkv_split(cfg, rows) if qkv == "split" else None
             if m.expert and experts == "separate":
-                specs += [{"name": f"{base}.weight{k}", "shape": (rows, cols), "split": None}
-                          for k in range(m.per_layer)]
+                specs += [
+                    {"name": f"{base}.weight{k}", "shape": (rows, cols), "split": None}
+                    for k in range(m.per_layer)
+                ]
             elif m.per_layer > 1:
                 specs.append({"name": f"{base}.weight", "shape": (m.per_layer, rows, cols), "split": None})
             else:
@@ -154,8 +172,14 @@ def _gather(obj: Any, group: Any) -> list[Any]:
     return out
 
 
-def run_strategy(specs: list[dict[str, Any]], params: list[Any], strategy: str, opts: dict[str, Any],
-                 device: Any, group: Any) -> dict[str, Any]:
+def run_strategy(
+    specs: list[dict[str, Any]],
+    params: list[Any],
+    strategy: str,
+    opts: dict[str, Any],
+    device: Any,
+    group: Any,
+) -> dict[str, Any]:
     """Build the layer-wise optimizer for `strategy`, time warmup + steps; this rank's phase medians and loads."""
     import torch
 
@@ -175,7 +199,9 @@ def run_strategy(specs: list[dict[str, Any]], params: list[Any], strategy: str, 
 
     named = [(s["name"], p) for s, p in zip(specs, params, strict=True)]
     cfg = LayerWiseConfig(strategy=strategy, grad_sync=opts["grad_sync"], overlap_param_gather=False)
-    opt = LayerWiseDistributedOptimizer(named, factory, is_matrix=lambda n, p: True, dp_group=group, config=cfg)
+    opt = LayerWiseDistributedOptimizer(
+        named, factory, is_matrix=lambda n, p: True, dp_group=group, config=cfg
+    )
     timer = PhaseTimer(cuda=device.type == "cuda")
     if opt.inner is not None:
         opt.inner._orthogonalize = timer.wrap(opt.inner._orthogonalize, "ns")  # type: ignore[method-assign]
@@ -208,8 +234,15 @@ def run_strategy(specs: list[dict[str, Any]], params: list[Any], strategy: str, 
     return mine
 
 
-def summarize(ranks: list[dict[str, Any]], *, world: int, strategy: str, opts: dict[str, Any],
-              specs: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+def summarize(
+    ranks: list[dict[str, Any]],
+    *,
+    world: int,
+    strategy: str,
+    opts: dict[str, Any],
+    specs: list[dict[str, Any]],
+    meta: dict[str, Any],
+) -> dict[str, Any]:
     """One row from every rank's phase medians (see the module docstring for the definitions)."""
     slow = max(ranks, key=lambda r: r["step"])
     ns = [r["ns"] for r in ranks]
@@ -220,22 +253,38 @@ def summarize(ranks: list[dict[str, Any]], *, world: int, strategy: str, opts: d
     ring = (world - 1) / world if world > 1 else 0.0
     buf = slow["buffer_numel"]
     return {
-        "world_size": world, "strategy": strategy, "model": opts["model"], "layers": opts["layers"],
-        "scale": opts["scale"], "experts": opts["experts"], "qkv": opts["qkv"], "grad_sync": opts["grad_sync"],
-        "ns_precision": opts["ns_precision"], "overlap_param_gather": False,
-        "num_params": len(specs), "numel": numel, "steps": opts["steps"], "warmup": opts["warmup"],
-        "step_ms": slow["step"], "step_iqr_ms": slow["step_iqr"],
-        "ns_max_ms": max(ns), "ns_mean_ms": statistics.fmean(ns),
+        "world_size": world,
+        "strategy": strategy,
+        "model": opts["model"],
+        "layers": opts["layers"],
+        "scale": opts["scale"],
+        "experts": opts["experts"],
+        "qkv": opts["qkv"],
+        "grad_sync": opts["grad_sync"],
+        "ns_precision": opts["ns_precision"],
+        "overlap_param_gather": False,
+        "num_params": len(specs),
+        "numel": numel,
+        "steps": opts["steps"],
+        "warmup": opts["warmup"],
+        "step_ms": slow["step"],
+        "step_iqr_ms": slow["step_iqr"],
+        "ns_max_ms": max(ns),
+        "ns_mean_ms": statistics.fmean(ns),
         "ns_imbalance": max(ns) / statistics.fmean(ns) if statistics.fmean(ns) > 0 else None,
-        "model_ns_imbalance": (max(model_ns) / statistics.fmean(model_ns)
-                               if statistics.fmean(model_ns) > 0 else None),
-        "grad_sync_ms": slow["grad_sync"], "param_gather_ms": slow["param_gather"],
+        "model_ns_imbalance": (
+            max(model_ns) / statistics.fmean(model_ns) if statistics.fmean(model_ns) > 0 else None
+        ),
+        "grad_sync_ms": slow["grad_sync"],
+        "param_gather_ms": slow["param_gather"],
         "other_ms": slow["other"],
-        "owned_numel_max": max(owned), "owned_imbalance": max(owned) / statistics.fmean(owned),
+        "owned_numel_max": max(owned),
+        "owned_imbalance": max(owned) / statistics.fmean(owned),
         "num_buckets": slow["num_buckets"],
         # ring model: reduce-scatter (all_reduce: twice) plus all-gather of the padded buffers, bytes per rank
         "comm_bytes_per_rank": int(ring * buf * elem * (3 if opts["grad_sync"] == "all_reduce" else 2)),
-        "rank_step_ms": [r["step"] for r in ranks], "rank_ns_ms": ns,
+        "rank_step_ms": [r["step"] for r in ranks],
+        "rank_ns_ms": ns,
         **meta,
     }
 
@@ -255,15 +304,34 @@ def _meta(device: Any, world: int) -> dict[str, Any]:
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     nccl = ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None
-    return {"device": device.type, "gpu": gpu, "backend": dist.get_backend() if world > 1 else None,
-            "torch": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl, "git": git_info(),
-            "command": " ".join(sys.argv), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "device": device.type,
+        "gpu": gpu,
+        "backend": dist.get_backend() if world > 1 else None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "git": git_info(),
+        "command": " ".join(sys.argv),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Plain-text table of the rows (one per strategy)."""
-    cols = ("world_size", "strategy", "step_ms", "step_iqr_ms", "ns_max_ms", "ns_mean_ms", "ns_imbalance",
-            "model_ns_imbalance", "grad_sync_ms", "param_gather_ms", "other_ms")
+    cols = (
+        "world_size",
+        "strategy",
+        "step_ms",
+        "step_iqr_ms",
+        "ns_max_ms",
+        "ns_mean_ms",
+        "ns_imbalance",
+        "model_ns_imbalance",
+        "grad_sync_ms",
+        "param_gather_ms",
+        "other_ms",
+    )
     head = " | ".join(cols)
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -279,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model = load([f"model={opts['model']}"]).model
     device, group, rank, world = _init_dist()
-    specs = layer_params(model, layers=opts["layers"], scale=opts["scale"], experts=opts["experts"],
-                         qkv=opts["qkv"])
+    specs = layer_params(
+        model, layers=opts["layers"], scale=opts["scale"], experts=opts["experts"], qkv=opts["qkv"]
+    )
     gen = torch.Generator(device=device).manual_seed(1234)  # same values on every rank
     params = [torch.nn.Parameter(torch.randn(s["shape"], generator=gen, device=device) * 0.02) for s in specs]
     for p in params:
@@ -296,8 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(opts["out"])
             out.mkdir(parents=True, exist_ok=True)
             with open(out / "scaling.jsonl", "a") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
+                f.writelines(json.dumps(r) + "\n" for r in rows)
         print("\n".join(json.dumps(r) for r in rows) if opts["format"] == "json" else table(rows), flush=True)
     if group is not None:
         import torch.distributed as dist

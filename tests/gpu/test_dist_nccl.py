@@ -73,8 +73,9 @@ def _entry(rank: int, check: Callable[[int, torch.device], None], backend: str, 
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         device = torch.device("cpu")
     store = dist.FileStore(store_path, WORLD)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=WORLD,
-                            device_id=device if backend == "nccl" else None)
+    dist.init_process_group(
+        backend, store=store, rank=rank, world_size=WORLD, device_id=device if backend == "nccl" else None
+    )
     try:
         check(rank, device)
         dist.barrier()
@@ -85,15 +86,27 @@ def _entry(rank: int, check: Callable[[int, torch.device], None], backend: str, 
 def _spawn(check: Callable[[int, torch.device], None]) -> None:
     os.environ.update(ENV)  # children inherit it; also set again before init in each child
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_entry, args=(check, BACKEND, os.path.join(tmp, "store")), nprocs=WORLD, join=True,
-                           start_method="spawn")
+        mp.start_processes(
+            _entry,
+            args=(check, BACKEND, os.path.join(tmp, "store")),
+            nprocs=WORLD,
+            join=True,
+            start_method="spawn",
+        )
 
 
 # ------------------------------------------------------------------------------------------------ TP NS modes
 # (full shape, sharded dim): long side sharded (distributed valid), short side sharded (falls back to duplicated),
 # 3-D stacks, and sizes that are not multiples of any tile.
-TP_CASES = [((21, 16), 0), ((16, 21), 1), ((3, 21, 16), 1), ((3, 16, 21), -1), ((67, 130), 1), ((131, 66), 0),
-            ((5, 37, 90), 2)]
+TP_CASES = [
+    ((21, 16), 0),
+    ((16, 21), 1),
+    ((3, 21, 16), 1),
+    ((3, 16, 21), -1),
+    ((67, 130), 1),
+    ((131, 66), 0),
+    ((5, 37, 90), 2),
+]
 TOL_DUPLICATED = {"rtol": 1e-6, "atol": 1e-6}
 TOL_DISTRIBUTED = {"rtol": 5e-5, "atol": 5e-5}
 
@@ -104,8 +117,12 @@ def _check_tp_modes(rank: int, device: torch.device) -> None:
     for shape, pdim in TP_CASES:
         full = torch.randn(shape, generator=gen).to(device)
         shard = torch.tensor_split(full, WORLD, dim=pdim)[rank].contiguous()
-        kw: dict[str, Any] = {"partition_dim": pdim, "tp_group": group, "compute_dtype": torch.float32,
-                              "shard_sizes": split_sizes(full.size(pdim), WORLD)}
+        kw: dict[str, Any] = {
+            "partition_dim": pdim,
+            "tp_group": group,
+            "compute_dtype": torch.float32,
+            "shard_sizes": split_sizes(full.size(pdim), WORLD),
+        }
 
         def ref_chunk(use_gram: bool, full: torch.Tensor = full, pdim: int = pdim) -> torch.Tensor:
             ref = newton_schulz(full, compute_dtype=torch.float32, use_gram=use_gram)
@@ -118,11 +135,20 @@ def _check_tp_modes(rank: int, device: torch.device) -> None:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # short-dim sharding falls back to duplicated with a warning
                 out = tp_newton_schulz(shard, mode=mode, triangular_reduce=tri, **kw)
-            assert_close(out, ref_chunk(mode == TPMode.DISTRIBUTED_GRAM), **TOL_DISTRIBUTED,
-                         msg=_msg(f"{mode} {shape} pdim={pdim} triangular={tri}"))
+            assert_close(
+                out,
+                ref_chunk(mode == TPMode.DISTRIBUTED_GRAM),
+                **TOL_DISTRIBUTED,
+                msg=_msg(f"{mode} {shape} pdim={pdim} triangular={tri}"),
+            )
         out = tp_newton_schulz(shard, mode=TPMode.BLOCKWISE, **kw)
-        assert_close(out, newton_schulz(shard, compute_dtype=torch.float32), rtol=0, atol=0,
-                     msg=_msg(f"blockwise {shape} pdim={pdim}"))
+        assert_close(
+            out,
+            newton_schulz(shard, compute_dtype=torch.float32),
+            rtol=0,
+            atol=0,
+            msg=_msg(f"blockwise {shape} pdim={pdim}"),
+        )
 
 
 @needs_gpus
@@ -136,10 +162,15 @@ def test_tp_modes_equal_single_gpu() -> None:
 SHAPES: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (13, 8)}
 for _layer in range(3):  # same-shape matrices in every layer batch together on an owner
     _p = f"model.layers.{_layer}"
-    SHAPES |= {f"{_p}.self_attn.q_proj.weight": (21, 16), f"{_p}.self_attn.k_proj.weight": (7, 16),
-               f"{_p}.self_attn.o_proj.weight": (16, 21), f"{_p}.input_layernorm.weight": (16,),
-               f"{_p}.mlp.gate.weight": (5, 16), f"{_p}.mlp.experts.gate_up_proj": (5, 22, 16),
-               f"{_p}.mlp.experts.down_proj": (5, 16, 11)}
+    SHAPES |= {
+        f"{_p}.self_attn.q_proj.weight": (21, 16),
+        f"{_p}.self_attn.k_proj.weight": (7, 16),
+        f"{_p}.self_attn.o_proj.weight": (16, 21),
+        f"{_p}.input_layernorm.weight": (16,),
+        f"{_p}.mlp.gate.weight": (5, 16),
+        f"{_p}.mlp.experts.gate_up_proj": (5, 22, 16),
+        f"{_p}.mlp.experts.down_proj": (5, 16, 11),
+    }
 SHAPES |= {"model.norm.weight": (16,), "lm_head.weight": (13, 8)}
 PROBE = "model.layers.1.self_attn.q_proj.weight"
 MUON = MuonConfig(ns_precision="fp32", lr=0.05, weight_decay=0.1, nesterov=True)
@@ -182,12 +213,15 @@ def _forward(model: nn.Module, device: torch.device) -> None:
 def _micro_grads(step: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
     """Per-micro-batch gradients, multiples of 2^-8 (exact sums and means in any order), same on every rank."""
     gen = torch.Generator().manual_seed(1000 + step)
-    return [{n: (torch.round(torch.randn(s, generator=gen) * 256) / 256).to(device) for n, s in SHAPES.items()}
-            for _ in range(NUM_MICRO)]
+    return [
+        {n: (torch.round(torch.randn(s, generator=gen) * 256) / 256).to(device) for n, s in SHAPES.items()}
+        for _ in range(NUM_MICRO)
+    ]
 
 
-def _set_grads(model: nn.Module, micro: list[dict[str, torch.Tensor]], share: slice,
-               expert_share: slice) -> None:
+def _set_grads(
+    model: nn.Module, micro: list[dict[str, torch.Tensor]], share: slice, expert_share: slice
+) -> None:
     for name, p in model.named_parameters():
         part = micro[expert_share if default_is_expert(name) else share]
         p.grad = torch.stack([g[name] for g in part]).mean(0)
@@ -196,12 +230,22 @@ def _set_grads(model: nn.Module, micro: list[dict[str, torch.Tensor]], share: sl
 def _configs() -> list[tuple[LayerWiseConfig, bool]]:
     """Every strategy x overlap x grad path (collective and bucket size varied along), plus expert-DP of one rank."""
     out = []
-    combos = itertools.product(("round_robin", "ping_pong_numel", "lpt_cost"), (False, True),
-                               ("reduce_scatter", "all_reduce"))
+    combos = itertools.product(
+        ("round_robin", "ping_pong_numel", "lpt_cost"), (False, True), ("reduce_scatter", "all_reduce")
+    )
     for i, (strategy, overlap, grad_sync) in enumerate(combos):
-        out.append((LayerWiseConfig(strategy=strategy, overlap_param_gather=overlap, grad_sync=grad_sync,
-                                    collective=("auto", "padded", "per_owner")[i % 3],
-                                    bucket_numel=(0, 700)[i % 2]), False))
+        out.append(
+            (
+                LayerWiseConfig(
+                    strategy=strategy,
+                    overlap_param_gather=overlap,
+                    grad_sync=grad_sync,
+                    collective=("auto", "padded", "per_owner")[i % 3],
+                    bucket_numel=(0, 700)[i % 2],
+                ),
+                False,
+            )
+        )
     out.append((LayerWiseConfig(strategy="lpt_cost", overlap_param_gather=True), True))
     return out
 
@@ -211,8 +255,13 @@ def _check_layerwise(rank: int, device: torch.device) -> None:
     share = slice(rank * NUM_MICRO // WORLD, (rank + 1) * NUM_MICRO // WORLD)
     for cfg, expert_local in _configs():
         model, ref_model = _model(device), _model(device)
-        opt = LayerWiseDistributedOptimizer(model.named_parameters(), _factory, dp_group=dist.group.WORLD,
-                                            expert_dp_group=singles[rank] if expert_local else "dp", config=cfg)
+        opt = LayerWiseDistributedOptimizer(
+            model.named_parameters(),
+            _factory,
+            dp_group=dist.group.WORLD,
+            expert_dp_group=singles[rank] if expert_local else "dp",
+            config=cfg,
+        )
         if cfg.overlap_param_gather:
             opt.register_forward_hooks(model)
         ref_opt = _factory(list(ref_model.named_parameters()))
@@ -225,7 +274,9 @@ def _check_layerwise(rank: int, device: torch.device) -> None:
             opt.step()
             ref_opt.step()
             if cfg.overlap_param_gather:  # still in flight until the forward pre-hook of its module
-                assert torch.equal(model.get_parameter(PROBE), before), f"{cfg}: gather completed before forward"
+                assert torch.equal(model.get_parameter(PROBE), before), (
+                    f"{cfg}: gather completed before forward"
+                )
                 _forward(model, device)
             assert not torch.equal(model.get_parameter(PROBE), before), f"{cfg}: step {step} did not update"
         for (name, p), (_, q) in zip(model.named_parameters(), ref_model.named_parameters(), strict=True):

@@ -59,8 +59,14 @@ def test_cpu_run_writes_rows(tmp_path, capsys) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        args = ["scale=0.02", "steps=2", "warmup=1", "strategies=lpt_cost,round_robin", f"out={tmp_path}",
-                "format=json"]
+        args = [
+            "scale=0.02",
+            "steps=2",
+            "warmup=1",
+            "strategies=lpt_cost,round_robin",
+            f"out={tmp_path}",
+            "format=json",
+        ]
         assert main(args) == 0
         assert main([*args[:3], "strategies=ping_pong_numel", *args[4:]]) == 0
     finally:
