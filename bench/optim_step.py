@@ -1,6 +1,7 @@
 """Time one optimizer step over a Qwen3-30B-A3B-layer-shaped parameter set: optim.Muon vs AdamW vs EO Muon.
 
-Usage: `python -m bench.optim_step [device=cpu|cuda] [format=md|json] [scale=F] [repeats=N] [threads=N]`.
+Usage: `python -m bench.optim_step [device=cpu|cuda] [format=md|json] [scale=F] [repeats=N] [threads=N]
+[impls=a,b,...]`.
 
 Parameters are one Qwen3-30B-A3B layer as separate fp32 matrices (q 4096x2048, k and v 512x2048, o 2048x4096,
 128 experts of fc1 1536x2048 (gate and up fused) and fc2 2048x768), 260 parameters, with fixed random
@@ -14,8 +15,9 @@ per-parameter work is represented); on CUDA the default scale is 1 (full shapes)
 - `optim_mop_pe`: optim.MOP with polar_method="polar_express".
 - `eo_muon`: emerging-optimizers 0.3.0 Muon (when installed; loops over parameters).
 
-Protocol: one warm-up step, then `repeats` timed steps (CUDA: synchronized around each step), median and IQR in
-ms. Each step is a real update (parameters move), which does not change the work done.
+Protocol: one warm-up step, then `repeats` timed steps (CUDA: synchronized around each step), median and IQR of
+the wall time in ms, and the median process CPU time (the steadier number on a shared CPU; on CUDA it only shows
+host work and sync waits). Each step is a real update (parameters move), which does not change the work done.
 """
 
 from __future__ import annotations
@@ -81,8 +83,12 @@ def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
     return out
 
 
-def time_step(opt: Any, device: str, repeats: int) -> list[float]:
-    """Wall ms of `repeats` steps after one warm-up step (CUDA synchronized around each)."""
+def time_step(opt: Any, device: str, repeats: int) -> tuple[list[float], list[float]]:
+    """(wall ms, process CPU ms) of `repeats` steps after one warm-up step (CUDA synchronized around each).
+
+    On a shared CPU the process CPU time is the steadier number (time spent preempted is not counted); it sums
+    over intra-op threads, so compare it at threads=1.
+    """
     import torch
 
     def sync() -> None:
@@ -91,17 +97,20 @@ def time_step(opt: Any, device: str, repeats: int) -> list[float]:
 
     opt.step()
     sync()
-    times = []
+    wall, cpu = [], []
     for _ in range(repeats):
         sync()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         opt.step()
         sync()
-        times.append((time.perf_counter() - t) * 1e3)
-    return times
+        wall.append((time.perf_counter() - t) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
+    return wall, cpu
 
 
-def run(*, device: str, scale: float, repeats: int, threads: int = 0) -> dict[str, Any]:
+def run(
+    *, device: str, scale: float, repeats: int, threads: int = 0, impls: tuple[str, ...] = IMPLS
+) -> dict[str, Any]:
     """Measure every implementation; returns a JSON-able dict (config, env, one row per implementation)."""
     import torch
 
@@ -122,12 +131,21 @@ def run(*, device: str, scale: float, repeats: int, threads: int = 0) -> dict[st
         "rows": [],
     }
     for name, make in _factories(device).items():
+        if name not in impls:
+            continue
         ps = _make_params(spec, device)
         opt = make(ps)
-        ts = time_step(opt, device, repeats)
+        ts, cs = time_step(opt, device, repeats)
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0], ts[0], ts[0]]
         res["rows"].append(
-            {"impl": name, "median_ms": statistics.median(ts), "iqr_ms": q[2] - q[0], "times_ms": ts}
+            {
+                "impl": name,
+                "median_ms": statistics.median(ts),
+                "iqr_ms": q[2] - q[0],
+                "cpu_median_ms": statistics.median(cs),
+                "times_ms": ts,
+                "cpu_times_ms": cs,
+            }
         )
         del opt, ps
         if device == "cuda":
@@ -145,17 +163,20 @@ def to_markdown(res: dict[str, Any]) -> str:
     lines = [
         head,
         "",
-        "| impl | median ms | IQR ms |",
-        "|---|---|---|",
+        "| impl | median ms | IQR ms | median process CPU ms |",
+        "|---|---|---|---|",
     ]
-    lines += [f"| {r['impl']} | {r['median_ms']:.2f} | {r['iqr_ms']:.2f} |" for r in res["rows"]]
+    lines += [
+        f"| {r['impl']} | {r['median_ms']:.2f} | {r['iqr_ms']:.2f} | {r['cpu_median_ms']:.2f} |"
+        for r in res["rows"]
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: key=value arguments (device, format, scale, repeats, threads)."""
+    """CLI entry: key=value arguments (device, format, scale, repeats, threads, impls)."""
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    allowed = {"device", "format", "scale", "repeats", "threads"}
+    allowed = {"device", "format", "scale", "repeats", "threads", "impls"}
     if set(args) - allowed:
         raise ValueError(f"unknown arguments {sorted(set(args) - allowed)}; allowed: {sorted(allowed)}")
     device = args.get("device", "cpu")
@@ -164,12 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     fmt = args.get("format", "md")
     if fmt not in ("md", "json"):
         raise ValueError(f"format={fmt!r} is not one of ('md', 'json')")
+    impls = tuple(args.get("impls", ",".join(IMPLS)).split(","))
+    if set(impls) - set(IMPLS):
+        raise ValueError(f"impls={sorted(set(impls) - set(IMPLS))} not among {IMPLS}")
     scale = float(args.get("scale", 1.0 if device == "cuda" else 1 / 16))
     res = run(
         device=device,
         scale=scale,
         repeats=int(args.get("repeats", 10 if device == "cuda" else 5)),
         threads=int(args.get("threads", 0)),
+        impls=impls,
     )
     print(json.dumps(res, indent=1) if fmt == "json" else to_markdown(res))
     return 0
