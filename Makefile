@@ -29,9 +29,8 @@ test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests
 
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report
-	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
-	$(PY) -m bench.collect
-	$(PY) -m bench.report
+	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
+	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m bench.ns_kernels $(ARGS)
