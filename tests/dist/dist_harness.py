@@ -1,7 +1,9 @@
 """Spawn N gloo ranks in-process (torch.multiprocessing spawn + FileStore) and run one worker function on each.
 
 Workers are module-level functions `fn(rank, world_size, *args)`; an exception on any rank fails the test with that
-rank's traceback. Each spawn costs a torch import per process, so tests batch several checks into one spawn.
+rank's traceback. Each spawn costs a torch import per process (more than the checks), so `run_suite` runs the
+workers of every module in SUITE in one spawn per world size, once per pytest session, and each module's test
+asserts that the shared run passed.
 """
 
 from __future__ import annotations
@@ -44,3 +46,31 @@ def subgroups(world_size: int, size: int) -> tuple[list[dist.ProcessGroup], int]
 def context(text: str) -> Callable[[str], str]:
     """`assert_close(..., msg=context("..."))`: keep the default message and append `text`."""
     return lambda default: f"{default}\n{text}"
+
+
+# One spawn per world size for all of this area's gloo checks (spawning costs more than the checks).
+SUITE: tuple[tuple[str, str], ...] = (
+    ("test_tp_orthogonalize", "tp_worker"),
+    ("test_layerwise", "layerwise_worker"),
+)
+_RESULTS: dict[int, str | None] = {}
+
+
+def _suite_entry(rank: int, world_size: int, tmp: str) -> None:
+    import importlib
+
+    for module, name in SUITE:
+        getattr(importlib.import_module(module), name)(rank, world_size, tmp)
+
+
+def run_suite(world_size: int) -> str | None:
+    """Run every SUITE worker in one spawn of `world_size` ranks (once per session); None, or the failure text
+    (the failing rank's traceback names the worker). A failure stops the spawn, so later workers did not run."""
+    if world_size not in _RESULTS:
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                spawn(_suite_entry, world_size, tmp)
+                _RESULTS[world_size] = None
+            except Exception as exc:  # noqa: BLE001 - reported by every test of the suite
+                _RESULTS[world_size] = f"{type(exc).__name__}: {exc}"
+    return _RESULTS[world_size]

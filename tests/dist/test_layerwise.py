@@ -21,7 +21,7 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import context, spawn, subgroups
+from dist_harness import context, run_suite, subgroups
 from torch import nn
 from torch.testing import assert_close
 
@@ -266,7 +266,8 @@ def _check_training(rank: int, ws: int) -> None:
         assert_close(p, q, rtol=1e-4, atol=1e-4, msg=context(f"tiny Qwen3-MoE {name}"))
 
 
-def _worker(rank: int, ws: int, tmp: str) -> None:
+def layerwise_worker(rank: int, ws: int, tmp: str) -> None:
+    """This module's checks on one rank (run by `dist_harness.run_suite`, one spawn per world size)."""
     _check_steps(rank, ws)
     if ws == 2:
         _check_training(rank, ws)
@@ -277,11 +278,12 @@ def _worker(rank: int, ws: int, tmp: str) -> None:
 
 @pytest.mark.dist
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_layerwise_equals_single_process(world_size: int, tmp_path) -> None:
+def test_layerwise_equals_single_process(world_size: int) -> None:
     """Localises: wrong owner offsets or padding, a gradient averaged over the wrong group (experts), a gather
     that misses pieces or completes too early/late with overlap, local instead of global clipping, and a resume
     that loses or misplaces state when the DP size changes."""
-    spawn(_worker, world_size, str(tmp_path))
+    failure = run_suite(world_size)
+    assert failure is None, failure
 
 
 def test_soap_expert_stack_is_per_expert() -> None:

@@ -13,7 +13,7 @@ from typing import Self
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import context, spawn, subgroups
+from dist_harness import context, run_suite, subgroups
 from torch.testing import assert_close
 
 from optim.distributed.comm import split_sizes
@@ -100,7 +100,8 @@ def _check_expert_groups(rank: int, ws: int) -> None:
     assert_close(out, _chunk(newton_schulz(dense, compute_dtype=torch.float32), 0, tp_rank, tp_size), rtol=0, atol=0)
 
 
-def _worker(rank: int, ws: int) -> None:
+def tp_worker(rank: int, ws: int, tmp: str) -> None:
+    """This module's checks on one rank (run by `dist_harness.run_suite`, one spawn per world size)."""
     _check_modes(rank, ws, dist.group.WORLD)
     _check_expert_groups(rank, ws)
 
@@ -110,7 +111,8 @@ def _worker(rank: int, ws: int) -> None:
 def test_tp_modes_match_single_process(world_size: int) -> None:
     """Localises wrong shard offsets (uneven splits), a wrong contracted dim, a missed all-reduce or extra
     collectives, a broken triangle pack, and expert weights sent over the dense TP group."""
-    spawn(_worker, world_size)
+    failure = run_suite(world_size)
+    assert failure is None, failure
 
 
 def test_none_group_is_single_process_and_fallback_warns() -> None:
