@@ -1,42 +1,47 @@
-"""Strong scaling of the layer-wise distributed optimizer step alone (Muon on Qwen3-30B-A3B layers), 1..N ranks.
+"""Strong scaling of the layer-wise distributed optimizer step alone (Muon on Qwen3-30B-A3B layers).
 
 Usage (one process, or N under torchrun; NCCL on GPUs, gloo on CPU):
 
     python -m bench.optim_scaling [model=qwen3_30b_a3b] [layers=1] [steps=10] [warmup=2]
         [strategies=lpt_cost,round_robin,ping_pong_numel] [out=DIR] [format=text|json] [scale=1.0]
-        [grad_sync=reduce_scatter|all_reduce] [experts=separate|stacked] [qkv=split|fused] [ns_precision=bf16|fp32]
+        [grad_sync=reduce_scatter|all_reduce] [experts=separate|stacked] [qkv=split|fused]
+        [ns_precision=bf16|fp32]
     torchrun --nproc_per_node=N -m bench.optim_scaling ...
 
 Parameters: the optimizer-managed matrices of `layers` MoE decoder layers of `model`, shapes from
 `bench.flops.enumerate_ns_matrices(model, split_qkv=False)`, named and laid out as the Megatron adapter
 (`optim.megatron`) sees them: the fused `linear_qkv` weight with its per-query-group Q/K/V row split (MCore
-`_get_qkv_split_shapes`; `qkv=fused` orthogonalizes it whole), `linear_proj`, the router, and the routed experts as
-separate 2-D `linear_fc1.weight<k>` / `linear_fc2.weight<k>` (TE grouped GEMM naming; `experts=stacked`: one
-(E, rows, cols) stack per layer, HF style). fp32 parameters (Megatron's fp32 masters) with fixed random gradients.
-Every rank holds the whole layer (expert-DP = DP = all ranks), so N ranks split the same optimizer work: strong
-scaling. `scale` multiplies every dimension (rows, cols, head dim; expert count kept) for CPU runs.
+`_get_qkv_split_shapes`; `qkv=fused` orthogonalizes it whole), `linear_proj`, the router, and the routed
+experts as separate 2-D `linear_fc1.weight<k>` / `linear_fc2.weight<k>` (TE grouped GEMM naming;
+`experts=stacked`: one (E, rows, cols) stack per layer, HF style). fp32 parameters (Megatron's fp32 masters)
+with fixed random gradients. Every rank holds the whole layer (expert-DP = DP = all ranks), so N ranks split
+the same optimizer work: strong scaling. `scale` multiplies every dimension (rows, cols, head dim; expert
+count kept) for CPU runs.
 
 Per strategy: `optim.Muon` (EO defaults; bf16 NS uses `optim.kernels` on CUDA) wrapped in
 `optim.distributed.layerwise.LayerWiseDistributedOptimizer` (reduce-scatter grad path, overlap off, default
-buckets). Protocol: `warmup` steps (NS plan measurement, allocator warm-up) then `steps` timed steps; ranks are
-barrier-aligned before each step; phases timed with CUDA events (`bench.timing.PhaseTimer`, wall clock on CPU):
+buckets). Protocol: `warmup` steps (NS plan measurement, allocator warm-up) then `steps` timed steps; ranks
+are barrier-aligned before each step; phases timed with CUDA events (`bench.timing.PhaseTimer`, wall clock on
+CPU):
 
 - `step_ms`: the whole `step()`; per rank the median over steps, reported as the max over ranks (the step ends
   when the slowest rank ends) with `step_iqr_ms` of that rank.
 - `ns_ms`: the matrix optimizer's orthogonalize calls (Newton-Schulz) on each rank: `ns_max_ms`, `ns_mean_ms`,
   `ns_imbalance` = max / mean over ranks (measured), next to `model_ns_imbalance` from the cost model of
   `optim.distributed.assignment`.
-- `grad_sync_ms` (reduce-scatter to owners) and `param_gather_ms` (all-gather of updated parameters, launch plus
-  wait plus copy-out) on the rank with the largest step; the gather wait includes waiting for the slowest owner.
-- `other_ms`: median over steps of step - ns - grad_sync - param_gather on that rank (momentum, scaling, packing,
-  copies). Each phase is a median on its own, so the columns need not add up to `step_ms` exactly.
+- `grad_sync_ms` (reduce-scatter to owners) and `param_gather_ms` (all-gather of updated parameters, launch
+  plus wait plus copy-out) on the rank with the largest step; the gather wait includes waiting for the slowest
+  owner.
+- `other_ms`: median over steps of step - ns - grad_sync - param_gather on that rank (momentum, scaling,
+  packing, copies). Each phase is a median on its own, so the columns need not add up to `step_ms` exactly.
 
-Rank 0 appends one JSON object per (world_size, strategy) to `out/scaling.jsonl` and prints a table (text) or the
-JSON lines (format=json).
+Rank 0 appends one JSON object per (world_size, strategy) to `out/scaling.jsonl` and prints a table (text) or
+the JSON lines (format=json).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import statistics
@@ -67,6 +72,7 @@ CHOICES = {
     "ns_precision": ("bf16", "fp32"),
 }
 STRATEGIES = ("lpt_cost", "round_robin", "ping_pong_numel")
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 PHASES = ("step", "ns", "grad_sync", "param_gather")
 
 
@@ -97,7 +103,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
 
 def layer_params(model: Any, *, layers: int, scale: float, experts: str, qkv: str) -> list[dict[str, Any]]:
-    """Specs {name, shape, split} of the optimizer-managed matrices of `layers` MoE layers (dense if no MoE)."""
+    """Specs {name, shape, split} of the optimizer-managed matrices of `layers` MoE layers (else dense)."""
     from types import SimpleNamespace
 
     from bench.flops import enumerate_ns_matrices
@@ -146,8 +152,8 @@ def _init_dist() -> tuple[Any, Any, int, int]:
         torch.cuda.set_device(device)
     if world == 1:
         return device, None, 0, 1
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    for key, value in NO_MULTICAST.items():  # NVLink multicast stays off (device README)
+        os.environ.setdefault(key, value)
     dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     return device, dist.group.WORLD, dist.get_rank(), dist.get_world_size()
 
@@ -180,7 +186,7 @@ def run_strategy(
     device: Any,
     group: Any,
 ) -> dict[str, Any]:
-    """Build the layer-wise optimizer for `strategy`, time warmup + steps; this rank's phase medians and loads."""
+    """Build the layer-wise optimizer for `strategy`, time warmup + steps; this rank's phase medians."""
     import torch
 
     from bench.timing import PhaseTimer
@@ -229,6 +235,7 @@ def run_strategy(
     mine["buffer_numel"] = sum(b.segment_numel * d.size for d in opt.domains for b in d.buckets)
     mine["num_buckets"] = sum(len(d.buckets) for d in opt.domains)
     del opt, timer
+    gc.collect()  # timing wrappers hold bound methods: cycles keep the buffers alive until collected
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return mine

@@ -1,16 +1,19 @@
 """TP Newton-Schulz modes and the layer-wise distributed optimizer over NCCL on 2 GPUs equal one-GPU results.
 
 Two ranks are spawned in-process (torch.multiprocessing spawn + FileStore), one GPU each, NVLink multicast off
-(NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, as the device README asks). Every reference is computed in
-the same rank process, on the same GPU, by the single-process code path (`tp_group=None`, the plain optimizer).
+(NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, as the device README asks).
+Every reference is computed in the same rank process, on the same GPU, by the single-process code path
+(`tp_group=None`, the plain optimizer).
 TF32 is switched off so fp32 GEMMs are fp32.
 
 `MUONBENCH_TEST_BACKEND=gloo` runs the same checks on 2 CPU gloo ranks (then the test is a `dist` test, not a
-`gpu` one): it is how this file is checked without GPUs.
+`gpu` one): it is how this file is checked without GPUs. tests/conftest.py skips everything under tests/gpu
+where CUDA is missing, so that run needs `--noconftest`:
+`MUONBENCH_TEST_BACKEND=gloo python -m pytest --noconftest tests/gpu/test_dist_nccl.py`.
 
 Tolerances (fp32 NS, quintic, 5 steps):
-- duplicated: 1e-6 abs and rel. The gathered matrix goes through the same NS as the reference, so the result is
-  bitwise equal in practice; the slack only covers cuBLAS choosing another kernel for another pointer alignment.
+- duplicated: 1e-6 abs and rel. The gathered matrix goes through the same NS as the reference, so the result
+  is bitwise equal in practice; the slack only covers cuBLAS picking another kernel for another alignment.
 - distributed, distributed_gram (full and lower-triangle reduce): 5e-5. The Gram is a sum of per-shard partial
   Grams, a different summation order than one GEMM (the gloo tests hold 2e-5 on CPU).
 - blockwise: rtol = atol = 0 against NS of the shard alone (same call on the same tensor).
@@ -44,7 +47,7 @@ from optim.hybrid import build_optimizer
 
 BACKEND = os.environ.get("MUONBENCH_TEST_BACKEND", "nccl")
 WORLD = 2
-ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 if BACKEND not in ("nccl", "gloo"):
     raise ValueError(f"MUONBENCH_TEST_BACKEND={BACKEND!r}: must be one of ['nccl', 'gloo']")
@@ -60,7 +63,7 @@ def _msg(text: str) -> Callable[[str], str]:
     return lambda default: f"{default}\n{text}"
 
 
-# ------------------------------------------------------------------------------------------------ process harness
+# ------------------------------------------------------------------------------------------ process harness
 def _entry(rank: int, check: Callable[[int, torch.device], None], backend: str, store_path: str) -> None:
     os.environ.update(ENV)
     if backend == "nccl":
@@ -96,8 +99,8 @@ def _spawn(check: Callable[[int, torch.device], None]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ TP NS modes
-# (full shape, sharded dim): long side sharded (distributed valid), short side sharded (falls back to duplicated),
-# 3-D stacks, and sizes that are not multiples of any tile.
+# (full shape, sharded dim): long side sharded (distributed valid), short side sharded (falls back to
+# duplicated), 3-D stacks, and sizes that are not multiples of any tile.
 TP_CASES = [
     ((21, 16), 0),
     ((16, 21), 1),
@@ -153,12 +156,13 @@ def _check_tp_modes(rank: int, device: torch.device) -> None:
 
 @needs_gpus
 def test_tp_modes_equal_single_gpu() -> None:
-    """Localises NCCL-specific breakage of the TP modes: wrong shard offsets on uneven splits, a Gram all-reduce
-    on the wrong stream or dtype, a broken lower-triangle pack on CUDA, blockwise touching other shards."""
+    """Localises NCCL-specific breakage of the TP modes: wrong shard offsets on uneven splits, a Gram
+    all-reduce on the wrong stream or dtype, a broken lower-triangle pack on CUDA, blockwise touching other
+    shards."""
     _spawn(_check_tp_modes)
 
 
-# ------------------------------------------------------------------------------------------------ layer-wise step
+# ------------------------------------------------------------------------------------------ layer-wise step
 SHAPES: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (13, 8)}
 for _layer in range(3):  # same-shape matrices in every layer batch together on an owner
     _p = f"model.layers.{_layer}"
@@ -189,7 +193,7 @@ class _Leaf(nn.Module):
 
 
 def _model(device: torch.device) -> nn.Module:
-    """Modules nested as the dotted names say, seed-fixed values; forward visits every leaf (pre-hooks fire)."""
+    """Modules nested as the dotted names say, fixed values; forward visits every leaf (pre-hooks fire)."""
     root = nn.Module()
     gen = torch.Generator().manual_seed(3)
     for name, shape in SHAPES.items():
@@ -211,7 +215,7 @@ def _forward(model: nn.Module, device: torch.device) -> None:
 
 
 def _micro_grads(step: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
-    """Per-micro-batch gradients, multiples of 2^-8 (exact sums and means in any order), same on every rank."""
+    """Per-micro-batch gradients, multiples of 2^-8 (exact sums and means in any order), same on all ranks."""
     gen = torch.Generator().manual_seed(1000 + step)
     return [
         {n: (torch.round(torch.randn(s, generator=gen) * 256) / 256).to(device) for n, s in SHAPES.items()}
@@ -228,7 +232,7 @@ def _set_grads(
 
 
 def _configs() -> list[tuple[LayerWiseConfig, bool]]:
-    """Every strategy x overlap x grad path (collective and bucket size varied along), plus expert-DP of one rank."""
+    """Every strategy x overlap x grad path (collective, bucket size varied along), plus expert-DP of one."""
     out = []
     combos = itertools.product(
         ("round_robin", "ping_pong_numel", "lpt_cost"), (False, True), ("reduce_scatter", "all_reduce")
@@ -268,7 +272,7 @@ def _check_layerwise(rank: int, device: torch.device) -> None:
         for step in range(NUM_STEPS):
             micro = _micro_grads(step, device)
             _set_grads(model, micro, share, share)  # each rank its share of the micro-batches
-            # expert-DP of one rank: expert gradients are not reduced, so the reference sees this rank's share only
+            # expert-DP of one rank: expert grads are not reduced; the reference sees this rank's share only
             _set_grads(ref_model, micro, slice(None), share if expert_local else slice(None))
             before = model.get_parameter(PROBE).detach().clone()
             opt.step()
@@ -287,6 +291,6 @@ def _check_layerwise(rank: int, device: torch.device) -> None:
 @needs_gpus
 def test_layerwise_step_equals_single_gpu() -> None:
     """Localises NCCL-specific breakage of the layer-wise optimizer: reduce-scatter / all-reduce / per-owner
-    reduce offsets on CUDA buffers, async gathers completing early or never (overlap), expert gradients averaged
-    over the wrong group, CPU tensors handed to NCCL (load gather, clipping)."""
+    reduce offsets on CUDA buffers, async gathers completing early or never (overlap), expert gradients
+    averaged over the wrong group, CPU tensors handed to NCCL (load gather, clipping)."""
     _spawn(_check_layerwise)

@@ -1,4 +1,4 @@
-"""bench.optim_scaling on CPU in one process: parameter set as the Megatron adapter sees it, timed rows in JSON."""
+"""bench.optim_scaling on CPU in one process: parameters as the Megatron adapter sees them, rows in JSON."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def test_parse_args_rejects_unknown_values() -> None:
 
 
 def test_cpu_run_writes_rows(tmp_path, capsys) -> None:
-    """Localises a broken timing or summary: one JSON row per strategy, appended, with phases that fit in the step
-    and the single rank owning everything."""
+    """Localises a broken timing or summary: one JSON row per strategy, appended, with phases that fit in the
+    step and the single rank owning everything."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
