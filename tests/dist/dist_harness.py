@@ -56,10 +56,10 @@ SUITE: tuple[tuple[str, str], ...] = (
 _RESULTS: dict[int, str | None] = {}
 
 
-def _suite_entry(rank: int, world_size: int, tmp: str) -> None:
+def _suite_entry(rank: int, world_size: int, tmp: str, suite: tuple[tuple[str, str], ...]) -> None:
     import importlib
 
-    for module, name in SUITE:
+    for module, name in suite:
         getattr(importlib.import_module(module), name)(rank, world_size, tmp)
 
 
@@ -69,7 +69,7 @@ def run_suite(world_size: int) -> str | None:
     if world_size not in _RESULTS:
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                spawn(_suite_entry, world_size, tmp)
+                spawn(_suite_entry, world_size, tmp, SUITE)
                 _RESULTS[world_size] = None
             except Exception as exc:  # noqa: BLE001 - reported by every test of the suite
                 _RESULTS[world_size] = f"{type(exc).__name__}: {exc}"
