@@ -213,4 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except ValueError as exc:  # user and config errors (bench.config.ConfigError is one): one line, exit 2
+        print(f"bench.balance: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
