@@ -310,7 +310,10 @@ def _meta(device: Any, world: int) -> dict[str, Any]:
     from bench.record import git_info
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    nccl = ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else None
+    nccl = None
+    if device.type == "cuda":
+        v = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     return {
         "device": device.type,
         "gpu": gpu,
