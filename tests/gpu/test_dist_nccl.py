@@ -24,6 +24,7 @@ Tolerances (fp32 NS, quintic, 5 steps):
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import tempfile
@@ -232,7 +233,8 @@ def _set_grads(
 
 
 def _configs() -> list[tuple[LayerWiseConfig, bool]]:
-    """Every strategy x overlap x grad path (collective, bucket size varied along), plus expert-DP of one."""
+    """Every strategy x overlap x grad path (collective, bucket size varied along), plus expert-DP of one rank,
+    gradient collectives launched from backward hooks, and global-norm clipping."""
     out = []
     combos = itertools.product(
         ("round_robin", "ping_pong_numel", "lpt_cost"), (False, True), ("reduce_scatter", "all_reduce")
@@ -251,7 +253,46 @@ def _configs() -> list[tuple[LayerWiseConfig, bool]]:
             )
         )
     out.append((LayerWiseConfig(strategy="lpt_cost", overlap_param_gather=True), True))
+    # gradient collectives launched from backward hooks (NCCL work started on the autograd thread), and clipping
+    out.append(
+        (LayerWiseConfig(overlap_grad_reduce=True, overlap_param_gather=True, bucket_numel=700), False)
+    )
+    out.append(
+        (
+            LayerWiseConfig(
+                strategy="round_robin",
+                overlap_grad_reduce=True,
+                grad_sync="all_reduce",
+                collective="per_owner",
+                bucket_numel=700,
+            ),
+            False,
+        )
+    )
+    out.append((LayerWiseConfig(strategy="ping_pong_numel", max_grad_norm=1.0, bucket_numel=700), False))
     return out
+
+
+def _backward_grads(
+    opt: LayerWiseDistributedOptimizer, model: nn.Module, micro: list[dict[str, torch.Tensor]]
+) -> None:
+    """Accumulate the mean of `micro` by backward (d/dp (p * g).sum() / k = g / k, exact for k = 2), all but the
+    last micro-batch under no_sync, so the last backward's hooks launch the bucket collectives."""
+    params = dict(model.named_parameters())
+    for i, g in enumerate(micro):
+        with opt.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
+            loss = sum((p * g[n]).sum() for n, p in params.items()) / len(micro)
+            loss.backward()
+    assert all(len(d.pending_grads) == len(d.buckets) for d in opt.domains), "not launched during backward"
+
+
+def _clip_reference(model: nn.Module, max_norm: float) -> None:
+    grads = [p.grad for p in model.parameters()]
+    total = torch.sqrt(sum(g.square().sum() for g in grads))
+    scale = max_norm / (total.item() + 1e-6)
+    assert scale < 1.0  # the check must exercise clipping
+    for g in grads:
+        g.mul_(scale)
 
 
 def _check_layerwise(rank: int, device: torch.device) -> None:
@@ -271,12 +312,19 @@ def _check_layerwise(rank: int, device: torch.device) -> None:
         ref_opt = _factory(list(ref_model.named_parameters()))
         for step in range(NUM_STEPS):
             micro = _micro_grads(step, device)
-            _set_grads(model, micro, share, share)  # each rank its share of the micro-batches
+            if cfg.overlap_grad_reduce:
+                _backward_grads(opt, model, micro[share])
+            else:
+                _set_grads(model, micro, share, share)  # each rank its share of the micro-batches
             # expert-DP of one rank: expert grads are not reduced; the reference sees this rank's share only
             _set_grads(ref_model, micro, slice(None), share if expert_local else slice(None))
+            if cfg.max_grad_norm > 0:
+                _clip_reference(ref_model, cfg.max_grad_norm)
             before = model.get_parameter(PROBE).detach().clone()
             opt.step()
             ref_opt.step()
+            if cfg.overlap_grad_reduce:
+                opt.zero_grad()
             if cfg.overlap_param_gather:  # still in flight until the forward pre-hook of its module
                 assert torch.equal(model.get_parameter(PROBE), before), (
                     f"{cfg}: gather completed before forward"
@@ -292,5 +340,6 @@ def _check_layerwise(rank: int, device: torch.device) -> None:
 def test_layerwise_step_equals_single_gpu() -> None:
     """Localises NCCL-specific breakage of the layer-wise optimizer: reduce-scatter / all-reduce / per-owner
     reduce offsets on CUDA buffers, async gathers completing early or never (overlap), expert gradients
-    averaged over the wrong group, CPU tensors handed to NCCL (load gather, clipping)."""
+    averaged over the wrong group, CPU tensors handed to NCCL (load gather, clipping), gradient collectives
+    launched from backward hooks that race the accumulation."""
     _spawn(_check_layerwise)
