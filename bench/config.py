@@ -28,6 +28,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "optimizer.distributed": ("none", "layerwise"),
     "optimizer.assignment": ("round_robin", "ping_pong_numel", "lpt_cost"),
     "optimizer.grad_sync": ("reduce_scatter", "all_reduce"),
+    "optimizer.collective": ("auto", "padded", "per_owner"),
     "optimizer.nonfinite_policy": ("skip", "raise"),
     "optimizer.scale_mode": ("spectral", "shape_scaling", "unit_rms_norm", "nuclear_norm"),
     "optimizer.coefficient_type": ("simple", "quintic", "polar_express", "aol", "cans", "deepseekv4", "custom"),

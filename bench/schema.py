@@ -167,6 +167,12 @@ class MatrixOptimizerSchema(OptimizerSchemaBase):
     grad_sync: str = "reduce_scatter"
     """reduce_scatter (ours, owner-aligned buckets) | all_reduce (published path)."""
     overlap_param_gather: bool = True
+    overlap_grad_reduce: bool = False
+    """Start each bucket's gradient reduce-scatter during backward (the hf engine then cannot time it apart)."""
+    bucket_numel: int = 40_000_000
+    """Elements per gradient/parameter bucket of the layer-wise optimizer."""
+    collective: str = "auto"
+    """auto | padded (one all_gather_into_tensor) | per_owner (one broadcast per owner): how all_gatherv moves."""
     nonfinite_policy: str = "skip"
     """skip | raise: what to do with a NaN/Inf gradient or momentum."""
 

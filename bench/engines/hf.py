@@ -153,6 +153,9 @@ class HFEngine(Engine):
                 strategy=opt.assignment,
                 grad_sync=opt.grad_sync,
                 overlap_param_gather=opt.overlap_param_gather,
+                overlap_grad_reduce=opt.overlap_grad_reduce,
+                bucket_numel=opt.bucket_numel,
+                collective=opt.collective,
                 max_grad_norm=opt.clip_grad,
             )
             self.layerwise = LayerWiseDistributedOptimizer(
