@@ -25,6 +25,7 @@ fp32) are g and buf checked per parameter (a second sync), so events and skips a
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -212,8 +213,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         """Pieces of one oriented shape -> scaled orthogonalized pieces (as (n, rows, cols) stacks).
 
         One `_orthogonalize` call on the stack of all pieces (tall ones transposed), then one scale multiply over
-        the stack (a per-matrix factor only where pieces of this group differ in scale). Outputs come back in the
-        pieces' own orientation and contiguous, so the update runs on the fast multi-tensor path.
+        the stack. Outputs come back in the pieces' own orientation and contiguous, so that the update runs on
+        the fast multi-tensor path.
         """
         views = [part.reshape(-1, *part.shape[-2:]) for part in parts]
         tall = [v.size(-2) > v.size(-1) for v in views]
@@ -222,14 +223,18 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         orth, mscale = self._orthogonalize(x)
         counts = [v.size(0) for v in views]
         scales = [self._shape_scale(*v.shape[-2:]) for v in views]
-        factor: float | torch.Tensor = scales[0]
-        if any(s != scales[0] for s in scales):
-            per_matrix = [s for s, n in zip(scales, counts, strict=True) for _ in range(n)]
-            factor = torch.tensor(per_matrix, dtype=orth.dtype, device=orth.device).view(-1, 1, 1)
         all_tall = all(tall)
         src = orth.mT if all_tall else orth
         scaled = torch.empty(src.shape, dtype=orth.dtype, device=orth.device)
-        torch.mul(src, factor, out=scaled)
+        # One multiply per run of equal scale (one run unless tall and wide pieces differ in scale): Python
+        # float factors, no per-matrix factor tensor (its host-to-device copy would sync on CUDA).
+        offsets = [0, *itertools.accumulate(counts)]
+        start = 0
+        for k in range(1, len(views) + 1):
+            if k == len(views) or scales[k] != scales[start]:
+                lo, hi = offsets[start], offsets[k]
+                torch.mul(src[lo:hi], scales[start], out=scaled[lo:hi])
+                start = k
         if mscale is not None:
             scaled.mul_(mscale.view(-1, 1, 1))
         outs = list(torch.split(scaled, counts))
