@@ -7,6 +7,7 @@ Usage (one process, or N under torchrun; NCCL on GPUs, gloo on CPU):
         [grad_sync=reduce_scatter|all_reduce] [experts=separate|stacked] [qkv=split|fused]
         [ns_precision=bf16|fp32]
     torchrun --nproc_per_node=N -m bench.optim_scaling ...
+    python -m bench.optim_scaling summarize=DIR/scaling.jsonl   # markdown speedup table over world sizes
 
 Parameters: the optimizer-managed matrices of `layers` MoE decoder layers of `model`, shapes from
 `bench.flops.enumerate_ns_matrices(model, split_qkv=False)`, named and laid out as the Megatron adapter
@@ -63,6 +64,7 @@ DEFAULTS = {
     "experts": "separate",
     "qkv": "split",
     "ns_precision": "bf16",
+    "summarize": "",
 }
 CHOICES = {
     "format": ("text", "json"),
@@ -349,8 +351,40 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def scaling_summary(rows: list[dict[str, Any]]) -> str:
+    """Markdown strong-scaling table: per (strategy, grad_sync) and world size, step time, speedup and
+    parallel efficiency against the strategy's world-size-1 row (the last row of a key wins: files are
+    appended)."""
+    last: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for r in rows:
+        last[(r["strategy"], r["grad_sync"], r["world_size"])] = r
+    header = (
+        "| strategy | grad_sync | GPUs | step ms | speedup | efficiency | NS max ms | NS imbalance | "
+        "grad sync ms | param gather ms | other ms |"
+    )
+    lines = [header, "|" + "---|" * 11]
+    for (strategy, grad_sync, world), r in sorted(last.items()):
+        # one rank moves nothing, so any grad path's world-size-1 row of the strategy is the baseline
+        base = last.get((strategy, grad_sync, 1)) or next(
+            (v for (st, _, w), v in last.items() if st == strategy and w == 1), None
+        )
+        speedup = base["step_ms"] / r["step_ms"] if base else None
+        eff = f"{speedup / world:.2f}" if speedup else "n/a"
+        lines.append(
+            f"| {strategy} | {grad_sync} | {world} | {r['step_ms']:.2f} | "
+            f"{f'{speedup:.2f}' if speedup else 'n/a'} | {eff} | {r['ns_max_ms']:.2f} | "
+            f"{r['ns_imbalance']:.3f} | {r['grad_sync_ms']:.2f} | {r['param_gather_ms']:.2f} | "
+            f"{r['other_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if opts["summarize"]:  # tabulate an existing scaling.jsonl; no torch needed
+        rows = [json.loads(line) for line in Path(opts["summarize"]).read_text().splitlines() if line.strip()]
+        print(scaling_summary(rows))
+        return 0
     import torch
 
     from bench.config import load

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from bench.optim_scaling import layer_params, main, parse_args
+from bench.optim_scaling import layer_params, main, parse_args, scaling_summary
 
 
 @pytest.fixture(scope="module")
@@ -83,3 +83,29 @@ def test_cpu_run_writes_rows(tmp_path, capsys) -> None:
         assert r["ns_imbalance"] == 1.0 and r["comm_bytes_per_rank"] == 0
         assert r["grad_sync_ms"] >= 0 and r["param_gather_ms"] >= 0
         assert r["grad_sync_ms"] + r["param_gather_ms"] < r["step_ms"]
+
+
+def test_scaling_summary_speedup() -> None:
+    """Speedup and efficiency are against the same strategy's one-rank row; the last appended row of a key
+    wins; the one-rank row of another grad path serves as baseline (one rank moves nothing)."""
+    base = {
+        "grad_sync": "reduce_scatter",
+        "ns_max_ms": 1.0,
+        "ns_imbalance": 1.0,
+        "grad_sync_ms": 0.0,
+        "param_gather_ms": 0.0,
+        "other_ms": 0.0,
+    }
+    rows = [
+        {**base, "strategy": "lpt_cost", "world_size": 1, "step_ms": 99.0},
+        {**base, "strategy": "lpt_cost", "world_size": 1, "step_ms": 10.0},
+        {**base, "strategy": "lpt_cost", "world_size": 2, "step_ms": 8.0},
+        {**base, "strategy": "lpt_cost", "world_size": 2, "step_ms": 4.0, "grad_sync": "all_reduce"},
+        {**base, "strategy": "round_robin", "world_size": 2, "step_ms": 5.0},
+    ]
+    lines = scaling_summary(rows).splitlines()
+    cells = {tuple(c.strip() for c in line.split("|")[1:4]): line.split("|")[5:7] for line in lines[2:]}
+    assert [c.strip() for c in cells[("lpt_cost", "reduce_scatter", "1")]] == ["1.00", "1.00"]
+    assert [c.strip() for c in cells[("lpt_cost", "reduce_scatter", "2")]] == ["1.25", "0.62"]
+    assert [c.strip() for c in cells[("lpt_cost", "all_reduce", "2")]] == ["2.50", "1.25"]
+    assert [c.strip() for c in cells[("round_robin", "reduce_scatter", "2")]] == ["n/a", "n/a"]
