@@ -1,0 +1,20 @@
+"""`make test` must run the gloo tests: pytest's default norecursedirs contains "dist" and once dropped tests/dist
+silently (pyproject sets norecursedirs to avoid it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_plain_pytest_collects_tests_dist() -> None:
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    collected = [line for line in out.stdout.splitlines() if line.startswith("tests/dist/")]
+    on_disk = sorted(p.name for p in (ROOT / "tests" / "dist").glob("test_*.py"))
+    assert on_disk, "tests/dist has no test files"
+    for name in on_disk:
+        assert any(line.startswith(f"tests/dist/{name}::") for line in collected), (name, out.stdout[-2000:])
