@@ -233,8 +233,8 @@ def _set_grads(
 
 
 def _configs() -> list[tuple[LayerWiseConfig, bool]]:
-    """Every strategy x overlap x grad path (collective, bucket size varied along), plus expert-DP of one rank,
-    gradient collectives launched from backward hooks, and global-norm clipping."""
+    """Every strategy x overlap x grad path (collective, bucket size varied along), plus expert-DP of one
+    rank, gradient collectives launched from backward hooks, and global-norm clipping."""
     out = []
     combos = itertools.product(
         ("round_robin", "ping_pong_numel", "lpt_cost"), (False, True), ("reduce_scatter", "all_reduce")
@@ -253,7 +253,7 @@ def _configs() -> list[tuple[LayerWiseConfig, bool]]:
             )
         )
     out.append((LayerWiseConfig(strategy="lpt_cost", overlap_param_gather=True), True))
-    # gradient collectives launched from backward hooks (NCCL work started on the autograd thread), and clipping
+    # gradient collectives launched from backward hooks (NCCL work from the autograd thread), and clipping
     out.append(
         (LayerWiseConfig(overlap_grad_reduce=True, overlap_param_gather=True, bucket_numel=700), False)
     )
@@ -276,8 +276,8 @@ def _configs() -> list[tuple[LayerWiseConfig, bool]]:
 def _backward_grads(
     opt: LayerWiseDistributedOptimizer, model: nn.Module, micro: list[dict[str, torch.Tensor]]
 ) -> None:
-    """Accumulate the mean of `micro` by backward (d/dp (p * g).sum() / k = g / k, exact for k = 2), all but the
-    last micro-batch under no_sync, so the last backward's hooks launch the bucket collectives."""
+    """Accumulate the mean of `micro` by backward (d/dp (p * g).sum() / k = g / k, exact for k = 2), all but
+    the last micro-batch under no_sync, so the last backward's hooks launch the bucket collectives."""
     params = dict(model.named_parameters())
     for i, g in enumerate(micro):
         with opt.no_sync() if i < len(micro) - 1 else contextlib.nullcontext():
