@@ -196,33 +196,43 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             pieces.append(parts)
             for j, part in enumerate(parts):
                 rows, cols = part.shape[-2:]
-                buckets.setdefault((min(rows, cols), max(rows, cols)), []).append((i, j))
-        out: list[list[torch.Tensor | None]] = [[None] * len(parts) for parts in pieces]
+                buckets.setdefault((rows, cols) if rows <= cols else (cols, rows), []).append((i, j))
         for idxs in buckets.values():
             outs = self._orthogonalize_bucket([pieces[i][j] for i, j in idxs])
             for (i, j), o in zip(idxs, outs, strict=True):
-                out[i][j] = o.reshape(pieces[i][j].shape)
+                pieces[i][j] = o  # the input piece is no longer needed
         result = []
-        for (p, _), parts_out in zip(items, out, strict=True):
-            done = [t for t in parts_out if t is not None]
+        for (p, _), parts_out in zip(items, pieces, strict=True):
             split = self.splits.get(id(p))
-            result.append(split.merge(done) if split is not None else done[0])
+            result.append(split.merge(parts_out) if split is not None else parts_out[0])
         return result
 
     def _orthogonalize_bucket(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Pieces of one oriented shape -> scaled orthogonalized pieces (as (n, rows, cols) stacks).
+        """Pieces of one oriented shape -> scaled orthogonalized pieces, each of its piece's shape.
 
         One `_orthogonalize` call on the stack of all pieces (tall ones transposed), then one scale multiply over
         the stack. Outputs come back in the pieces' own orientation and contiguous, so that the update runs on
         the fast multi-tensor path.
         """
-        views = [part.reshape(-1, *part.shape[-2:]) for part in parts]
+        # 2-D pieces are stacked and unbound in one call each (no per-piece views); a lone piece is passed as a
+        # view, as before, so that the NS input layout (and result) of such a group does not change.
+        flat = len(parts) > 1 and all(part.ndim == 2 for part in parts)
+        views = parts if flat else [part.reshape(-1, *part.shape[-2:]) for part in parts]
         tall = [v.size(-2) > v.size(-1) for v in views]
-        stack = [v.mT if t else v for v, t in zip(views, tall, strict=True)]
-        x = stack[0] if len(stack) == 1 else torch.cat(stack)
+        oriented = [v.mT if t else v for v, t in zip(views, tall, strict=True)]
+        if flat:
+            x = torch.stack(oriented)
+        else:
+            x = oriented[0] if len(oriented) == 1 else torch.cat(oriented)
         orth, mscale = self._orthogonalize(x)
-        counts = [v.size(0) for v in views]
-        scales = [self._shape_scale(*v.shape[-2:]) for v in views]
+        counts = [1] * len(parts) if flat else [v.size(0) for v in views]
+        scale_of: dict[tuple[int, int], float] = {}
+        scales = []
+        for part in parts:
+            rc = (part.size(-2), part.size(-1))
+            if rc not in scale_of:
+                scale_of[rc] = self._shape_scale(*rc)
+            scales.append(scale_of[rc])
         all_tall = all(tall)
         src = orth.mT if all_tall else orth
         scaled = torch.empty(src.shape, dtype=orth.dtype, device=orth.device)
@@ -230,17 +240,19 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         # float factors, no per-matrix factor tensor (its host-to-device copy would sync on CUDA).
         offsets = [0, *itertools.accumulate(counts)]
         start = 0
-        for k in range(1, len(views) + 1):
-            if k == len(views) or scales[k] != scales[start]:
+        for k in range(1, len(parts) + 1):
+            if k == len(parts) or scales[k] != scales[start]:
                 lo, hi = offsets[start], offsets[k]
                 torch.mul(src[lo:hi], scales[start], out=scaled[lo:hi])
                 start = k
         if mscale is not None:
             scaled.mul_(mscale.view(-1, 1, 1))
-        outs = list(torch.split(scaled, counts))
+        outs = list(scaled.unbind(0) if flat else torch.split(scaled, counts))
         if not all_tall:
             outs = [o.mT.contiguous() if t else o for o, t in zip(outs, tall, strict=True)]
-        return outs
+        if flat:
+            return outs
+        return [o.reshape(part.shape) for o, part in zip(outs, parts, strict=True)]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """torch.optim load, keeping fp32 momentum of low-precision parameters in fp32."""

@@ -26,8 +26,20 @@ from tests.unit._optim_fixtures import one_thread  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Tall and wide pieces of one oriented shape, a 3-D stack, a split fused matrix and a lone square.
-SHAPES = [(16, 24), (24, 16), (16, 24), (3, 16, 24), (2, 24, 16), (32, 24), (8, 8)]
+# Tall and wide pieces of one oriented shape with 3-D stacks, the same with 2-D matrices only (stacked path), a
+# split fused matrix and a lone square.
+SHAPES = [
+    (16, 24),
+    (24, 16),
+    (16, 24),
+    (3, 16, 24),
+    (2, 24, 16),
+    (32, 24),
+    (8, 8),
+    (12, 20),
+    (20, 12),
+    (12, 20),
+]
 SPLIT = RowSplit(num_groups=2, sizes=(8, 4, 4))
 
 
@@ -102,7 +114,7 @@ def test_foreach_step_equals_per_parameter_loop_bitwise(
     ours = [t.clone().requires_grad_() for t in init]
     ref = [t.clone() for t in init]
     groups = [{"params": ours[:3], "lr": 0.05, "weight_decay": 0.2, "momentum": 0.9}, {"params": ours[3:]}]
-    opt = Muon(groups, cfg, splits={ours[5]: SPLIT})
+    opt = Muon(groups, cfg, splits={ours[5]: SPLIT})  # rows 32: the only split one
     opt._orthogonalize = lambda x: fake_orth(x, with_scale)  # type: ignore[method-assign]
     state: dict[int, torch.Tensor] = {}
     for _ in range(3):
