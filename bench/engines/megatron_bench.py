@@ -29,6 +29,9 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     ap.add_argument(
         "--budget-s", type=float, default=float("inf"), help="start no case after this many seconds"
     )
+    ap.add_argument(
+        "--case-timeout-s", type=float, default=None, help="kill a case's child process after this many seconds"
+    )
     ap.add_argument("--common", nargs="*", default=[], help="overrides appended to every case")
     ap.add_argument(
         "--in-process", action="store_true", help="run the cases in this process (default: one child each)"

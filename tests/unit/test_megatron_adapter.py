@@ -508,3 +508,15 @@ def test_groups_survive_megatron_checkpoint_matching():
     saved = copy.deepcopy(opt.state_dict()["param_groups"])
     loaded = MegatronOptimizer._filter_and_reorder_param_groups(opt.param_groups, saved)
     assert [g["weight_decay"] for g in loaded] == [0.033, 0.0]
+
+
+def test_bench_driver_isolates_cases_and_keeps_going(tmp_path, capsys):
+    """Each case runs in its own child under --case-timeout-s; a failing case (here: no GPU) does not stop the
+    next one, and a case that hits the timeout is killed and reported."""
+    from bench.engines import megatron_bench
+
+    megatron_bench.main(["--out", str(tmp_path), "--case-timeout-s", "0.01",
+                         "--case", "a", "model=qwen3_moe_tiny", "--case", "b", "model=qwen3_moe_tiny"])
+    out = capsys.readouterr().out
+    assert "[a] killed after 0 s" in out and "[b] killed after 0 s" in out
+    assert "all cases done" in out
