@@ -183,3 +183,25 @@ def test_one_host_sync_per_step_and_exact_fallback(monkeypatch: pytest.MonkeyPat
     with pytest.warns(NonFiniteWarning, match="non-finite grad in b at step 3"):
         opt.step()
     assert torch.equal(b.detach(), b_before) and opt.nonfinite_events == [("b", 3, "grad")]
+
+
+def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench.optim_step (the script the next GPU session runs unchanged) works end to end on CPU."""
+    import json
+
+    from bench import optim_step
+
+    assert (
+        optim_step.main(["scale=0.004", "repeats=2", "format=json", "impls=adamw_foreach,optim_muon_no_ns"])
+        == 0
+    )
+    res = json.loads(capsys.readouterr().out)
+    assert res["num_params"] == 260 and [r["impl"] for r in res["rows"]] == [
+        "adamw_foreach",
+        "optim_muon_no_ns",
+    ]
+    assert all(r["median_ms"] > 0 and len(r["times_ms"]) == 2 for r in res["rows"])
+    with pytest.raises(ValueError, match="device='tpu'"):
+        optim_step.main(["device=tpu"])
+    with pytest.raises(ValueError, match="not among"):
+        optim_step.main(["impls=sgd"])
