@@ -65,7 +65,7 @@ def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
 
     def no_ns(ps: list[Any]) -> Any:
         opt = Muon(ps, MuonConfig(lr=1e-4))
-        opt._orthogonalize = lambda x: (x, None)  # type: ignore[method-assign]
+        opt._orthogonalize = lambda x: (x, None)
         return opt
 
     out: dict[str, Callable[[list[Any]], Any]] = {
