@@ -104,7 +104,7 @@ def test_foreach_step_equals_per_parameter_loop_bitwise(
     """Localises an op-order or grouping change in the foreach step (two param groups with their own lr/wd/beta)."""
     cfg = MuonConfig(
         nesterov=nesterov,
-        scale_mode=scale_mode,  # type: ignore[arg-type]
+        scale_mode=scale_mode,
         weight_decay_method=wd_method,  # type: ignore[arg-type]
         extra_scale_factor=0.7,
         weight_decay=0.1,
