@@ -33,62 +33,15 @@ class BuiltOptimizer:
 
 
 def optim_configs(opt: Any) -> tuple[Any, Any, Any]:
-    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of bench.schema."""
-    from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of bench.schema, converted in
+    the one place that does it (`bench.engines.optimizer_factory.convert`)."""
+    from bench.engines.optimizer_factory import convert
+    from optim.configs import RoutingConfig
 
-    adamw = AdamWConfig(
-        lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay
-    )
+    algo, routing, adamw = convert(opt)
     if opt.name == "adamw":
         return None, adamw, RoutingConfig()
-    routing = RoutingConfig(
-        router_to_matrix=opt.router_to_matrix_optimizer,
-        split_qkv=opt.split_qkv,
-        split_mla_kv_down=opt.split_mla,
-        split_gate_up=opt.split_gate_up,
-    )
-    common = {"lr": opt.lr, "weight_decay": opt.weight_decay, "nonfinite_policy": opt.nonfinite_policy}
-    if opt.name == "muon":
-        coeffs = tuple(tuple(c) for c in opt.custom_coefficients)
-        matrix: Any = MuonConfig(
-            **common,
-            momentum=opt.momentum,
-            nesterov=opt.nesterov,
-            scale_mode=opt.scale_mode,
-            extra_scale_factor=opt.extra_scale_factor,
-            coefficient_type=opt.coefficient_type,
-            custom_coefficients=coeffs,
-            num_ns_steps=opt.num_ns_steps,
-            ns_precision=opt.ns_precision,
-            use_gram_ns=opt.use_gram_ns,
-        )
-    elif opt.name == "mop":
-        matrix = MOPConfig(
-            **common,
-            momentum=opt.momentum,
-            nesterov=opt.nesterov,
-            scale_mode=opt.scale_mode,
-            extra_scale_factor=opt.extra_scale_factor,
-            polar_method=opt.polar_method,
-            num_ns_steps=opt.num_ns_steps,
-        )
-    elif opt.name == "soap_rekls":
-        matrix = SOAPConfig(
-            **common,
-            betas=(opt.adam_beta1, opt.adam_beta2),
-            eps=opt.adam_eps,
-            shampoo_beta=opt.shampoo_beta,
-            use_eigh=opt.use_eigh,
-            use_kl_shampoo=opt.use_kl_shampoo,
-            precondition_frequency=opt.precondition_frequency,
-            max_precond_dim=opt.max_precond_dim,
-            eps_eigenvalue=opt.eps_eigenvalue,
-        )
-    else:
-        raise ValueError(
-            f"optimizer.name={opt.name!r}: the megatron engine runs adamw, muon, mop, soap_rekls"
-        )
-    return matrix, adamw, routing
+    return algo, adamw, routing
 
 
 def implementation(cfg: RootConfig) -> str:

@@ -1,6 +1,6 @@
 """The one place where our Hydra optimizer schemas become `optim`'s config dataclasses.
 
-`optim_configs(schema)` maps `AdamWSchema | MuonSchema | MOPSchema | SOAPSchema` to (algorithm config, RoutingConfig,
+`convert(schema)` maps `AdamWSchema | MuonSchema | MOPSchema | SOAPSchema` to (algorithm config, RoutingConfig,
 AdamWConfig for the non-matrix parameters); `build(named_params, schema, naming=...)` calls
 `optim.build_optimizer`. Schema fields that select the *distribution* (distributed, assignment, grad_sync, tp_mode)
 are not algorithm settings and are handled by the engines.
@@ -15,25 +15,33 @@ from bench import schema as S
 
 
 def optim_configs(opt: S.OptimizerSchemaBase) -> tuple[Any, Any, Any]:
-    """(algorithm config, RoutingConfig | None, AdamWConfig of the non-matrix side) for an optimizer schema."""
-    from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
-
-    adamw = AdamWConfig(
-        lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay
-    )
+    """(algorithm config, RoutingConfig | None, AdamWConfig of the non-matrix side) for the hf engine, which runs
+    torch's AdamW or our optim package (the implementation policy), then `convert`."""
     match opt:
-        case S.AdamWSchema():
-            if opt.implementation != "torch":
-                raise ValueError(
-                    f"optimizer.implementation={opt.implementation!r}: the AdamW baseline is "
-                    "torch.optim.AdamW; allowed: ['torch']"
-                )
-            return adamw, None, adamw
+        case S.AdamWSchema() if opt.implementation != "torch":
+            raise ValueError(
+                f"optimizer.implementation={opt.implementation!r}: the AdamW baseline is "
+                "torch.optim.AdamW; allowed: ['torch']"
+            )
         case S.MatrixOptimizerSchema() if opt.implementation != "ours":
             raise ValueError(
                 f"optimizer.implementation={opt.implementation!r}: this engine runs our optim package; "
                 "allowed: ['ours'] (Megatron's built-in Muon runs under engine=megatron)"
             )
+    return convert(opt)
+
+
+def convert(opt: S.OptimizerSchemaBase) -> tuple[Any, Any, Any]:
+    """Schema -> (algorithm config, RoutingConfig | None, AdamWConfig); no engine policy. For the AdamW baseline
+    the algorithm config is the AdamWConfig itself and the routing is None."""
+    from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+
+    adamw = AdamWConfig(
+        lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay
+    )
+    if isinstance(opt, S.AdamWSchema):
+        return adamw, None, adamw
+    assert isinstance(opt, S.MatrixOptimizerSchema), type(opt)
     routing = RoutingConfig(
         router_to_matrix=opt.router_to_matrix_optimizer,
         split_qkv=opt.split_qkv,
