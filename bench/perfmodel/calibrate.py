@@ -104,3 +104,25 @@ def what_if_ns_host(ms: float) -> list[dict[str, float | str]]:
         return calibration()
     finally:
         nscost.HOST_OVERRIDE_MS.pop("published", None)
+
+
+def fit_h200_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 30) -> tuple[float, float]:
+    """(fraction, relative error at it): the H200 row's memory-bound bandwidth fraction that reproduces the step time
+    of the one Megatron run `h200.FIT_RUN` (bisection; the predicted step falls as the fraction grows)."""
+    import json
+
+    from bench.perfmodel import h200
+
+    rec = json.loads((h200.MEGATRON_REPORT / h200.FIT_RUN / "run.json").read_text())
+    cfg, measured = h200._typed(rec["config"]), float(rec["summary"]["step_s_median"])
+
+    def err(x: float) -> float:
+        with hbm_fraction("h200", x):
+            return predict(cfg, "published").step_time_s / measured - 1.0
+
+    a, b = lo, hi
+    for _ in range(iters):
+        mid = (a + b) / 2
+        a, b = (mid, b) if err(mid) > 0 else (a, mid)
+    x = (a + b) / 2
+    return x, err(x)

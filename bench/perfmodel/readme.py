@@ -88,7 +88,8 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
               f"kernels, `constants.GB300_HBM_FIT` = {C.GB300_HBM_FIT} (minimax fit over the four rows gives "
               f"{fit:.4f}, worst |error| {100 * worst:.2f}%). Every other constant is a datasheet value, our H200 "
               "measurement or a cited public number (list below). GEMM rates keep our measured H200 ceiling "
-              "fraction (701/989 = 0.709) for bf16 and MXFP8 alike.", "",
+              "fraction (701/989 = 0.709) for bf16 and MXFP8 alike. The H200 row has its own one fitted value (same "
+              "kind, for the TE-free single-GPU engine; see Single-H200 checks); B200 and H100 borrow these fits.", "",
               "## Muon / AdamW model-TF ratio", ""]
     lines += _table(["setup", "published (blog)", "predicted, profile published", "predicted, profile ours"],
                     [[k, f"{v[2]:.3f}", f"{v[0]:.3f}", f"{v[1]:.3f}"] for k, v in ratio.items()])
@@ -128,21 +129,26 @@ def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[di
     lines += _table(["setup", "strategy", "optimizer step (ms)"],
                     [[r["setup"], r["x"], f"{1e3 * r['optimizer_step_s']:.1f}"] for r in rows
                      if r["study"] == "assignment"])
-    lines += ["", "## Single-H200 checks", "", "### Optimizer steps (no fitted value on the H200 row)", ""]
+    lines += ["", "## Single-H200 checks", "", "### Megatron runs on one H200 (reports/megatron_h200_202611)", "",
+              h200, "", "The H200 row's one fitted value is the bandwidth fraction of memory-bound kernels in "
+              f"this TE-free engine ({C.H200_HBM_FIT}, fitted on one run); everything else (GEMM ceiling, NS "
+              "kernel times, host costs) is measured. The other runs - two models, three optimizers - are "
+              "predictions.", "",
+              "### Standalone optimizer steps (kernel benchmark and anchors, at the standalone fused-AdamW bandwidth "
+              f"{C.HBM_EFFICIENCY.value})", ""]
     if layer_steps:
         lines += _table(["parameters", "implementation", "profile", "measured ms", "predicted ms", "error",
                          "measurement"],
                         [[r["layer"], r["impl"], r["profile"], f"{r['measured_ms']:.2f}", f"{r['predicted_ms']:.2f}",
                           f"{100 * r['rel_error']:+.1f}%", r["source"]] for r in layer_steps])
-        lines += ["", "Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO "
-                  "loop (Qwen3: 260 or 1,554 small matrices) is dominated by the host: the same code measured 0.49, "
-                  "0.755 and 0.79 ms per matrix in three H200 sessions; the H200 row uses 0.755, so the three "
-                  "launch-bound rows land at +62%, +4% and -22%. `ours` is over-predicted by ~17%: the H200 row's "
-                  "GEMM ceiling is 701 TF/s (anchors) while the kernel run measured 782 TF/s, and its times are "
-                  "scaled by 782/701 = 1.12 before use."]
+        lines += ["", "Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO loop "
+                  "(Qwen3 layer: 260 small matrices) is dominated by the host: the same code measured 0.49 and 0.755 "
+                  "ms per matrix in two H200 sessions (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
+                  "over-predicted by ~17%: the H200 row's GEMM ceiling is 701 TF/s (anchors) while the kernel run "
+                  "measured 782 TF/s, and its times are scaled by 782/701 = 1.12 before use."]
     else:
         lines.append("Pending: no kernel results yet.")
-    lines += ["", "### Megatron single-GPU run (reports/megatron_h200_202611)", "", h200, "", "## Model", "",
+    lines += ["", "## Model", "",
               "Per-GPU step = slowest pipeline stage's forward+backward x (1 + (pp-1)/(vp m)) + pipeline fill/drain "
               "sends + exposed gradient sync + exposed parameter gather + optimizer step (worst GPU). Forward+"
               "backward per stage: GEMM roofline (fprop, dgrad, wgrad of every weight), core attention at the "

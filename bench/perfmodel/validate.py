@@ -14,6 +14,7 @@ from typing import Any
 
 from bench import flops
 from bench.perfmodel import constants as C
+from bench.perfmodel.calibrate import hbm_fraction
 from bench.perfmodel import nscost
 from bench.perfmodel import optimizer as opt
 from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig
@@ -29,9 +30,6 @@ TRANSCRIBED: tuple[tuple[str, str, float, str], ...] = (
     ("qwen3_30b_a3b_layer", "adamw_fused", 5.01, "anchors.md f (first H200 run)"),
 )
 """Layer steps measured in other runs: (layer, impl, ms, source)."""
-MEGATRON_BUILTIN_MUON_S = (1.58, "reports/megatron_h200_202611/README.md: Megatron built-in Muon optimizer step on the "
-                                 "6-layer Qwen3 slice, call 2 (transcribed; its record was lost)")
-
 
 def layer_items(model: ModelConfig, ep: int, *, router: bool) -> list[opt.Item]:
     """The matrices of one MoE layer held by one EP rank (QKV split, as MCore)."""
@@ -58,8 +56,9 @@ def predict_layer_ms(model: ModelConfig, ep: int, hw: HardwareConfig, optimizer:
 
 
 def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, Any]]:
-    """Measured vs predicted optimizer steps on H200: the kernel benchmark's layer steps (when its results exist),
-    the anchors' layer steps and the Megatron built-in Muon step of the 6-layer slice."""
+    """Measured vs predicted standalone optimizer steps on H200: the kernel benchmark's layer steps (when its
+    results exist) and the anchors' layer steps, at the standalone fused-AdamW bandwidth (HBM_EFFICIENCY); the
+    in-engine steps are in `h200` (Megatron runs)."""
     from bench.config import load
 
     steps = json.loads(path.read_text()).get("steps", {}) if path.exists() else {}
@@ -72,16 +71,9 @@ def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, 
         model_name, ep, router = LAYERS[name]
         model = load([f"model={model_name}"], validate_=False).model
         optimizer, profile = IMPLS[impl]
-        pred = predict_layer_ms(model, ep, hw, optimizer, profile, router=router)
+        with hbm_fraction("h200", C.HBM_EFFICIENCY.value):  # standalone benchmarks: standalone kernel bandwidth
+            pred = predict_layer_ms(model, ep, hw, optimizer, profile, router=router)
         out.append({"layer": name, "impl": impl, "profile": profile, "measured_ms": ms, "predicted_ms": pred,
                     "rel_error": pred / ms - 1.0, "source": source})
-    from bench.perfmodel.model import predict
-
-    cfg = load(["experiment=h200/qwen3_30b_a3b_slice_muon_1gpu", "optimizer=muon_megatron"])
-    ms = MEGATRON_BUILTIN_MUON_S[0] * 1e3
-    pred = predict(cfg, "published").breakdown["optimizer_step"] * 1e3
-    out.append({"layer": "qwen3_30b_a3b_slice (6 layers, 1,554 matrices)", "impl": "megatron_builtin_muon",
-                "profile": "published", "measured_ms": ms, "predicted_ms": pred, "rel_error": pred / ms - 1.0,
-                "source": MEGATRON_BUILTIN_MUON_S[1]})
     return out
 
