@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 PROFILES: dict[str, dict[str, Any]] = {
-    # 2 cores, under 30 minutes for 4 optimizers x 3 learning rates.
+    # 2 cores, under 30 minutes for 4 optimizers x 4 learning rates.
     "cpu": dict(device="cpu", model="qwen3_moe_tiny", vocab_size=2048, seq_len=128, batch_size=16, steps=400,
                 eval_every=25, val_batches=8, hidden_size=128, num_layers=2, price_per_hour=0.0),
     # One GPU: a wider proxy and a longer budget.
@@ -35,10 +35,10 @@ PROFILES: dict[str, dict[str, Any]] = {
 
 # Peak learning rates per optimizer; each grid has the same number of points (fair sweep).
 LR_GRIDS: dict[str, tuple[float, ...]] = {
-    "adamw": (1e-3, 3e-3, 1e-2),
-    "muon": (1e-3, 3e-3, 1e-2),  # spectral scale x 0.2 = AdamW-matched update RMS, so the same grid applies
-    "mop": (1e-3, 3e-3, 1e-2),  # spectral scale x 0.2 here too (nuclear-norm scale needs per-layer LR retuning)
-    "soap_rekls": (1e-3, 3e-3, 1e-2),
+    "adamw": (1e-3, 3e-3, 1e-2, 3e-2),
+    "muon": (1e-3, 3e-3, 1e-2, 3e-2),  # spectral scale x 0.2 = AdamW-matched update RMS, so the same grid applies
+    "mop": (1e-3, 3e-3, 1e-2, 3e-2),  # spectral scale x 0.2 here too (nuclear-norm scale needs per-layer LR retuning)
+    "soap_rekls": (1e-3, 3e-3, 1e-2, 3e-2),
 }
 
 
