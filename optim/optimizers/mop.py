@@ -5,6 +5,8 @@ norm, PolarGrad arXiv:2505.21799) times extra_scale_factor; Muon's shape scale m
 polar_method "svd" is exact (batched torch.linalg.svd); "polar_express" runs Newton-Schulz with the Polar Express
 coefficients and takes the nuclear norm as <polar(m), m>_F = tr(U^T m), exact when polar(m) is.
 Momentum, weight decay, grouping and non-finite handling are those of Muon (OrthogonalizedOptimizer).
+Tensor-parallel shards (`tp`, see optim.optimizers.tp) need polar_express (the nuclear norm's inner product is
+summed over the TP group) unless every spec is blockwise.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from optim.configs import MOPConfig
+from optim.distributed.tp_orthogonalize import TPMode
 from optim.functional.newton_schulz import newton_schulz
 from optim.functional.polar import polar_svd
 from optim.functional.split import RowSplit
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
+from optim.optimizers.tp import TPModeFn, TPSpec
 
 NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -34,8 +39,16 @@ class MOP(OrthogonalizedOptimizer):
         config: MOPConfig | None = None,
         *,
         splits: Mapping[torch.Tensor, RowSplit] | None = None,
+        tp: Mapping[torch.Tensor, TPSpec] | None = None,
+        tp_mode_fn: TPModeFn | None = None,
     ) -> None:
-        super().__init__(params, config or MOPConfig(), splits=splits)
+        config = config or MOPConfig()
+        if config.polar_method == "svd" and any(s.mode != TPMode.BLOCKWISE for s in (tp or {}).values()):
+            raise ValueError(
+                "polar_method='svd' with tensor-parallel specs supports only mode='blockwise'; use "
+                "polar_method='polar_express' for 'duplicated' / 'distributed' / 'auto'"
+            )
+        super().__init__(params, config, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
 
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg = self.config
@@ -52,3 +65,27 @@ class MOP(OrthogonalizedOptimizer):
             )
             nuclear = (orth * x).sum(dim=(-2, -1))
         return orth, (nuclear if cfg.scale_mode == "nuclear_norm" else None)
+
+    def _tp_ns_kwargs(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "num_steps": cfg.num_ns_steps,
+            "coefficients": "polar_express",
+            "compute_dtype": NS_DTYPES[cfg.ns_precision],
+            "eps": cfg.eps,
+        }
+
+    def _orthogonalize_tp(
+        self, x: torch.Tensor, *, mode: TPMode, spec: TPSpec, shard_sizes: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Shards -> (orthogonalized shards, nuclear norm of the whole matrix: <polar, m> summed over the group)."""
+        if self.config.polar_method == "svd" or mode == TPMode.BLOCKWISE or spec.size() == 1:
+            tall = x.size(-2) > x.size(-1)
+            orth, nuclear = self._orthogonalize(x.mT if tall else x)
+            return (orth.mT if tall else orth), nuclear
+        orth, _ = super()._orthogonalize_tp(x, mode=mode, spec=spec, shard_sizes=shard_sizes)
+        if self.config.scale_mode != "nuclear_norm":
+            return orth, None
+        nuclear = (orth * x).sum(dim=(-2, -1))
+        dist.all_reduce(nuclear, group=spec.group)
+        return orth, nuclear

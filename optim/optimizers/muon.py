@@ -17,6 +17,7 @@ from optim.configs import MuonConfig
 from optim.functional.newton_schulz import newton_schulz, ns_coefficients
 from optim.functional.split import RowSplit
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
+from optim.optimizers.tp import TPModeFn, TPSpec
 
 _kernels: Any
 try:
@@ -40,6 +41,9 @@ class Muon(OrthogonalizedOptimizer):
             weight_decay.
         config: algorithm settings (see MuonConfig).
         splits: fused parameters to split before orthogonalization (see optim.routing).
+        tp: tensor-parallel shards (see optim.optimizers.tp.TPSpec): orthogonalized by `tp_newton_schulz` in the
+            spec's mode with this config's coefficients, steps, eps and precision, scaled by the full shape.
+        tp_mode_fn: picks the mode of `mode="auto"` specs, `(rows, cols, tp, partition_dim) -> mode`.
     """
 
     config: MuonConfig
@@ -50,9 +54,11 @@ class Muon(OrthogonalizedOptimizer):
         config: MuonConfig | None = None,
         *,
         splits: Mapping[torch.Tensor, RowSplit] | None = None,
+        tp: Mapping[torch.Tensor, TPSpec] | None = None,
+        tp_mode_fn: TPModeFn | None = None,
     ) -> None:
         config = config or MuonConfig()
-        super().__init__(params, config, splits=splits)
+        super().__init__(params, config, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
         custom = config.custom_coefficients if config.coefficient_type == "custom" else None
         self.coefficients = ns_coefficients(config.coefficient_type, config.num_ns_steps, custom)
         self._kernels_ok: bool | None = None
@@ -88,3 +94,14 @@ class Muon(OrthogonalizedOptimizer):
             restart_iterations=cfg.gram_restart_iterations,
         )
         return out, None
+
+    def _tp_ns_kwargs(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "num_steps": cfg.num_ns_steps,
+            "coefficients": self.coefficients,
+            "compute_dtype": NS_DTYPES[cfg.ns_precision],
+            "eps": cfg.eps,
+            "use_gram": cfg.use_gram_ns,
+            "restart_iterations": cfg.gram_restart_iterations,
+        }

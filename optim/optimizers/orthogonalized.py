@@ -23,6 +23,12 @@ one screen per step with one host sync: the L1 norm of every orthogonalization i
 finite. That is exact as a screen: a NaN/Inf in g makes buf non-finite, a non-finite buf makes m non-finite, and
 a non-finite m makes its norm non-finite. Only when the screen fails (a real NaN/Inf, or an L1 norm overflowing
 fp32) are g and buf checked per parameter (a second sync), so events and skips are those of a per-parameter check.
+
+Tensor parallelism: a parameter with a `TPSpec` (optim.optimizers.tp) is one shard of a larger matrix. Its pieces
+are orthogonalized by `tp_newton_schulz` in the spec's mode (one batched call per equal local shape, dim, group,
+shard sizes and mode), scaled by the FULL piece shape (blockwise: the shard's own shape, so that it equals
+per-shard Muon, as MCore's blockwise). A fused split (QKV, gate/up) of a row-sharded parameter is taken as per-rank
+blocks of equal size (Megatron's layout). Parameters without a spec take the path above unchanged.
 """
 
 from __future__ import annotations
@@ -34,8 +40,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from optim.distributed.tp_orthogonalize import TPMode, tp_newton_schulz
 from optim.functional.split import RowSplit
 from optim.optimizers.base import handle_nonfinite, host_flags, keep_state_dtypes, param_names, state_dtype
+from optim.optimizers.tp import TPModeFn, TPSpec, resolve_mode
 
 
 def shape_scale(rows: int, cols: int, mode: str) -> float:
@@ -76,12 +84,25 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     config: Any
 
     def __init__(
-        self, params: Any, config: Any, *, splits: Mapping[torch.Tensor, RowSplit] | None = None
+        self,
+        params: Any,
+        config: Any,
+        *,
+        splits: Mapping[torch.Tensor, RowSplit] | None = None,
+        tp: Mapping[torch.Tensor, TPSpec] | None = None,
+        tp_mode_fn: TPModeFn | None = None,
     ) -> None:
         defaults = {"lr": config.lr, "momentum": config.momentum, "weight_decay": config.weight_decay}
         super().__init__(params, defaults)
         self.config = config
         self.splits: dict[int, RowSplit] = {id(p): s for p, s in (splits or {}).items()}
+        self.tp: dict[int, TPSpec] = {id(p): s for p, s in (tp or {}).items()}
+        """id(parameter) -> its TP spec (parameters without one are whole matrices)."""
+        self.tp_mode_fn = tp_mode_fn
+        self.tp_modes: dict[str, str] = {}
+        """Parameter name -> the TP mode it runs (fixed modes at construction, "auto" ones after the first step)."""
+        self._tp_mode: dict[int, TPMode] = {}
+        self._check_tp()
         self.nonfinite_events: list[tuple[str, int, str]] = []
         """Every (parameter name, step, "grad" | "momentum") whose update was skipped or raised."""
         for group in self.param_groups:
@@ -98,6 +119,48 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, m, n), m <= n -> (orthogonalized stack, optional per-matrix scale of shape (B,))."""
         raise NotImplementedError
+
+    def _tp_ns_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of `tp_newton_schulz` besides mode, dim, group and shard sizes."""
+        raise NotImplementedError(f"{type(self).__name__} does not support tensor-parallel parameters")
+
+    def _orthogonalize_tp(
+        self, x: torch.Tensor, *, mode: TPMode, spec: TPSpec, shard_sizes: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, r, c) shards (any orientation, sharded along spec.dim) -> (orthogonalized shards, optional scale)."""
+        out = tp_newton_schulz(
+            x,
+            mode=mode,
+            partition_dim=spec.dim,
+            tp_group=spec.group,
+            shard_sizes=shard_sizes,
+            **self._tp_ns_kwargs(),
+        )
+        return out, None
+
+    def _check_tp(self) -> None:
+        if not self.tp:
+            return
+        names = param_names(self.param_groups)
+        known = {id(p): p for g in self.param_groups for p in g["params"]}
+        for pid, spec in self.tp.items():
+            if pid not in known:
+                raise ValueError(
+                    "tp: a TPSpec is keyed by a tensor that is not one of the optimizer's parameters"
+                )
+            p = known[pid]
+            spec.check(p, names[pid])
+            split = self.splits.get(pid)
+            if split is not None and spec.dim == -2 and spec.shard_sizes is not None:
+                raise ValueError(
+                    f"{names[pid]}: a row split of a row-sharded parameter needs shard_sizes=None "
+                    "(equal per-rank blocks)"
+                )
+            if spec.mode == "auto" and self.tp_mode_fn is None:
+                raise ValueError(f"{names[pid]}: TPSpec mode='auto' needs tp_mode_fn")
+            if spec.mode != "auto":
+                self._tp_mode[pid] = TPMode(spec.mode)
+                self.tp_modes[names[pid]] = self._tp_mode[pid].value
 
     def _shape_scale(self, rows: int, cols: int) -> float:
         if self.config.scale_mode == "nuclear_norm":
@@ -189,6 +252,79 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         return good, events
 
     def _orthogonalize_all(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """Whole matrices by `_orthogonalize_plain`, TP shards by `_orthogonalize_sharded`, in input order."""
+        if not self.tp:
+            return self._orthogonalize_plain(items)
+        sharded = [id(p) in self.tp for p, _ in items]
+        outs = iter(self._orthogonalize_plain([it for it, s in zip(items, sharded, strict=True) if not s]))
+        tp_outs = iter(self._orthogonalize_sharded([it for it, s in zip(items, sharded, strict=True) if s]))
+        return [next(tp_outs) if s else next(outs) for s in sharded]
+
+    def _tp_mode_of(self, p: torch.Tensor) -> TPMode:
+        mode = self._tp_mode.get(id(p))
+        if mode is None:
+            name = param_names(self.param_groups)[id(p)]
+            mode = resolve_mode(self.tp[id(p)], p, self.tp_mode_fn, name)
+            self._tp_mode[id(p)] = mode
+            self.tp_modes[name] = mode.value
+        return mode
+
+    def _orthogonalize_sharded(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+        """TP shards: split, one `_orthogonalize_tp` call per (local shape, spec, mode), full-shape scale, merge.
+
+        Every rank of a TP group must step the same sharded parameters in the same order (collectives)."""
+        pieces: list[list[torch.Tensor]] = []
+        buckets: dict[Hashable, list[tuple[int, int]]] = {}
+        for i, (p, m) in enumerate(items):
+            spec, mode = self.tp[id(p)], self._tp_mode_of(p)
+            split = self.splits.get(id(p))
+            parts = split.split(m) if split is not None else [m]
+            pieces.append(parts)
+            for j, part in enumerate(parts):
+                key = (
+                    tuple(part.shape[-2:]),
+                    spec.dim,
+                    id(spec.group),
+                    spec.shard_sizes,
+                    mode,
+                    part.dtype,
+                    part.device,
+                    split is None,
+                )
+                buckets.setdefault(key, []).append((i, j))
+        for idxs in buckets.values():
+            parts = [pieces[i][j] for i, j in idxs]
+            spec, mode = self.tp[id(items[idxs[0][0]][0])], self._tp_mode[id(items[idxs[0][0]][0])]
+            views = [part.reshape(-1, *part.shape[-2:]) for part in parts]
+            x = (views[0] if len(views) == 1 else torch.cat(views)).contiguous()
+            # A split part of a row-sharded parameter is sharded in equal per-rank blocks (checked at construction).
+            sizes = (
+                spec.shard_sizes
+                if self.splits.get(id(items[idxs[0][0]][0])) is None or spec.dim == -1
+                else None
+            )
+            orth, mscale = self._orthogonalize_tp(x, mode=mode, spec=spec, shard_sizes=sizes)
+            # Blockwise: the shard is the matrix (equals per-shard Muon, as MCore's blockwise).
+            rows, cols = x.shape[-2:]
+            if mode == TPMode.BLOCKWISE:
+                pass
+            elif spec.dim == -2:
+                rows = sum(sizes) if sizes is not None else rows * spec.size()
+            else:
+                cols = sum(sizes) if sizes is not None else cols * spec.size()
+            orth = orth * self._shape_scale(rows, cols)
+            if mscale is not None:
+                orth.mul_(mscale.view(-1, 1, 1))
+            outs = torch.split(orth, [v.size(0) for v in views])
+            for (i, j), o, part in zip(idxs, outs, parts, strict=True):
+                pieces[i][j] = o.reshape(part.shape)
+        result = []
+        for (p, _), parts_out in zip(items, pieces, strict=True):
+            split = self.splits.get(id(p))
+            result.append(split.merge(parts_out) if split is not None else parts_out[0])
+        return result
+
+    def _orthogonalize_plain(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """Split, group pieces by oriented shape, one batched call per shape, scale, merge."""
         pieces: list[list[torch.Tensor]] = []
         buckets: dict[tuple[int, int], list[tuple[int, int]]] = {}
