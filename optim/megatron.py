@@ -374,17 +374,23 @@ def build_megatron_muon(
 
 
 def _matrix_optimizer(
-    groups: list[dict[str, Any]], cfg: MatrixConfig, splits: dict[torch.Tensor, RowSplit]
+    groups: list[dict[str, Any]],
+    cfg: MatrixConfig,
+    splits: dict[torch.Tensor, RowSplit],
+    tp: dict[torch.Tensor, Any] | None = None,
+    tp_mode_fn: Any = None,
 ) -> Any:
     if isinstance(cfg, MuonConfig):
         from optim.optimizers.muon import Muon
 
-        return Muon(groups, cfg, splits=splits)
+        return Muon(groups, cfg, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
     if isinstance(cfg, MOPConfig):
         from optim.optimizers.mop import MOP
 
-        return MOP(groups, cfg, splits=splits)
+        return MOP(groups, cfg, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
     if isinstance(cfg, SOAPConfig):
+        if tp:
+            raise ValueError("tp_mode other than 'blockwise' at TP > 1: SOAP has no tensor-parallel mode")
         from optim.optimizers.soap import SOAP
 
         return SOAP(groups, cfg)
@@ -399,22 +405,30 @@ def build_ours(
     *,
     clip_grad: float,
     tp_mode: str = "blockwise",
+    tp_mode_fn: Any = None,
     layerwise: bool = True,
 ) -> tuple[Any, list[ParamRoute]]:
     """Our matrix optimizer + fused AdamW inside Megatron's mixed-precision wrappers, chained; returns the routes.
 
-    TP > 1 runs "blockwise" (each TP shard orthogonalized alone, scale from the local shape, as MCore's blockwise);
-    other TP modes need optim.distributed.tp_orthogonalize and raise here. With DP x CP > 1 and `layerwise`, the
-    layer-wise distributed optimizer (`MegatronLayerWise`) owns whole matrices per rank and replaces DDP's
-    gradient all-reduce by its reduce-scatter; without `layerwise` every rank steps everything (replicated).
+    TP > 1: "blockwise" orthogonalizes each TP shard alone (scale from the local shape, as MCore's blockwise);
+    "duplicated" / "distributed" / "distributed_gram" / "auto" (`tp_mode_fn(rows, cols, tp, partition_dim)` picks
+    per matrix) give the matrix optimizer a `TPSpec` per TP-sharded matrix (`tp_specs`: Megatron's
+    `tensor_model_parallel` / `partition_dim` attributes, the expert-TP group for expert weights). With DP x CP > 1
+    and `layerwise`, the layer-wise distributed optimizer (`MegatronLayerWise`) owns whole matrices per rank and
+    replaces DDP's gradient all-reduce by its reduce-scatter (blockwise only at TP > 1); without `layerwise`
+    every rank steps everything (replicated).
     """
-    from megatron.core import parallel_state as ps
     from megatron.core.optimizer import ChainedOptimizer, Float16OptimizerWithFloat16Params, FP32Optimizer
 
-    if ps.get_tensor_model_parallel_world_size() > 1 and tp_mode != "blockwise":
-        raise ValueError(f"tp_mode={tp_mode!r} at TP > 1: ours supports 'blockwise' in the Megatron adapter")
     routed = classify(model_chunks, routing)
-    dp_group = process_groups()["dp_cp"]
+    groups = process_groups()
+    tp = tp_specs(routed, groups, tp_mode)
+    dp_group = groups["dp_cp"]
+    if tp and layerwise and dp_group.size() > 1:
+        raise ValueError(
+            f"tp_mode={tp_mode!r} at TP > 1 with the layer-wise optimizer at DP x CP > 1 is not supported; use "
+            "tp_mode='blockwise' or optimizer.distributed='replicated'"
+        )
     if layerwise and dp_group.size() > 1:
         return MegatronLayerWise.build(model_chunks, routed, matrix, adamw, clip_grad=clip_grad), [
             r for _, r in routed
@@ -439,7 +453,7 @@ def build_ours(
         group = megatron_group(
             mat_params, mat_names, lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
         )
-        inner = _matrix_optimizer([group], matrix, splits)
+        inner = _matrix_optimizer([group], matrix, splits, tp, tp_mode_fn)
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
         _retarget_splits(inner, mat_params)
     adam_groups: list[dict[str, Any]] = [
@@ -502,15 +516,39 @@ def _retarget_splits(inner: Any, model_params: list[torch.Tensor]) -> None:
     our optimizers key fused-matrix splits by parameter identity, so move the keys to the copies."""
     from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 
-    if not isinstance(inner, OrthogonalizedOptimizer) or not inner.splits:
+    if not isinstance(inner, OrthogonalizedOptimizer):
         return
-    old = inner.splits
-    moved = {}
-    for p in model_params:
-        split = old.get(id(p))
-        if split is not None:
-            moved[id(getattr(p, "main_param", p))] = split
-    inner.splits = moved
+
+    def moved(old: dict[int, Any]) -> dict[int, Any]:
+        return {id(getattr(p, "main_param", p)): old[id(p)] for p in model_params if id(p) in old}
+
+    inner.splits = moved(inner.splits)
+    inner.tp = moved(inner.tp)
+    inner._tp_mode = moved(inner._tp_mode)
+
+
+def tp_specs(
+    routed: list[tuple[torch.Tensor, ParamRoute]], groups: dict[str, Any], tp_mode: str
+) -> dict[torch.Tensor, Any]:
+    """TPSpec of every TP-sharded matrix parameter for `tp_mode` (none for "blockwise": each shard is a matrix).
+
+    `groups` as `process_groups()`: "tp" for dense weights, "expt_tp" for routed experts' weights; a parameter whose
+    group is missing or of size 1 gets no spec."""
+    from optim.optimizers.tp import TP_MODE_CHOICES, TPSpec
+
+    if tp_mode not in TP_MODE_CHOICES:
+        raise ValueError(f"tp_mode={tp_mode!r} is not one of {TP_MODE_CHOICES}")
+    if tp_mode == "blockwise":
+        return {}
+    specs: dict[torch.Tensor, Any] = {}
+    for p, r in routed:
+        if r.optimizer != "matrix" or r.partition_dim is None:
+            continue
+        group = groups["expt_tp"] if r.is_expert else groups["tp"]
+        if group is None or group.size() == 1:
+            continue
+        specs[p] = TPSpec(partition_dim=r.partition_dim, group=group, mode=tp_mode)
+    return specs
 
 
 def matrix_shapes(routes: list[ParamRoute]) -> list[tuple[int, int]]:

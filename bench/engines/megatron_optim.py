@@ -31,6 +31,19 @@ class BuiltOptimizer:
     routes: list[Any] = field(default_factory=list)
     """optim.megatron.ParamRoute of every parameter (ours)."""
 
+    def tp_modes(self) -> dict[str, str]:
+        """Parameter name -> TP mode of our matrix optimizer's TP-sharded matrices ("auto" ones resolve at the
+        first step, so read this after it); empty for blockwise, TP = 1 and the other kinds."""
+        from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
+
+        if self.kind != "ours":
+            return {}
+        out: dict[str, str] = {}
+        for inner in _inner(self.optimizer):
+            if isinstance(inner, OrthogonalizedOptimizer):
+                out.update(inner.tp_modes)
+        return out
+
 
 def optim_configs(opt: Any) -> tuple[Any, Any, Any]:
     """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of bench.schema, converted in
@@ -68,8 +81,10 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     if kind == "adamw":
         opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=True)
         return BuiltOptimizer(optimizer=opt, kind=kind)
-    tp_mode = cfg.optimizer.tp_mode if cfg.optimizer.tp_mode != "auto" else "blockwise"
+    tp_mode = cfg.optimizer.tp_mode
     if kind == "megatron":
+        # MCore's TensorParallelMuon has no per-matrix choice: "auto" runs its blockwise mode there.
+        tp_mode = tp_mode if tp_mode != "auto" else "blockwise"
         opt = om.build_megatron_muon(model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=tp_mode)
         _time_megatron_muon(opt, timer, matrix.num_ns_steps)
         return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=matrix.num_ns_steps)
@@ -80,11 +95,24 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
         routing,
         clip_grad=clip,
         tp_mode=tp_mode,
+        tp_mode_fn=tp_mode_fn(cfg) if tp_mode == "auto" else None,
         layerwise=cfg.optimizer.distributed == "layerwise",
     )
     k = getattr(matrix, "num_ns_steps", 0)
     _time_ours(opt, timer, k)
     return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=k, routes=routes)
+
+
+def tp_mode_fn(cfg: RootConfig) -> Any:
+    """`tp_mode=auto`: the performance model's per-matrix choice on `cfg.hardware` (bench.perfmodel)."""
+    from bench.perfmodel import choose_tp_mode
+
+    hardware = cfg.hardware
+
+    def pick(rows: int, cols: int, tp: int, partition_dim: int) -> str:
+        return choose_tp_mode(rows, cols, tp, hardware, partition_dim=partition_dim)
+
+    return pick
 
 
 def _inner(opt: Any) -> list[Any]:
@@ -100,8 +128,14 @@ def _time_ours(opt: Any, timer: Any, k: int) -> None:
 
     for inner in _inner(opt):
         if isinstance(inner, OrthogonalizedOptimizer):
-            count = (lambda x: ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])) if k else None
+            count = (
+                (lambda x, **kw: ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])) if k else None
+            )
             inner._orthogonalize = timer.wrap(inner._orthogonalize, "ns", count=count)
+            if (
+                inner.tp
+            ):  # TP shards (FLOPs of the local shape: what distributed NS computes, less than duplicated)
+                inner._orthogonalize_tp = timer.wrap(inner._orthogonalize_tp, "ns", count=count)
 
 
 def _time_megatron_muon(opt: Any, timer: Any, k: int) -> None:

@@ -51,6 +51,9 @@ class MOP(OrthogonalizedOptimizer):
         super().__init__(params, config, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
 
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._polar(x)
+
+    def _polar(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         cfg = self.config
         if cfg.polar_method == "svd":
             orth, s = polar_svd(x)
@@ -81,7 +84,7 @@ class MOP(OrthogonalizedOptimizer):
         """Shards -> (orthogonalized shards, nuclear norm of the whole matrix: <polar, m> summed over the group)."""
         if self.config.polar_method == "svd" or mode == TPMode.BLOCKWISE or spec.size() == 1:
             tall = x.size(-2) > x.size(-1)
-            orth, nuclear = self._orthogonalize(x.mT if tall else x)
+            orth, nuclear = self._polar(x.mT if tall else x)
             return (orth.mT if tall else orth), nuclear
         orth, _ = super()._orthogonalize_tp(x, mode=mode, spec=spec, shard_sizes=shard_sizes)
         if self.config.scale_mode != "nuclear_norm":

@@ -191,3 +191,64 @@ def test_tp_spec_validation_and_single_process_spec() -> None:
         opt_b.step()
     assert_close(b, a, rtol=1e-6, atol=1e-6)
     assert opt_b.tp_modes == {"group0.param0": "distributed"}
+
+
+class _FakeGroup:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def size(self) -> int:
+        return self.n
+
+
+def test_megatron_tp_specs_from_routes_and_auto_fn() -> None:
+    """optim.megatron.tp_specs: specs for TP-sharded matrices only, the expert-TP group for routed experts, none
+    for blockwise or a group of one; the engine's auto picker is the performance model's choice."""
+    from types import SimpleNamespace
+
+    from optim.megatron import ParamRoute, tp_specs
+
+    def route(
+        name: str, *, optimizer: str = "matrix", pdim: int | None = 0, expert: bool = False
+    ) -> ParamRoute:
+        return ParamRoute(
+            name=name,
+            role="other",
+            optimizer=optimizer,
+            shape=(8, 4),
+            is_expert=expert,
+            expert_parallel=expert,
+            partition_dim=pdim,
+            split=None,
+            weight_decay=True,
+        )
+
+    ps = [torch.zeros(8, 4) for _ in range(4)]
+    routed = [
+        (ps[0], route("dense")),
+        (ps[1], route("expert", pdim=1, expert=True)),
+        (ps[2], route("replicated", pdim=None)),
+        (ps[3], route("embedding", optimizer="adamw")),
+    ]
+    tp, etp = _FakeGroup(2), _FakeGroup(4)
+    specs = tp_specs(routed, {"tp": tp, "expt_tp": etp}, "auto")
+    assert set(map(id, specs)) == {id(ps[0]), id(ps[1])}
+    assert specs[ps[0]].group is tp and specs[ps[0]].dim == -2 and specs[ps[0]].mode == "auto"
+    assert specs[ps[1]].group is etp and specs[ps[1]].dim == -1
+    assert tp_specs(routed, {"tp": tp, "expt_tp": etp}, "blockwise") == {}
+    assert tp_specs(routed, {"tp": _FakeGroup(1), "expt_tp": _FakeGroup(1)}, "duplicated") == {}
+    with pytest.raises(ValueError, match="tp_mode='sideways'"):
+        tp_specs(routed, {"tp": tp, "expt_tp": etp}, "sideways")
+
+    from bench.engines.megatron_optim import tp_mode_fn
+    from bench.perfmodel import choose_tp_mode
+    from bench.perfmodel.nscost import load_hardware
+
+    hw = load_hardware("h200")
+    pick = tp_mode_fn(SimpleNamespace(hardware=hw))  # type: ignore[arg-type]
+    cases = [
+        (r, c, t, d) for r, c in ((4096, 4096), (16384, 4096), (512, 256)) for t in (2, 8) for d in (0, 1)
+    ]
+    got = [pick(*case) for case in cases]
+    assert got == [choose_tp_mode(r, c, t, hw, partition_dim=d) for r, c, t, d in cases]
+    assert set(got) == {"duplicated", "distributed"}
