@@ -28,7 +28,10 @@ Tensor parallelism: a parameter with a `TPSpec` (optim.optimizers.tp) is one sha
 are orthogonalized by `tp_newton_schulz` in the spec's mode (one batched call per equal local shape, dim, group,
 shard sizes and mode), scaled by the FULL piece shape (blockwise: the shard's own shape, so that it equals
 per-shard Muon, as MCore's blockwise). A fused split (QKV, gate/up) of a row-sharded parameter is taken as per-rank
-blocks of equal size (Megatron's layout). Parameters without a spec take the path above unchanged.
+blocks of equal size (Megatron's layout). Parameters without a spec take the path above unchanged. Every rank of a
+TP group must step the same sharded parameters in the same order: a non-finite skip on one rank only would leave
+its peers waiting in a collective (Megatron's mixed-precision wrapper agrees on found-inf across the model-parallel
+group and skips the whole step first). The CUDA kernels (`optim.kernels`) are not used for TP shards.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             if spec.mode == "auto" and self.tp_mode_fn is None:
                 raise ValueError(f"{names[pid]}: TPSpec mode='auto' needs tp_mode_fn")
             if spec.mode != "auto":
-                self._tp_mode[pid] = TPMode(spec.mode)
+                self._tp_mode[pid] = resolve_mode(spec, p, None, names[pid])
                 self.tp_modes[names[pid]] = self._tp_mode[pid].value
 
     def _shape_scale(self, rows: int, cols: int) -> float:

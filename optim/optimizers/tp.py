@@ -82,15 +82,21 @@ class TPSpec:
 
 
 def resolve_mode(spec: TPSpec, p: torch.Tensor, fn: TPModeFn | None, name: str) -> TPMode:
-    """The concrete mode of `spec` for `p` (calls `fn` for "auto")."""
-    if spec.mode != "auto":
-        return TPMode(spec.mode)
-    if fn is None:
-        raise ValueError(f"{name}: TPSpec mode='auto' needs the optimizer's tp_mode_fn")
+    """The mode `p` runs in: `spec.mode`, or `fn`'s choice for "auto"; a distributed mode on a matrix whose short
+    dim is sharded becomes DUPLICATED (what `tp_newton_schulz` falls back to), so that records show what ran."""
     rows, cols = spec.full_shape(p)
-    choice = fn(rows, cols, spec.size(), spec.dim + 2)
-    if choice not in TP_MODE_CHOICES or choice == "auto":
-        raise ValueError(
-            f"{name}: tp_mode_fn returned {choice!r}, not one of {tuple(m.value for m in TPMode)}"
-        )
-    return TPMode(choice)
+    if spec.mode != "auto":
+        mode = TPMode(spec.mode)
+    elif fn is None:
+        raise ValueError(f"{name}: TPSpec mode='auto' needs the optimizer's tp_mode_fn")
+    else:
+        choice = fn(rows, cols, spec.size(), spec.dim + 2)
+        if choice not in TP_MODE_CHOICES or choice == "auto":
+            raise ValueError(
+                f"{name}: tp_mode_fn returned {choice!r}, not one of {tuple(m.value for m in TPMode)}"
+            )
+        mode = TPMode(choice)
+    sharded, other = (rows, cols) if spec.dim == -2 else (cols, rows)
+    if mode in (TPMode.DISTRIBUTED, TPMode.DISTRIBUTED_GRAM) and sharded < other and spec.size() > 1:
+        return TPMode.DUPLICATED
+    return mode
