@@ -6,6 +6,7 @@ Public API (resolved lazily, so `import optim.distributed.assignment` or `optim.
   `SOAP(params, config=SOAPConfig())`: torch.optim.Optimizer subclasses.
 - `build_optimizer(named_params, config, *, naming="hf", routing=None, layout=None, adamw=None)
   -> HybridOptimizer`.
+- `TPSpec(partition_dim=, group=, mode=)`: a tensor-parallel shard for Muon/MOP (`tp={param: spec}`, `tp_mode_fn`).
 - Configs: MuonConfig, MOPConfig, SOAPConfig, AdamWConfig, RoutingConfig; SplitLayout; NonFiniteError,
   NonFiniteWarning; `newton_schulz`, `ns_coefficients`.
 """
@@ -19,6 +20,7 @@ _EXPORTS = {
     "Muon": "optim.optimizers.muon",
     "MOP": "optim.optimizers.mop",
     "SOAP": "optim.optimizers.soap",
+    "TPSpec": "optim.optimizers.tp",
     "NonFiniteError": "optim.optimizers.base",
     "NonFiniteWarning": "optim.optimizers.base",
     "build_optimizer": "optim.hybrid",

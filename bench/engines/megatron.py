@@ -84,6 +84,7 @@ class MegatronEngine(Engine):
         self.model_chunks = self._build_model(mm, opts)
         self.ptimer = PhaseTimer(cuda=True)
         built = megatron_optim.build(cfg, self.model_chunks, self.ptimer)
+        self._built = built
         self.optimizer = built.optimizer
         self._wire_schedule_hooks()
         self.num_microbatches = par.grad_accum
@@ -204,14 +205,19 @@ class MegatronEngine(Engine):
         )
 
     def describe(self) -> dict[str, Any]:
-        return dict(self._facts)
+        """Engine facts for run.json; `tp_modes` (parameter -> TP NS mode of our optimizer) is complete once the
+        first step has resolved any `tp_mode=auto` choices."""
+        facts = dict(self._facts)
+        if hasattr(self, "_built"):
+            facts["tp_modes"] = self._built.tp_modes()
+        return facts
 
     def teardown(self) -> None:
         import torch
         import torch.distributed as dist
         from megatron.core import parallel_state as ps
 
-        for name in ("optimizer", "model_chunks", "data"):
+        for name in ("optimizer", "model_chunks", "data", "_built"):
             if hasattr(self, name):
                 delattr(self, name)
         gc.collect()

@@ -103,6 +103,7 @@ def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
                 flush=True,
             )
         log.close()
+        record.update_run_json(run_dir, tp_modes=engine.describe().get("tp_modes", {}))  # auto resolved by now
         return record.finalize(run_dir, status="ok")
     except Exception as exc:  # noqa: BLE001 - every failure leaves a record; the next case still runs
         log.close()
