@@ -29,32 +29,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-QWEN3_30B_A3B_LAYER: list[tuple[int, int, int]] = [
-    (4096, 2048, 1),
-    (512, 2048, 2),
-    (2048, 4096, 1),
-    (1536, 2048, 128),
-    (2048, 768, 128),
-]
 IMPLS = ("adamw_foreach", "optim_muon", "optim_muon_no_ns", "optim_mop_pe", "eo_muon")
 
 
 def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
     """(rows, cols, count) of the layer with rows and cols multiplied by scale (at least 4)."""
-    return [(max(4, round(r * scale)), max(4, round(c * scale)), n) for r, c, n in QWEN3_30B_A3B_LAYER]
+    from bench.ns_kernels_measure import LAYERS  # the kernel benchmark's layer, so both time the same shapes
 
-
-def _make_params(spec: list[tuple[int, int, int]], device: str) -> list[Any]:
-    import torch
-
-    gen = torch.Generator(device=device).manual_seed(7)
-    ps = []
-    for r, c, n in spec:
-        for _ in range(n):
-            p = torch.nn.Parameter(torch.randn(r, c, device=device, generator=gen) * 0.02)
-            p.grad = torch.randn(r, c, device=device, generator=gen) * 1e-3
-            ps.append(p)
-    return ps
+    return [(max(4, round(r * scale)), max(4, round(c * scale)), n) for r, c, n in LAYERS["qwen3_30b_a3b_layer"]]
 
 
 def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
@@ -114,6 +96,8 @@ def run(
     """Measure every implementation; returns a JSON-able dict (config, env, one row per implementation)."""
     import torch
 
+    from bench.ns_kernels_measure import make_params
+
     if threads > 0:
         torch.set_num_threads(threads)
     spec = layer_shapes(scale)
@@ -133,7 +117,7 @@ def run(
     for name, make in _factories(device).items():
         if name not in impls:
             continue
-        ps = _make_params(spec, device)
+        ps = make_params(spec, device)
         opt = make(ps)
         ts, cs = time_step(opt, device, repeats)
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0], ts[0], ts[0]]

@@ -26,8 +26,9 @@ def ns_flops_plain(rows: int, cols: int, num_steps: int, *, batch: int = 1) -> f
     X <- aX + BX (2 m^2 n), so k (4 m^2 n + 2 m^3) per matrix (anchors (d); the same as `bench.flops.ns_flops`
     with convention "plain").
     """
-    m, n = min(rows, cols), max(rows, cols)
-    return float(batch * num_steps * (4 * m * m * n + 2 * m**3))
+    from bench.flops import ns_flops
+
+    return float(batch * ns_flops(rows, cols, num_steps, "plain"))
 
 
 class PhaseTimer:
