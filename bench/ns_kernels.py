@@ -71,8 +71,10 @@ def parse_args(argv: list[str]) -> dict[str, str]:
 
 
 def plain_flops(rows: int, cols: int, batch: int = 1, steps: int = NUM_STEPS) -> float:
-    m, n = min(rows, cols), max(rows, cols)
-    return batch * steps * (4.0 * m * m * n + 2.0 * m**3)
+    """Plain NS FLOPs of `batch` rows x cols matrices (bench.flops' convention)."""
+    from bench.flops import ns_flops
+
+    return batch * ns_flops(rows, cols, steps, "plain")
 
 
 def log(msg: str) -> None:
