@@ -41,6 +41,7 @@ STEP_KEYS = (
     "adamw_s",
     "clip_s",
     "grad_norm",
+    "alloc_retries",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
 VERSION_PACKAGES = (

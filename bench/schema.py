@@ -192,6 +192,8 @@ class MuonSchema(MatrixOptimizerSchema):
     ns_precision: str = "bf16"
     """bf16 (MCore fp32_matmul_prec "medium") | fp32 ("highest")."""
     use_gram_ns: bool = False
+    fused_step: bool = True
+    """CUDA: fused momentum/update kernels for whole fp32 matrices (optim.configs.MuonConfig.fused_step)."""
 
 
 @dataclass

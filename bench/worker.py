@@ -19,7 +19,7 @@ from bench import record
 from bench.engines import RankInfo, StepMetrics, engine_class
 
 _FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")
-_EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s", "grad_norm")
+_EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s", "grad_norm", "alloc_retries")
 
 
 def rank_info() -> RankInfo:

@@ -79,6 +79,10 @@ class MuonConfig:
     """Lower clamp of the Frobenius norm in Newton-Schulz."""
     nonfinite_policy: NonfinitePolicy = "skip"
     """skip: warn and leave that parameter and its momentum untouched this step; raise: NonFiniteError."""
+    fused_step: bool = True
+    """On CUDA with bf16 NS: step whole fp32 2-D matrices (not split, not TP-sharded) with the fused momentum-pack
+    and update kernels (`optim.kernels.fused_step`; bf16 rounding of the NS input before normalization, decay and
+    update in one multiply-add). False: the multi-tensor torch path everywhere. No effect on CPU."""
 
     def __post_init__(self) -> None:
         _check_common(self)

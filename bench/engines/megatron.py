@@ -165,27 +165,15 @@ class MegatronEngine(Engine):
     # ------------------------------------------------------------------------------------------------ step
     def step(self) -> StepMetrics:
         import torch
-        from megatron.core.pipeline_parallel import get_forward_backward_func
 
         t = self.ptimer
         t.reset()
         m, p = self.cfg.model, self.cfg.parallelism
         with t.phase("step"):
-            for chunk in self.model_chunks:
-                chunk.zero_grad_buffer()
-            self.optimizer.zero_grad()
             with t.phase("fwd_bwd"):
-                losses = get_forward_backward_func()(
-                    forward_step_func=_forward_step,
-                    data_iterator=self.data,
-                    model=self.model_chunks,
-                    num_microbatches=self.num_microbatches,
-                    seq_length=m.seq_length,
-                    micro_batch_size=p.mbs,
-                    forward_only=False,
-                )
+                losses = self.forward_backward()
             with t.phase("optim"):
-                ok, grad_norm, _ = self.optimizer.step()
+                ok, grad_norm = self.optimizer_step()
         phases = t.collect()
         loss = _mean_loss(losses)
         return StepMetrics(
@@ -201,8 +189,53 @@ class MegatronEngine(Engine):
             extra={
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "update_ok": float(bool(ok)),
+                # cudaMalloc retries of the caching allocator so far (a full-memory step that frees and re-maps
+                # blocks runs slower; compare with the other optimizer's run)
+                "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
             },
         )
+
+    def forward_backward(self) -> list[dict[str, Any]]:
+        """Zero the grad buffers, run Megatron's schedule over this step's micro-batches; grads end in
+        each parameter's `main_grad`. Returns Megatron's per-micro-batch loss dicts."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        m, p = self.cfg.model, self.cfg.parallelism
+        for chunk in self.model_chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        return list(
+            get_forward_backward_func()(
+                forward_step_func=_forward_step,
+                data_iterator=self.data,
+                model=self.model_chunks,
+                num_microbatches=self.num_microbatches,
+                seq_length=m.seq_length,
+                micro_batch_size=p.mbs,
+                forward_only=False,
+            )
+        )
+
+    def optimizer_step(self) -> tuple[bool, Any]:
+        """`optimizer.step()` on the grads now in `main_grad`: (update applied, grad norm)."""
+        ok, grad_norm, _ = self.optimizer.step()
+        return bool(ok), grad_norm
+
+    def main_grads(self) -> dict[str, Any]:
+        """Name -> a copy of each parameter's accumulated gradient (`main_grad`, fp32) of the first chunk."""
+        return {n: p.main_grad.detach().clone() for n, p in self.model_chunks[0].named_parameters()}
+
+    def set_main_grads(self, grads: dict[str, Any]) -> None:
+        """Overwrite every parameter's `main_grad` of the first chunk (names must match `main_grads()`)."""
+        import torch
+
+        params = dict(self.model_chunks[0].named_parameters())
+        if params.keys() != grads.keys():
+            missing, extra = sorted(params.keys() - grads.keys()), sorted(grads.keys() - params.keys())
+            raise ValueError(f"set_main_grads: names differ (missing {missing[:5]}, unknown {extra[:5]})")
+        with torch.no_grad():
+            for n, p in params.items():
+                p.main_grad.copy_(grads[n])
 
     def describe(self) -> dict[str, Any]:
         """Engine facts for run.json; `tp_modes` (parameter -> TP NS mode of our optimizer) is complete once the

@@ -62,6 +62,7 @@ def convert(opt: S.OptimizerSchemaBase) -> tuple[Any, Any, Any]:
                 num_ns_steps=opt.num_ns_steps,
                 ns_precision=opt.ns_precision,
                 use_gram_ns=opt.use_gram_ns,
+                fused_step=opt.fused_step,
             )
         case S.MOPSchema():
             algo = MOPConfig(

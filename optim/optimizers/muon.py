@@ -71,6 +71,10 @@ class Muon(OrthogonalizedOptimizer):
             self._kernels_ok = kernels_available()
         return self._kernels_ok
 
+    def _fused_available(self) -> bool:
+        """The fused CUDA path (`OrthogonalizedOptimizer._fused_step`): config.fused_step, bf16 NS and the kernels."""
+        return bool(self.config.fused_step) and self.config.ns_precision == "bf16" and kernels_available()
+
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One call per shape group (the base class stacks the group): (B, m, n) -> orthogonalized stack."""
         cfg = self.config

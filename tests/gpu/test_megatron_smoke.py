@@ -67,30 +67,57 @@ def test_ten_step_smoke(opt):
         eng.teardown()
 
 
+def _weights(eng) -> dict[str, torch.Tensor]:
+    """fp32 weights the optimizer steps: the mixed-precision wrapper's master copy where there is one (a bf16
+    model weight would round a 3e-4 update to a few ulps)."""
+    return {
+        n: getattr(p, "main_param", p).detach().float().clone()
+        for n, p in eng.model_chunks[0].named_parameters()
+    }
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
+
+
 def test_first_update_ours_matches_megatron_builtin():
-    """Same init, same batch, one step: our Muon's matrix updates equal TensorParallelMuon's (bf16 NS tolerance)."""
-    deltas = {}
+    """Same init, the SAME gradients, one optimizer step: our Muon's matrix updates equal TensorParallelMuon's.
+
+    The gradients of one forward-backward are captured from the first engine and written into the second one's
+    `main_grad`, so the comparison sees the optimizers only (two backward passes differ: flash attention, grouped
+    GEMM and index-add backward are not bitwise deterministic, and NS turns a tiny gradient difference, e.g. on
+    the router under forced-balanced routing, into a large update difference)."""
+    deltas, inits = {}, {}
+    grads = None
     for impl in ("muon", "muon_megatron"):
         eng = _engine([f"optimizer={impl}"])
         try:
-            before = {n: p.detach().float().clone() for n, p in eng.model_chunks[0].named_parameters()}
-            eng.step()
-            deltas[impl] = {
-                n: p.detach().float() - before[n]
-                for n, p in eng.model_chunks[0].named_parameters()
-                if p.ndim == 2
-            }
+            before = _weights(eng)
+            inits[impl] = before
+            if grads is None:
+                eng.forward_backward()
+                grads = eng.main_grads()
+            else:
+                eng.set_main_grads(grads)
+            ok, _ = eng.optimizer_step()
+            assert ok
+            after = _weights(eng)
+            deltas[impl] = {n: after[n] - before[n] for n in before if before[n].ndim == 2}
         finally:
             eng.teardown()
+    for n in inits["muon"]:
+        assert torch.equal(inits["muon"][n], inits["muon_megatron"][n]), f"different init: {n}"
     ours, ref = deltas["muon"], deltas["muon_megatron"]
     assert ours.keys() == ref.keys()
+    bad = []
     for name in ours:
         if "embedding" in name or "output_layer" in name:
             continue
-        cos = torch.nn.functional.cosine_similarity(ours[name].flatten(), ref[name].flatten(), dim=0)
-        assert cos > 0.98, (name, float(cos))
-        ratio = ours[name].norm() / ref[name].norm()
-        assert 0.95 < ratio < 1.05, (name, float(ratio))
+        cos = _cos(ours[name], ref[name])
+        ratio = float(ours[name].norm() / ref[name].norm())
+        if not (cos > 0.99 and 0.97 < ratio < 1.03):
+            bad.append((name, round(cos, 4), round(ratio, 4)))
+    assert not bad, f"(name, cosine, norm ratio) outside cos > 0.99, 0.97 < ratio < 1.03: {bad}"
 
 
 def test_grouped_mm_experts_cuda_matches_loop():
@@ -143,7 +170,9 @@ def _plain_grouped(cfg):
 
 
 def test_ours_checkpoint_round_trip():
-    """Save ours (Megatron-wrapped Muon + AdamW) after 2 steps, restore into a fresh engine, replay step 3."""
+    """Save ours (Megatron-wrapped Muon + AdamW) after 2 steps, restore into a fresh engine, replay step 3 with the
+    same gradients: the restored fp32 master weights equal the saved ones and the replayed update equals the
+    uninterrupted one (momentum, Adam moments and step counts restored)."""
     import copy
 
     eng = _engine(["optimizer=muon"])
@@ -152,8 +181,11 @@ def test_ours_checkpoint_round_trip():
         eng.step()
         state = copy.deepcopy(eng.optimizer.state_dict())
         params = {n: p.detach().clone() for n, p in eng.model_chunks[0].named_parameters()}
-        eng.step()
-        want = {n: p.detach().clone() for n, p in eng.model_chunks[0].named_parameters()}
+        masters = _weights(eng)
+        eng.forward_backward()
+        grads = eng.main_grads()
+        eng.optimizer_step()
+        want = _weights(eng)
     finally:
         eng.teardown()
     eng = _engine(["optimizer=muon"])
@@ -162,17 +194,25 @@ def test_ours_checkpoint_round_trip():
             for n, p in eng.model_chunks[0].named_parameters():
                 p.copy_(params[n])
         eng.optimizer.load_state_dict(state)
-        for _ in range(2 * eng.num_microbatches):  # the same micro-batches as the first engine's step 3
-            next(eng.data)
-        eng.step()
-        # Flash-attention and grouped-GEMM backward are not bitwise deterministic: compare the step-3 updates.
-        for n, p in eng.model_chunks[0].named_parameters():
-            if p.ndim != 2:
+        restored = _weights(eng)
+        for n in masters:
+            assert torch.equal(restored[n], masters[n]), f"master weight not restored: {n}"
+        eng.set_main_grads(grads)
+        ok, _ = eng.optimizer_step()
+        assert ok
+        got_all = _weights(eng)
+        bad, moved = [], 0
+        for n in masters:
+            got, ref = got_all[n] - masters[n], want[n] - masters[n]
+            if ref.abs().max() == 0:
+                assert got.abs().max() == 0, n
                 continue
-            got, ref = (
-                (p.detach().float() - params[n].float()).flatten(),
-                (want[n].float() - params[n].float()).flatten(),
-            )
-            assert torch.nn.functional.cosine_similarity(got, ref, dim=0) > 0.99, n
+            moved += 1
+            # same inputs and (one planner per process) the same kernels: equal up to accumulation order
+            cos = _cos(got, ref)
+            if cos < 0.9999:
+                bad.append((n, round(cos, 6)))
+        assert moved > 0
+        assert not bad, f"replayed step-3 update differs (name, cosine): {bad}"
     finally:
         eng.teardown()

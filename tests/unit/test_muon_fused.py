@@ -1,0 +1,174 @@
+"""The fused path of Muon's step (`OrthogonalizedOptimizer._fused_step`), on CPU through the torch reference of
+`optim.kernels.fused_step` (the Triton kernels are checked against that reference in tests/gpu).
+
+On CUDA the path is taken by default (`MuonConfig.fused_step`); here `_fused_available` is forced on so that the
+bucketing, non-finite handling, state, weight decay and scale plumbing are exercised without a GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from optim.configs import MuonConfig
+from optim.functional.split import RowSplit
+from optim.optimizers import NonFiniteWarning
+from optim.optimizers.base import NonFiniteError
+from optim.optimizers.muon import Muon
+from tests.unit._optim_fixtures import one_thread  # noqa: F401
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SHAPES = [(16, 24), (24, 16), (16, 24), (8, 8), (32, 12)]
+
+
+def _params(shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g) * 0.1 for s in shapes]
+
+
+def _rel_update(got, ref, init):
+    """||(got - init) - (ref - init)|| / ||ref - init||: the two runs' total updates compared."""
+    return float((got.detach() - ref.detach()).norm() / (ref.detach() - init).norm())
+
+
+def _grads(shapes, step, seed=1):
+    g = torch.Generator().manual_seed(seed * 1000 + step)
+    return [torch.randn(*s, generator=g) for s in shapes]
+
+
+def _run(monkeypatch, fused: bool, cfg: MuonConfig, shapes=SHAPES, steps=3, splits=None, grads_fn=_grads):
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: fused)
+    ps = [p.clone().requires_grad_(True) for p in _params(shapes)]
+    opt = Muon(
+        [{"params": ps[:2], "lr": 0.02}, {"params": ps[2:], "lr": 0.01, "weight_decay": 0.0}],
+        cfg,
+        splits={ps[i]: s for i, s in (splits or {}).items()},
+    )
+    calls = []
+    orig = opt._orthogonalize
+
+    def spy(x):
+        calls.append(tuple(x.shape))
+        return orig(x)
+
+    opt._orthogonalize = spy
+    for k in range(steps):
+        for p, g in zip(ps, grads_fn(shapes, k), strict=True):
+            p.grad = g
+        opt.step()
+    return ps, opt, calls
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_fused_matches_unfused(monkeypatch, nesterov):
+    cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.1)
+    ref, ref_opt, _ = _run(monkeypatch, False, cfg)
+    got, opt, calls = _run(monkeypatch, True, cfg)
+    inits = _params(SHAPES)
+    # one bf16 NS call per (group, shape) bucket: group 0 {16x24, 24x16}, group 1 {16x24, 8x8, 32x12}
+    assert sorted(calls[:5]) == sorted([(1, 16, 24), (1, 24, 16), (1, 16, 24), (1, 8, 8), (1, 32, 12)])
+    for init, p0, p1, q0, q1 in zip(
+        inits,
+        ref,
+        got,
+        ref_opt.param_groups[0]["params"] + ref_opt.param_groups[1]["params"],
+        opt.param_groups[0]["params"] + opt.param_groups[1]["params"],
+        strict=True,
+    ):
+        # the only difference: the NS input is rounded to bf16 before normalization (bf16 NS either way)
+        assert _rel_update(p1, p0, init) < 2e-2
+        # momentum: the same lerps in fp32
+        torch.testing.assert_close(opt.state[q1]["momentum_buffer"], ref_opt.state[q0]["momentum_buffer"])
+        assert opt.state[q1]["step"] == ref_opt.state[q0]["step"] == 3
+
+
+def test_fused_update_formula(monkeypatch):
+    """One step from zero momentum, identity-free check: p1 = p0 (1 - lr wd) - lr scale NS(bf16(m))."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    cfg = MuonConfig(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.2)
+    p = torch.randn(16, 40).requires_grad_(True)
+    p0 = p.detach().clone()
+    g = torch.randn(16, 40)
+    opt = Muon([p], cfg)
+    p.grad = g
+    opt.step()
+    buf = 0.2 * g  # lerp(0, g, 1 - beta)
+    m = g + 0.8 * (buf - g)
+    x = m.to(torch.bfloat16).unsqueeze(0)
+    orth, _ = Muon([torch.zeros(16, 40)], cfg)._orthogonalize(x)
+    want = p0 * (1 - 0.05 * 0.2) - 0.05 * (40**0.5) * orth[0].float()
+    torch.testing.assert_close(p.detach(), want, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(opt.state[p]["momentum_buffer"], buf)
+
+
+def test_split_and_3d_and_bf16_params_take_the_unfused_path(monkeypatch):
+    """A split fused matrix, a 3-D expert stack and a bf16 matrix are stepped by the multi-tensor path; the rest
+    fused; the result equals the all-unfused run for the unfused ones bitwise."""
+    shapes = [(16, 24), (12, 20), (3, 16, 24), (16, 24)]
+    split = {1: RowSplit(num_groups=2, sizes=(2, 2, 2))}
+    cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1)
+    ref, _, _ = _run(monkeypatch, False, cfg, shapes=shapes, splits=split)
+    got, _, calls = _run(monkeypatch, True, cfg, shapes=shapes, splits=split)
+    torch.testing.assert_close(got[1], ref[1], rtol=0, atol=0)  # split: unfused in both
+    torch.testing.assert_close(got[2], ref[2], rtol=0, atol=0)  # 3-D stack: unfused in both
+    inits = _params(shapes)
+    for i in (0, 3):
+        assert _rel_update(got[i], ref[i], inits[i]) < 2e-2
+    # step 1: fused buckets (group 0: p0; group 1: p3) are bf16 stacks, unfused ones fp32
+    assert any(len(c) == 3 and c[0] == 1 for c in calls)
+
+
+def _nan_grads(shapes, step, seed=1):
+    gs = _grads(shapes, step, seed)
+    if step == 1:
+        gs[3] = gs[3].clone()
+        gs[3][0, 0] = float("nan")
+    return gs
+
+
+def test_nonfinite_grad_skips_that_matrix(monkeypatch):
+    cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1, nonfinite_policy="skip")
+    ref, ref_opt, _ = _run(monkeypatch, False, cfg, steps=2, grads_fn=_nan_grads)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got, opt, _ = _run(monkeypatch, True, cfg, steps=2, grads_fn=_nan_grads)
+    assert any(issubclass(x.category, NonFiniteWarning) for x in w)
+    assert opt.nonfinite_events == ref_opt.nonfinite_events
+    assert len(opt.nonfinite_events) == 1 and opt.nonfinite_events[0][1:] == (2, "grad")
+    # the skipped matrix: weight and momentum of step 1 kept, as the unfused path
+    q = opt.param_groups[1]["params"][1]
+    q_ref = ref_opt.param_groups[1]["params"][1]
+    assert _rel_update(got[3], ref[3], _params(SHAPES)[3]) < 2e-2
+    torch.testing.assert_close(opt.state[q]["momentum_buffer"], ref_opt.state[q_ref]["momentum_buffer"])
+    assert all(torch.isfinite(p).all() for p in got)
+
+
+def test_nonfinite_grad_raise_leaves_everything(monkeypatch):
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    cfg = MuonConfig(nonfinite_policy="raise")
+    ps = [torch.randn(8, 12).requires_grad_(True) for _ in range(2)]
+    opt = Muon(ps, cfg)
+    for p in ps:
+        p.grad = torch.randn(8, 12)
+    opt.step()
+    before = [p.detach().clone() for p in ps]
+    bufs = [opt.state[p]["momentum_buffer"].clone() for p in ps]
+    ps[1].grad = torch.full((8, 12), float("inf"))
+    ps[0].grad = torch.randn(8, 12)
+    with pytest.raises(NonFiniteError, match="grad"):
+        opt.step()
+    for p, b, buf in zip(ps, before, bufs, strict=True):
+        assert torch.equal(p.detach(), b)
+        assert torch.equal(opt.state[p]["momentum_buffer"], buf)
+        assert opt.state[p]["step"] == 1
+
+
+def test_fused_step_false_never_fuses(monkeypatch):
+    """fused_step=False: the real `_fused_available` says no even where kernels exist."""
+    monkeypatch.setattr("optim.optimizers.muon.kernels_available", lambda: True)
+    assert Muon([torch.zeros(4, 4)], MuonConfig(fused_step=False))._fused_available() is False
+    assert Muon([torch.zeros(4, 4)], MuonConfig(fused_step=True))._fused_available() is True
+    assert Muon([torch.zeros(4, 4)], MuonConfig(ns_precision="fp32"))._fused_available() is False
