@@ -1,0 +1,203 @@
+"""The three optimizer builders (`build_ours`, `build_megatron_muon`, `build_megatron_adamw`) and their helpers:
+Megatron's mixed-precision wrappers around our optimizers, torch fused Adam inside Megatron's optimizers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from optim.configs import AdamWConfig, MuonConfig, RoutingConfig
+from optim.functional.split import RowSplit
+from optim.megatron.config import (
+    MatrixConfig,
+    _matrix_optimizer,
+    _model_parallel_group,
+    megatron_group,
+    megatron_optimizer_config,
+    process_groups,
+)
+from optim.megatron.layerwise import MegatronLayerWise
+from optim.megatron.routing import ParamRoute, classify, tp_specs
+
+
+def fuse_torch_adam(optimizer: Any) -> int:
+    """Switch every torch.optim.Adam/AdamW inside a Megatron optimizer to the fused CUDA kernel; returns how many.
+
+    Megatron without TE/Apex builds torch's AdamW in for-each mode; fused is ~2-3x faster on the same math.
+    """
+    count = 0
+    for inner in _inner_torch_optimizers(optimizer):
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            for group in inner.param_groups:
+                if all(p.is_cuda and p.dtype == torch.float32 for p in group["params"]):
+                    group["fused"], group["foreach"] = True, False
+            inner.defaults["fused"], inner.defaults["foreach"] = True, False
+            count += 1
+    return count
+
+
+def _inner_torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside Megatron's wrappers, a ChainedOptimizer, MegatronLayerWise or HybridOptimizer."""
+    from optim.hybrid import HybridOptimizer
+
+    if isinstance(optimizer, MegatronLayerWise):
+        inner_lw = optimizer.layerwise.inner
+        return _inner_torch_optimizers(inner_lw) if inner_lw is not None else []
+    if isinstance(optimizer, HybridOptimizer):
+        return list(optimizer.optimizers.values())
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is not None:
+        return [t for o in chained for t in _inner_torch_optimizers(o)]
+    inner = getattr(optimizer, "optimizer", None)
+    if isinstance(inner, torch.optim.Optimizer):
+        return [inner]
+    return []
+
+
+def build_megatron_adamw(
+    model_chunks: list[Any], adamw: AdamWConfig, *, clip_grad: float, distributed: bool
+) -> Any:
+    """AdamW through Megatron's optimizer factory (DistributedOptimizer when `distributed`), fused kernel."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    config = megatron_optimizer_config(
+        optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=distributed
+    )
+    opt = get_megatron_optimizer(config, model_chunks)
+    fuse_torch_adam(opt)
+    return opt
+
+
+def build_megatron_muon(
+    model_chunks: list[Any],
+    muon: MuonConfig,
+    adamw: AdamWConfig,
+    routing: RoutingConfig,
+    *,
+    clip_grad: float,
+    tp_mode: str = "blockwise",
+) -> Any:
+    """Megatron's built-in Muon: TensorParallelMuon (emerging-optimizers) + LayerWiseDistributedOptimizer + Adam."""
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    if not routing.router_to_matrix or routing.split_mla_kv_down or routing.split_gate_up:
+        raise ValueError(
+            f"routing={routing}: Megatron's built-in Muon always sends the router to Muon and splits only QKV"
+        )
+    config = megatron_optimizer_config(
+        optimizer="muon",
+        adamw=adamw,
+        clip_grad=clip_grad,
+        use_distributed_optimizer=False,
+        muon=muon,
+        routing=routing,
+        tp_mode=tp_mode,
+    )
+    opt = get_megatron_optimizer(config, model_chunks, use_gloo_process_groups=False)
+    fuse_torch_adam(opt)
+    return opt
+
+
+def build_ours(
+    model_chunks: list[Any],
+    matrix: MatrixConfig,
+    adamw: AdamWConfig,
+    routing: RoutingConfig,
+    *,
+    clip_grad: float,
+    tp_mode: str = "blockwise",
+    tp_mode_fn: Any = None,
+    layerwise: bool = True,
+) -> tuple[Any, list[ParamRoute]]:
+    """Our matrix optimizer + fused AdamW inside Megatron's mixed-precision wrappers, chained; returns the routes.
+
+    TP > 1: "blockwise" orthogonalizes each TP shard alone (scale from the local shape, as MCore's blockwise);
+    "duplicated" / "distributed" / "distributed_gram" / "auto" (`tp_mode_fn(rows, cols, tp, partition_dim)` picks
+    per matrix) give the matrix optimizer a `TPSpec` per TP-sharded matrix (`tp_specs`: Megatron's
+    `tensor_model_parallel` / `partition_dim` attributes, the expert-TP group for expert weights). With DP x CP > 1
+    and `layerwise`, the layer-wise distributed optimizer (`MegatronLayerWise`) owns whole matrices per rank and
+    replaces DDP's gradient all-reduce by its reduce-scatter (blockwise only at TP > 1); without `layerwise`
+    every rank steps everything (replicated).
+    """
+    from megatron.core.optimizer import ChainedOptimizer, Float16OptimizerWithFloat16Params, FP32Optimizer
+
+    routed = classify(model_chunks, routing)
+    groups = process_groups()
+    tp = tp_specs(routed, groups, tp_mode)
+    dp_group = groups["dp_cp"]
+    if tp and layerwise and dp_group.size() > 1:
+        raise ValueError(
+            f"tp_mode={tp_mode!r} at TP > 1 with the layer-wise optimizer at DP x CP > 1 is not supported; use "
+            "tp_mode='blockwise' or optimizer.distributed='replicated'"
+        )
+    if layerwise and dp_group.size() > 1:
+        return MegatronLayerWise.build(model_chunks, routed, matrix, adamw, clip_grad=clip_grad), [
+            r for _, r in routed
+        ]
+    mat_params: list[torch.Tensor] = []
+    mat_names: list[str] = []
+    adam_wd: tuple[list[Any], list[Any]] = ([], [])
+    splits: dict[torch.Tensor, RowSplit] = {}
+    for p, r in routed:
+        if r.optimizer == "matrix":
+            mat_params.append(p)
+            mat_names.append(r.name)
+            if r.split is not None:
+                splits[p] = r.split
+        else:
+            adam_wd[0 if r.weight_decay else 1].append((p, r.name))
+    config = megatron_optimizer_config(
+        optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=False
+    )
+    parts = []
+    if mat_params:
+        group = megatron_group(
+            mat_params, mat_names, lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
+        )
+        inner = _matrix_optimizer([group], matrix, splits, tp, tp_mode_fn)
+        parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
+        _retarget_splits(inner, mat_params)
+    adam_groups: list[dict[str, Any]] = [
+        megatron_group([p for p, _ in ps_], [n for _, n in ps_], lr=adamw.lr, weight_decay=wd, wd_mult=mult)
+        for ps_, wd, mult in ((adam_wd[0], adamw.weight_decay, 1.0), (adam_wd[1], 0.0, 0.0))
+        if ps_
+    ]
+    if adam_groups:
+        on_cuda = all(p.is_cuda for ps_ in adam_wd for p, _ in ps_)
+        fused = on_cuda if adamw.fused is None else adamw.fused
+        inner = torch.optim.AdamW(
+            adam_groups,
+            lr=adamw.lr,
+            betas=adamw.betas,
+            eps=adamw.eps,
+            weight_decay=adamw.weight_decay,
+            fused=fused,
+        )
+        parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
+    return ChainedOptimizer(parts), [r for _, r in routed]
+
+
+def _wrap_mixed_precision(inner: torch.optim.Optimizer, config: Any, f16_cls: type, f32_cls: type) -> Any:
+    wrapped = f16_cls(inner, config, None, None) if config.bf16 else f32_cls(inner, config, None)
+    groups = process_groups()
+    wrapped.grad_stats_parallel_group = _model_parallel_group()
+    wrapped.tp_group = groups["tp"]
+    wrapped.expert_tp_group = groups["expt_tp"]
+    return wrapped
+
+
+def _retarget_splits(inner: Any, model_params: list[torch.Tensor]) -> None:
+    """Megatron's Float16 wrapper replaces each bf16 parameter in the groups by an fp32 copy (`p.main_param`);
+    our optimizers key fused-matrix splits by parameter identity, so move the keys to the copies."""
+    from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
+
+    if not isinstance(inner, OrthogonalizedOptimizer):
+        return
+
+    def moved(old: dict[int, Any]) -> dict[int, Any]:
+        return {id(getattr(p, "main_param", p)): old[id(p)] for p in model_params if id(p) in old}
+
+    inner.splits = moved(inner.splits)
+    inner.tp = moved(inner.tp)
+    inner._tp_mode = moved(inner._tp_mode)

@@ -1,0 +1,166 @@
+"""Megatron configs and process groups: `OptimizerConfig`, DDP config and param groups from ours, version
+differences handled once; also our matrix optimizer class for a matrix config."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim.functional.split import RowSplit
+
+MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
+IMPLEMENTATIONS = ("ours", "megatron")
+TP_MODES = ("blockwise", "duplicated", "distributed")
+
+
+def process_groups() -> dict[str, Any]:
+    """Megatron's groups an optimizer needs: tp, expert tp, dp x cp, expert dp (parallel_state must be set up)."""
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp": ps.get_tensor_model_parallel_group(),
+        "expt_tp": ps.get_expert_tensor_parallel_group(),
+        "dp_cp": ps.get_data_parallel_group(with_context_parallel=True),
+        "expt_dp": ps.get_expert_data_parallel_group(),
+    }
+
+
+def _fields(cls: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def megatron_optimizer_config(
+    *,
+    optimizer: str,
+    adamw: AdamWConfig,
+    clip_grad: float,
+    use_distributed_optimizer: bool,
+    bf16: bool = True,
+    muon: MuonConfig | None = None,
+    routing: RoutingConfig | None = None,
+    tp_mode: str = "blockwise",
+) -> Any:
+    """Megatron `OptimizerConfig` for adam (baseline, or the Adam side of ours) or Megatron's built-in muon.
+
+    Version differences: `muon_nesterov` (core >= 0.18) was `muon_use_nesterov`; layer-wise Muon is
+    `optimizer="muon"` + `use_layer_wise_distributed_optimizer` (core >= 0.18) or `optimizer="dist_muon"` before.
+    """
+    from megatron.core.optimizer import OptimizerConfig
+
+    have = _fields(OptimizerConfig)
+    kw: dict[str, Any] = {
+        "optimizer": "adam",
+        "lr": adamw.lr,
+        "min_lr": adamw.lr,
+        "weight_decay": adamw.weight_decay,
+        "adam_beta1": adamw.betas[0],
+        "adam_beta2": adamw.betas[1],
+        "adam_eps": adamw.eps,
+        "clip_grad": clip_grad,
+        "bf16": bf16,
+        "params_dtype": torch.bfloat16 if bf16 else torch.float32,
+        "use_distributed_optimizer": use_distributed_optimizer,
+    }
+    if optimizer == "muon":
+        if muon is None or routing is None:
+            raise ValueError("optimizer='muon' needs the muon and routing configs")
+        if tp_mode not in TP_MODES:
+            raise ValueError(f"tp_mode={tp_mode!r} is not one of {TP_MODES} for Megatron's built-in Muon")
+        if muon.coefficient_type == "custom":
+            raise ValueError("coefficient_type='custom' is not available in Megatron's built-in Muon")
+        kw.update(
+            lr=muon.lr,
+            min_lr=muon.lr,
+            weight_decay=muon.weight_decay,
+            use_distributed_optimizer=False,
+            muon_momentum=muon.momentum,
+            muon_split_qkv=routing.split_qkv,
+            muon_scale_mode=muon.scale_mode,
+            muon_fp32_matmul_prec="medium" if muon.ns_precision == "bf16" else "highest",
+            muon_coefficient_type=muon.coefficient_type,
+            muon_num_ns_steps=muon.num_ns_steps,
+            muon_tp_mode=tp_mode,
+            muon_extra_scale_factor=muon.extra_scale_factor,
+        )
+        kw["muon_nesterov" if "muon_nesterov" in have else "muon_use_nesterov"] = muon.nesterov
+        if "use_layer_wise_distributed_optimizer" in have:
+            kw.update(optimizer="muon", use_layer_wise_distributed_optimizer=True)
+        else:
+            kw["optimizer"] = "dist_muon"
+    elif optimizer != "adam":
+        raise ValueError(f"optimizer={optimizer!r} is not one of ('adam', 'muon')")
+    unknown = set(kw) - have
+    if unknown:
+        raise ValueError(
+            f"megatron-core's OptimizerConfig lacks {sorted(unknown)}: unsupported megatron-core version"
+        )
+    return OptimizerConfig(**kw)
+
+
+def ddp_config(*, kind: str, distributed: bool, overlap_grad_reduce: bool) -> Any:
+    """Megatron DDP settings matching the optimizer `kind` (adamw | ours | megatron): the distributed optimizer's
+    reduce-scatter only for AdamW; Megatron's legacy layer-wise Muon and ours all-reduce gradients (every rank holds
+    full main grads and steps the matrices it owns)."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    if kind not in ("adamw", *IMPLEMENTATIONS):
+        raise ValueError(f"kind={kind!r} is not one of {('adamw', *IMPLEMENTATIONS)}")
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=overlap_grad_reduce,
+        use_distributed_optimizer=distributed and kind == "adamw",
+        check_for_nan_in_grad=False,
+    )
+
+
+def megatron_group(
+    params: list[torch.Tensor], names: list[str], *, lr: float, weight_decay: float, wd_mult: float
+) -> dict[str, Any]:
+    """A param group with the keys Megatron reads: its checkpoint loader matches saved groups to current ones by
+    (max_lr, min_lr, wd_mult, lr_mult, is_expert_parallel, ...), so groups that differ only in weight decay would
+    collide without `wd_mult`; its LR scheduler reads max_lr / min_lr / lr_mult and multiplies wd by wd_mult."""
+    return {
+        "params": params,
+        "param_names": names,
+        "weight_decay": weight_decay,
+        "wd_mult": wd_mult,
+        "lr_mult": 1.0,
+        "max_lr": lr,
+        "min_lr": lr,
+        "is_expert_parallel": False,
+        "is_decoupled_lr": False,
+        "default_config": True,
+    }
+
+
+def _model_parallel_group() -> Any:
+    from megatron.core import parallel_state as ps
+
+    return ps.get_model_parallel_group()
+
+
+def _matrix_optimizer(
+    groups: list[dict[str, Any]],
+    cfg: MatrixConfig,
+    splits: dict[torch.Tensor, RowSplit],
+    tp: dict[torch.Tensor, Any] | None = None,
+    tp_mode_fn: Any = None,
+) -> Any:
+    if isinstance(cfg, MuonConfig):
+        from optim.optimizers.muon import Muon
+
+        return Muon(groups, cfg, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
+    if isinstance(cfg, MOPConfig):
+        from optim.optimizers.mop import MOP
+
+        return MOP(groups, cfg, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
+    if isinstance(cfg, SOAPConfig):
+        if tp:
+            raise ValueError("tp_mode other than 'blockwise' at TP > 1: SOAP has no tensor-parallel mode")
+        from optim.optimizers.soap import SOAP
+
+        return SOAP(groups, cfg)
+    raise NotImplementedError(f"no matrix optimizer for config class {type(cfg).__name__}")
