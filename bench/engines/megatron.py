@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gc
 import os
+import random
 from typing import Any, ClassVar
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
@@ -73,6 +74,10 @@ class MegatronEngine(Engine):
             expert_model_parallel_size=par.ep,
             expert_tensor_parallel_size=par.etp,
         )
+        # As Megatron's training `_set_random_seed`: the host RNGs too. Some weights (the MoE router's) are
+        # initialised from the CPU generator; without this, two engines built in one process start differently.
+        random.seed(cfg.bench.seed)
+        torch.manual_seed(cfg.bench.seed)
         model_parallel_cuda_manual_seed(cfg.bench.seed)
         # MUONBENCH_MEGATRON_EXPERTS=sequential keeps Megatron's SequentialMLP (a fallback where torch lacks
         # grouped_mm); the choice is recorded in describe()["experts"].

@@ -95,6 +95,8 @@ def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
                 "loss": m.loss,
                 "peak_mem_bytes": m.peak_mem_bytes,
                 "ns_flops": m.ns_flops,
+                "grad_norm": m.extra.get("grad_norm"),
+                "alloc_retries": m.extra.get("alloc_retries"),
             }
             log.write(row)
             print(

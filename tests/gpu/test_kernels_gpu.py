@@ -146,7 +146,7 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov):
             opt.step()
         runs[fused] = (ps, [opt.state[p]["momentum_buffer"] for p in ps])
     assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE
-    for p0, p1, b0, b1, i in zip(*runs[False], *runs[True], init, strict=True):
+    for p0, b0, p1, b1, i in zip(*runs[False], *runs[True], init, strict=True):
         torch.testing.assert_close(b1, b0, rtol=1e-6, atol=1e-6)
         rel = float((p1 - p0).norm() / (p0 - i).norm())
         assert rel < 2e-2, rel
