@@ -15,8 +15,8 @@ timeout 120 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_megatron
 echo "rc=$? t=${SECONDS}s" >> "$OUT/pytest_gpu.log"
 MB="python3 -m bench.engines.megatron_bench --out /tmp/runs"
 F="experiment=h200/qwen3_30b_a3b_slice_flops_muon_1gpu"
-L="bench.steps=6 bench.warmup_steps=1"
-$MB --budget-s $(( 470 - SECONDS )) --case-timeout-s 170 --case qflops_muon_megatron $F optimizer=muon_megatron \
+L="bench.steps=5 bench.warmup_steps=1"
+$MB --budget-s $(( 470 - SECONDS )) --case-timeout-s 185 --case qflops_muon_megatron $F optimizer=muon_megatron \
     --case qflops_adamw $F optimizer=adamw $L --case qflops_muon_ours $F $L > "$OUT/mg/flops.log" 2>&1
 echo "flops done t=${SECONDS}s" >> "$OUT/mg/flops.log"
 tar czf "$OUT/mg/runs.tgz" -C /tmp runs
