@@ -272,6 +272,10 @@ class EngineConfig:
     ab_mode: str = "published"
     """bridge: `published` (MB's A/B: AdamW with distributed optimizer, param-gather overlap and MXFP8 gather; Muon
     without) or `fair` (the same param-gather and FP8 settings for every optimizer)."""
+    manual_gc: bool = False
+    """megatron: Python's threshold GC off during steps, a young-generation collection at the start of each step
+    (inside the timed step) and `gc.freeze()` after setup, as Megatron-LM's `--manual-gc`: a full collection over a
+    model's millions of objects in the middle of a host-synchronising MoE forward stalls the GPU."""
 
 
 @dataclass

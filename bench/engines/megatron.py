@@ -44,6 +44,7 @@ class MegatronEngine(Engine):
         self.device: Any = None
         self._facts: dict[str, Any] = {}
         self._owns_pg = False
+        self._gc_disabled = False
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
@@ -110,6 +111,11 @@ class MegatronEngine(Engine):
             "ns_backend": _ns_backend(built.kind),
         }
         torch.cuda.reset_peak_memory_stats()
+        if cfg.engine.manual_gc:
+            gc.collect()
+            gc.freeze()  # the model's and optimizer's objects leave the collector's view
+            gc.disable()
+            self._gc_disabled = True
 
     def _build_model(self, mm: Any, opts: Any) -> list[Any]:
         import torch
@@ -175,6 +181,8 @@ class MegatronEngine(Engine):
         t.reset()
         m, p = self.cfg.model, self.cfg.parallelism
         with t.phase("step"):
+            if self._gc_disabled:
+                gc.collect(1)  # the young generations only; timed as part of the step
             with t.phase("fwd_bwd"):
                 losses = self.forward_backward()
             with t.phase("optim"):
@@ -258,6 +266,10 @@ class MegatronEngine(Engine):
         for name in ("optimizer", "model_chunks", "data", "_built"):
             if hasattr(self, name):
                 delattr(self, name)
+        if self._gc_disabled:
+            gc.enable()
+            gc.unfreeze()
+            self._gc_disabled = False
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

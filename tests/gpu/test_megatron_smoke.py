@@ -80,17 +80,21 @@ def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0))
 
 
-def test_first_update_ours_matches_megatron_builtin():
+@pytest.mark.parametrize("ns_precision", ["fp32", "bf16"])
+def test_first_update_ours_matches_megatron_builtin(ns_precision):
     """Same init, the SAME gradients, one optimizer step: our Muon's matrix updates equal TensorParallelMuon's.
 
     The gradients of one forward-backward are captured from the first engine and written into the second one's
     `main_grad`, so the comparison sees the optimizers only (two backward passes differ: flash attention, grouped
-    GEMM and index-add backward are not bitwise deterministic, and NS turns a tiny gradient difference, e.g. on
-    the router under forced-balanced routing, into a large update difference)."""
+    GEMM and index-add backward are not bitwise deterministic). fp32 NS on both sides (ours: the torch NS;
+    MCore: fp32_matmul_prec "highest"): every matrix agrees to cos > 0.999. bf16 NS (ours: the plan-chosen kernels
+    with the fused step; MCore: EO's NS in bf16): cos > 0.99, except the tiny router matrices (8 x 64 here), whose
+    ill-conditioned gradient turns bf16 rounding differences into larger update differences (measured on the H200:
+    cos 0.979-0.987, which the fp32 case shows is rounding, not a different algorithm)."""
     deltas, inits = {}, {}
     grads = None
     for impl in ("muon", "muon_megatron"):
-        eng = _engine([f"optimizer={impl}"])
+        eng = _engine([f"optimizer={impl}", f"optimizer.ns_precision={ns_precision}"])
         try:
             before = _weights(eng)
             inits[impl] = before
@@ -115,9 +119,13 @@ def test_first_update_ours_matches_megatron_builtin():
             continue
         cos = _cos(ours[name], ref[name])
         ratio = float(ours[name].norm() / ref[name].norm())
-        if not (cos > 0.99 and 0.97 < ratio < 1.03):
+        if ns_precision == "fp32":
+            lo, tol = 0.999, 0.01
+        else:
+            lo, tol = (0.95, 0.03) if "router" in name else (0.99, 0.03)
+        if not (cos > lo and abs(ratio - 1) < tol):
             bad.append((name, round(cos, 4), round(ratio, 4)))
-    assert not bad, f"(name, cosine, norm ratio) outside cos > 0.99, 0.97 < ratio < 1.03: {bad}"
+    assert not bad, f"(name, cosine, norm ratio) outside the tolerance: {bad}"
 
 
 def test_grouped_mm_experts_cuda_matches_loop():
