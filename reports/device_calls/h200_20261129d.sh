@@ -14,7 +14,7 @@ timeout 100 python3 -m pytest -q -rA -p no:cacheprovider \
 echo "rc=$? t=${SECONDS}s" >> "$OUT/pytest_gpu.log"
 MB="python3 -m bench.engines.megatron_bench --out /tmp/runs"
 F="experiment=h200/qwen3_30b_a3b_slice_flops_muon_1gpu"
-$MB --budget-s $(( 330 - SECONDS )) --case-timeout-s 165 --case qflops_adamw_gc $F optimizer=adamw \
+$MB --budget-s $(( 330 - SECONDS )) --case-timeout-s 190 --case qflops_adamw_gc $F optimizer=adamw \
     --case qflops_muon_ours_gc $F > "$OUT/mg/flops.log" 2>&1
 echo "flops done t=${SECONDS}s" >> "$OUT/mg/flops.log"
 tar czf "$OUT/mg/runs.tgz" -C /tmp runs
