@@ -39,6 +39,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "engine.device": ("cpu", "cuda"),
     "engine.backend": ("gloo", "nccl"),
     "engine.ab_mode": ("published", "fair"),
+    "engine.empty_unused_memory_level": (0, 1, 2),
     "launcher.name": ("local", "slurm"),
 }
 

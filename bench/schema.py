@@ -272,6 +272,9 @@ class EngineConfig:
     ab_mode: str = "published"
     """bridge: `published` (MB's A/B: AdamW with distributed optimizer, param-gather overlap and MXFP8 gather; Muon
     without) or `fair` (the same param-gather and FP8 settings for every optimizer)."""
+    empty_unused_memory_level: int = 0
+    """megatron: as Megatron-LM's `--empty-unused-memory-level`: 1 = `torch.cuda.empty_cache()` after the optimizer
+    step, 2 = also after forward-backward (both inside the timed step)."""
     manual_gc: bool = False
     """megatron: Python's threshold GC off during steps, a young-generation collection at the start of each step
     (inside the timed step) and `gc.freeze()` after setup, as Megatron-LM's `--manual-gc`: a full collection over a

@@ -183,10 +183,15 @@ class MegatronEngine(Engine):
         with t.phase("step"):
             if self._gc_disabled:
                 gc.collect(1)  # the young generations only; timed as part of the step
+            level = self.cfg.engine.empty_unused_memory_level
             with t.phase("fwd_bwd"):
                 losses = self.forward_backward()
+                if level >= 2:
+                    torch.cuda.empty_cache()
             with t.phase("optim"):
                 ok, grad_norm = self.optimizer_step()
+                if level >= 1:
+                    torch.cuda.empty_cache()
         phases = t.collect()
         loss = _mean_loss(losses)
         return StepMetrics(
