@@ -111,33 +111,31 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
     cmd = local_command(cfg, run_dir)
     env = {**os.environ, **{str(k): str(v) for k, v in cfg.launcher.env.items()}}
     env.setdefault("OMP_NUM_THREADS", "1")
-    out_log, err_log = open(run_dir / "stdout.log", "wb"), open(run_dir / "stderr.log", "wb")
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    term_out = [sys.stdout.buffer] if echo else []
-    term_err = [sys.stderr.buffer] if echo else []
-    threads = [
-        threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
-        threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=cfg.bench.timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _kill_group(proc)
-    except BaseException:
-        _kill_group(proc)
-        raise
-    finally:
+    with open(run_dir / "stdout.log", "wb") as out_log, open(run_dir / "stderr.log", "wb") as err_log:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+        )
+        assert proc.stdout is not None and proc.stderr is not None
+        term_out = [sys.stdout.buffer] if echo else []
+        term_err = [sys.stderr.buffer] if echo else []
+        threads = [
+            threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
+            threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True),
+        ]
         for t in threads:
-            t.join(timeout=10)
-        out_log.close()
-        err_log.close()
+            t.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=cfg.bench.timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+        except BaseException:
+            _kill_group(proc)
+            raise
+        finally:
+            for t in threads:
+                t.join(timeout=10)
     stderr_tail = (run_dir / "stderr.log").read_bytes()[-4000:].decode(errors="replace")
     return LaunchResult(command=cmd, returncode=proc.returncode, timed_out=timed_out, stderr_tail=stderr_tail)
 
@@ -173,7 +171,7 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
         why = "launcher.dry_run=true" if cfg.launcher.dry_run else "no sbatch on PATH"
         print(f"# not submitted ({why}); script: {script}", file=sys.stderr)
         return LaunchResult(command=["sbatch", str(script)], returncode=None, submitted=False)
-    res = subprocess.run([sbatch, str(script)], capture_output=True, text=True)
+    res = subprocess.run([sbatch, str(script)], capture_output=True, text=True, check=False)
     print(res.stdout.strip() or res.stderr.strip())
     return LaunchResult(
         command=[sbatch, str(script)],

@@ -52,8 +52,8 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
 
 def format_text(res: dict[str, Any]) -> str:
     c = res["config"]
-    lines = [f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
-             f"{c['optimizer']}, profile={res['profile']}",
+    lines = [(f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
+              f"{c['optimizer']}, profile={res['profile']}"),
              f"  step time          {res['step_time_s']:.3f} s",
              f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
              f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",

@@ -110,7 +110,7 @@ class StepLog:
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / "steps.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "w")
+        self._f = open(self.path, "w")  # noqa: SIM115 - held open across steps; closed by close()
 
     def write(self, row: dict[str, Any]) -> None:
         unknown = set(row) - set(STEP_KEYS)
@@ -157,7 +157,9 @@ def git_info(repo: str | Path | None = None) -> dict[str, Any]:
 
     def _git(*args: str) -> str | None:
         try:
-            res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20)
+            res = subprocess.run(
+                ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=20, check=False
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return res.stdout.strip() if res.returncode == 0 else None
@@ -194,6 +196,7 @@ def hardware_info() -> dict[str, Any]:
                 capture_output=True,
                 text=True,
                 timeout=20,
+                check=False,
             )
             rows = [r.split(", ") for r in res.stdout.strip().splitlines() if r.strip()]
             if res.returncode == 0 and rows:

@@ -9,6 +9,7 @@ implementation, `published` otherwise (on one GPU the profiles differ only in th
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ def _float(value: Any) -> float | None:
         out = float(value)
     except (TypeError, ValueError):
         return None
-    return out if out == out else None  # NaN -> None
+    return None if math.isnan(out) else out
 
 
 def _overrides(row: dict[str, str]) -> list[str]:
@@ -125,8 +126,8 @@ def compare(path: Path = MEGATRON_REPORT) -> str:
         return (f"Pending: `reports/{path.name}/results.csv` has no successful H200 run yet (the Megatron helper's "
                 "single-H200 slice runs). Predictions for its configs: `python -m bench.project "
                 "experiment=h200/qwen3_30b_a3b_slice_muon_1gpu profile=ours` (and `..._adamw_1gpu`).")
-    lines = ["| run | model | optimizer | profile | step measured (s) | predicted | error | optimizer measured (s) "
-             "| predicted | error | note |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| run | model | optimizer | profile | step measured (s) | predicted | error | optimizer measured (s) "
+              "| predicted | error | note |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['experiment']} | - | - | - | - | - | config error: {r['error']} | - | - | - | - |")
@@ -139,13 +140,13 @@ def compare(path: Path = MEGATRON_REPORT) -> str:
                      f"{opt_m} | {r['predicted_optim_s']:.3f} | {opt_e} | {note} |")
     ok = [r for r in rows if "error" not in r and not r.get("scope") and not r.get("fit")]
     within = sum(abs(r["step_rel_error"]) <= TOLERANCE for r in ok)
-    lines += ["", f"{within} of {len(ok)} predicted runs within {100 * TOLERANCE:.0f}% on the step time (the H200 "
+    lines += ["", (f"{within} of {len(ok)} predicted runs within {100 * TOLERANCE:.0f}% on the step time (the H200 "
               "row's one fitted value, the memory-bound kernel bandwidth of this TE-free engine, is fitted on the "
-              "run marked `fit`; runs outside the model's scope are not counted)."]
+              "run marked `fit`; runs outside the model's scope are not counted).")]
     if within < len(ok):
-        lines += ["", "The model is a roofline of GEMMs, attention, activation traffic and communication plus the "
+        lines += ["", ("The model is a roofline of GEMMs, attention, activation traffic and communication plus the "
                   "optimizer; it has no term for framework overhead of the forward/backward (launch-bound expert "
                   "loops, unfused kernels without Transformer Engine) and models AdamW as the fused distributed "
                   "optimizer. A run far below that roofline measures the engine, not the hardware: compare its "
-                  "model TF/s with the prediction's."]
+                  "model TF/s with the prediction's.")]
     return "\n".join(lines)

@@ -14,9 +14,9 @@ from typing import Any
 
 from bench import flops
 from bench.perfmodel import constants as C
-from bench.perfmodel.calibrate import hbm_fraction
 from bench.perfmodel import nscost
 from bench.perfmodel import optimizer as opt
+from bench.perfmodel.calibrate import hbm_fraction
 from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig
 
 LAYERS: dict[str, tuple[str, int, bool]] = {

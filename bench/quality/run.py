@@ -26,11 +26,13 @@ from typing import Any
 
 PROFILES: dict[str, dict[str, Any]] = {
     # 2 cores, under 30 minutes for 4 optimizers x 4 learning rates.
-    "cpu": dict(device="cpu", model="qwen3_moe_tiny", vocab_size=2048, seq_len=128, batch_size=16, steps=400,
-                eval_every=25, val_batches=8, hidden_size=128, num_layers=2, price_per_hour=0.0),
+    "cpu": {"device": "cpu", "model": "qwen3_moe_tiny", "vocab_size": 2048, "seq_len": 128, "batch_size": 16,
+            "steps": 400, "eval_every": 25, "val_batches": 8, "hidden_size": 128, "num_layers": 2,
+            "price_per_hour": 0.0},
     # One GPU: a wider proxy and a longer budget.
-    "gpu": dict(device="cuda", model="qwen3_moe_tiny", vocab_size=4096, seq_len=256, batch_size=64, steps=2000,
-                eval_every=100, val_batches=16, hidden_size=256, num_layers=4, price_per_hour=3.5),
+    "gpu": {"device": "cuda", "model": "qwen3_moe_tiny", "vocab_size": 4096, "seq_len": 256, "batch_size": 64,
+            "steps": 2000, "eval_every": 100, "val_batches": 16, "hidden_size": 256, "num_layers": 4,
+            "price_per_hour": 3.5},
 }
 
 # Peak learning rates per optimizer; each grid has the same number of points (fair sweep).
@@ -127,7 +129,7 @@ def build_opt(name: str, model, lr: float, cfg: QualityConfig):
     from optim import configs
 
     named = list(model.named_parameters())
-    common = dict(lr=lr, weight_decay=cfg.weight_decay)
+    common = {"lr": lr, "weight_decay": cfg.weight_decay}
     if name == "adamw":
         conf = configs.AdamWConfig(**common, betas=(0.9, 0.95), eps=1e-8)
     elif name == "muon":
@@ -195,11 +197,11 @@ def train_one(name: str, lr: float, cfg: QualityConfig, train_tokens, val, vocab
             break
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             v = evaluate(model, val)
-            curve.append(dict(step=step + 1, train_loss=loss.item(), val_loss=v, wall_s=wall))
+            curve.append({"step": step + 1, "train_loss": loss.item(), "val_loss": v, "wall_s": wall})
             log(f"  {name:<10} lr={lr:.0e} step {step + 1:>5}/{cfg.steps} train {loss.item():.3f} val {v:.3f}")
     final = curve[-1]["val_loss"] if curve and status == "ok" else float("inf")
-    return dict(optimizer=name, lr=lr, status=status, final_val_loss=final, curve=curve, wall_s=wall,
-                opt_step_s=opt_time, steps=cfg.steps)
+    return {"optimizer": name, "lr": lr, "status": status, "final_val_loss": final, "curve": curve, "wall_s": wall,
+            "opt_step_s": opt_time, "steps": cfg.steps}
 
 
 def crossing(curve: list[dict[str, float]], target: float, key: str) -> float | None:
@@ -229,16 +231,16 @@ def summarize(trials: list[dict[str, Any]], cfg: QualityConfig) -> dict[str, Any
         steps_to = crossing(t["curve"], target, "step")
         wall_to = crossing(t["curve"], target, "wall_s")
         hours = wall_to / 3600 if wall_to is not None else None
-        rows.append(dict(
-            optimizer=name, best_lr=t["lr"], final_val_loss=t["final_val_loss"], target=target,
-            steps_to_target=steps_to,
-            steps_ratio_vs_adamw=(steps_to / best["adamw"]["steps"]) if steps_to is not None else None,
-            wall_s_to_target=wall_to, device_hours_to_target=hours,
-            cost_to_target=(hours * cfg.price_per_hour) if hours is not None else None,
-            step_ms=1e3 * t["wall_s"] / t["steps"], opt_step_ms=1e3 * t["opt_step_s"] / t["steps"],
-            step_overhead_vs_adamw=(t["wall_s"] / t["steps"]) / adam_step_s,
-        ))
-    return dict(target=target, rows=rows)
+        rows.append({
+            "optimizer": name, "best_lr": t["lr"], "final_val_loss": t["final_val_loss"], "target": target,
+            "steps_to_target": steps_to,
+            "steps_ratio_vs_adamw": (steps_to / best["adamw"]["steps"]) if steps_to is not None else None,
+            "wall_s_to_target": wall_to, "device_hours_to_target": hours,
+            "cost_to_target": (hours * cfg.price_per_hour) if hours is not None else None,
+            "step_ms": 1e3 * t["wall_s"] / t["steps"], "opt_step_ms": 1e3 * t["opt_step_s"] / t["steps"],
+            "step_overhead_vs_adamw": (t["wall_s"] / t["steps"]) / adam_step_s,
+        })
+    return {"target": target, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,17 +269,18 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str(f"{name} lr={lr:.0e}")
         try:
             trials.append(train_one(name, lr, cfg, train_tokens, val, tok.get_vocab_size(), bar.write))
-        except Exception as exc:  # a failed trial is recorded, the sweep goes on
-            trials.append(dict(optimizer=name, lr=lr, status=f"error: {type(exc).__name__}: {exc}",
-                               final_val_loss=float("inf"), curve=[], wall_s=0.0, opt_step_s=0.0, steps=cfg.steps))
+        except Exception as exc:  # noqa: BLE001 - a failed trial is recorded, the sweep goes on
+            trials.append({"optimizer": name, "lr": lr, "status": f"error: {type(exc).__name__}: {exc}",
+                           "final_val_loss": float("inf"), "curve": [], "wall_s": 0.0, "opt_step_s": 0.0,
+                           "steps": cfg.steps})
             bar.write(f"  {name} lr={lr:.0e} failed: {exc}")
     summary = summarize(trials, cfg)
-    meta = dict(config={k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-                corpus_digest=corpus.digest, train_files=len(corpus.train_files), val_files=len(corpus.val_files),
-                train_tokens=int(train_tokens.numel()), val_tokens=int(val_tokens.numel()),
-                python=sys.version.split()[0], torch=torch.__version__)
+    meta = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+            "corpus_digest": corpus.digest, "train_files": len(corpus.train_files),
+            "val_files": len(corpus.val_files), "train_tokens": int(train_tokens.numel()),
+            "val_tokens": int(val_tokens.numel()), "python": sys.version.split()[0], "torch": torch.__version__}
     tmp = out / "trials.json.tmp"
-    tmp.write_text(json.dumps(dict(meta=meta, trials=trials, summary=summary), indent=1))
+    tmp.write_text(json.dumps({"meta": meta, "trials": trials, "summary": summary}, indent=1))
     os.replace(tmp, out / "trials.json")
     print(write_report(out))
     return 0

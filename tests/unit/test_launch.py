@@ -100,7 +100,7 @@ def test_bench_modules_import_without_torch():
         "import bench.run, bench.launch, bench.record, bench.collect, bench.report, bench.engines\n"
         "print('ok')"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def _scaled(cfg: RootConfig, factor: float, field: str) -> RootConfig:
 def test_more_bandwidth_never_slows_a_step(table1: dict[str, RootConfig], field: str, profile: str) -> None:
     for cfg in table1.values():
         times = [predict(_scaled(cfg, f, field), profile).step_time_s for f in (0.5, 1.0, 2.0, 4.0)]
-        assert all(b <= a + 1e-12 for a, b in zip(times, times[1:], strict=False)), (field, times)
+        assert all(b <= a + 1e-12 for a, b in itertools.pairwise(times)), (field, times)
 
 
 @pytest.mark.parametrize("profile", ["published", "ours"])
@@ -68,7 +69,7 @@ def test_more_ns_steps_never_speed_a_step(table1: dict[str, RootConfig], profile
         cfg = table1[exp]
         times = [predict(replace(cfg, optimizer=replace(cfg.optimizer, num_ns_steps=k)), profile).step_time_s
                  for k in (3, 4, 5, 6, 8, 10)]
-        assert all(b >= a - 1e-12 for a, b in zip(times, times[1:], strict=False)), (exp, times)
+        assert all(b >= a - 1e-12 for a, b in itertools.pairwise(times)), (exp, times)
         assert times[-1] > times[0]
 
 

@@ -60,7 +60,7 @@ def test_bad_cli_names_key_and_allowed() -> None:
 
 
 def test_crossing_interpolates() -> None:
-    curve = [dict(step=10, val_loss=5.0, wall_s=1.0), dict(step=20, val_loss=3.0, wall_s=2.0)]
+    curve = [{"step": 10, "val_loss": 5.0, "wall_s": 1.0}, {"step": 20, "val_loss": 3.0, "wall_s": 2.0}]
     assert run.crossing(curve, 4.0, "step") == pytest.approx(15.0)
     assert run.crossing(curve, 2.0, "step") is None
 
