@@ -29,9 +29,10 @@ are orthogonalized by `tp_newton_schulz` in the spec's mode (one batched call pe
 shard sizes and mode), scaled by the FULL piece shape (blockwise: the shard's own shape, so that it equals
 per-shard Muon, as MCore's blockwise). A fused split (QKV, gate/up) of a row-sharded parameter is taken as per-rank
 blocks of equal size (Megatron's layout). Parameters without a spec take the path above unchanged. Every rank of a
-TP group must step the same sharded parameters in the same order: a non-finite skip on one rank only would leave
-its peers waiting in a collective (Megatron's mixed-precision wrapper agrees on found-inf across the model-parallel
-group and skips the whole step first). The CUDA kernels (`optim.kernels`) are not used for TP shards.
+TP group must step the same sharded parameters in the same order, so non-finite skips of sharded parameters are
+agreed over each TP group (a 1-element all-reduce per group and step; a shard is skipped on every rank when one
+rank's shard is non-finite, event kind "tp_peer" on the others). The CUDA kernels (`optim.kernels`) are not used
+for TP shards.
 """
 
 from __future__ import annotations
@@ -79,6 +80,19 @@ def _bucket[T](items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]
 
 def _dtype_device_of_buf(slot: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[torch.dtype, torch.device]:
     return slot[2].dtype, slot[2].device
+
+
+def _all_reduce_min(t: torch.Tensor, group: Any) -> None:
+    import torch.distributed as dist
+
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=group)
+
+
+def _all_ranks_true(flag: bool, group: Any, device: torch.device) -> bool:
+    """True when `flag` is True on every rank of `group` (a 1-element MIN all-reduce)."""
+    t = torch.tensor([float(flag)], device=device)
+    _all_reduce_min(t, group)
+    return bool(t.item() == 1.0)
 
 
 class OrthogonalizedOptimizer(torch.optim.Optimizer):
@@ -299,9 +313,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             if mscale is not None:
                 orth = orth * mscale.to(orth.dtype).view(-1, 1, 1)
             wd = group["weight_decay"] if cfg.weight_decay_method == "decoupled" else 0.0
-            fs.apply_update(
-                ps, orth, lr=group["lr"], weight_decay=wd, scale=self._shape_scale(*ps[0].shape)
-            )
+            fs.apply_update(ps, orth, lr=group["lr"], weight_decay=wd, scale=self._shape_scale(*ps[0].shape))
 
     def _momentum(self, skip: set[int] | None = None) -> list[_Entry]:
         """New momentum and orthogonalization input of every parameter with a gradient (state not yet written),
@@ -332,31 +344,63 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         return entries
 
     def _check_finite(self, entries: list[_Entry]) -> tuple[list[_Entry], list[tuple[str, int, str]]]:
-        """(entries to update, (name, step, kind) of the skipped ones); see the module docstring."""
+        """(entries to update, (name, step, kind) of the skipped ones); see the module docstring.
+
+        TP-sharded entries are decided per TP group: a shard is skipped on every rank of its group when any rank
+        saw a non-finite value in its own shard (kind "tp_peer" on the ranks whose shard was finite), so that the
+        group's NS collectives stay matched. Costs one 1-element all-reduce per TP group and step (a second one,
+        per parameter, only when some rank of the group failed its screen)."""
         screens = [
             torch.isfinite(torch.stack(torch._foreach_norm([e.m for e in bucket], 1))).all()
             for bucket in _bucket(entries, lambda e: (e.m.dtype, e.m.device))
         ]
-        if all(host_flags(screens)):
+        local_ok = all(host_flags(screens))
+        groups = self._tp_groups(entries)
+        bad_groups = [g for g in groups if not _all_ranks_true(local_ok, g, entries[0].m.device)]
+        if local_ok and not bad_groups:
             return entries, []
         cfg = self.config
-        checks = []
-        for e in entries:
-            g = e.p.grad.to(e.new_buf.dtype)  # type: ignore[union-attr]
-            wd = e.group["weight_decay"]
-            if cfg.weight_decay_method == "l2" and wd != 0:
-                g = g.add(e.p.to(e.new_buf.dtype), alpha=wd)
-            checks += [torch.isfinite(g).all(), torch.isfinite(e.new_buf).all()]
-        flags = host_flags(checks)
+        flags = [True] * (2 * len(entries))
+        if not local_ok:
+            checks = []
+            for e in entries:
+                g = e.p.grad.to(e.new_buf.dtype)  # type: ignore[union-attr]
+                wd = e.group["weight_decay"]
+                if cfg.weight_decay_method == "l2" and wd != 0:
+                    g = g.add(e.p.to(e.new_buf.dtype), alpha=wd)
+                checks += [torch.isfinite(g).all(), torch.isfinite(e.new_buf).all()]
+            flags = host_flags(checks)
+        peer_bad: set[int] = set()
+        for grp in bad_groups:
+            idx = [i for i, e in enumerate(entries) if id(e.p) in self.tp and self.tp[id(e.p)].group is grp]
+            mine = torch.tensor(
+                [float(flags[2 * i] and flags[2 * i + 1]) for i in idx], device=entries[0].m.device
+            )
+            _all_reduce_min(mine, grp)
+            peer_bad |= {i for i, ok in zip(idx, mine.tolist(), strict=True) if not ok}
         names = param_names(self.param_groups)
         good, events = [], []
         for i, e in enumerate(entries):
-            if flags[2 * i] and flags[2 * i + 1]:
+            if flags[2 * i] and flags[2 * i + 1] and i not in peer_bad:
                 good.append(e)
             else:
-                kind = "grad" if not flags[2 * i] else "momentum"
+                kind = "grad" if not flags[2 * i] else "momentum" if not flags[2 * i + 1] else "tp_peer"
                 events.append((names[id(e.p)], self.state[e.p]["step"] + 1, kind))
         return good, events
+
+    def _tp_groups(self, entries: list[_Entry]) -> list[Any]:
+        """The distinct process groups (size > 1) of the TP-sharded entries, in first-seen order."""
+        out: list[Any] = []
+        for e in entries:
+            spec = self.tp.get(id(e.p))
+            if (
+                spec is not None
+                and spec.group is not None
+                and spec.size() > 1
+                and all(spec.group is not g for g in out)
+            ):
+                out.append(spec.group)
+        return out
 
     def _orthogonalize_all(self, items: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
         """Whole matrices by `_orthogonalize_plain`, TP shards by `_orthogonalize_sharded`, in input order."""

@@ -254,3 +254,69 @@ def test_megatron_tp_specs_from_routes_and_auto_fn() -> None:
     got = [pick(*case) for case in cases]
     assert got == [choose_tp_mode(r, c, t, hw, partition_dim=d) for r, c, t, d in cases]
     assert set(got) == {"duplicated", "distributed"}
+
+
+def nonfinite_tp_worker(rank: int, ws: int) -> None:
+    """Rank ws-1 gets a NaN in its shard of "a" at step 2: every rank skips "a" (weight and momentum of step 1
+    kept, kind "tp_peer" on the ranks whose shard was finite), "b" and the unsharded "u" step normally, and step 3
+    runs in sync (no rank left waiting in a collective)."""
+    import warnings
+
+    from optim.optimizers import NonFiniteWarning
+
+    full = _full_params(ws)
+    params = {n: _shard(n, full[n], rank, ws).clone() for n in ("a", "b")}
+    params["u"] = torch.randn(6, 9, generator=torch.Generator().manual_seed(5))
+    specs = _specs({n: params[n] for n in ("a", "b")}, ws, "distributed")
+    opt = Muon(list(params.items()), MuonConfig(lr=LR, ns_precision="fp32"), tp=specs)
+
+    def set_grads(step: int) -> None:
+        g = _grads(ws, step)
+        for n in ("a", "b"):
+            params[n].grad = _shard(n, g[n], rank, ws).clone()
+        params["u"].grad = torch.randn(6, 9, generator=torch.Generator().manual_seed(50 + step))
+        if step == 1 and rank == ws - 1:
+            params["a"].grad[0, 0] = float("nan")
+
+    set_grads(0)
+    opt.step()
+    snap = {n: p.detach().clone() for n, p in params.items()}
+    buf_a = opt.state[params["a"]]["momentum_buffer"].clone()
+    set_grads(1)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        opt.step()
+    assert torch.equal(params["a"], snap["a"]), context(f"rank {rank}: 'a' moved")("")
+    assert torch.equal(opt.state[params["a"]]["momentum_buffer"], buf_a)
+    assert not torch.equal(params["b"], snap["b"]) and not torch.equal(params["u"], snap["u"])
+    kind = "grad" if rank == ws - 1 else "tp_peer"
+    assert opt.nonfinite_events == [("a", 2, kind)], (rank, opt.nonfinite_events)
+    assert any(issubclass(x.category, NonFiniteWarning) for x in w)
+    set_grads(2)
+    opt.step()
+    # == the single-process optimizer on the full matrices, whose "a" had that NaN at step 2 (and was skipped)
+    ref = {n: full[n].clone() for n in ("a", "b")}
+    ref["u"] = torch.randn(6, 9, generator=torch.Generator().manual_seed(5))
+    ref_opt = Muon(list(ref.items()), MuonConfig(lr=LR, ns_precision="fp32"))
+    row = sum(split_sizes(MATS["a"][0][0], ws)[: ws - 1])
+    for step in range(3):
+        g = _grads(ws, step)
+        ref["a"].grad, ref["b"].grad = g["a"].clone(), g["b"].clone()
+        ref["u"].grad = torch.randn(6, 9, generator=torch.Generator().manual_seed(50 + step))
+        if step == 1:
+            ref["a"].grad[row, 0] = float("nan")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ref_opt.step()
+    for n in ("a", "b"):
+        assert_close(
+            params[n], _shard(n, ref[n], rank, ws), rtol=1e-5, atol=2e-5, msg=context(f"{n} rank={rank}")
+        )
+    assert_close(params["u"], ref["u"], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_nonfinite_shard_is_skipped_on_every_tp_rank(world_size: int) -> None:
+    """Localises a one-rank skip of a sharded matrix (a hang or a mismatched NS collective in the peers)."""
+    spawn(nonfinite_tp_worker, world_size)
