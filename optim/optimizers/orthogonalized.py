@@ -13,9 +13,13 @@ side first, and all pieces of equal shape in the step are concatenated and ortho
 Element-wise work runs as multi-tensor `torch._foreach_*` ops per (param group, dtype, device), not per parameter:
 momentum and Nesterov input (`_foreach_lerp`), weight decay and update (`_foreach_add_`); scaling is one multiply
 per shape group. On CPU the foreach ops apply the same per-tensor kernels as the plain ops (bitwise equal to a
-per-parameter loop); on CUDA they are fused multi-tensor kernels with the same formulas. (`optim.kernels.fused_step`
-is not used: it updates the momentum in place before the finite check, rounds the NS input to bf16 and folds
-decay and scale into one multiply-add, so its results differ from these.)
+per-parameter loop); on CUDA they are fused multi-tensor kernels with the same formulas.
+
+Fused path (Muon with `fused_step` on CUDA, bf16 NS; `_fused_step`): whole fp32 2-D matrices (not split, not
+TP-sharded) are stepped by `optim.kernels.fused_step` instead, one (group, shape) bucket at a time: momentum update
+in place plus the bf16 NS input in one pass, one batched orthogonalize, decay and scaled update in one pass. It
+differs from the path above by rounding: the NS input is rounded to bf16 before the Frobenius normalization, and
+decay and update are one multiply-add. Its non-finite check screens the gradients first (see `_fused_step`).
 
 Non-finite values: a NaN/Inf in g or in the new buf is detected before anything is written, then that parameter is
 skipped with a NonFiniteWarning (its weight and old momentum are kept) or NonFiniteError is raised. Detection is
