@@ -17,7 +17,7 @@ from bench import schema
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-ALLOWED: dict[str, tuple[str, ...]] = {
+ALLOWED: dict[str, tuple[str | int, ...]] = {
     "model.family": ("qwen3_moe", "deepseek_v3"),
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),

@@ -177,6 +177,8 @@ class MegatronEngine(Engine):
     def step(self) -> StepMetrics:
         import torch
 
+        from bench.step_profile import phase_range
+
         t = self.ptimer
         t.reset()
         m, p = self.cfg.model, self.cfg.parallelism
@@ -184,11 +186,11 @@ class MegatronEngine(Engine):
             if self._gc_disabled:
                 gc.collect(1)  # the young generations only; timed as part of the step
             level = self.cfg.engine.empty_unused_memory_level
-            with t.phase("fwd_bwd"):
+            with t.phase("fwd_bwd"), phase_range("fwd_bwd"):
                 losses = self.forward_backward()
                 if level >= 2:
                     torch.cuda.empty_cache()
-            with t.phase("optim"):
+            with t.phase("optim"), phase_range("optim"):
                 ok, grad_norm = self.optimizer_step()
                 if level >= 1:
                     torch.cuda.empty_cache()

@@ -30,11 +30,20 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
         "--budget-s", type=float, default=float("inf"), help="start no case after this many seconds"
     )
     ap.add_argument(
-        "--case-timeout-s", type=float, default=None, help="kill a case's child process after this many seconds"
+        "--case-timeout-s",
+        type=float,
+        default=None,
+        help="kill a case's child process after this many seconds",
     )
     ap.add_argument("--common", nargs="*", default=[], help="overrides appended to every case")
     ap.add_argument(
         "--in-process", action="store_true", help="run the cases in this process (default: one child each)"
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the recorded steps, run one more under torch.profiler and write profile_step<k>.json "
+        "(per-phase kernel time vs wall time, top kernels; bench/step_profile.py); not in steps.jsonl",
     )
     head, cases, cur = [], [], None
     for tok in argv:
@@ -57,8 +66,9 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     return args, out
 
 
-def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
-    """One run: compose, record, setup, steps, finalize. Returns the final run.json."""
+def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = False) -> dict[str, Any]:
+    """One run: compose, record, setup, steps (plus one profiled step with `profile`), finalize. Returns the final
+    run.json."""
     from bench import config, record
     from bench.engines.base import RankInfo
     from bench.engines.megatron import MegatronEngine
@@ -105,7 +115,19 @@ def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
                 flush=True,
             )
         log.close()
-        record.update_run_json(run_dir, tp_modes=engine.describe().get("tp_modes", {}))  # auto resolved by now
+        if profile:
+            from bench import step_profile
+
+            m, prof = step_profile.profile_step(engine.step, cuda=True)
+            summary = step_profile.summarize(prof.events(), {"fwd_bwd": m.fwd_bwd_s, "optim": m.optim_s})
+            summary["step_s"] = m.step_s
+            step_profile.write(run_dir, cfg.bench.steps, summary)
+            print(
+                f"[{name}] profiled step {cfg.bench.steps}:\n{step_profile.main_table(summary)}", flush=True
+            )
+        record.update_run_json(
+            run_dir, tp_modes=engine.describe().get("tp_modes", {})
+        )  # auto resolved by now
         return record.finalize(run_dir, status="ok")
     except Exception as exc:  # noqa: BLE001 - every failure leaves a record; the next case still runs
         log.close()
@@ -177,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
                 "bench.engines.megatron_bench",
                 "--out",
                 str(root),
+                *(["--profile"] if args.profile else []),
                 "--case",
                 name,
                 *overrides,
@@ -195,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
                 else {"status": "error", "summary": None}
             )
         else:
-            rec = run_case(name, overrides, root)
+            rec = run_case(name, overrides, root, profile=args.profile)
         s = rec.get("summary") or {}
         print(
             f"[{name}] {rec['status']}: step {s.get('step_s_median')} s, model TF/GPU {s.get('model_tflops_per_gpu')},"

@@ -1,0 +1,59 @@
+"""bench.step_profile: phase ranges are captured by torch.profiler, and the summary splits kernel time per phase."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import torch
+
+from bench import step_profile as sp
+
+
+def test_phase_ranges_are_captured_on_cpu(tmp_path):
+    def step():
+        with sp.phase_range("fwd_bwd"):
+            x = torch.randn(64, 64)
+            y = x @ x
+        with sp.phase_range("optim"):
+            y.add_(1.0)
+        return float(y.sum())
+
+    out, prof = sp.profile_step(step, cuda=False)
+    assert isinstance(out, float)
+    summary = sp.summarize(prof.events(), {"fwd_bwd": 0.5, "optim": 0.1})
+    assert set(summary["phases"]) == {"fwd_bwd", "optim"}
+    # no CUDA here: no kernel time, the whole wall time is host-side gap
+    assert summary["phases"]["fwd_bwd"]["kernel_s"] == 0.0
+    assert summary["phases"]["fwd_bwd"]["gap_s"] == 0.5
+    path = sp.write(tmp_path, 7, summary)
+    assert (
+        path.name == "profile_step7.json" and json.loads(path.read_text())["phases"]["optim"]["wall_s"] == 0.1
+    )
+    assert "fwd_bwd: kernels 0.000 s, wall 0.500 s" in sp.main_table(summary)
+
+
+def _ev(name, dev, t_us):
+    return SimpleNamespace(name=name, device_type=dev, device_time_total=t_us)
+
+
+def test_summary_splits_kernel_time_per_phase_and_ranks_kernels():
+    events = [
+        _ev("muonbench/fwd_bwd", "DeviceType.CPU", 3_000_000.0),  # kernels launched inside: 3 s
+        _ev("muonbench/optim", "DeviceType.CPU", 200_000.0),
+        _ev("sm90_xmma_gemm_bf16", "DeviceType.CUDA", 1_000_000.0),
+        _ev("sm90_xmma_gemm_bf16", "DeviceType.CUDA", 1_500_000.0),
+        _ev("elementwise_kernel", "DeviceType.CUDA", 700_000.0),
+        _ev("aten::mm", "DeviceType.CPU", 5.0),
+        _ev("muonbench/fwd_bwd", "DeviceType.CUDA", 3_240_000.0),  # GPU-side annotation of the range
+    ]
+    s = sp.summarize(events, {"fwd_bwd": 3.25, "optim": 0.2})
+    assert s["phases"]["fwd_bwd"]["kernel_s"] == 3.0
+    assert s["phases"]["fwd_bwd"]["gpu_span_s"] == 3.24
+    assert abs(s["phases"]["fwd_bwd"]["gap_s"] - 0.25) < 1e-12
+    assert abs(s["phases"]["optim"]["gap_s"]) < 1e-12
+    assert s["kernel_total_s"] == 3.2
+    assert s["top_kernels"][0] == {"name": "sm90_xmma_gemm_bf16", "calls": 2, "total_ms": 2500.0}
+    assert [k["name"] for k in s["top_kernels"]] == ["sm90_xmma_gemm_bf16", "elementwise_kernel"]
+    # a phase without a wall time from the engine has no gap
+    assert sp.summarize(events)["phases"]["optim"]["gap_s"] is None
