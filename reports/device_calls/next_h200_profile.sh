@@ -5,11 +5,7 @@
 # (profile_step4.json in each run directory). A larger fwd_bwd gap_s for ours = the host is late (launch gaps, host
 # syncs); a larger fwd_bwd kernel_s = the GPU ran the same work slower. Run from the repo root, .whl_megatron carried.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_megatron/*.whl || exit 1
-export PYTHONPATH=.:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-export MUONBENCH_CACHE=/tmp/nsplan
-mkdir -p /tmp/nsplan /tmp/runs "$OUT/mg"
-cp reports/ns_kernels_h200_202611/ns_plan.json /tmp/nsplan/
+source reports/device_calls/device_env.sh
 Q="experiment=h200/qwen3_30b_a3b_slice_muon_1gpu bench.steps=4 bench.warmup_steps=1"
 python3 -m bench.engines.megatron_bench --out /tmp/runs --profile --case-timeout-s 150 \
     --case prof_adamw $Q optimizer=adamw --case prof_muon_ours $Q --case prof_muon_megatron $Q optimizer=muon_megatron \

@@ -1,0 +1,7 @@
+# Sourced by device-call scripts (from the repo root, .whl_megatron carried): installs the carried wheels to
+# /tmp/site, sets the NCCL / Python environment and seeds the NS plan cache with the kernel report's plan.
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_megatron/*.whl || exit 1
+export PYTHONPATH=.:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export MUONBENCH_CACHE=/tmp/nsplan
+mkdir -p /tmp/nsplan /tmp/runs "$OUT/mg"
+cp reports/ns_kernels_h200_202611/ns_plan.json /tmp/nsplan/
