@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 MEGATRON_REPORT = Path(__file__).resolve().parents[2] / "reports" / "megatron_h200_202611"
+FLOPS_REPORT = Path(__file__).resolve().parents[2] / "reports" / "megatron_h200_flops_202611"
+"""Session 2's FLOP-matched Qwen3 slice runs: out of sample (no constant is refitted on them)."""
 TOLERANCE = 0.10
 
 

@@ -187,10 +187,18 @@ def _what_if() -> dict[str, list[dict[str, Any]]]:
 
 
 def h200_check() -> str:
-    """Prediction of the single-H200 Megatron measurement, when reports/megatron_h200_202611/ exists."""
-    from bench.perfmodel.h200 import compare
+    """Prediction of the single-H200 Megatron measurements: reports/megatron_h200_202611/ (the fit run and its
+    siblings), then the FLOP-matched slice of reports/megatron_h200_flops_202611/ (out of sample) when present."""
+    from bench.perfmodel.h200 import FLOPS_REPORT, compare
 
-    return compare()
+    text = compare()
+    if FLOPS_REPORT.exists():
+        text += (
+            "\n\n#### Out of sample: the FLOP-matched Qwen3-30B-A3B slice (reports/megatron_h200_flops_202611)\n\n"
+            "328 x 4096 tokens per step, measured in a later session; no constant was refitted on these runs "
+            "(`engine.manual_gc` and `empty_unused_memory_level` have no model term).\n\n" + compare(FLOPS_REPORT)
+        )
+    return text
 
 
 def write_report(out_dir: str) -> str:
