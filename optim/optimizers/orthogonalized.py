@@ -311,7 +311,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             raise NonFiniteError(
                 [(names[id(p)], self.state[p]["step"], "momentum") for _, ps, _ in packed for p in ps]
             )
-        for group, ps, x in packed:
+        packed.reverse()
+        while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
+            group, ps, x = packed.pop()
             orth, mscale = self._orthogonalize(x)
             del x
             if mscale is not None:
