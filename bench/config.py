@@ -179,5 +179,11 @@ def validate(root: schema.RootConfig) -> None:
         _fail("engine.device", root.engine.device, f"engine {root.engine.name!r} runs on GPUs only (device=cuda)")
     if root.engine.device == "cuda" and root.engine.backend != "nccl":
         _fail("engine.backend", root.engine.backend, "device=cuda uses the nccl backend")
+    if root.engine.name != "megatron":
+        if root.engine.manual_gc:
+            _fail("engine.manual_gc", True, f"only the megatron engine has it (engine.name={root.engine.name!r})")
+        if root.engine.empty_unused_memory_level:
+            _fail("engine.empty_unused_memory_level", root.engine.empty_unused_memory_level,
+                  f"only the megatron engine has it (engine.name={root.engine.name!r})")
     if root.bench.warmup_steps >= root.bench.steps:
         _fail("bench.warmup_steps", root.bench.warmup_steps, f"must be < bench.steps={root.bench.steps}")

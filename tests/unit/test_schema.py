@@ -37,6 +37,9 @@ def test_wrong_type_fails_at_compose() -> None:
         (["parallelism.pp=2", "parallelism.vp=3"], "model.num_layers"),
         (["optimizer.tp_mode=sideways"], "optimizer.tp_mode"),
         (["engine.device=cuda"], "engine.backend"),
+        (["engine.manual_gc=true"], "engine.manual_gc"),
+        (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
+        (["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"], "engine.empty_unused_memory_level"),
     ],
 )
 def test_layout_rules_name_field_value_rule(overrides: list[str], field: str) -> None:
