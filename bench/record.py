@@ -152,7 +152,15 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_info(repo: str | Path | None = None) -> dict[str, Any]:
-    """Our git SHA and whether the tree has uncommitted changes (None where git or the repo is missing)."""
+    """Our git SHA and whether the tree has uncommitted changes (None where git or the repo is missing).
+
+    `MUONBENCH_GIT_SHA` (and optionally `MUONBENCH_GIT_DIRTY=0|1`) overrides both: for copies of the tree without
+    usable git metadata (a device machine, a container), set by whoever made the copy; recorded as `source: env`."""
+    env_sha = os.environ.get("MUONBENCH_GIT_SHA")
+    if env_sha:
+        dirty_env = os.environ.get("MUONBENCH_GIT_DIRTY")
+        dirty = None if dirty_env is None else dirty_env not in ("0", "false", "False", "")
+        return {"sha": env_sha, "dirty": dirty, "source": "env"}
     cwd = Path(repo) if repo else Path(__file__).resolve().parent.parent
 
     def _git(*args: str) -> str | None:

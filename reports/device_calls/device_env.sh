@@ -1,5 +1,7 @@
 # Sourced by device-call scripts (from the repo root, .whl_megatron carried): installs the carried wheels to
 # /tmp/site, sets the NCCL / Python environment and seeds the NS plan cache with the kernel report's plan.
+# The device copy has no usable git metadata: start the call as `MUONBENCH_GIT_SHA=$(git rev-parse --short HEAD)
+# bash reports/device_calls/<script>.sh` (the SHA typed into the run command) so the run records name the commit.
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl_megatron/*.whl || exit 1
 export PYTHONPATH=.:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export MUONBENCH_CACHE=/tmp/nsplan

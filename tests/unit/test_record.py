@@ -118,3 +118,15 @@ def test_quantile_matches_statistics_module():
     xs = [0.3, 0.1, 0.7, 0.2, 0.9]
     assert record._quantile(xs, 0.5) == statistics.median(xs)
     assert record._quantile(xs, 0.25) == pytest.approx(statistics.quantiles(xs, n=4, method="inclusive")[0])
+
+
+def test_git_info_env_override_for_copies_without_git(tmp_path, monkeypatch):
+    """A tree copied without .git (device machine, container) records the SHA its copier set, marked as such."""
+    monkeypatch.delenv("MUONBENCH_GIT_SHA", raising=False)
+    assert record.git_info(tmp_path) == {"sha": None, "dirty": None}  # no git repo there
+    monkeypatch.setenv("MUONBENCH_GIT_SHA", "abc1234")
+    assert record.git_info(tmp_path) == {"sha": "abc1234", "dirty": None, "source": "env"}
+    monkeypatch.setenv("MUONBENCH_GIT_DIRTY", "1")
+    assert record.git_info(tmp_path)["dirty"] is True
+    monkeypatch.setenv("MUONBENCH_GIT_DIRTY", "0")
+    assert record.git_info(tmp_path)["dirty"] is False
