@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project collect report quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project collect report regress quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -49,6 +49,11 @@ collect: $(STAMP) ## Gather run directories into results.csv
 
 report: $(STAMP) ## Write the markdown report and plots from the collected CSVs
 	$(PY) -m bench.report $(ARGS)
+
+GOLDEN ?= reports/golden/h200.csv
+regress: $(STAMP) ## Compare a report with golden rows (+-5%): make regress NAME=<report name> [GOLDEN=reports/golden/h200.csv] [ARGS=--warn-only]
+	$(if $(NAME),,$(error NAME is required: make regress NAME=<report name under reports/>))
+	$(PY) -m bench.regress compare --results reports/$(NAME)/results.csv --golden $(GOLDEN) $(ARGS)
 
 EXPERIMENT ?= gb300/kimi_k2_muon
 bench-cluster: $(STAMP) ## Slurm job of a published setup: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [ARGS="launcher.partition=P launcher.account=A"]
