@@ -55,8 +55,9 @@ def _segments_bytes(owned: list[float], filler: float, n: int, grad_b: int, para
     return {"ours": ours, "published": published, "padding": padding, "collective": collective}
 
 
-def stage_matrices(model: Any, par: Any, *, split_qkv: bool = True, split_mla: bool = False,
-                   split_gate_up: bool = False) -> list[tuple[int, list[Any], list[Any]]]:
+def stage_matrices(
+    model: Any, par: Any, *, split_qkv: bool = True, split_mla: bool = False, split_gate_up: bool = False
+) -> list[tuple[int, list[Any], list[Any]]]:
     """Per PP rank: (decoder layers, dense matrices of the stage, expert matrices one EP rank holds)."""
     from bench.flops import enumerate_ns_matrices, stage_layers
 
@@ -65,7 +66,11 @@ def stage_matrices(model: Any, par: Any, *, split_qkv: bool = True, split_mla: b
     out = []
     for layer_ids in stage_layers(model, par):
         n_dense = sum(1 for i in layer_ids if i < model.num_dense_layers)
-        n_type = {"all": len(layer_ids), "dense": n_dense, "moe": len(layer_ids) - n_dense if model.num_experts else 0}
+        n_type = {
+            "all": len(layer_ids),
+            "dense": n_dense,
+            "moe": len(layer_ids) - n_dense if model.num_experts else 0,
+        }
         dense, experts = [], []
         for m in mats:
             if m.expert:
@@ -76,8 +81,16 @@ def stage_matrices(model: Any, par: Any, *, split_qkv: bool = True, split_mla: b
     return out
 
 
-def analyse(model: Any, par: Any, strategy: str, *, cost_model: Any = None, grad_bytes: int = 4,
-            param_bytes: int = 2, splits: dict[str, bool] | None = None) -> dict[str, Any]:
+def analyse(
+    model: Any,
+    par: Any,
+    strategy: str,
+    *,
+    cost_model: Any = None,
+    grad_bytes: int = 4,
+    param_bytes: int = 2,
+    splits: dict[str, bool] | None = None,
+) -> dict[str, Any]:
     """Per-rank NS load and bytes for one strategy; see the module docstring for the model."""
     from bench.flops import padded_vocab_size
     from optim.distributed.assignment import CostModel, assign, imbalance, rank_loads
@@ -94,8 +107,9 @@ def analyse(model: Any, par: Any, strategy: str, *, cost_model: Any = None, grad
         e_loads = rank_loads(e_shapes, e_owner, edp, cost_model=cost)
         base = [e_loads[(d // ep) % edp] for d in range(dp)]  # DP rank d is expert-DP position d // ep
         d_shapes = [(m.rows, m.cols) for m in dense]
-        d_owner = assign(d_shapes, dp, strategy, cost_model=cost,
-                         initial_loads=base if strategy == "lpt_cost" else None)
+        d_owner = assign(
+            d_shapes, dp, strategy, cost_model=cost, initial_loads=base if strategy == "lpt_cost" else None
+        )
         d_loads = rank_loads(d_shapes, d_owner, dp, cost_model=cost)
         loads = [base[d] + d_loads[d] for d in range(dp)]
         loads_all += loads * par.tp
@@ -110,43 +124,79 @@ def analyse(model: Any, par: Any, strategy: str, *, cost_model: Any = None, grad
         e_owned = [0.0] * edp
         for m, r in zip(experts, e_owner, strict=True):
             e_owned[r] += m.rows * m.cols / par.etp
-        eb = _segments_bytes(e_owned, 0.0, edp, grad_bytes, param_bytes) if experts else {"ours": 0, "published": 0}
+        eb = (
+            _segments_bytes(e_owned, 0.0, edp, grad_bytes, param_bytes)
+            if experts
+            else {"ours": 0, "published": 0}
+        )
         bytes_ours = max(bytes_ours, b["ours"] + eb["ours"])
         bytes_pub = max(bytes_pub, b["published"] + eb["published"])
-        per_stage.append({"layers": n_layers, "min_ms": min(loads), "mean_ms": sum(loads) / dp,
-                          "max_ms": max(loads), "imbalance": imbalance(loads), "bound": bound,
-                          "bytes_ours": b["ours"] + eb["ours"], "padding": b.get("padding", 0.0),
-                          "collective": b.get("collective", "-")})
-    return {"strategy": strategy, "imbalance": max(group_imb), "imbalance_world": imbalance(loads_all),
-            "imbalance_bound": max(st["bound"] for st in per_stage), "max_ms": max(loads_all),
-            "mean_ms": sum(loads_all) / len(loads_all), "bytes_per_step": bytes_ours,
-            "bytes_per_step_published_path": bytes_pub, "stages": per_stage, "rank_loads_ms": loads_all}
+        per_stage.append(
+            {
+                "layers": n_layers,
+                "min_ms": min(loads),
+                "mean_ms": sum(loads) / dp,
+                "max_ms": max(loads),
+                "imbalance": imbalance(loads),
+                "bound": bound,
+                "bytes_ours": b["ours"] + eb["ours"],
+                "padding": b.get("padding", 0.0),
+                "collective": b.get("collective", "-"),
+            }
+        )
+    return {
+        "strategy": strategy,
+        "imbalance": max(group_imb),
+        "imbalance_world": imbalance(loads_all),
+        "imbalance_bound": max(st["bound"] for st in per_stage),
+        "max_ms": max(loads_all),
+        "mean_ms": sum(loads_all) / len(loads_all),
+        "bytes_per_step": bytes_ours,
+        "bytes_per_step_published_path": bytes_pub,
+        "stages": per_stage,
+        "rank_loads_ms": loads_all,
+    }
 
 
 def _text(model: Any, par: Any, results: list[dict[str, Any]], ranks: str) -> str:
-    lines = [(f"bench.balance: model={model.name} parallelism={par.name} (world {par.world_size}: TP{par.tp} "
-              f"PP{par.pp} VP{par.vp} CP{par.cp} DP{par.dp} EP{par.ep} ETP{par.etp}, expert-DP {par.expert_dp})"),
-             "NS ms per rank = sum over its distinct shapes of (fixed + count x per-matrix) ms (batched per shape);",
-             "bytes = sent per rank per step, slowest rank (grads 4 B, params 2 B unless overridden)", ""]
+    lines = [
+        (
+            f"bench.balance: model={model.name} parallelism={par.name} (world {par.world_size}: TP{par.tp} "
+            f"PP{par.pp} VP{par.vp} CP{par.cp} DP{par.dp} EP{par.ep} ETP{par.etp}, expert-DP {par.expert_dp})"
+        ),
+        "NS ms per rank = sum over its distinct shapes of (fixed + count x per-matrix) ms (batched per shape);",
+        "bytes = sent per rank per step, slowest rank (grads 4 B, params 2 B unless overridden)",
+        "",
+    ]
     lines.append(f"{'':40s}" + "".join(f"{r['strategy']:>17s}" for r in results))
-    rows = [("imbalance max/mean in DP group (worst)", "imbalance", "{:.4f}"),
-            ("  whole-matrix lower bound", "imbalance_bound", "{:.4f}"),
-            ("imbalance max/mean over world", "imbalance_world", "{:.4f}"),
-            ("max rank NS ms", "max_ms", "{:.1f}"), ("mean rank NS ms", "mean_ms", "{:.1f}"),
-            ("GB/step ours (RS+AG, padded or per-owner)", "bytes_per_step", "{:.2f}"),
-            ("GB/step published (AR + grouped AGv)", "bytes_per_step_published_path", "{:.2f}")]
+    rows = [
+        ("imbalance max/mean in DP group (worst)", "imbalance", "{:.4f}"),
+        ("  whole-matrix lower bound", "imbalance_bound", "{:.4f}"),
+        ("imbalance max/mean over world", "imbalance_world", "{:.4f}"),
+        ("max rank NS ms", "max_ms", "{:.1f}"),
+        ("mean rank NS ms", "mean_ms", "{:.1f}"),
+        ("GB/step ours (RS+AG, padded or per-owner)", "bytes_per_step", "{:.2f}"),
+        ("GB/step published (AR + grouped AGv)", "bytes_per_step_published_path", "{:.2f}"),
+    ]
     for label, key, fmt in rows:
         scale = 1e-9 if "bytes" in key else 1.0
         lines.append(f"{label:40s}" + "".join(f"{fmt.format(r[key] * scale):>17s}" for r in results))
-    lines += ["", ("per PP stage: NS ms per rank min / mean / max (in-group imbalance; bound), dense-segment padding "
-                   "-> collective")]
+    lines += [
+        "",
+        (
+            "per PP stage: NS ms per rank min / mean / max (in-group imbalance; bound), dense-segment padding "
+            "-> collective"
+        ),
+    ]
     for s in range(len(results[0]["stages"])):
         lines.append(f"  stage {s} ({results[0]['stages'][s]['layers']} layers)")
         for r in results:
             st = r["stages"][s]
-            lines.append(f"    {r['strategy']:>16s}: {st['min_ms']:.1f} / {st['mean_ms']:.1f} / {st['max_ms']:.1f} "
-                         f"({st['imbalance']:.4f}; bound {st['bound']:.4f}), padding {st['padding']:.2f} -> "
-                         f"{st['collective']}")
+            lines.append(
+                f"    {r['strategy']:>16s}: {st['min_ms']:.1f} / {st['mean_ms']:.1f} / {st['max_ms']:.1f} "
+                f"({st['imbalance']:.4f}; bound {st['bound']:.4f}), padding {st['padding']:.2f} -> "
+                f"{st['collective']}"
+            )
     if ranks == "all" or len(results[0]["rank_loads_ms"]) <= 16:
         lines += ["", "per-rank NS ms (stage-major, then DP rank)"]
         for r in results:
@@ -168,19 +218,33 @@ def cost_model_from(path: str, impl: str) -> Any:
     if not path.endswith(".csv"):
         return CostModel.from_table(path)
     with open(path, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("kind") == "ns" and r.get("impl") == impl and r.get("ms")]
+        rows = [
+            r for r in csv.DictReader(f) if r.get("kind") == "ns" and r.get("impl") == impl and r.get("ms")
+        ]
     if not rows:
         raise ValueError(f"cost_table={path!r}: no rows with kind=ns and impl={impl!r}")
     fixed = min(float(r["ms"]) for r in rows if int(r["batch"]) == 1)
-    table = {canonical((int(r["rows"]), int(r["cols"]))): (fixed, max(0.0, float(r["ms"]) - fixed) / int(r["batch"]))
-             for r in rows}
+    table = {
+        canonical((int(r["rows"]), int(r["cols"]))): (
+            fixed,
+            max(0.0, float(r["ms"]) - fixed) / int(r["batch"]),
+        )
+        for r in rows
+    }
     return CostModel(fixed_ms=fixed, table=table)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    opts = {"strategy": "all", "format": "text", "cost_table": "", "cost_impl": "ours_gram", "grad_bytes": "4",
-            "param_bytes": "2", "ranks": "summary"}
+    opts = {
+        "strategy": "all",
+        "format": "text",
+        "cost_table": "",
+        "cost_impl": "ours_gram",
+        "grad_bytes": "4",
+        "param_bytes": "2",
+        "ranks": "summary",
+    }
     overrides = []
     for a in args:
         key, _, value = a.partition("=")
@@ -200,12 +264,27 @@ def main(argv: list[str] | None = None) -> int:
     cost = cost_model_from(opts["cost_table"], opts["cost_impl"]) if opts["cost_table"] else CostModel()
     strategies = STRATEGIES if opts["strategy"] == "all" else (opts["strategy"],)
     opt = cfg.optimizer
-    splits = ({"split_qkv": opt.split_qkv, "split_mla": opt.split_mla, "split_gate_up": opt.split_gate_up}
-              if isinstance(opt, MatrixOptimizerSchema) else {})
-    results = [analyse(cfg.model, cfg.parallelism, s, cost_model=cost, grad_bytes=int(opts["grad_bytes"]),
-                       param_bytes=int(opts["param_bytes"]), splits=splits) for s in strategies]
+    splits = (
+        {"split_qkv": opt.split_qkv, "split_mla": opt.split_mla, "split_gate_up": opt.split_gate_up}
+        if isinstance(opt, MatrixOptimizerSchema)
+        else {}
+    )
+    results = [
+        analyse(
+            cfg.model,
+            cfg.parallelism,
+            s,
+            cost_model=cost,
+            grad_bytes=int(opts["grad_bytes"]),
+            param_bytes=int(opts["param_bytes"]),
+            splits=splits,
+        )
+        for s in strategies
+    ]
     if opts["format"] == "json":
-        out: Any = [{k: v for k, v in r.items() if k != "rank_loads_ms" or opts["ranks"] == "all"} for r in results]
+        out: Any = [
+            {k: v for k, v in r.items() if k != "rank_loads_ms" or opts["ranks"] == "all"} for r in results
+        ]
         print(json.dumps(out[0] if len(out) == 1 else out, indent=1))
     else:
         print(_text(cfg.model, cfg.parallelism, results, opts["ranks"]))

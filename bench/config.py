@@ -31,7 +31,15 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "optimizer.collective": ("auto", "padded", "per_owner"),
     "optimizer.nonfinite_policy": ("skip", "raise"),
     "optimizer.scale_mode": ("spectral", "shape_scaling", "unit_rms_norm", "nuclear_norm"),
-    "optimizer.coefficient_type": ("simple", "quintic", "polar_express", "aol", "cans", "deepseekv4", "custom"),
+    "optimizer.coefficient_type": (
+        "simple",
+        "quintic",
+        "polar_express",
+        "aol",
+        "cans",
+        "deepseekv4",
+        "custom",
+    ),
     "optimizer.ns_precision": ("bf16", "fp32"),
     "optimizer.polar_method": ("svd", "polar_express"),
     "precision.name": ("bf16", "fp8_mx"),
@@ -52,7 +60,9 @@ def _fail(field: str, value: Any, rule: str) -> None:
     raise ConfigError(f"{field}={value!r}: {rule}")
 
 
-def load(overrides: list[str] | None = None, *, config_name: str = "config", validate_: bool = True) -> schema.RootConfig:
+def load(
+    overrides: list[str] | None = None, *, config_name: str = "config", validate_: bool = True
+) -> schema.RootConfig:
     """Compose `conf/<config_name>.yaml` with Hydra overrides and return the typed, validated config."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -123,19 +133,28 @@ def validate(root: schema.RootConfig) -> None:
             _fail(f"parallelism.{name}", getattr(p, name), "must be >= 1")
     model_par = p.tp * p.pp * p.cp
     if p.world_size % model_par:
-        _fail("parallelism.world_size", p.world_size,
-              f"world size must equal TP x PP x DP x CP; {p.world_size} is not divisible by "
-              f"tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {model_par}")
+        _fail(
+            "parallelism.world_size",
+            p.world_size,
+            f"world size must equal TP x PP x DP x CP; {p.world_size} is not divisible by "
+            f"tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {model_par}",
+        )
     if p.nodes * p.gpus_per_node != p.world_size:
-        _fail("parallelism.nodes", p.nodes,
-              f"nodes x gpus_per_node must equal world_size: {p.nodes} x {p.gpus_per_node} != {p.world_size}")
+        _fail(
+            "parallelism.nodes",
+            p.nodes,
+            f"nodes x gpus_per_node must equal world_size: {p.nodes} x {p.gpus_per_node} != {p.world_size}",
+        )
     dp = p.dp
     if m.num_experts:
         if m.num_experts % p.ep:
             _fail("parallelism.ep", p.ep, f"model.num_experts={m.num_experts} must be divisible by EP")
         if (dp * p.tp * p.cp) % (p.ep * p.etp):
-            _fail("parallelism.ep", p.ep,
-                  f"EP x ETP ({p.ep}x{p.etp}) must divide DP x TP x CP = {dp}x{p.tp}x{p.cp} = {dp * p.tp * p.cp}")
+            _fail(
+                "parallelism.ep",
+                p.ep,
+                f"EP x ETP ({p.ep}x{p.etp}) must divide DP x TP x CP = {dp}x{p.tp}x{p.cp} = {dp * p.tp * p.cp}",
+            )
         if m.moe_router_topk < 1 or m.moe_router_topk > m.num_experts:
             _fail("model.moe_router_topk", m.moe_router_topk, f"must be in [1, num_experts={m.num_experts}]")
     elif p.ep != 1:
@@ -150,23 +169,43 @@ def validate(root: schema.RootConfig) -> None:
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
         if len(chunks) != p.pp * p.vp:
-            _fail("parallelism.pipeline_layout", p.pipeline_layout,
-                  f"has {len(chunks)} stages; must have PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp}")
+            _fail(
+                "parallelism.pipeline_layout",
+                p.pipeline_layout,
+                f"has {len(chunks)} stages; must have PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp}",
+            )
         held = sum(c.count("t") for c in chunks)
         if held != m.num_layers:
-            _fail("parallelism.pipeline_layout", p.pipeline_layout,
-                  f"holds {held} decoder layers; model.num_layers={m.num_layers}")
+            _fail(
+                "parallelism.pipeline_layout",
+                p.pipeline_layout,
+                f"holds {held} decoder layers; model.num_layers={m.num_layers}",
+            )
     elif m.num_layers % (p.pp * p.vp):
-        _fail("model.num_layers", m.num_layers,
-              f"layers must be divisible by PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp} (or give parallelism.pipeline_layout)")
+        _fail(
+            "model.num_layers",
+            m.num_layers,
+            f"layers must be divisible by PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp} (or give parallelism.pipeline_layout)",
+        )
     if p.gbs % (p.mbs * dp):
-        _fail("parallelism.gbs", p.gbs, f"global batch must be divisible by MBS x DP = {p.mbs}x{dp} = {p.mbs * dp}")
+        _fail(
+            "parallelism.gbs",
+            p.gbs,
+            f"global batch must be divisible by MBS x DP = {p.mbs}x{dp} = {p.mbs * dp}",
+        )
     if m.num_attention_heads % p.tp:
-        _fail("parallelism.tp", p.tp, f"model.num_attention_heads={m.num_attention_heads} must be divisible by TP")
+        _fail(
+            "parallelism.tp",
+            p.tp,
+            f"model.num_attention_heads={m.num_attention_heads} must be divisible by TP",
+        )
     if m.attention == "gqa":
         if m.num_query_groups < 1 or m.num_attention_heads % m.num_query_groups:
-            _fail("model.num_query_groups", m.num_query_groups,
-                  f"must be >= 1 and divide num_attention_heads={m.num_attention_heads}")
+            _fail(
+                "model.num_query_groups",
+                m.num_query_groups,
+                f"must be >= 1 and divide num_attention_heads={m.num_attention_heads}",
+            )
         if m.kv_channels < 1:
             _fail("model.kv_channels", m.kv_channels, "GQA needs the head dimension (>= 1)")
     else:
@@ -176,14 +215,25 @@ def validate(root: schema.RootConfig) -> None:
     if m.num_dense_layers > m.num_layers:
         _fail("model.num_dense_layers", m.num_dense_layers, f"must be <= num_layers={m.num_layers}")
     if root.engine.requires_gpu and root.engine.device != "cuda":
-        _fail("engine.device", root.engine.device, f"engine {root.engine.name!r} runs on GPUs only (device=cuda)")
+        _fail(
+            "engine.device",
+            root.engine.device,
+            f"engine {root.engine.name!r} runs on GPUs only (device=cuda)",
+        )
     if root.engine.device == "cuda" and root.engine.backend != "nccl":
         _fail("engine.backend", root.engine.backend, "device=cuda uses the nccl backend")
     if root.engine.name != "megatron":
         if root.engine.manual_gc:
-            _fail("engine.manual_gc", True, f"only the megatron engine has it (engine.name={root.engine.name!r})")
+            _fail(
+                "engine.manual_gc",
+                True,
+                f"only the megatron engine has it (engine.name={root.engine.name!r})",
+            )
         if root.engine.empty_unused_memory_level:
-            _fail("engine.empty_unused_memory_level", root.engine.empty_unused_memory_level,
-                  f"only the megatron engine has it (engine.name={root.engine.name!r})")
+            _fail(
+                "engine.empty_unused_memory_level",
+                root.engine.empty_unused_memory_level,
+                f"only the megatron engine has it (engine.name={root.engine.name!r})",
+            )
     if root.bench.warmup_steps >= root.bench.steps:
         _fail("bench.warmup_steps", root.bench.warmup_steps, f"must be < bench.steps={root.bench.steps}")

@@ -52,7 +52,9 @@ def _layer_counts(model: ModelConfig) -> tuple[int, int]:
     n_dense = model.num_dense_layers
     n_moe = model.num_layers - n_dense
     last_is_moe = n_moe > 0
-    return n_dense + (0 if last_is_moe else model.mtp_num_layers), n_moe + (model.mtp_num_layers if last_is_moe else 0)
+    return n_dense + (0 if last_is_moe else model.mtp_num_layers), n_moe + (
+        model.mtp_num_layers if last_is_moe else 0
+    )
 
 
 def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float]:
@@ -65,10 +67,14 @@ def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float
     g = 3 if model.gated_linear_unit else 2  # SwiGLU: gate, up, down projections; plain MLP: up, down
     n_dense, n_moe = _layer_counts(model)
     n_layers = model.num_layers + model.mtp_num_layers
-    mlp = 6 * h * (
-        g * model.ffn_hidden_size * n_dense  # dense FFN layers
-        + g * model.moe_ffn_hidden_size * model.moe_router_topk * n_moe  # top-k routed experts per token
-        + g * model.moe_shared_expert_intermediate_size * n_moe  # shared expert (every token)
+    mlp = (
+        6
+        * h
+        * (
+            g * model.ffn_hidden_size * n_dense  # dense FFN layers
+            + g * model.moe_ffn_hidden_size * model.moe_router_topk * n_moe  # top-k routed experts per token
+            + g * model.moe_shared_expert_intermediate_size * n_moe  # shared expert (every token)
+        )
     )
     nh = model.num_attention_heads
     if model.attention == "mla":
@@ -78,11 +84,16 @@ def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float
             q_term = model.q_lora_rank * (h + nh * (d_qk + d_rope) + 1)
         else:
             q_term = h * nh * (d_qk + d_rope)  # one q projection
-        attn_linear = 6 * n_layers * (
-            q_term
-            + model.kv_lora_rank * (h + nh * (d_qk + d_v) + 1)  # kv down (latent) + kv up (k, v) + kv norm
-            + h * d_rope  # kv down, the shared rope rows
-            + nh * d_v * h  # output projection
+        attn_linear = (
+            6
+            * n_layers
+            * (
+                q_term
+                + model.kv_lora_rank
+                * (h + nh * (d_qk + d_v) + 1)  # kv down (latent) + kv up (k, v) + kv norm
+                + h * d_rope  # kv down, the shared rope rows
+                + nh * d_v * h  # output projection
+            )
         )
         # QK^T over d_qk + d_rope and AV over d_v: 2 FLOP x 3 x s x (...) / 2 for the causal half
         attn_core = 3 * n_layers * s * nh * (d_qk + d_rope + d_v)
@@ -94,8 +105,12 @@ def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float
     mtp = 6 * model.mtp_num_layers * (3 * h + 2 * h * h)  # MTP norms and eh projection
     v_pad = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
     logits = 6 * h * v_pad * (1 + model.mtp_num_layers)  # output layer over the padded vocabulary
-    return {"mlp": float(mlp), "attn_linear": float(attn_linear + mtp), "attn_core": float(attn_core),
-            "logits": float(logits)}
+    return {
+        "mlp": float(mlp),
+        "attn_linear": float(attn_linear + mtp),
+        "attn_core": float(attn_core),
+        "logits": float(logits),
+    }
 
 
 def model_flops_per_token(model: ModelConfig, *, tp: int = 1) -> float:
@@ -111,7 +126,9 @@ def model_flops_per_step(model: ModelConfig, par: ParallelismConfig) -> float:
 # --------------------------------------------------------------------------------------------------------------
 # NS FLOPs per matrix
 # --------------------------------------------------------------------------------------------------------------
-def _ns_flops_mn(m: float, n: float, num_steps: int, convention: str, restart_iterations: tuple[int, ...]) -> float:
+def _ns_flops_mn(
+    m: float, n: float, num_steps: int, convention: str, restart_iterations: tuple[int, ...]
+) -> float:
     """NS FLOPs with the Gram side m given explicitly (m x m Gram, contracted over n)."""
     k, m, n = num_steps, float(m), float(n)
     if convention == "plain":
@@ -124,8 +141,14 @@ def _ns_flops_mn(m: float, n: float, num_steps: int, convention: str, restart_it
     raise ValueError(f"convention={convention!r}: must be one of {list(CONVENTIONS)}")
 
 
-def ns_flops(rows: int, cols: int, num_steps: int = 5, convention: str = "plain", *,
-             restart_iterations: tuple[int, ...] = (2,)) -> float:
+def ns_flops(
+    rows: int,
+    cols: int,
+    num_steps: int = 5,
+    convention: str = "plain",
+    *,
+    restart_iterations: tuple[int, ...] = (2,),
+) -> float:
     """FLOPs of `num_steps` NS steps on one rows x cols matrix (transposed so that m = min side); see module doc."""
     if rows < 1 or cols < 1:
         raise ValueError(f"rows x cols={rows}x{cols}: both sides must be >= 1")
@@ -159,8 +182,14 @@ class NSMatrix:
     """Dim split by tensor parallelism: 0 rows (column-parallel), 1 cols (row-parallel), -1 replicated."""
 
 
-def enumerate_ns_matrices(model: ModelConfig, *, split_qkv: bool = True, split_mla: bool = False,
-                          split_gate_up: bool = False, include_router: bool = True) -> list[NSMatrix]:
+def enumerate_ns_matrices(
+    model: ModelConfig,
+    *,
+    split_qkv: bool = True,
+    split_mla: bool = False,
+    split_gate_up: bool = False,
+    include_router: bool = True,
+) -> list[NSMatrix]:
     """Every matrix the optimizer orthogonalizes, after the configured splits (embedding and output go to Adam).
 
     split_qkv: GQA `linear_qkv` as separate Q (n_h d), K and V (n_g d) matrices (MCore's muon_split_qkv).
@@ -173,11 +202,31 @@ def enumerate_ns_matrices(model: ModelConfig, *, split_qkv: bool = True, split_m
     layers = {"all": n_all, "dense": n_dense, "moe": n_moe}
     out: list[NSMatrix] = []
 
-    def add(name: str, rows: int, cols: int, kind: str, layer_type: str, *, per_layer: int = 1,
-            expert: bool = False, tp_dim: int = 0) -> None:
+    def add(
+        name: str,
+        rows: int,
+        cols: int,
+        kind: str,
+        layer_type: str,
+        *,
+        per_layer: int = 1,
+        expert: bool = False,
+        tp_dim: int = 0,
+    ) -> None:
         if layers[layer_type] and per_layer:
-            out.append(NSMatrix(name=name, rows=rows, cols=cols, count=per_layer * layers[layer_type], kind=kind,
-                                expert=expert, layer_type=layer_type, per_layer=per_layer, tp_partition_dim=tp_dim))
+            out.append(
+                NSMatrix(
+                    name=name,
+                    rows=rows,
+                    cols=cols,
+                    count=per_layer * layers[layer_type],
+                    kind=kind,
+                    expert=expert,
+                    layer_type=layer_type,
+                    per_layer=per_layer,
+                    tp_partition_dim=tp_dim,
+                )
+            )
 
     h, nh = model.hidden_size, model.num_attention_heads
     sa = "self_attention"
@@ -214,13 +263,45 @@ def enumerate_ns_matrices(model: ModelConfig, *, split_qkv: bool = True, split_m
         if not width:
             return
         if model.gated_linear_unit and split_gate_up:
-            add(f"{prefix}.linear_fc1[gate]", width, h, f"{kind}_gate", layer_type, per_layer=per_layer, expert=expert)
-            add(f"{prefix}.linear_fc1[up]", width, h, f"{kind}_up", layer_type, per_layer=per_layer, expert=expert)
+            add(
+                f"{prefix}.linear_fc1[gate]",
+                width,
+                h,
+                f"{kind}_gate",
+                layer_type,
+                per_layer=per_layer,
+                expert=expert,
+            )
+            add(
+                f"{prefix}.linear_fc1[up]",
+                width,
+                h,
+                f"{kind}_up",
+                layer_type,
+                per_layer=per_layer,
+                expert=expert,
+            )
         else:
             g = 2 if model.gated_linear_unit else 1
-            add(f"{prefix}.linear_fc1", g * width, h, f"{kind}_fc1", layer_type, per_layer=per_layer, expert=expert)
-        add(f"{prefix}.linear_fc2", h, width, f"{kind}_fc2", layer_type, per_layer=per_layer, expert=expert,
-            tp_dim=1)
+            add(
+                f"{prefix}.linear_fc1",
+                g * width,
+                h,
+                f"{kind}_fc1",
+                layer_type,
+                per_layer=per_layer,
+                expert=expert,
+            )
+        add(
+            f"{prefix}.linear_fc2",
+            h,
+            width,
+            f"{kind}_fc2",
+            layer_type,
+            per_layer=per_layer,
+            expert=expert,
+            tp_dim=1,
+        )
 
     ffn("mlp", "dense", model.ffn_hidden_size, "dense", 1, False)
     if model.num_experts:
@@ -243,7 +324,9 @@ def parse_pipeline_layout(layout: str) -> list[str]:
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # unroll (..)*n, then x*n, as Megatron does
         text = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), text)
     if set(text) - set("EtmL|"):
-        raise ValueError(f"parallelism.pipeline_layout={layout!r}: only E, t, m, L, |, (...)*n and x*n are allowed")
+        raise ValueError(
+            f"parallelism.pipeline_layout={layout!r}: only E, t, m, L, |, (...)*n and x*n are allowed"
+        )
     return text.split("|")
 
 
@@ -253,14 +336,18 @@ def stage_layers(model: ModelConfig, par: ParallelismConfig) -> list[list[int]]:
     if par.pipeline_layout:
         chunks = parse_pipeline_layout(par.pipeline_layout)
         if len(chunks) % pp:
-            raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: {len(chunks)} stages, not a "
-                             f"multiple of pp={pp}")
+            raise ValueError(
+                f"parallelism.pipeline_layout={par.pipeline_layout!r}: {len(chunks)} stages, not a "
+                f"multiple of pp={pp}"
+            )
         sizes = [c.count("t") for c in chunks]
     else:
         sizes = [n // (pp * par.vp)] * (pp * par.vp)
     if sum(sizes) != n:
-        raise ValueError(f"parallelism.pipeline_layout={par.pipeline_layout!r}: holds {sum(sizes)} decoder layers, "
-                         f"model.num_layers={n}")
+        raise ValueError(
+            f"parallelism.pipeline_layout={par.pipeline_layout!r}: holds {sum(sizes)} decoder layers, "
+            f"model.num_layers={n}"
+        )
     out: list[list[int]] = [[] for _ in range(pp)]
     start = 0
     for i, size in enumerate(sizes):  # chunk i runs on pipeline rank i % pp (virtual stage i // pp)
@@ -298,10 +385,19 @@ def _lpt(items: list[tuple[str, dict[str, float]]], bins: list[_Bin]) -> None:
         heapq.heappush(heap, (bins[i].cost["plain"], i))
 
 
-def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: int = 5, split_qkv: bool = True,
-                    split_mla: bool = False, split_gate_up: bool = False, include_router: bool = True,
-                    distributed: str = "layerwise", tp_mode: str = "blockwise",
-                    restart_iterations: tuple[int, ...] = (2,)) -> dict[str, Any]:
+def ns_load_per_gpu(
+    model: ModelConfig,
+    par: ParallelismConfig,
+    *,
+    num_steps: int = 5,
+    split_qkv: bool = True,
+    split_mla: bool = False,
+    split_gate_up: bool = False,
+    include_router: bool = True,
+    distributed: str = "layerwise",
+    tp_mode: str = "blockwise",
+    restart_iterations: tuple[int, ...] = (2,),
+) -> dict[str, Any]:
     """NS FLOPs per GPU per step: max and mean over GPUs, per pipeline stage, per matrix kind.
 
     Placement: PP splits layers (`stage_layers`); each EP rank owns num_experts / ep experts of each MoE layer of its
@@ -315,10 +411,17 @@ def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: in
     if tp_mode not in TP_MODES:
         raise ValueError(f"tp_mode={tp_mode!r}: must be one of {list(TP_MODES)}")
     if model.mtp_num_layers:
-        raise NotImplementedError(f"model.mtp_num_layers={model.mtp_num_layers}: MTP layers are not placed on "
-                                  "pipeline stages yet (both published models have none)")
-    mats = enumerate_ns_matrices(model, split_qkv=split_qkv, split_mla=split_mla, split_gate_up=split_gate_up,
-                                 include_router=include_router)
+        raise NotImplementedError(
+            f"model.mtp_num_layers={model.mtp_num_layers}: MTP layers are not placed on "
+            "pipeline stages yet (both published models have none)"
+        )
+    mats = enumerate_ns_matrices(
+        model,
+        split_qkv=split_qkv,
+        split_mla=split_mla,
+        split_gate_up=split_gate_up,
+        include_router=include_router,
+    )
     dp_slots = par.dp * par.cp
     expert_dp = max(1, par.expert_dp)
     experts_per_rank = model.num_experts // par.ep if model.num_experts else 0
@@ -339,19 +442,27 @@ def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: in
                 dense_items.extend([(m.kind, cost)] * (m.per_layer * n_type[m.layer_type]))
         e_bins = [_Bin() for _ in range(expert_dp if distributed == "layerwise" else 1)]
         _lpt(expert_items, e_bins)
-        bins = [_Bin(cost=dict(e_bins[j % len(e_bins)].cost), kinds=Counter(e_bins[j % len(e_bins)].kinds))
-                for j in range(dp_slots)]  # expert loads tiled over the stage's DP slots
+        bins = [
+            _Bin(cost=dict(e_bins[j % len(e_bins)].cost), kinds=Counter(e_bins[j % len(e_bins)].kinds))
+            for j in range(dp_slots)
+        ]  # expert loads tiled over the stage's DP slots
         if distributed == "layerwise":
             _lpt(dense_items, bins)
         else:
             for b in bins:
                 _lpt(dense_items, [b])
         worst = max(bins, key=lambda b: b.cost["plain"])
-        stages.append({
-            "pp_rank": rank, "layers": len(layer_ids), "dense_layers": n_type["dense"], "moe_layers": n_type["moe"],
-            "max": dict(worst.cost), "mean": {c: sum(b.cost[c] for b in bins) / len(bins) for c in CONVENTIONS},
-            "kinds_on_max_gpu": dict(worst.kinds),
-        })
+        stages.append(
+            {
+                "pp_rank": rank,
+                "layers": len(layer_ids),
+                "dense_layers": n_type["dense"],
+                "moe_layers": n_type["moe"],
+                "max": dict(worst.cost),
+                "mean": {c: sum(b.cost[c] for b in bins) / len(bins) for c in CONVENTIONS},
+                "kinds_on_max_gpu": dict(worst.kinds),
+            }
+        )
         all_bins.extend(bins)
     worst_stage = max(stages, key=lambda s: s["max"]["plain"])
     return {
@@ -362,17 +473,33 @@ def ns_load_per_gpu(model: ModelConfig, par: ParallelismConfig, *, num_steps: in
         "kinds_on_max_gpu": worst_stage["kinds_on_max_gpu"],
         "stages": stages,
         "matrices": mats,
-        "options": {"num_steps": num_steps, "split_qkv": split_qkv, "split_mla": split_mla,
-                    "split_gate_up": split_gate_up, "include_router": include_router, "distributed": distributed,
-                    "tp_mode": tp_mode, "restart_iterations": list(restart_iterations)},
+        "options": {
+            "num_steps": num_steps,
+            "split_qkv": split_qkv,
+            "split_mla": split_mla,
+            "split_gate_up": split_gate_up,
+            "include_router": include_router,
+            "distributed": distributed,
+            "tp_mode": tp_mode,
+            "restart_iterations": list(restart_iterations),
+        },
     }
 
 
-def ns_flops_per_step(mats: list[NSMatrix], num_steps: int = 5, convention: str = "plain", *,
-                      restart_iterations: tuple[int, ...] = (2,)) -> float:
+def ns_flops_per_step(
+    mats: list[NSMatrix],
+    num_steps: int = 5,
+    convention: str = "plain",
+    *,
+    restart_iterations: tuple[int, ...] = (2,),
+) -> float:
     """NS FLOPs of one optimizer step, each matrix orthogonalized once (no TP duplication)."""
-    return float(sum(m.count * ns_flops(m.rows, m.cols, num_steps, convention, restart_iterations=restart_iterations)
-                     for m in mats))
+    return float(
+        sum(
+            m.count * ns_flops(m.rows, m.cols, num_steps, convention, restart_iterations=restart_iterations)
+            for m in mats
+        )
+    )
 
 
 if __name__ == "__main__":

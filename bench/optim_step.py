@@ -36,7 +36,9 @@ def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
     """(rows, cols, count) of the layer with rows and cols multiplied by scale (at least 4)."""
     from bench.ns_kernels_measure import LAYERS  # the kernel benchmark's layer, so both time the same shapes
 
-    return [(max(4, round(r * scale)), max(4, round(c * scale)), n) for r, c, n in LAYERS["qwen3_30b_a3b_layer"]]
+    return [
+        (max(4, round(r * scale)), max(4, round(c * scale)), n) for r, c, n in LAYERS["qwen3_30b_a3b_layer"]
+    ]
 
 
 def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:

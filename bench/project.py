@@ -43,29 +43,43 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     cfg = load(overrides)
     pred = predict(cfg, profile)
     out = pred.as_dict()
-    out["config"] = {"model": cfg.model.name, "parallelism": cfg.parallelism.name, "hardware": cfg.hardware.name,
-                     "precision": cfg.precision.name, "optimizer": cfg.optimizer.name,
-                     "world_size": cfg.parallelism.world_size}
+    out["config"] = {
+        "model": cfg.model.name,
+        "parallelism": cfg.parallelism.name,
+        "hardware": cfg.hardware.name,
+        "precision": cfg.precision.name,
+        "optimizer": cfg.optimizer.name,
+        "world_size": cfg.parallelism.world_size,
+    }
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
     return out
 
 
 def format_text(res: dict[str, Any]) -> str:
     c = res["config"]
-    lines = [(f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
-              f"{c['optimizer']}, profile={res['profile']}"),
-             f"  step time          {res['step_time_s']:.3f} s",
-             f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
-             f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
-             f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "
-             f"{res['info']['memory_gib']:.1f} (activations not counted)"
-             + ("  ** does not fit **" if res["info"]["state_memory_gib"] > res["info"]["memory_gib"] > 0 else ""),
-             "  breakdown (s):"]
+    lines = [
+        (
+            f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
+            f"{c['optimizer']}, profile={res['profile']}"
+        ),
+        f"  step time          {res['step_time_s']:.3f} s",
+        f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
+        f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
+        f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "
+        f"{res['info']['memory_gib']:.1f} (activations not counted)"
+        + ("  ** does not fit **" if res["info"]["state_memory_gib"] > res["info"]["memory_gib"] > 0 else ""),
+        "  breakdown (s):",
+    ]
     lines += [f"    {k:<32} {v:.4f}" for k, v in res["breakdown"].items() if v]
     if res["tp_modes"]:
-        lines.append("  tp_mode=auto per TP-sharded matrix (predicted ms: duplicated / distributed -> choice):")
-        lines += [f"    {r['kind']:<16} {r['rows']}x{r['cols']} tp={r['tp']}: {r['duplicated_ms']:.3f} / "
-                  f"{r['distributed_ms']:.3f} -> {r['choice']}" for r in res["tp_modes"]]
+        lines.append(
+            "  tp_mode=auto per TP-sharded matrix (predicted ms: duplicated / distributed -> choice):"
+        )
+        lines += [
+            f"    {r['kind']:<16} {r['rows']}x{r['cols']} tp={r['tp']}: {r['duplicated_ms']:.3f} / "
+            f"{r['distributed_ms']:.3f} -> {r['choice']}"
+            for r in res["tp_modes"]
+        ]
     return "\n".join(lines)
 
 

@@ -55,7 +55,9 @@ _TIME = re.compile(r"(\d+-)?\d{1,2}:\d{2}:\d{2}")
 def _sbatch_value(field: str, value: str) -> str:
     """A value for an `#SBATCH` line; sbatch does not honour shell quoting there, so only a safe set passes."""
     if not _SBATCH_SAFE.fullmatch(value):
-        raise ValueError(f"{field}={value!r}: an #SBATCH value may only contain letters, digits and _.:,@%+/=-")
+        raise ValueError(
+            f"{field}={value!r}: an #SBATCH value may only contain letters, digits and _.:,@%+/=-"
+        )
     return value
 
 
@@ -93,7 +95,9 @@ def env_lines(env: dict[str, str]) -> list[str]:
     lines = ["# Process environment of the published runs (launcher.env)."]
     for name, value in env.items():
         if not _ENV_NAME.fullmatch(str(name)):
-            raise ValueError(f"launcher.env key {name!r}: an environment variable name must match [A-Za-z_][A-Za-z0-9_]*")
+            raise ValueError(
+                f"launcher.env key {name!r}: an environment variable name must match [A-Za-z_][A-Za-z0-9_]*"
+            )
         lines.append(f"# {ENV_DOCS.get(name, 'set in launcher.env')}")
         lines.append(f"export {name}={shlex.quote(str(value))}")
     return lines
@@ -109,7 +113,9 @@ def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
     """pyxis flags: the image, this checkout and the run directory mounted at the same paths, workdir the repo."""
     la = cfg.launcher
     if not la.container_image:
-        raise ValueError("launcher.container_image is empty: the job runs in a container (e.g. nvcr.io/nvidia/nemo:26.02)")
+        raise ValueError(
+            "launcher.container_image is empty: the job runs in a container (e.g. nvcr.io/nvidia/nemo:26.02)"
+        )
     out_root = _out_root(cfg, run_dir)
     mounts = [f"{REPO_ROOT}:{REPO_ROOT}"]
     if not out_root.is_relative_to(REPO_ROOT):
@@ -153,11 +159,18 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
     gpus = la.nproc_per_node or par.gpus_per_node
     container = " ".join(container_args(cfg, run_dir))
     torchrun = [
-        "python", "-m", "torch.distributed.run",
-        '--nnodes="$SLURM_NNODES"', f"--nproc_per_node={int(gpus)}",
-        "--rdzv_backend=c10d", '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv_id="$SLURM_JOB_ID"',
+        "python",
+        "-m",
+        "torch.distributed.run",
+        '--nnodes="$SLURM_NNODES"',
+        f"--nproc_per_node={int(gpus)}",
+        "--rdzv_backend=c10d",
+        '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"',
+        '--rdzv_id="$SLURM_JOB_ID"',
     ]
-    report_args = " ".join(shlex.quote(a) for a in ("report", str(_out_root(cfg, run_dir)), cfg.bench.report_name))
+    report_args = " ".join(
+        shlex.quote(a) for a in ("report", str(_out_root(cfg, run_dir)), cfg.bench.report_name)
+    )
     lines = [
         *sbatch_header(cfg, run_dir),
         "",
@@ -187,8 +200,12 @@ def collect_and_report(out_root: str | Path, report_name: str) -> int:
     """Collect the runs under `out_root` whose `bench.report_name` is `report_name`, then write that report."""
     from bench import collect, record, report
 
-    runs = [d for d in record.find_runs(out_root)
-            if record.read_json(d / "run.json").get("config", {}).get("bench", {}).get("report_name") == report_name]
+    runs = [
+        d
+        for d in record.find_runs(out_root)
+        if record.read_json(d / "run.json").get("config", {}).get("bench", {}).get("report_name")
+        == report_name
+    ]
     if not runs:
         print(f"error: no run of report {report_name!r} under {out_root}", file=sys.stderr)
         return 2
@@ -212,7 +229,9 @@ def submit(script_path: str | Path, *, dry_run: bool = False) -> str | None:
     if dry_run or sbatch is None:
         print(script.read_text())
         why = "dry run" if dry_run else "sbatch is not on PATH (not a Slurm login node)"
-        print(f"# not submitted ({why}); submit later with: sbatch {shlex.quote(str(script))}", file=sys.stderr)
+        print(
+            f"# not submitted ({why}); submit later with: sbatch {shlex.quote(str(script))}", file=sys.stderr
+        )
         return None
     res = subprocess.run([sbatch, "--parsable", str(script)], capture_output=True, text=True, check=False)
     if res.returncode != 0:

@@ -30,13 +30,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    doc = {"base_recipe": plan.base_recipe, "precision_preset": plan.precision_preset,
-           "metadata": plan.metadata, "overrides": plan.overrides}
+    doc = {
+        "base_recipe": plan.base_recipe,
+        "precision_preset": plan.precision_preset,
+        "metadata": plan.metadata,
+        "overrides": plan.overrides,
+    }
     print(json.dumps(doc, indent=1, default=str))
     if bridge_version() is not None:
         bad = unknown_fields(plan)
-        print(f"# megatron-bridge {bridge_version()}: "
-              + (f"UNKNOWN fields {bad}" if bad else "every override is a known field"), file=sys.stderr)
+        print(
+            f"# megatron-bridge {bridge_version()}: "
+            + (f"UNKNOWN fields {bad}" if bad else "every override is a known field"),
+            file=sys.stderr,
+        )
         return 1 if bad else 0
     return 0
 

@@ -32,7 +32,11 @@ LEGACY_FIELDS: dict[tuple[str, str], str] = {
 """(section, field) -> the same field's name in older releases, used only when the current name is absent."""
 
 OPTIONAL_SECTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
-    "comm_overlap": ("megatron.bridge.training.comm_overlap", "CommOverlapConfig", {"tp_comm_overlap": False}),
+    "comm_overlap": (
+        "megatron.bridge.training.comm_overlap",
+        "CommOverlapConfig",
+        {"tp_comm_overlap": False},
+    ),
 }
 """Sections a base recipe may leave None: (module, class, constructor kwargs) to create them before overriding."""
 
@@ -92,7 +96,9 @@ def apply_overrides(cfg: Any, overrides: dict[str, dict[str, Any]]) -> dict[str,
             target = getattr(importlib.import_module(module), cls)(**kwargs)
             setattr(cfg, section, target)
         if target is None or not dataclasses.is_dataclass(target):
-            raise ValueError(f"override section {section!r}: the ConfigContainer has no dataclass there ({target!r})")
+            raise ValueError(
+                f"override section {section!r}: the ConfigContainer has no dataclass there ({target!r})"
+            )
         known = _field_names(target)
         for name, value in values.items():
             field_name = name
@@ -102,7 +108,8 @@ def apply_overrides(cfg: Any, overrides: dict[str, dict[str, Any]]) -> dict[str,
                     raise ValueError(
                         f"override {section}.{name}={value!r}: {type(target).__name__} of the installed "
                         f"Megatron-Bridge has no such field (the offline tests checked release "
-                        f"{CHECKED_BRIDGE_VERSION}); update recipes/ for this release")
+                        f"{CHECKED_BRIDGE_VERSION}); update recipes/ for this release"
+                    )
                 field_name = renamed[f"{section}.{name}"] = legacy
             setattr(target, field_name, value)
     return renamed
@@ -123,8 +130,13 @@ def _ours_optimizer_class() -> type:
         muonbench_optimizer: dict[str, Any] = dataclasses.field(default_factory=dict)
         """Our optimizer schema as a plain dict (keeps the config printable)."""
 
-        def provide(self, model_chunks: Any, config_overrides: Any = None, use_gloo_process_groups: bool = False,
-                    pg_collection: Any = None) -> Any:
+        def provide(
+            self,
+            model_chunks: Any,
+            config_overrides: Any = None,
+            use_gloo_process_groups: bool = False,
+            pg_collection: Any = None,
+        ) -> Any:
             del config_overrides, use_gloo_process_groups, pg_collection
             from bench.engines.optimizer_factory import optim_configs
             from optim.megatron import build_ours
@@ -132,7 +144,9 @@ def _ours_optimizer_class() -> type:
             opt = OPTIMIZER_SCHEMAS[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)
             algo, routing, adamw = optim_configs(opt)
             chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
-            optimizer, _ = build_ours(chunks, algo, adamw, routing, clip_grad=self.clip_grad, tp_mode=opt.tp_mode)
+            optimizer, _ = build_ours(
+                chunks, algo, adamw, routing, clip_grad=self.clip_grad, tp_mode=opt.tp_mode
+            )
             return optimizer
 
     OursOptimizerConfig.__module__ = __name__
@@ -169,7 +183,8 @@ def build_config_container(root: RootConfig, *, ab_mode: str | None = None) -> t
         raise ValueError(
             f"ab_mode={plan.metadata['ab_mode']!r} with {root.optimizer.name} (implementation=megatron) needs "
             f"megatron-core {need}; installed {megatron.core.__version__}. Use ab_mode=published or build the image "
-            "with a newer Megatron-Core (Dockerfile ARG MCORE_VERSION).")
+            "with a newer Megatron-Core (Dockerfile ARG MCORE_VERSION)."
+        )
     cfg = _import(plan.base_recipe)()
     cfg.mixed_precision = get_mixed_precision_config(plan.precision_preset)
     renamed = apply_overrides(cfg, plan.overrides)

@@ -103,7 +103,11 @@ def dataclass_fields(module: str, name: str) -> frozenset[str]:
     """
     if not module.startswith(BRIDGE_PKG):
         cls = getattr(importlib.import_module(module), name)
-        return frozenset(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else frozenset()
+        return (
+            frozenset(f.name for f in dataclasses.fields(cls))
+            if dataclasses.is_dataclass(cls)
+            else frozenset()
+        )
     tree = _parse(module)
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
@@ -136,8 +140,11 @@ def _class_fields(node: ast.ClassDef, tree: ast.Module, module: str) -> frozense
                 names |= dataclass_fields(src, attr)
     if any(_is_dataclass_decorator(d) for d in node.decorator_list):
         for stmt in node.body:
-            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                    and not _is_classvar(stmt.annotation)):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and not _is_classvar(stmt.annotation)
+            ):
                 names.add(stmt.target.id)
     return frozenset(names)
 

@@ -124,7 +124,8 @@ def shape_fields(model: ModelConfig) -> dict[str, Any]:
             # 1 = every layer MoE; else a per-layer list with the leading dense layers as 0.
             "moe_layer_freq": (
                 [0] * model.num_dense_layers + [1] * (model.num_layers - model.num_dense_layers)
-                if model.num_dense_layers else 1
+                if model.num_dense_layers
+                else 1
             ),
         }
     return out

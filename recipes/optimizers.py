@@ -63,19 +63,33 @@ def _common(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def _megatron_matrix_checks(opt: MatrixOptimizerSchema) -> None:
     """Knobs of ours that Megatron's layer-wise path cannot honour (they would change the run silently)."""
     if opt.split_mla:
-        _fail("split_mla", True, "Megatron-Core orthogonalises MLA projections whole; use implementation=ours")
+        _fail(
+            "split_mla", True, "Megatron-Core orthogonalises MLA projections whole; use implementation=ours"
+        )
     if opt.split_gate_up:
-        _fail("split_gate_up", True, "Megatron-Core orthogonalises fc1 [gate; up] jointly; use implementation=ours")
+        _fail(
+            "split_gate_up",
+            True,
+            "Megatron-Core orthogonalises fc1 [gate; up] jointly; use implementation=ours",
+        )
     if not opt.router_to_matrix_optimizer:
-        _fail("router_to_matrix_optimizer", False, "Megatron-Core routes the MoE router to the matrix optimizer")
+        _fail(
+            "router_to_matrix_optimizer", False, "Megatron-Core routes the MoE router to the matrix optimizer"
+        )
     if opt.grad_sync != "all_reduce":
-        _fail("grad_sync", opt.grad_sync,
-              "Megatron's layer-wise path (as run by Megatron-Bridge) all-reduces gradients; use all_reduce or "
-              "implementation=ours")
+        _fail(
+            "grad_sync",
+            opt.grad_sync,
+            "Megatron's layer-wise path (as run by Megatron-Bridge) all-reduces gradients; use all_reduce or "
+            "implementation=ours",
+        )
     if opt.distributed == "layerwise" and opt.assignment != "ping_pong_numel":
-        _fail("assignment", opt.assignment,
-              "Megatron's layer-wise path deals parameters ping-pong by numel; use ping_pong_numel or "
-              "implementation=ours")
+        _fail(
+            "assignment",
+            opt.assignment,
+            "Megatron's layer-wise path deals parameters ping-pong by numel; use ping_pong_numel or "
+            "implementation=ours",
+        )
 
 
 def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
@@ -103,7 +117,11 @@ def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
 
 def _megatron_soap(opt: SOAPSchema) -> dict[str, Any]:
     if opt.use_eigh:
-        _fail("use_eigh", True, "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours")
+        _fail(
+            "use_eigh",
+            True,
+            "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours",
+        )
     _megatron_matrix_checks(opt)
     return {
         "optimizer": "dist_soap" if opt.distributed == "layerwise" else "soap",
@@ -121,7 +139,11 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
     match opt:
         case AdamWSchema():
             if impl == "ours":
-                _fail("implementation", impl, "AdamW runs as Megatron's distributed fused Adam (torch or megatron)")
+                _fail(
+                    "implementation",
+                    impl,
+                    "AdamW runs as Megatron's distributed fused Adam (torch or megatron)",
+                )
             return {"optimizer": "adam"}, "megatron", True
         case _ if impl == "ours":
             # Scalar AdamW and the schedule; the adapter replaces the matrix part (replicated, all-reduced grads).
@@ -131,15 +153,19 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
         case SOAPSchema():
             return _megatron_soap(opt), "megatron", False
         case MOPSchema():
-            _fail("implementation", impl,
-                  "Megatron-Core's generic emerging-optimizer path passes betas, which EO's MOP rejects; use ours")
+            _fail(
+                "implementation",
+                impl,
+                "Megatron-Core's generic emerging-optimizer path passes betas, which EO's MOP rejects; use ours",
+            )
         case _:
             raise NotImplementedError(type(opt).__name__)
     raise AssertionError("unreachable")
 
 
-def ab_knobs(opt: Any, precision: PrecisionConfig, ab_mode: str, *,
-            gathers_params: bool = True) -> tuple[dict[str, bool], dict[str, bool]]:
+def ab_knobs(
+    opt: Any, precision: PrecisionConfig, ab_mode: str, *, gathers_params: bool = True
+) -> tuple[dict[str, bool], dict[str, bool]]:
     """(knobs used, configured values they replaced) for param-gather overlap and FP8 param gather.
 
     `gathers_params` False (our replicated adapter): no parameter all-gather exists, both knobs are off.
@@ -154,22 +180,30 @@ def ab_knobs(opt: Any, precision: PrecisionConfig, ab_mode: str, *,
         return off, {k: v for k, v in configured.items() if off[k] != v}
     if ab_mode == "published":
         return configured, {}
-    fair = {"overlap_param_gather": FAIR_PROFILE["overlap_param_gather"],
-            "fp8_param_gather": bool(precision.fp8_recipe) and FAIR_PROFILE["fp8_param_gather"]}
+    fair = {
+        "overlap_param_gather": FAIR_PROFILE["overlap_param_gather"],
+        "fp8_param_gather": bool(precision.fp8_recipe) and FAIR_PROFILE["fp8_param_gather"],
+    }
     return fair, {k: v for k, v in configured.items() if fair[k] != v}
 
 
-def apply_optimizer(sections: Sections, opt: Any, precision: PrecisionConfig, *, ab_mode: str) -> dict[str, Any]:
+def apply_optimizer(
+    sections: Sections, opt: Any, precision: PrecisionConfig, *, ab_mode: str
+) -> dict[str, Any]:
     """Optimizer, scheduler and DDP fields; returns the run metadata of the optimizer and the A/B mode."""
     optimizer, scheduler = _common(opt)
     algo, bridge_impl, dist_opt = _algorithm(opt)
     optimizer |= algo
     knobs, replaced = ab_knobs(opt, precision, ab_mode, gathers_params=bridge_impl == "megatron")
-    optimizer |= {"use_distributed_optimizer": dist_opt, "overlap_param_gather": knobs["overlap_param_gather"]}
+    optimizer |= {
+        "use_distributed_optimizer": dist_opt,
+        "overlap_param_gather": knobs["overlap_param_gather"],
+    }
     sections.setdefault("optimizer", {}).update(optimizer)
     sections.setdefault("scheduler", {}).update(scheduler)
-    sections.setdefault("ddp", {}).update(use_distributed_optimizer=dist_opt,
-                                          overlap_param_gather=knobs["overlap_param_gather"])
+    sections.setdefault("ddp", {}).update(
+        use_distributed_optimizer=dist_opt, overlap_param_gather=knobs["overlap_param_gather"]
+    )
     if precision.fp8_recipe:
         sections.setdefault("mixed_precision", {}).update(
             fp8_param_gather=knobs["fp8_param_gather"],
@@ -179,12 +213,20 @@ def apply_optimizer(sections: Sections, opt: Any, precision: PrecisionConfig, *,
     requires = {}
     if ab_mode == "fair" and bridge_impl == "megatron" and not dist_opt:
         requires["megatron-core"] = ">=0.19"  # layer-wise overlapped param gather; MXFP8 param gather (#5707)
-    not_applied = ({k: getattr(opt, k) for k in ("distributed", "grad_sync", "assignment")}
-                   if bridge_impl == "ours" else {})
+    not_applied = (
+        {k: getattr(opt, k) for k in ("distributed", "grad_sync", "assignment")}
+        if bridge_impl == "ours"
+        else {}
+    )
     return {
-        "optimizer": {"name": opt.name, "implementation": opt.implementation, "bridge_impl": bridge_impl,
-                      "megatron_optimizer": optimizer["optimizer"], "distributed_optimizer": dist_opt,
-                      "not_applied": not_applied},
+        "optimizer": {
+            "name": opt.name,
+            "implementation": opt.implementation,
+            "bridge_impl": bridge_impl,
+            "megatron_optimizer": optimizer["optimizer"],
+            "distributed_optimizer": dist_opt,
+            "not_applied": not_applied,
+        },
         "ab_knobs": knobs,
         "ab_replaced": replaced,
         "requires": requires,

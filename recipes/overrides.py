@@ -87,8 +87,9 @@ class BridgePlan:
         return SECTION_CLASSES[section]
 
 
-def apply_parallelism(sections: Sections, par: ParallelismConfig, model: ModelConfig,
-                      hardware: HardwareConfig) -> None:
+def apply_parallelism(
+    sections: Sections, par: ParallelismConfig, model: ModelConfig, hardware: HardwareConfig
+) -> None:
     """Layout (TP/PP/VP/CP/EP), batch sizes and the MoE token dispatcher."""
     m = sections.setdefault("model", {})
     m |= {
@@ -128,6 +129,7 @@ def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -
     the report skips) and decay over the run; mock data with a null tokenizer unless `bench.data` names an indexed
     dataset; NaN/large-gradient checks and fp32 gradient reduction off; rope and cross-entropy fusions on.
     """
+
     def put(section: str, **values: Any) -> None:
         sections.setdefault(section, {}).update(values)
 
@@ -151,9 +153,15 @@ def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -
     elif bench.data.startswith("indexed:"):
         put("dataset", blend=([bench.data.removeprefix("indexed:")], None))
     else:
-        raise ValueError(f"bench.data={bench.data!r}: the bridge engine reads 'mock' or 'indexed:<path prefix>'")
-    return {"train_iters": bench.steps, "warmup_steps": bench.warmup_steps, "log_interval": bench.log_every,
-            "data": bench.data}
+        raise ValueError(
+            f"bench.data={bench.data!r}: the bridge engine reads 'mock' or 'indexed:<path prefix>'"
+        )
+    return {
+        "train_iters": bench.steps,
+        "warmup_steps": bench.warmup_steps,
+        "log_interval": bench.log_every,
+        "data": bench.data,
+    }
 
 
 def ab_mode_of(root: RootConfig) -> str:

@@ -14,15 +14,29 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-PACKAGES = ("torch", "transformer-engine", "transformer_engine", "megatron-core", "megatron-bridge",
-            "emerging-optimizers", "nvidia-nccl-cu12", "nvidia-nccl-cu13", "triton", "hydra-core", "omegaconf",
-            "muonbench")
+PACKAGES = (
+    "torch",
+    "transformer-engine",
+    "transformer_engine",
+    "megatron-core",
+    "megatron-bridge",
+    "emerging-optimizers",
+    "nvidia-nccl-cu12",
+    "nvidia-nccl-cu13",
+    "triton",
+    "hydra-core",
+    "omegaconf",
+    "muonbench",
+)
 
 
 def stack() -> dict[str, object]:
     """Versions of the packages that decide a benchmark number (None where absent)."""
-    out: dict[str, object] = {"python": platform.python_version(), "base_image": os.environ.get("BASE_IMAGE"),
-                              "muonbench_git_sha": os.environ.get("GIT_SHA") or None}
+    out: dict[str, object] = {
+        "python": platform.python_version(),
+        "base_image": os.environ.get("BASE_IMAGE"),
+        "muonbench_git_sha": os.environ.get("GIT_SHA") or None,
+    }
     for name in PACKAGES:
         try:
             out[name] = metadata.version(name)

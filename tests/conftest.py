@@ -22,7 +22,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     skip = pytest.mark.skip(reason="needs CUDA (run `make test-gpu` on a GPU machine)")
     for item in items:
-        if item.get_closest_marker("gpu") is not None:  # the marker, not the keyword (which matches tests/gpu/)
+        if (
+            item.get_closest_marker("gpu") is not None
+        ):  # the marker, not the keyword (which matches tests/gpu/)
             item.add_marker(skip)
 
 

@@ -98,14 +98,19 @@ def _make_callback(lock: _Lockstep, device: Any) -> Any:
             step_s = time.perf_counter() - self.t0
             losses = context.loss_dict or {}
             loss = losses.get("lm loss")
-            lock.events.put(("step", {
-                "step_s": step_s,
-                "optim_s": self.opt_s,
-                "loss": None if loss is None else float(loss),
-                "grad_norm": None if context.grad_norm is None else float(context.grad_norm),
-                "skipped": bool(context.skipped_iter),
-                "peak_mem_bytes": int(torch.cuda.max_memory_allocated(device)),
-            }))
+            lock.events.put(
+                (
+                    "step",
+                    {
+                        "step_s": step_s,
+                        "optim_s": self.opt_s,
+                        "loss": None if loss is None else float(loss),
+                        "grad_norm": None if context.grad_norm is None else float(context.grad_norm),
+                        "skipped": bool(context.skipped_iter),
+                        "peak_mem_bytes": int(torch.cuda.max_memory_allocated(device)),
+                    },
+                )
+            )
             lock.park()
 
     return StepChannel()
@@ -177,10 +182,19 @@ class BridgeEngine(Engine):
         self._steps_left -= 1
         loss = self._last_stage_loss(row["loss"])
         return StepMetrics(
-            step_s=row["step_s"], fwd_bwd_s=row["step_s"] - row["optim_s"], optim_s=row["optim_s"],
-            ns_s=None, comm_s=None, tokens=self._tokens, loss=loss, peak_mem_bytes=row["peak_mem_bytes"],
-            extra={k: float(v) for k, v in (("grad_norm", row["grad_norm"]), ("skipped", row["skipped"]))
-                   if v is not None},
+            step_s=row["step_s"],
+            fwd_bwd_s=row["step_s"] - row["optim_s"],
+            optim_s=row["optim_s"],
+            ns_s=None,
+            comm_s=None,
+            tokens=self._tokens,
+            loss=loss,
+            peak_mem_bytes=row["peak_mem_bytes"],
+            extra={
+                k: float(v)
+                for k, v in (("grad_norm", row["grad_norm"]), ("skipped", row["skipped"]))
+                if v is not None
+            },
         )
 
     def _last_stage_loss(self, loss: float | None) -> float:
@@ -197,8 +211,13 @@ class BridgeEngine(Engine):
     def describe(self) -> dict[str, Any]:
         from recipes.fields import bridge_version
 
-        return {"bridge_version": bridge_version(), "recipe": self._plan.metadata, "on_rank": self._ready,
-                "overrides": self._plan.overrides, "timed_optimizer_step": True}
+        return {
+            "bridge_version": bridge_version(),
+            "recipe": self._plan.metadata,
+            "on_rank": self._ready,
+            "overrides": self._plan.overrides,
+            "timed_optimizer_step": True,
+        }
 
     def teardown(self) -> None:
         """Let Bridge finish (after the last step) or abort (early failure), and wait for it before the worker

@@ -28,10 +28,17 @@ class PublishedRow:
 
 TABLE1: tuple[PublishedRow, ...] = (
     PublishedRow(experiment="gb300/kimi_k2_adamw", model_tflops=1051.0, label="Kimi K2, 256 GB300, AdamW"),
-    PublishedRow(experiment="gb300/kimi_k2_muon", model_tflops=1029.0, label="Kimi K2, 256 GB300, Muon (model)"),
-    PublishedRow(experiment="gb300/qwen3_30b_a3b_adamw", model_tflops=713.0, label="Qwen3-30B-A3B, 8 GB300, AdamW"),
-    PublishedRow(experiment="gb300/qwen3_30b_a3b_muon", model_tflops=686.0,
-                 label="Qwen3-30B-A3B, 8 GB300, Muon (model)"),
+    PublishedRow(
+        experiment="gb300/kimi_k2_muon", model_tflops=1029.0, label="Kimi K2, 256 GB300, Muon (model)"
+    ),
+    PublishedRow(
+        experiment="gb300/qwen3_30b_a3b_adamw", model_tflops=713.0, label="Qwen3-30B-A3B, 8 GB300, AdamW"
+    ),
+    PublishedRow(
+        experiment="gb300/qwen3_30b_a3b_muon",
+        model_tflops=686.0,
+        label="Qwen3-30B-A3B, 8 GB300, Muon (model)",
+    ),
 )
 TOLERANCE = 0.03
 
@@ -60,13 +67,21 @@ def calibration(configs: dict[str, RootConfig] | None = None) -> list[dict[str, 
         cfg = (configs or {}).get(row.experiment) or load_row(row)
         pub = predict(cfg, "published")
         ours = predict(cfg, "ours")
-        out.append({"row": row.label, "experiment": row.experiment, "published_tflops": row.model_tflops,
-                    "predicted_tflops": pub.tflops_per_gpu_model,
-                    "rel_error": pub.tflops_per_gpu_model / row.model_tflops - 1.0,
-                    "predicted_step_s": pub.step_time_s, "ours_tflops": ours.tflops_per_gpu_model,
-                    "ours_step_s": ours.step_time_s, "ns_tflops_published": pub.tflops_per_gpu_ns,
-                    **{f"published_{k}_s": v for k, v in pub.breakdown.items()},
-                    **{f"ours_{k}_s": v for k, v in ours.breakdown.items()}})
+        out.append(
+            {
+                "row": row.label,
+                "experiment": row.experiment,
+                "published_tflops": row.model_tflops,
+                "predicted_tflops": pub.tflops_per_gpu_model,
+                "rel_error": pub.tflops_per_gpu_model / row.model_tflops - 1.0,
+                "predicted_step_s": pub.step_time_s,
+                "ours_tflops": ours.tflops_per_gpu_model,
+                "ours_step_s": ours.step_time_s,
+                "ns_tflops_published": pub.tflops_per_gpu_ns,
+                **{f"published_{k}_s": v for k, v in pub.breakdown.items()},
+                **{f"ours_{k}_s": v for k, v in ours.breakdown.items()},
+            }
+        )
     return out
 
 
@@ -78,7 +93,7 @@ def fit_gb300_hbm(lo: float = 0.2, hi: float = 1.0, iters: int = 40) -> tuple[fl
         with hbm_fraction("gb300", x):
             return max(abs(float(r["rel_error"])) for r in calibration(configs))
 
-    g = (5 ** 0.5 - 1) / 2
+    g = (5**0.5 - 1) / 2
     a, b = lo, hi
     c, d = b - g * (b - a), a + g * (b - a)
     fc, fd = worst(c), worst(d)

@@ -57,10 +57,13 @@ def rates(hw: HardwareConfig, precision: PrecisionConfig) -> Rates:
     if fp8 and hw.peak_fp8_tflops <= 0:
         raise ValueError(f"precision.name='fp8_mx' on hardware.name={hw.name!r}: the row has no FP8 peak")
     gemm = hw.peak_fp8_tflops * 1e12 * eff.gemm_fp8.value if fp8 else bf16
-    return Rates(gemm_flops=gemm, bf16_flops=bf16,
-                 attention_flops=hw.peak_bf16_tflops * 1e12 * C.ATTENTION_EFFICIENCY.value,
-                 hbm=hw.hbm_tbps * 1e12 * eff.hbm.value,
-                 operand_bytes=C.FP8_BYTES.value if fp8 else BF16)
+    return Rates(
+        gemm_flops=gemm,
+        bf16_flops=bf16,
+        attention_flops=hw.peak_bf16_tflops * 1e12 * C.ATTENTION_EFFICIENCY.value,
+        hbm=hw.hbm_tbps * 1e12 * eff.hbm.value,
+        operand_bytes=C.FP8_BYTES.value if fp8 else BF16,
+    )
 
 
 def gemm_time(m: float, n: float, k: float, r: Rates, *, operand_bytes: float, out_bytes: float) -> float:
@@ -74,8 +77,9 @@ def linear_time(tokens: float, out_dim: float, in_dim: float, r: Rates, *, opera
     """fprop + dgrad + wgrad of a tokens x in -> out layer; wgrad accumulates into fp32 main_grad."""
     fprop = gemm_time(tokens, out_dim, in_dim, r, operand_bytes=operand_bytes, out_bytes=BF16)
     dgrad = gemm_time(tokens, in_dim, out_dim, r, operand_bytes=operand_bytes, out_bytes=BF16)
-    wgrad = gemm_time(out_dim, in_dim, tokens, r, operand_bytes=operand_bytes,
-                      out_bytes=C.MAIN_GRAD_BYTES_PER_PARAM.value)
+    wgrad = gemm_time(
+        out_dim, in_dim, tokens, r, operand_bytes=operand_bytes, out_bytes=C.MAIN_GRAD_BYTES_PER_PARAM.value
+    )
     return fprop + dgrad + wgrad
 
 
@@ -92,35 +96,43 @@ def activation_bytes_per_token(model: ModelConfig, layer_type: str, *, q8: float
     nh = model.num_attention_heads
     if model.attention == "mla":
         d_qk, d_rope, d_v = model.qk_head_dim, model.qk_pos_emb_head_dim, model.v_head_dim
-        attn = (norm_quant * h  # input norm for q_down and kv_down
-                + (BF16 + quant) * (model.q_lora_rank + model.kv_lora_rank)  # q/kv latent norms + quantize
-                + 2 * BF16 * d_rope  # rope on the shared k rope rows
-                + 2 * 2 * BF16 * nh * (d_qk + d_rope)  # q: split nope/rope, rope, concat (2 passes)
-                + 2 * 2 * BF16 * nh * (d_qk + d_v)  # kv_up output: split k/v, concat k with rope (2 passes)
-                + quant * nh * d_v  # attention output quantized for linear_proj
-                + residual * h)
+        attn = (
+            norm_quant * h  # input norm for q_down and kv_down
+            + (BF16 + quant) * (model.q_lora_rank + model.kv_lora_rank)  # q/kv latent norms + quantize
+            + 2 * BF16 * d_rope  # rope on the shared k rope rows
+            + 2 * 2 * BF16 * nh * (d_qk + d_rope)  # q: split nope/rope, rope, concat (2 passes)
+            + 2 * 2 * BF16 * nh * (d_qk + d_v)  # kv_up output: split k/v, concat k with rope (2 passes)
+            + quant * nh * d_v  # attention output quantized for linear_proj
+            + residual * h
+        )
     else:
         q, kv = nh * model.kv_channels, model.num_query_groups * model.kv_channels
-        attn = (norm_quant * h
-                + 2 * 2 * BF16 * (q + kv)  # q/k RMSNorm and rope (read + write each)
-                + quant * q  # attention output quantized for linear_proj
-                + residual * h)
+        attn = (
+            norm_quant * h
+            + 2 * 2 * BF16 * (q + kv)  # q/k RMSNorm and rope (read + write each)
+            + quant * q  # attention output quantized for linear_proj
+            + residual * h
+        )
     g = 2 if model.gated_linear_unit else 1
     if layer_type == "dense":
         f = model.ffn_hidden_size
         return attn + norm_quant * h + (g * BF16 + BF16) * f + quant * f + residual * h
     f, e = model.moe_ffn_hidden_size, model.num_experts
-    moe = (2 * BF16 * h  # pre-MLP RMSNorm (bf16 out: router and dispatch read it)
-           + 4 * FP32 * e  # router scores, top-k, probabilities (fp32)
-           + BF16 * h + BF16 * k * h  # dispatch: read each token, write its k copies at the receivers
-           + 2 * BF16 * k * h  # permute into expert-major order
-           + quant * k * h  # fc1 input quantize
-           + (g * BF16 + BF16) * k * f  # SwiGLU: read gate and up, write
-           + quant * k * f  # fc2 input quantize
-           + 2 * BF16 * k * h  # unpermute
-           + BF16 * k * h  # combine: copies land back at the source
-           + BF16 * k * h + BF16 * h  # weighted sum of the k copies
-           + residual * h)
+    moe = (
+        2 * BF16 * h  # pre-MLP RMSNorm (bf16 out: router and dispatch read it)
+        + 4 * FP32 * e  # router scores, top-k, probabilities (fp32)
+        + BF16 * h
+        + BF16 * k * h  # dispatch: read each token, write its k copies at the receivers
+        + 2 * BF16 * k * h  # permute into expert-major order
+        + quant * k * h  # fc1 input quantize
+        + (g * BF16 + BF16) * k * f  # SwiGLU: read gate and up, write
+        + quant * k * f  # fc2 input quantize
+        + 2 * BF16 * k * h  # unpermute
+        + BF16 * k * h  # combine: copies land back at the source
+        + BF16 * k * h
+        + BF16 * h  # weighted sum of the k copies
+        + residual * h
+    )
     fs = model.moe_shared_expert_intermediate_size
     if fs:
         moe += quant * h + (g * BF16 + BF16) * fs + quant * fs + residual * h
@@ -149,8 +161,9 @@ class StageTime:
         return sum(self.terms.values())
 
 
-def stage_times(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig,
-                precision: PrecisionConfig) -> list[StageTime]:
+def stage_times(
+    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, precision: PrecisionConfig
+) -> list[StageTime]:
     """Per-stage forward + backward time per step (no bubble), from the stage's layer list."""
     r = rates(hw, precision)
     bd = flops.model_flops_breakdown(model, tp=par.tp)
@@ -166,7 +179,9 @@ def stage_times(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig,
     out: list[StageTime] = []
     layer_lists = flops.stage_layers(model, par)
     for rank, layer_ids in enumerate(layer_lists):
-        n_dense = sum(1 for i in layer_ids if i < model.num_dense_layers) if model.num_experts else len(layer_ids)
+        n_dense = (
+            sum(1 for i in layer_ids if i < model.num_dense_layers) if model.num_experts else len(layer_ids)
+        )
         n_moe = len(layer_ids) - n_dense
         per_type = {"all": len(layer_ids), "dense": n_dense, "moe": n_moe}
         gemm = 0.0
@@ -183,8 +198,15 @@ def stage_times(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig,
             ob = BF16 if m.kind == "router" else r.operand_bytes
             gemm += n_inst * linear_time(m_tok, out_dim, in_dim, r, operand_bytes=ob)
         attn = len(layer_ids) * bd["attn_core"] / n_layers * tokens / tp / r.attention_flops
-        act = (n_dense * activation_bytes_per_token(model, "dense", q8=q8)
-               + n_moe * activation_bytes_per_token(model, "moe", q8=q8)) * (1 + BACKWARD_TRAFFIC) * tokens / tp
+        act = (
+            (
+                n_dense * activation_bytes_per_token(model, "dense", q8=q8)
+                + n_moe * activation_bytes_per_token(model, "moe", q8=q8)
+            )
+            * (1 + BACKWARD_TRAFFIC)
+            * tokens
+            / tp
+        )
         if rank == len(layer_lists) - 1:  # output layer and loss
             gemm += linear_time(tokens, v_pad / tp, model.hidden_size, r, operand_bytes=r.operand_bytes)
             act += CE_BYTES_PER_LOGIT * tokens * v_pad / tp
@@ -193,11 +215,18 @@ def stage_times(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig,
             sent = tokens / tp * expert_copies_sent(model, ep) * model.hidden_size * BF16
             a2a = 4 * n_moe * links.all_to_all(sent, ep, ep_link)  # dispatch + combine, forward + backward
         tp_comm = 0.0
-        if tp > 1:  # sequence parallel: all-gather before and reduce-scatter after attention and MLP, fwd + bwd
+        if (
+            tp > 1
+        ):  # sequence parallel: all-gather before and reduce-scatter after attention and MLP, fwd + bwd
             buf = tokens * model.hidden_size * BF16
             tp_comm = 8 * len(layer_ids) * links.all_gather(buf, tp, tp_link)
-        terms = {"gemm": gemm * micro, "attention": attn * micro, "activation_traffic": act / r.hbm * micro,
-                 "moe_all_to_all": a2a * micro, "tp_comm": tp_comm * micro}
+        terms = {
+            "gemm": gemm * micro,
+            "attention": attn * micro,
+            "activation_traffic": act / r.hbm * micro,
+            "moe_all_to_all": a2a * micro,
+            "tp_comm": tp_comm * micro,
+        }
         out.append(StageTime(pp_rank=rank, dense_layers=n_dense, moe_layers=n_moe, terms=terms))
     return out
 
@@ -211,8 +240,9 @@ def _shard(m: flops.NSMatrix, tp: int) -> tuple[float, float]:
     return float(m.rows), m.cols / tp
 
 
-def pipeline_time(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig,
-                  precision: PrecisionConfig) -> dict[str, float | list[StageTime]]:
+def pipeline_time(
+    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, precision: PrecisionConfig
+) -> dict[str, float | list[StageTime]]:
     """Step time of forward + backward over all micro-batches: slowest stage, bubble and exposed sends."""
     stages = stage_times(model, par, hw, precision)
     slowest = max(stages, key=lambda s: s.total)
@@ -222,5 +252,10 @@ def pipeline_time(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig
         link = links.group_link(hw, par.pp, stride=par.tp * par.cp * par.dp)
         act = par.mbs * model.seq_length / par.cp / par.tp * model.hidden_size * BF16
         p2p = 2 * (par.pp - 1) * links.p2p(act, link)  # fill and drain; steady-state sends overlap compute
-    return {"stages": stages, "slowest": slowest, "bubble": bubble * slowest.total, "pp_p2p": p2p,
-            "total": slowest.total * (1 + bubble) + p2p}
+    return {
+        "stages": stages,
+        "slowest": slowest,
+        "bubble": bubble * slowest.total,
+        "pp_p2p": p2p,
+        "total": slowest.total * (1 + bubble) + p2p,
+    }

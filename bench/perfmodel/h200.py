@@ -29,7 +29,11 @@ def _float(value: Any) -> float | None:
 
 def _overrides(row: dict[str, str]) -> list[str]:
     out = [f"experiment={row['experiment']}"]
-    for col, key in (("mbs", "parallelism.mbs"), ("gbs", "parallelism.gbs"), ("seq_length", "model.seq_length")):
+    for col, key in (
+        ("mbs", "parallelism.mbs"),
+        ("gbs", "parallelism.gbs"),
+        ("seq_length", "model.seq_length"),
+    ):
         if row.get(col) not in (None, ""):
             out.append(f"{key}={int(float(row[col]))}")
     return out
@@ -47,10 +51,15 @@ def _typed(cfg: dict[str, Any]) -> Any:
 
     opt_cls = schema.OPTIMIZER_SCHEMAS[cfg["optimizer"]["name"]]
     return schema.RootConfig(
-        model=build(schema.ModelConfig, cfg["model"]), parallelism=build(schema.ParallelismConfig, cfg["parallelism"]),
-        optimizer=build(opt_cls, cfg["optimizer"]), hardware=build(schema.HardwareConfig, cfg["hardware"]),
-        precision=build(schema.PrecisionConfig, cfg["precision"]), engine=build(schema.EngineConfig, cfg["engine"]),
-        launcher=build(schema.LauncherConfig, cfg["launcher"]), experiment_name=cfg.get("experiment_name", ""))
+        model=build(schema.ModelConfig, cfg["model"]),
+        parallelism=build(schema.ParallelismConfig, cfg["parallelism"]),
+        optimizer=build(opt_cls, cfg["optimizer"]),
+        hardware=build(schema.HardwareConfig, cfg["hardware"]),
+        precision=build(schema.PrecisionConfig, cfg["precision"]),
+        engine=build(schema.EngineConfig, cfg["engine"]),
+        launcher=build(schema.LauncherConfig, cfg["launcher"]),
+        experiment_name=cfg.get("experiment_name", ""),
+    )
 
 
 FIT_RUN = "runs_call3/qwen_adamw"
@@ -58,17 +67,24 @@ FIT_RUN = "runs_call3/qwen_adamw"
 OUT_OF_SCOPE = {"sequential_mlp": "experts as a Python loop (launch-bound): no model term"}
 
 
-def _row(name: str, cfg: Any, implementation: str | None, optimizer: str | None, step: float,
-         optim: float | None) -> dict[str, Any]:
+def _row(
+    name: str, cfg: Any, implementation: str | None, optimizer: str | None, step: float, optim: float | None
+) -> dict[str, Any]:
     from bench.perfmodel.model import predict
 
     profile = "ours" if implementation == "ours" else "published"
     pred = predict(cfg, profile)
-    return {"experiment": name, "optimizer": optimizer, "profile": profile,
-            "measured_step_s": step, "predicted_step_s": pred.step_time_s,
-            "step_rel_error": pred.step_time_s / step - 1.0,
-            "measured_optim_s": optim, "predicted_optim_s": pred.breakdown["optimizer_step"],
-            "optim_rel_error": None if not optim else pred.breakdown["optimizer_step"] / optim - 1.0}
+    return {
+        "experiment": name,
+        "optimizer": optimizer,
+        "profile": profile,
+        "measured_step_s": step,
+        "predicted_step_s": pred.step_time_s,
+        "step_rel_error": pred.step_time_s / step - 1.0,
+        "measured_optim_s": optim,
+        "predicted_optim_s": pred.breakdown["optimizer_step"],
+        "optim_rel_error": None if not optim else pred.breakdown["optimizer_step"] / optim - 1.0,
+    }
 
 
 def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
@@ -83,11 +99,23 @@ def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
         if rec.get("status") != "ok" or step is None or (cfg.get("hardware") or {}).get("name") != "h200":
             continue
         run = f"{rec_path.parent.parent.name}/{rec_path.parent.name}"
-        row = _row(run, _typed(cfg), cfg["optimizer"].get("implementation"), cfg["optimizer"]["name"],
-                   step, _float(summary.get("optim_s_median")))
+        row = _row(
+            run,
+            _typed(cfg),
+            cfg["optimizer"].get("implementation"),
+            cfg["optimizer"]["name"],
+            step,
+            _float(summary.get("optim_s_median")),
+        )
         experts = str(((rec.get("worker") or {}).get("engine") or {}).get("experts", ""))
-        row.update({"model": cfg["model"]["name"], "experts": experts, "fit": run == FIT_RUN,
-                    "scope": OUT_OF_SCOPE.get(experts, "")})
+        row.update(
+            {
+                "model": cfg["model"]["name"],
+                "experts": experts,
+                "fit": run == FIT_RUN,
+                "scope": OUT_OF_SCOPE.get(experts, ""),
+            }
+        )
         out.append(row)
     return out
 
@@ -116,8 +144,16 @@ def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
             except ValueError as exc:
                 out.append({"experiment": row["experiment"], "error": str(exc)[:200]})
                 continue
-            out.append(_row(row["experiment"], cfg, row.get("implementation"), row.get("optimizer"), step,
-                            _float(row.get("optim_s_median"))))
+            out.append(
+                _row(
+                    row["experiment"],
+                    cfg,
+                    row.get("implementation"),
+                    row.get("optimizer"),
+                    step,
+                    _float(row.get("optim_s_median")),
+                )
+            )
     return out
 
 
@@ -125,30 +161,51 @@ def compare(path: Path = MEGATRON_REPORT) -> str:
     """Markdown paragraph: the comparison table, or that the measurement is pending."""
     rows = comparisons(path)
     if not rows:
-        return (f"Pending: `reports/{path.name}/results.csv` has no successful H200 run yet (the Megatron helper's "
-                "single-H200 slice runs). Predictions for its configs: `python -m bench.project "
-                "experiment=h200/qwen3_30b_a3b_slice_muon_1gpu profile=ours` (and `..._adamw_1gpu`).")
-    lines = [("| run | model | optimizer | profile | step measured (s) | predicted | error | optimizer measured (s) "
-              "| predicted | error | note |"), "|---|---|---|---|---|---|---|---|---|---|---|"]
+        return (
+            f"Pending: `reports/{path.name}/results.csv` has no successful H200 run yet (the Megatron helper's "
+            "single-H200 slice runs). Predictions for its configs: `python -m bench.project "
+            "experiment=h200/qwen3_30b_a3b_slice_muon_1gpu profile=ours` (and `..._adamw_1gpu`)."
+        )
+    lines = [
+        (
+            "| run | model | optimizer | profile | step measured (s) | predicted | error | optimizer measured (s) "
+            "| predicted | error | note |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['experiment']} | - | - | - | - | - | config error: {r['error']} | - | - | - | - |")
+            lines.append(
+                f"| {r['experiment']} | - | - | - | - | - | config error: {r['error']} | - | - | - | - |"
+            )
             continue
         opt_m = "-" if r["measured_optim_s"] is None else f"{r['measured_optim_s']:.3f}"
         opt_e = "-" if r["optim_rel_error"] is None else f"{100 * r['optim_rel_error']:+.1f}%"
         note = "fit" if r.get("fit") else (r.get("scope") or "prediction")
-        lines.append(f"| {r['experiment']} | {r.get('model', '')} | {r['optimizer']} | {r['profile']} | "
-                     f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['step_rel_error']:+.1f}% | "
-                     f"{opt_m} | {r['predicted_optim_s']:.3f} | {opt_e} | {note} |")
+        lines.append(
+            f"| {r['experiment']} | {r.get('model', '')} | {r['optimizer']} | {r['profile']} | "
+            f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {100 * r['step_rel_error']:+.1f}% | "
+            f"{opt_m} | {r['predicted_optim_s']:.3f} | {opt_e} | {note} |"
+        )
     ok = [r for r in rows if "error" not in r and not r.get("scope") and not r.get("fit")]
     within = sum(abs(r["step_rel_error"]) <= TOLERANCE for r in ok)
-    lines += ["", (f"{within} of {len(ok)} predicted runs within {100 * TOLERANCE:.0f}% on the step time (the H200 "
-              "row's one fitted value, the memory-bound kernel bandwidth of this TE-free engine, is fitted on the "
-              "run marked `fit`; runs outside the model's scope are not counted).")]
+    lines += [
+        "",
+        (
+            f"{within} of {len(ok)} predicted runs within {100 * TOLERANCE:.0f}% on the step time (the H200 "
+            "row's one fitted value, the memory-bound kernel bandwidth of this TE-free engine, is fitted on the "
+            "run marked `fit`; runs outside the model's scope are not counted)."
+        ),
+    ]
     if within < len(ok):
-        lines += ["", ("The model is a roofline of GEMMs, attention, activation traffic and communication plus the "
-                  "optimizer; it has no term for framework overhead of the forward/backward (launch-bound expert "
-                  "loops, unfused kernels without Transformer Engine) and models AdamW as the fused distributed "
-                  "optimizer. A run far below that roofline measures the engine, not the hardware: compare its "
-                  "model TF/s with the prediction's.")]
+        lines += [
+            "",
+            (
+                "The model is a roofline of GEMMs, attention, activation traffic and communication plus the "
+                "optimizer; it has no term for framework overhead of the forward/backward (launch-bound expert "
+                "loops, unfused kernels without Transformer Engine) and models AdamW as the fused distributed "
+                "optimizer. A run far below that roofline measures the engine, not the hardware: compare its "
+                "model TF/s with the prediction's."
+            ),
+        ]
     return "\n".join(lines)

@@ -27,9 +27,14 @@ class Prediction:
     info: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"tflops_per_gpu_model": self.tflops_per_gpu_model, "tflops_per_gpu_ns": self.tflops_per_gpu_ns,
-                "step_time_s": self.step_time_s, "profile": self.profile, "breakdown": self.breakdown,
-                "info": self.info}
+        return {
+            "tflops_per_gpu_model": self.tflops_per_gpu_model,
+            "tflops_per_gpu_ns": self.tflops_per_gpu_ns,
+            "step_time_s": self.step_time_s,
+            "profile": self.profile,
+            "breakdown": self.breakdown,
+            "info": self.info,
+        }
 
 
 def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
@@ -49,16 +54,34 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
     model_flops = flops.model_flops_per_step(model, par)
     ns_tf = 0.0
     if algo.optimizer == "muon":
-        load = flops.ns_load_per_gpu(model, par, num_steps=algo.num_steps,
-                                     tp_mode=algo.tp_mode if algo.tp_mode in flops.TP_MODES else "duplicated")
+        load = flops.ns_load_per_gpu(
+            model,
+            par,
+            num_steps=algo.num_steps,
+            tp_mode=algo.tp_mode if algo.tp_mode in flops.TP_MODES else "duplicated",
+        )
         ns_tf = load["mean"]["plain"] / total / 1e12
-    info = {"optimizer": algo.optimizer, "grad_sync": algo.grad_sync if algo.optimizer == "muon" else
-            "reduce_scatter", "assignment": algo.assignment, "ns_convention": algo.convention,
-            "num_ns_steps": algo.num_steps, "tp_mode": algo.tp_mode, "slowest_pp_rank": slowest.pp_rank,
-            "hardware": hw.name, "world_size": par.world_size,
-            "state_memory_gib": opt.state_memory_gib(model, par, algo), "memory_gib": hw.memory_gib}
-    return Prediction(step_time_s=total, tflops_per_gpu_model=model_flops / par.world_size / total / 1e12,
-                      tflops_per_gpu_ns=ns_tf, breakdown=breakdown, profile=profile, info=info)
+    info = {
+        "optimizer": algo.optimizer,
+        "grad_sync": algo.grad_sync if algo.optimizer == "muon" else "reduce_scatter",
+        "assignment": algo.assignment,
+        "ns_convention": algo.convention,
+        "num_ns_steps": algo.num_steps,
+        "tp_mode": algo.tp_mode,
+        "slowest_pp_rank": slowest.pp_rank,
+        "hardware": hw.name,
+        "world_size": par.world_size,
+        "state_memory_gib": opt.state_memory_gib(model, par, algo),
+        "memory_gib": hw.memory_gib,
+    }
+    return Prediction(
+        step_time_s=total,
+        tflops_per_gpu_model=model_flops / par.world_size / total / 1e12,
+        tflops_per_gpu_ns=ns_tf,
+        breakdown=breakdown,
+        profile=profile,
+        info=info,
+    )
 
 
 def tp_mode_table(cfg: RootConfig, num_steps: int | None = None) -> list[dict[str, Any]]:
@@ -71,8 +94,18 @@ def tp_mode_table(cfg: RootConfig, num_steps: int | None = None) -> list[dict[st
         if tp <= 1 or m.tp_partition_dim < 0:
             continue
         t = nscost.tp_mode_times(m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim, num_steps=k)
-        rows.append({"kind": m.kind, "rows": m.rows, "cols": m.cols, "tp": tp, "partition_dim": m.tp_partition_dim,
-                     "duplicated_ms": t["duplicated"], "distributed_ms": t["distributed"],
-                     "choice": nscost.choose_tp_mode(m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim,
-                                                     num_steps=k)})
+        rows.append(
+            {
+                "kind": m.kind,
+                "rows": m.rows,
+                "cols": m.cols,
+                "tp": tp,
+                "partition_dim": m.tp_partition_dim,
+                "duplicated_ms": t["duplicated"],
+                "distributed_ms": t["distributed"],
+                "choice": nscost.choose_tp_mode(
+                    m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim, num_steps=k
+                ),
+            }
+        )
     return rows

@@ -24,7 +24,9 @@ from optim.distributed.assignment import CostModel, canonical
 
 KERNEL_RESULTS = Path(__file__).resolve().parents[2] / "reports" / "ns_kernels_h200_202611" / "results.json"
 TP_MODES = ("duplicated", "distributed", "distributed_gram", "blockwise")
-HALF_EFF_DIM = CostModel().half_eff_dim  # short side at half the ceiling, fitted to anchors.md f (assignment.py)
+HALF_EFF_DIM = (
+    CostModel().half_eff_dim
+)  # short side at half the ceiling, fitted to anchors.md f (assignment.py)
 
 
 def ns_rate(hw: HardwareConfig) -> float:
@@ -69,11 +71,15 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
     ceiling = float(data.get("ceiling_tflops", C.H200_GEMM_CEILING_TFLOPS.value))
     to_anchor = ceiling / C.H200_GEMM_CEILING_TFLOPS.value
     impls = ("eo_plain",) if profile == "published" else ("ours", "ours_gram")
-    singles = [min(float(sh["impls"][i]["ms"]) for i in impls if "ms" in sh["impls"].get(i, {}))
-               for sh in data.get("shapes", []) if int(sh.get("batch", 1)) == 1
-               and any("ms" in sh["impls"].get(i, {}) for i in impls)]
+    singles = [
+        min(float(sh["impls"][i]["ms"]) for i in impls if "ms" in sh["impls"].get(i, {}))
+        for sh in data.get("shapes", [])
+        if int(sh.get("batch", 1)) == 1 and any("ms" in sh["impls"].get(i, {}) for i in impls)
+    ]
     # EO: the lowest host cost measured (anchors: 0.330 and 0.475 ms; kernel run: its smallest single call)
-    host = min([anchor_host, *singles]) if profile == "published" else (min(singles) if singles else anchor_host)
+    host = (
+        min([anchor_host, *singles]) if profile == "published" else (min(singles) if singles else anchor_host)
+    )
     samples: dict[tuple[int, int], list[float]] = {}
     for sh in data.get("shapes", []):
         times = [float(sh["impls"][i]["ms"]) for i in impls if "ms" in sh["impls"].get(i, {})]
@@ -81,7 +87,9 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
             continue
         batch, key = int(sh.get("batch", 1)), canonical((int(sh["rows"]), int(sh["cols"])))
         floor = flops.ns_flops(key[0], key[1]) / (ceiling * 1e12) * 1e3
-        per = max((min(times) - host) / batch, floor)  # GPU part per matrix; the host cost is charged per call
+        per = max(
+            (min(times) - host) / batch, floor
+        )  # GPU part per matrix; the host cost is charged per call
         samples.setdefault(key, []).append(per * to_anchor)
     table = {k: sum(v) / len(v) for k, v in samples.items()}  # both orientations of a shape (q and o): mean
     source = f"{path.name} ({data.get('device_name', '?')}, ceiling {ceiling:.0f} TF/s)"
@@ -109,8 +117,15 @@ def measured_table(profile: str = "ours") -> dict[tuple[int, int], float]:
     return ns_data(profile).table
 
 
-def gpu_ms(rows: float, cols: float, hw: HardwareConfig, *, num_steps: int = 5, convention: str = "plain",
-           table: dict[tuple[int, int], float] | None = None) -> float:
+def gpu_ms(
+    rows: float,
+    cols: float,
+    hw: HardwareConfig,
+    *,
+    num_steps: int = 5,
+    convention: str = "plain",
+    table: dict[tuple[int, int], float] | None = None,
+) -> float:
     """GPU milliseconds of NS on one rows x cols matrix (short side m, Gram m x m): a measured shape (its kernel's
     own method, scaled by FLOPs for other step counts) or the curve m / (m + 600) of the GEMM ceiling."""
     m, n = min(rows, cols), max(rows, cols)
@@ -134,9 +149,19 @@ class TPCost:
         return self.compute_ms + self.comm_ms
 
 
-def tp_cost(rows: int, cols: int, tp: int, hw: HardwareConfig, mode: str, *, partition_dim: int = 0,
-            num_steps: int = 5, convention: str = "plain", triangular: bool = False,
-            table: dict[tuple[int, int], float] | None = None) -> TPCost:
+def tp_cost(
+    rows: int,
+    cols: int,
+    tp: int,
+    hw: HardwareConfig,
+    mode: str,
+    *,
+    partition_dim: int = 0,
+    num_steps: int = 5,
+    convention: str = "plain",
+    triangular: bool = False,
+    table: dict[tuple[int, int], float] | None = None,
+) -> TPCost:
     """NS cost of one TP-sharded matrix under `mode` (optim.distributed.tp_orthogonalize.TPMode semantics).
 
     duplicated: all-gather of the fp32 shards, full NS on every rank. distributed: the sharded dim is contracted;
@@ -147,17 +172,23 @@ def tp_cost(rows: int, cols: int, tp: int, hw: HardwareConfig, mode: str, *, par
     if mode not in TP_MODES:
         raise ValueError(f"tp_mode={mode!r}: must be one of {list(TP_MODES)}")
     if tp <= 1 or partition_dim < 0:
-        return TPCost(compute_ms=gpu_ms(rows, cols, hw, num_steps=num_steps, convention=convention, table=table),
-                      comm_ms=0.0)
+        return TPCost(
+            compute_ms=gpu_ms(rows, cols, hw, num_steps=num_steps, convention=convention, table=table),
+            comm_ms=0.0,
+        )
     link = links.group_link(hw, tp)
     split, other = (rows, cols) if partition_dim == 0 else (cols, rows)
     if mode == "blockwise":
-        return TPCost(compute_ms=gpu_ms(split / tp, other, hw, num_steps=num_steps, convention=convention,
-                                        table=table), comm_ms=0.0)
+        return TPCost(
+            compute_ms=gpu_ms(split / tp, other, hw, num_steps=num_steps, convention=convention, table=table),
+            comm_ms=0.0,
+        )
     if mode == "duplicated":
         comm = links.all_gather(rows * cols * 4.0, tp, link) * 1e3
-        return TPCost(compute_ms=gpu_ms(rows, cols, hw, num_steps=num_steps, convention=convention, table=table),
-                      comm_ms=comm)
+        return TPCost(
+            compute_ms=gpu_ms(rows, cols, hw, num_steps=num_steps, convention=convention, table=table),
+            comm_ms=comm,
+        )
     conv = "gram" if mode == "distributed_gram" else convention
     flop = flops._ns_flops_mn(other, split / tp, num_steps, conv, (2,))
     m_eff = min(other, split / tp)
@@ -171,16 +202,27 @@ def tp_cost(rows: int, cols: int, tp: int, hw: HardwareConfig, mode: str, *, par
     return TPCost(compute_ms=compute, comm_ms=comm)
 
 
-def tp_mode_times(rows: int, cols: int, tp: int, hardware: HardwareConfig, *, partition_dim: int = 0,
-                  num_steps: int = 5) -> dict[str, float]:
+def tp_mode_times(
+    rows: int, cols: int, tp: int, hardware: HardwareConfig, *, partition_dim: int = 0, num_steps: int = 5
+) -> dict[str, float]:
     """Predicted milliseconds of duplicated and distributed NS (compute + communication) for one matrix."""
-    return {mode: tp_cost(rows, cols, tp, hardware, mode, partition_dim=partition_dim,
-                          num_steps=num_steps).total_ms
-            for mode in ("duplicated", "distributed")}
+    return {
+        mode: tp_cost(
+            rows, cols, tp, hardware, mode, partition_dim=partition_dim, num_steps=num_steps
+        ).total_ms
+        for mode in ("duplicated", "distributed")
+    }
 
 
-def choose_tp_mode(rows: int, cols: int, tp: int, hardware: HardwareConfig | str, *, partition_dim: int = 0,
-                   num_steps: int = 5) -> str:
+def choose_tp_mode(
+    rows: int,
+    cols: int,
+    tp: int,
+    hardware: HardwareConfig | str,
+    *,
+    partition_dim: int = 0,
+    num_steps: int = 5,
+) -> str:
     """`tp_mode=auto`: "duplicated" or "distributed" for one TP-sharded rows x cols weight, whichever the model
     predicts faster (duplicated when the per-step Gram all-reduce latency dominates, distributed when the
     duplicated compute does). Ties and tp = 1 give "duplicated" (one collective, bitwise single-GPU result)."""

@@ -54,17 +54,34 @@ def resolve(optimizer_cfg: object, profile: str) -> Algo:
     steps = int(getattr(optimizer_cfg, "num_ns_steps", 5))
     tp_mode = str(getattr(optimizer_cfg, "tp_mode", "blockwise"))
     if profile == "published":
-        return Algo(optimizer=name, profile=profile, grad_sync="all_reduce", assignment="ping_pong_numel",
-                    overlap_param_gather=False, batched=False, convention="plain", num_steps=steps,
-                    tp_mode=tp_mode)
+        return Algo(
+            optimizer=name,
+            profile=profile,
+            grad_sync="all_reduce",
+            assignment="ping_pong_numel",
+            overlap_param_gather=False,
+            batched=False,
+            convention="plain",
+            num_steps=steps,
+            tp_mode=tp_mode,
+        )
     if getattr(optimizer_cfg, "implementation", "ours") == "megatron":  # published knobs: use ours' defaults
         grad_sync, assignment, overlap = "reduce_scatter", "lpt_cost", True
     else:
         grad_sync = str(getattr(optimizer_cfg, "grad_sync", "reduce_scatter"))
         assignment = str(getattr(optimizer_cfg, "assignment", "lpt_cost"))
         overlap = bool(getattr(optimizer_cfg, "overlap_param_gather", True))
-    return Algo(optimizer=name, profile=profile, grad_sync=grad_sync, assignment=assignment,
-                overlap_param_gather=overlap, batched=True, convention="gram", num_steps=steps, tp_mode=tp_mode)
+    return Algo(
+        optimizer=name,
+        profile=profile,
+        grad_sync=grad_sync,
+        assignment=assignment,
+        overlap_param_gather=overlap,
+        batched=True,
+        convention="gram",
+        num_steps=steps,
+        tp_mode=tp_mode,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,24 +120,49 @@ def stage_items(model: ModelConfig, par: ParallelismConfig, stage: int, layer_id
     return out
 
 
-def _muon_item_ms(it: Item, par: ParallelismConfig, hw: HardwareConfig, algo: Algo, rate_hbm: float,
-                  table: dict[tuple[int, int], float]) -> tuple[float, float]:
+def _muon_item_ms(
+    it: Item,
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    algo: Algo,
+    rate_hbm: float,
+    table: dict[tuple[int, int], float],
+) -> tuple[float, float]:
     """(GPU ms incl. TP communication, element-wise ms) of one Muon matrix shard."""
     tp = par.etp if it.expert else par.tp
     full = (it.rows * tp, it.cols) if it.tp_dim == 0 else (it.rows, it.cols * tp)
     mode = algo.tp_mode
     if mode == "auto":
-        mode = nscost.choose_tp_mode(full[0], full[1], tp, hw, partition_dim=it.tp_dim, num_steps=algo.num_steps)
-    cost = nscost.tp_cost(full[0], full[1], tp, hw, mode if tp > 1 else "blockwise", partition_dim=it.tp_dim,
-                          num_steps=algo.num_steps, convention=algo.convention,
-                          triangular=algo.profile == "ours", table=table)
+        mode = nscost.choose_tp_mode(
+            full[0], full[1], tp, hw, partition_dim=it.tp_dim, num_steps=algo.num_steps
+        )
+    cost = nscost.tp_cost(
+        full[0],
+        full[1],
+        tp,
+        hw,
+        mode if tp > 1 else "blockwise",
+        partition_dim=it.tp_dim,
+        num_steps=algo.num_steps,
+        convention=algo.convention,
+        triangular=algo.profile == "ours",
+        table=table,
+    )
     elem = it.rows * it.cols * C.MUON_ELEMENTWISE_BYTES_PER_PARAM.value / rate_hbm * 1e3
     return cost.total_ms, elem
 
 
-def rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: ParallelismConfig,
-                   hw: HardwareConfig, algo: Algo, rate_hbm: float, table: dict[tuple[int, int], float],
-                   base: list[float]) -> list[float]:
+def rank_loads_ms(
+    items: list[Item],
+    owners: list[int],
+    n_ranks: int,
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    algo: Algo,
+    rate_hbm: float,
+    table: dict[tuple[int, int], float],
+    base: list[float],
+) -> list[float]:
     """Optimizer milliseconds per rank given owners (adds to `base`)."""
     loads = list(base)
     host_call = nscost.host_call_ms(hw, algo.num_steps, algo.profile)
@@ -135,14 +177,26 @@ def rank_loads_ms(items: list[Item], owners: list[int], n_ranks: int, par: Paral
             loads[r] += max(host_call, gpu) + elem
     for r, g in enumerate(groups):
         for (rows, cols, expert, tp_dim), count in g.items():
-            gpu, elem = _muon_item_ms(Item(rows=rows, cols=cols, expert=expert, muon=True, tp_dim=tp_dim), par, hw,
-                                      algo, rate_hbm, table)
+            gpu, elem = _muon_item_ms(
+                Item(rows=rows, cols=cols, expert=expert, muon=True, tp_dim=tp_dim),
+                par,
+                hw,
+                algo,
+                rate_hbm,
+                table,
+            )
             loads[r] += nscost.host_call_ms(hw, algo.num_steps, algo.profile) + count * (gpu + elem)
     return loads
 
 
-def _cost_model(items: list[Item], par: ParallelismConfig, hw: HardwareConfig, algo: Algo, rate_hbm: float,
-                table: dict[tuple[int, int], float]) -> CostModel:
+def _cost_model(
+    items: list[Item],
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    algo: Algo,
+    rate_hbm: float,
+    table: dict[tuple[int, int], float],
+) -> CostModel:
     """The shared assignment cost model, filled with this hardware's per-shape milliseconds."""
     terms: dict[tuple[int, int], tuple[float, float]] = {}
     for it in items:
@@ -156,8 +210,15 @@ def _cost_model(items: list[Item], par: ParallelismConfig, hw: HardwareConfig, a
     return CostModel(table=terms, num_steps=algo.num_steps)
 
 
-def optimizer_step(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, precision: PrecisionConfig,
-                   algo: Algo, *, backward_s: float) -> dict[str, float]:
+def optimizer_step(
+    model: ModelConfig,
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    precision: PrecisionConfig,
+    algo: Algo,
+    *,
+    backward_s: float,
+) -> dict[str, float]:
     """Seconds of the optimizer step and of the exposed data-parallel communication (worst GPU).
 
     `backward_s`: the backward compute time of the slowest stage, the window in which gradient syncs overlap.
@@ -186,14 +247,18 @@ def optimizer_step(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfi
         bucket = C.BUCKET_ELEMENTS.value * C.GRAD_BYTES.value
         t_bucket = coll(min(bucket, grad[0]), dp, dp_link) + coll(min(bucket, grad[1]), edp, edp_link)
         sync_exposed = max(t_bucket, t_sync - backward_s)
-        pbytes = 1.0 if (algo.optimizer == "adamw" and precision.fp8_param_gather) else C.PARAM_GATHER_BYTES.value
+        pbytes = (
+            1.0 if (algo.optimizer == "adamw" and precision.fp8_param_gather) else C.PARAM_GATHER_BYTES.value
+        )
         if algo.optimizer == "muon" and not algo.overlap_param_gather:  # blocking all_gatherv after the step
-            gather = (links.all_gatherv(n_dense * pbytes, dp, dp_link)
-                      + links.all_gatherv(n_expert * pbytes, edp, edp_link))
+            gather = links.all_gatherv(n_dense * pbytes, dp, dp_link) + links.all_gatherv(
+                n_expert * pbytes, edp, edp_link
+            )
         else:  # overlapped with the next forward: the first bucket is exposed
             first = C.BUCKET_ELEMENTS.value * pbytes
-            gather = links.all_gather(min(first, n_dense * pbytes), dp, dp_link) + \
-                links.all_gather(min(first, n_expert * pbytes), edp, edp_link)
+            gather = links.all_gather(min(first, n_dense * pbytes), dp, dp_link) + links.all_gather(
+                min(first, n_expert * pbytes), edp, edp_link
+            )
         norm = 2 * links.all_reduce(4.0, par.world_size, links.group_link(hw, par.world_size))
         worst["optimizer_step"] = max(worst["optimizer_step"], step + norm)
         worst["grad_sync_exposed"] = max(worst["grad_sync_exposed"], sync_exposed)
@@ -201,8 +266,17 @@ def optimizer_step(model: ModelConfig, par: ParallelismConfig, hw: HardwareConfi
     return worst
 
 
-def _muon_step_ms(dense: list[Item], experts: list[Item], par: ParallelismConfig, hw: HardwareConfig, algo: Algo,
-                  rate_hbm: float, table: dict[tuple[int, int], float], dp: int, edp: int) -> float:
+def _muon_step_ms(
+    dense: list[Item],
+    experts: list[Item],
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    algo: Algo,
+    rate_hbm: float,
+    table: dict[tuple[int, int], float],
+    dp: int,
+    edp: int,
+) -> float:
     """Slowest rank's Muon step (ms) on one stage: experts dealt over expert-DP, dense items over DP."""
     strategy = algo.assignment
     cm = _cost_model(dense + experts, par, hw, algo, rate_hbm, table)

@@ -23,159 +23,340 @@ def _caption(name: str, rows: list[dict[str, Any]]) -> str:
         for setup in ("qwen3_30b_a3b", "kimi_k2"):
             a = {r["x"]: r["tflops_per_gpu_model"] for r in _pick(rows, "dp", optimizer="adamw", setup=setup)}
             for prof in ("published", "ours"):
-                m = {r["x"]: r["tflops_per_gpu_model"]
-                     for r in _pick(rows, "dp", optimizer="muon", profile=prof, setup=setup)}
-                parts.append(f"{setup} {prof}: " + ", ".join(f"DP{x} {m[x] / a[x]:.3f}" for x in sorted(m)
-                                                              if x in (min(m), 64, 256, 1024)))
-        return ("64 sequences per DP rank. Muon/AdamW model TF: " + "; ".join(parts) + ". Expert-DP grows with DP, "
-                "so each GPU orthogonalizes fewer experts; once the DP group leaves the 72-GPU NVLink domain the "
-                "published blocking all_gatherv runs on the network, while ours overlaps its gather.")
+                m = {
+                    r["x"]: r["tflops_per_gpu_model"]
+                    for r in _pick(rows, "dp", optimizer="muon", profile=prof, setup=setup)
+                }
+                parts.append(
+                    f"{setup} {prof}: "
+                    + ", ".join(f"DP{x} {m[x] / a[x]:.3f}" for x in sorted(m) if x in (min(m), 64, 256, 1024))
+                )
+        return (
+            "64 sequences per DP rank. Muon/AdamW model TF: "
+            + "; ".join(parts)
+            + ". Expert-DP grows with DP, "
+            "so each GPU orthogonalizes fewer experts; once the DP group leaves the 72-GPU NVLink domain the "
+            "published blocking all_gatherv runs on the network, while ours overlaps its gather."
+        )
     if name == "sweep_ep.png":
-        best = {prof: min(_pick(rows, "ep", optimizer="muon", profile=prof), key=lambda r: r["step_time_s"])["x"]
-                for prof in ("published", "ours")}
-        return (f"Qwen3-30B-A3B on 64 GPUs: fastest EP for Muon published {best['published']}, ours {best['ours']} "
-                "(small EP: no all-to-all, but replicated experts; memory per GPU in results.csv, "
-                "state_memory_gib).")
+        best = {
+            prof: min(_pick(rows, "ep", optimizer="muon", profile=prof), key=lambda r: r["step_time_s"])["x"]
+            for prof in ("published", "ours")
+        }
+        return (
+            f"Qwen3-30B-A3B on 64 GPUs: fastest EP for Muon published {best['published']}, ours {best['ours']} "
+            "(small EP: no all-to-all, but replicated experts; memory per GPU in results.csv, "
+            "state_memory_gib)."
+        )
     if name == "sweep_tp.png":
         parts = []
         for setup in ("qwen3_30b_a3b", "kimi_k2"):
-            t8 = {r["tp_mode"]: 1e3 * r["optimizer_step_s"]
-                  for r in _pick(rows, "tp", optimizer="muon", x=8, setup=setup)}
-            parts.append(f"{setup} duplicated {t8['duplicated']:.1f} ms, distributed {t8['distributed']:.1f} ms, "
-                         f"auto {t8['auto']:.1f} ms")
-        return ("TP with sequence parallel (Qwen3-30B-A3B on 64 GPUs EP8; Kimi K2 on 256 GPUs PP4 EP64), Muon ours, "
-                "slowest rank's optimizer step at TP8: " + "; ".join(parts) + ". Distributed pays k Gram "
-                "all-reduces per matrix (latency-bound for small matrices), duplicated pays tp x the NS compute; "
-                "auto picks per matrix on the per-matrix prediction (table below); the rank loads after the LPT "
-                "assignment can still differ by a few percent from the better uniform mode.")
+            t8 = {
+                r["tp_mode"]: 1e3 * r["optimizer_step_s"]
+                for r in _pick(rows, "tp", optimizer="muon", x=8, setup=setup)
+            }
+            parts.append(
+                f"{setup} duplicated {t8['duplicated']:.1f} ms, distributed {t8['distributed']:.1f} ms, "
+                f"auto {t8['auto']:.1f} ms"
+            )
+        return (
+            "TP with sequence parallel (Qwen3-30B-A3B on 64 GPUs EP8; Kimi K2 on 256 GPUs PP4 EP64), Muon ours, "
+            "slowest rank's optimizer step at TP8: " + "; ".join(parts) + ". Distributed pays k Gram "
+            "all-reduces per matrix (latency-bound for small matrices), duplicated pays tp x the NS compute; "
+            "auto picks per matrix on the per-matrix prediction (table below); the rank loads after the LPT "
+            "assignment can still differ by a few percent from the better uniform mode."
+        )
     if name == "sweep_ns_steps.png":
         parts = []
         for setup in ("kimi_k2", "qwen3_30b_a3b"):
             ref = _pick(rows, "adamw_ref", setup=setup)[0]["tflops_per_gpu_model"]
             for prof in ("published", "ours"):
-                v = {r["x"]: r["tflops_per_gpu_model"] / ref for r in _pick(rows, "ns_steps", setup=setup,
-                                                                              profile=prof)}
+                v = {
+                    r["x"]: r["tflops_per_gpu_model"] / ref
+                    for r in _pick(rows, "ns_steps", setup=setup, profile=prof)
+                }
                 parts.append(f"{setup} {prof} {v[5]:.3f} -> {v[10]:.3f}")
-        return ("Muon/AdamW model TF from 5 to 10 NS steps: " + "; ".join(parts) + ". The published Qwen3 loop "
-                "is launch-bound, so extra steps cost only launches.")
+        return (
+            "Muon/AdamW model TF from 5 to 10 NS steps: " + "; ".join(parts) + ". The published Qwen3 loop "
+            "is launch-bound, so extra steps cost only launches."
+        )
     if name == "sweep_assignment.png":
-        return ("Muon ours, slowest rank's optimizer step by assignment strategy (table below): with one batched "
-                "call per shape and rank and expert ownership fixed by EP, the strategy moves only the few dense "
-                "matrices, so the spread is small at these layouts.")
+        return (
+            "Muon ours, slowest rank's optimizer step by assignment strategy (table below): with one batched "
+            "call per shape and rank and expert ownership fixed by EP, the strategy moves only the few dense "
+            "matrices, so the spread is small at these layouts."
+        )
     return ""
 
 
-def render(*, cal: list[dict[str, Any]], fit: float, worst: float, rows: list[dict[str, Any]], files: list[str],
-           tp_table: list[dict[str, Any]], command: str, constants: ModuleType, what_if: dict[str, list[dict[str, Any]]],
-           h200: str, ns_sources: dict[str, str], ns_hosts: dict[str, float],
-           layer_steps: list[dict[str, Any]]) -> str:
+def render(
+    *,
+    cal: list[dict[str, Any]],
+    fit: float,
+    worst: float,
+    rows: list[dict[str, Any]],
+    files: list[str],
+    tp_table: list[dict[str, Any]],
+    command: str,
+    constants: ModuleType,
+    what_if: dict[str, list[dict[str, Any]]],
+    h200: str,
+    ns_sources: dict[str, str],
+    ns_hosts: dict[str, float],
+    layer_steps: list[dict[str, Any]],
+) -> str:
     C = constants
-    lines = ["# Performance model: calibration on NVIDIA blog Table 1 and GB300 predictions", "",
-             (f"Generated by `{command}` (pure Python, no GPU; `bench/perfmodel/`). All numbers are model "
-              "predictions except the column `published`."), "",
-             "## Calibration (profile `published`)", ""]
-    lines += _table(["row", "published model TF/GPU", "predicted", "error", "predicted step (s)",
-                     "`ours` TF/GPU", "`ours` step (s)"],
-                    [[r["row"], f"{r['published_tflops']:.0f}", f"{r['predicted_tflops']:.1f}",
-                      f"{100 * r['rel_error']:+.1f}%", f"{r['predicted_step_s']:.3f}", f"{r['ours_tflops']:.1f}",
-                      f"{r['ours_step_s']:.3f}"] for r in cal])
+    lines = [
+        "# Performance model: calibration on NVIDIA blog Table 1 and GB300 predictions",
+        "",
+        (
+            f"Generated by `{command}` (pure Python, no GPU; `bench/perfmodel/`). All numbers are model "
+            "predictions except the column `published`."
+        ),
+        "",
+        "## Calibration (profile `published`)",
+        "",
+    ]
+    lines += _table(
+        [
+            "row",
+            "published model TF/GPU",
+            "predicted",
+            "error",
+            "predicted step (s)",
+            "`ours` TF/GPU",
+            "`ours` step (s)",
+        ],
+        [
+            [
+                r["row"],
+                f"{r['published_tflops']:.0f}",
+                f"{r['predicted_tflops']:.1f}",
+                f"{100 * r['rel_error']:+.1f}%",
+                f"{r['predicted_step_s']:.3f}",
+                f"{r['ours_tflops']:.1f}",
+                f"{r['ours_step_s']:.3f}",
+            ]
+            for r in cal
+        ],
+    )
     ratio = {}
     for setup, a, m in (("Kimi K2, 256 GB300", 0, 1), ("Qwen3-30B-A3B, 8 GB300", 2, 3)):
-        ratio[setup] = (cal[m]["predicted_tflops"] / cal[a]["predicted_tflops"],
-                        cal[m]["ours_tflops"] / cal[a]["ours_tflops"],
-                        cal[m]["published_tflops"] / cal[a]["published_tflops"])
-    lines += ["", (f"One fitted value for the GB300 row: the achieved fraction of HBM bandwidth in memory-bound "
-              f"kernels, `constants.GB300_HBM_FIT` = {C.GB300_HBM_FIT} (minimax fit over the four rows gives "
-              f"{fit:.4f}, worst |error| {100 * worst:.2f}%). Every other constant is a datasheet value, our H200 "
-              "measurement or a cited public number (list below). GEMM rates keep our measured H200 ceiling "
-              "fraction (701/989 = 0.709) for bf16 and MXFP8 alike. The H200 row has its own one fitted value (same "
-              "kind, for the TE-free single-GPU engine; see Single-H200 checks); B200 and H100 borrow these fits."), "",
-              "## Muon / AdamW model-TF ratio", ""]
-    lines += _table(["setup", "published (blog)", "predicted, profile published", "predicted, profile ours"],
-                    [[k, f"{v[2]:.3f}", f"{v[0]:.3f}", f"{v[1]:.3f}"] for k, v in ratio.items()])
-    lines += ["", ("Sensitivity of the `published` Muon rows to the per-matrix host cost of the NS loop (GB300 row: "
-              f"{C.FITTED['gb300'].eo_loop_ms.value} ms, no Grace-host measurement, so the lowest EO call we "
-              "measured on any host):"), ""]
-    wrows = [[label, r["row"], f"{r['published_tflops']:.0f}", f"{r['predicted_tflops']:.1f}",
-              f"{100 * r['rel_error']:+.1f}%"] for label, rs in what_if.items() for r in rs if "Muon" in str(r["row"])]
+        ratio[setup] = (
+            cal[m]["predicted_tflops"] / cal[a]["predicted_tflops"],
+            cal[m]["ours_tflops"] / cal[a]["ours_tflops"],
+            cal[m]["published_tflops"] / cal[a]["published_tflops"],
+        )
+    lines += [
+        "",
+        (
+            f"One fitted value for the GB300 row: the achieved fraction of HBM bandwidth in memory-bound "
+            f"kernels, `constants.GB300_HBM_FIT` = {C.GB300_HBM_FIT} (minimax fit over the four rows gives "
+            f"{fit:.4f}, worst |error| {100 * worst:.2f}%). Every other constant is a datasheet value, our H200 "
+            "measurement or a cited public number (list below). GEMM rates keep our measured H200 ceiling "
+            "fraction (701/989 = 0.709) for bf16 and MXFP8 alike. The H200 row has its own one fitted value (same "
+            "kind, for the TE-free single-GPU engine; see Single-H200 checks); B200 and H100 borrow these fits."
+        ),
+        "",
+        "## Muon / AdamW model-TF ratio",
+        "",
+    ]
+    lines += _table(
+        ["setup", "published (blog)", "predicted, profile published", "predicted, profile ours"],
+        [[k, f"{v[2]:.3f}", f"{v[0]:.3f}", f"{v[1]:.3f}"] for k, v in ratio.items()],
+    )
+    lines += [
+        "",
+        (
+            "Sensitivity of the `published` Muon rows to the per-matrix host cost of the NS loop (GB300 row: "
+            f"{C.FITTED['gb300'].eo_loop_ms.value} ms, no Grace-host measurement, so the lowest EO call we "
+            "measured on any host):"
+        ),
+        "",
+    ]
+    wrows = [
+        [
+            label,
+            r["row"],
+            f"{r['published_tflops']:.0f}",
+            f"{r['predicted_tflops']:.1f}",
+            f"{100 * r['rel_error']:+.1f}%",
+        ]
+        for label, rs in what_if.items()
+        for r in rs
+        if "Muon" in str(r["row"])
+    ]
     lines += _table(["host cost per matrix", "row", "published", "predicted", "error"], wrows)
     d_q = cal[3]["predicted_step_s"] - cal[2]["predicted_step_s"]
     d_k = cal[1]["predicted_step_s"] - cal[0]["predicted_step_s"]
-    lines += ["", ("The Qwen3 Muon row is the sensitive one: each GPU runs 1,560 launch-bound NS calls (16 local "
-              "experts x 48 layers x 2 + 24 attention matrices). Table 1's +0.33 s for the whole Muon step means at "
-              "most ~0.21 ms per matrix on the GB300 node; our H200 hosts measured 0.33-0.49 ms per isolated EO NS call "
-              "and 0.49-0.79 ms per matrix inside real optimizer steps (the H200 row uses 0.755). The GB300 row "
-              f"charges {C.FITTED['gb300'].eo_loop_ms.value} ms and "
-              f"predicts Muon - AdamW = +{d_q:.2f} s for Qwen3 (blog +0.33 s) and +{d_k:.2f} s for Kimi K2 (blog "
-              "+0.27 s); the Qwen3 row stays within 3% because the step is 8.9 s long. One batched call per shape "
-              "(profile `ours`) removes the question."), "",
-              "## Where the time goes", "",
-              "![calibration_breakdown.png](calibration_breakdown.png)", "",
-              ("The fit attributes everything that scales with activation bytes (unfused norms, quantization, "
-               "permutation, activation, residuals, and whatever else is not modelled) to memory-bound kernels "
-               "running at the fitted HBM fraction; the split between GEMM and activation traffic is the model's, "
-               "not a trace. The Muon costs on top (optimizer step, exposed communication) are separate terms and "
-               "do not depend on the fit beyond the element-wise update."), "",
-              "## Sweeps (GB300, MXFP8)", ""]
+    lines += [
+        "",
+        (
+            "The Qwen3 Muon row is the sensitive one: each GPU runs 1,560 launch-bound NS calls (16 local "
+            "experts x 48 layers x 2 + 24 attention matrices). Table 1's +0.33 s for the whole Muon step means at "
+            "most ~0.21 ms per matrix on the GB300 node; our H200 hosts measured 0.33-0.49 ms per isolated EO NS call "
+            "and 0.49-0.79 ms per matrix inside real optimizer steps (the H200 row uses 0.755). The GB300 row "
+            f"charges {C.FITTED['gb300'].eo_loop_ms.value} ms and "
+            f"predicts Muon - AdamW = +{d_q:.2f} s for Qwen3 (blog +0.33 s) and +{d_k:.2f} s for Kimi K2 (blog "
+            "+0.27 s); the Qwen3 row stays within 3% because the step is 8.9 s long. One batched call per shape "
+            "(profile `ours`) removes the question."
+        ),
+        "",
+        "## Where the time goes",
+        "",
+        "![calibration_breakdown.png](calibration_breakdown.png)",
+        "",
+        (
+            "The fit attributes everything that scales with activation bytes (unfused norms, quantization, "
+            "permutation, activation, residuals, and whatever else is not modelled) to memory-bound kernels "
+            "running at the fitted HBM fraction; the split between GEMM and activation traffic is the model's, "
+            "not a trace. The Muon costs on top (optimizer step, exposed communication) are separate terms and "
+            "do not depend on the fit beyond the element-wise update."
+        ),
+        "",
+        "## Sweeps (GB300, MXFP8)",
+        "",
+    ]
     for f in files:
         if f != "calibration_breakdown.png":
             lines += [f"![{f}]({f})", "", _caption(f, rows), ""]
-    lines += ["", "Rows of every sweep are in `results.csv` (`study` = dp, ep, tp, ns_steps, assignment).", "",
-              "### tp_mode=auto (Qwen3-30B-A3B, TP4): predicted ms per matrix", ""]
-    lines += _table(["kind", "shape", "partition dim", "duplicated ms", "distributed ms", "auto"],
-                    [[r["kind"], f"{r['rows']}x{r['cols']}", r["partition_dim"], f"{r['duplicated_ms']:.3f}",
-                      f"{r['distributed_ms']:.3f}", r["choice"]] for r in tp_table])
+    lines += [
+        "",
+        "Rows of every sweep are in `results.csv` (`study` = dp, ep, tp, ns_steps, assignment).",
+        "",
+        "### tp_mode=auto (Qwen3-30B-A3B, TP4): predicted ms per matrix",
+        "",
+    ]
+    lines += _table(
+        ["kind", "shape", "partition dim", "duplicated ms", "distributed ms", "auto"],
+        [
+            [
+                r["kind"],
+                f"{r['rows']}x{r['cols']}",
+                r["partition_dim"],
+                f"{r['duplicated_ms']:.3f}",
+                f"{r['distributed_ms']:.3f}",
+                r["choice"],
+            ]
+            for r in tp_table
+        ],
+    )
     lines += ["", "### Assignment strategy (profile ours): slowest rank's optimizer step", ""]
-    lines += _table(["setup", "strategy", "optimizer step (ms)"],
-                    [[r["setup"], r["x"], f"{1e3 * r['optimizer_step_s']:.1f}"] for r in rows
-                     if r["study"] == "assignment"])
-    lines += ["", "## Single-H200 checks", "", "### Megatron runs on one H200 (reports/megatron_h200_202611)", "",
-              h200, "", ("The H200 row's one fitted value is the bandwidth fraction of memory-bound kernels in "
-              f"this TE-free engine ({C.H200_HBM_FIT}, fitted on one run); everything else (GEMM ceiling, NS "
-              "kernel times, host costs) is measured. The other runs - two models, three optimizers - are "
-              "predictions."), "",
-              ("### Standalone optimizer steps (kernel benchmark and anchors, at the standalone fused-AdamW bandwidth "
-               f"{C.HBM_EFFICIENCY.value})"), ""]
+    lines += _table(
+        ["setup", "strategy", "optimizer step (ms)"],
+        [
+            [r["setup"], r["x"], f"{1e3 * r['optimizer_step_s']:.1f}"]
+            for r in rows
+            if r["study"] == "assignment"
+        ],
+    )
+    lines += [
+        "",
+        "## Single-H200 checks",
+        "",
+        "### Megatron runs on one H200 (reports/megatron_h200_202611)",
+        "",
+        h200,
+        "",
+        (
+            "The H200 row's one fitted value is the bandwidth fraction of memory-bound kernels in "
+            f"this TE-free engine ({C.H200_HBM_FIT}, fitted on one run); everything else (GEMM ceiling, NS "
+            "kernel times, host costs) is measured. The other runs - two models, three optimizers - are "
+            "predictions."
+        ),
+        "",
+        (
+            "### Standalone optimizer steps (kernel benchmark and anchors, at the standalone fused-AdamW bandwidth "
+            f"{C.HBM_EFFICIENCY.value})"
+        ),
+        "",
+    ]
     if layer_steps:
-        lines += _table(["parameters", "implementation", "profile", "measured ms", "predicted ms", "error",
-                         "measurement"],
-                        [[r["layer"], r["impl"], r["profile"], f"{r['measured_ms']:.2f}", f"{r['predicted_ms']:.2f}",
-                          f"{100 * r['rel_error']:+.1f}%", r["source"]] for r in layer_steps])
-        lines += ["", ("Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO loop "
-                  "(Qwen3 layer: 260 small matrices) is dominated by the host: the same code measured 0.49 and 0.755 "
-                  "ms per matrix in two H200 sessions (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
-                  "over-predicted by ~17%: the H200 row's GEMM ceiling is 701 TF/s (anchors) while the kernel run "
-                  "measured 782 TF/s, and its times are scaled by 782/701 = 1.12 before use.")]
+        lines += _table(
+            [
+                "parameters",
+                "implementation",
+                "profile",
+                "measured ms",
+                "predicted ms",
+                "error",
+                "measurement",
+            ],
+            [
+                [
+                    r["layer"],
+                    r["impl"],
+                    r["profile"],
+                    f"{r['measured_ms']:.2f}",
+                    f"{r['predicted_ms']:.2f}",
+                    f"{100 * r['rel_error']:+.1f}%",
+                    r["source"],
+                ]
+                for r in layer_steps
+            ],
+        )
+        lines += [
+            "",
+            (
+                "Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO loop "
+                "(Qwen3 layer: 260 small matrices) is dominated by the host: the same code measured 0.49 and 0.755 "
+                "ms per matrix in two H200 sessions (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
+                "over-predicted by ~17%: the H200 row's GEMM ceiling is 701 TF/s (anchors) while the kernel run "
+                "measured 782 TF/s, and its times are scaled by 782/701 = 1.12 before use."
+            ),
+        ]
     else:
         lines.append("Pending: no kernel results yet.")
-    lines += ["", "## Model", "",
-              ("Per-GPU step = slowest pipeline stage's forward+backward x (1 + (pp-1)/(vp m)) + pipeline fill/drain "
-               "sends + exposed gradient sync + exposed parameter gather + optimizer step (worst GPU). Forward+"
-               "backward per stage: GEMM roofline (fprop, dgrad, wgrad of every weight), core attention at the "
-               "FlashAttention efficiency of the bf16 peak, itemized memory-bound activation traffic "
-               "(`compute.activation_bytes_per_token`), MoE all-to-all (one copy per destination rank) and TP "
-               "sequence-parallel collectives. Profiles: `published` = all-reduce, ping-pong by numel, blocking "
-               "all_gatherv, per-matrix NS loop (max(host call, GPU) per matrix); `ours` = reduce-scatter, "
-               "`optimizer.assignment` (lpt_cost), one batched NS call per shape and rank, Gram-NS FLOPs, "
-               "overlapped parameter gather."), "",
-              (f"NS times: `published` = EO newton_schulz from {ns_sources['published']}; `ours` = our best kernel "
-               f"per shape from {ns_sources['ours']} (host cost per call {ns_hosts['ours']:.3f} ms); shapes not "
-               "measured use the H200 curve m / (m + 600) of the GEMM ceiling (optim.distributed.assignment.CostModel),"
-               " all scaled to each hardware row's bf16 GEMM rate."), "", "## Constants and sources", ""]
+    lines += [
+        "",
+        "## Model",
+        "",
+        (
+            "Per-GPU step = slowest pipeline stage's forward+backward x (1 + (pp-1)/(vp m)) + pipeline fill/drain "
+            "sends + exposed gradient sync + exposed parameter gather + optimizer step (worst GPU). Forward+"
+            "backward per stage: GEMM roofline (fprop, dgrad, wgrad of every weight), core attention at the "
+            "FlashAttention efficiency of the bf16 peak, itemized memory-bound activation traffic "
+            "(`compute.activation_bytes_per_token`), MoE all-to-all (one copy per destination rank) and TP "
+            "sequence-parallel collectives. Profiles: `published` = all-reduce, ping-pong by numel, blocking "
+            "all_gatherv, per-matrix NS loop (max(host call, GPU) per matrix); `ours` = reduce-scatter, "
+            "`optimizer.assignment` (lpt_cost), one batched NS call per shape and rank, Gram-NS FLOPs, "
+            "overlapped parameter gather."
+        ),
+        "",
+        (
+            f"NS times: `published` = EO newton_schulz from {ns_sources['published']}; `ours` = our best kernel "
+            f"per shape from {ns_sources['ours']} (host cost per call {ns_hosts['ours']:.3f} ms); shapes not "
+            "measured use the H200 curve m / (m + 600) of the GEMM ceiling (optim.distributed.assignment.CostModel),"
+            " all scaled to each hardware row's bf16 GEMM rate."
+        ),
+        "",
+        "## Constants and sources",
+        "",
+    ]
     for name in sorted(dir(C)):
         val = getattr(C, name)
         if isinstance(val, C.Sourced) and not name.startswith("_"):
             lines.append(f"- `{name}` = {val.value:g}: {val.source}")
     for hw, eff in C.FITTED.items():
-        lines.append(f"- `{hw}`: GEMM bf16 {eff.gemm_bf16.value:.3f} ({eff.gemm_bf16.source}); GEMM FP8 "
-                     f"{eff.gemm_fp8.value:.3f} ({eff.gemm_fp8.source}); HBM {eff.hbm.value:.3f} "
-                     f"({eff.hbm.source}); EO loop host {eff.eo_loop_ms.value} ms/matrix ({eff.eo_loop_ms.source})")
-    lines += ["", "## Not modelled", "",
-              ("- Kimi K2's selective recompute of the MLA up-projections (+~1.6% FLOPs), CUDA graphs, router "
-               "GEMM precision details, MTP; activation traffic is an itemized estimate, not a trace."),
-              "- Host launch cost of forward/backward (only the optimizer's NS loop is launch-bound here).",
-              ("- NS on GB300 is our H200 kernel times scaled by the bf16 GEMM rate (no GB300 kernel measurement); "
-               "shapes the kernel benchmark did not measure use the curve (with Gram-NS FLOPs for `ours`)."),
-              "- Activation memory (the state_memory_gib column counts weights, gradients and optimizer state only).",
-              ""]
+        lines.append(
+            f"- `{hw}`: GEMM bf16 {eff.gemm_bf16.value:.3f} ({eff.gemm_bf16.source}); GEMM FP8 "
+            f"{eff.gemm_fp8.value:.3f} ({eff.gemm_fp8.source}); HBM {eff.hbm.value:.3f} "
+            f"({eff.hbm.source}); EO loop host {eff.eo_loop_ms.value} ms/matrix ({eff.eo_loop_ms.source})"
+        )
+    lines += [
+        "",
+        "## Not modelled",
+        "",
+        (
+            "- Kimi K2's selective recompute of the MLA up-projections (+~1.6% FLOPs), CUDA graphs, router "
+            "GEMM precision details, MTP; activation traffic is an itemized estimate, not a trace."
+        ),
+        "- Host launch cost of forward/backward (only the optimizer's NS loop is launch-bound here).",
+        (
+            "- NS on GB300 is our H200 kernel times scaled by the bf16 GEMM rate (no GB300 kernel measurement); "
+            "shapes the kernel benchmark did not measure use the curve (with Gram-NS FLOPs for `ours`)."
+        ),
+        "- Activation memory (the state_memory_gib column counts weights, gradients and optimizer state only).",
+        "",
+    ]
     return "\n".join(lines)

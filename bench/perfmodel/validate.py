@@ -31,6 +31,7 @@ TRANSCRIBED: tuple[tuple[str, str, float, str], ...] = (
 )
 """Layer steps measured in other runs: (layer, impl, ms, source)."""
 
+
 def layer_items(model: ModelConfig, ep: int, *, router: bool) -> list[opt.Item]:
     """The matrices of one MoE layer held by one EP rank (QKV split, as MCore)."""
     items: list[opt.Item] = []
@@ -38,18 +39,29 @@ def layer_items(model: ModelConfig, ep: int, *, router: bool) -> list[opt.Item]:
         if m.layer_type == "dense":
             continue
         n = m.per_layer // ep if m.expert else m.per_layer
-        items += [opt.Item(rows=m.rows, cols=m.cols, expert=m.expert, muon=True, tp_dim=m.tp_partition_dim)] * n
+        items += [
+            opt.Item(rows=m.rows, cols=m.cols, expert=m.expert, muon=True, tp_dim=m.tp_partition_dim)
+        ] * n
     return items
 
 
-def predict_layer_ms(model: ModelConfig, ep: int, hw: HardwareConfig, optimizer: str, profile: str, *,
-                     router: bool) -> float:
+def predict_layer_ms(
+    model: ModelConfig, ep: int, hw: HardwareConfig, optimizer: str, profile: str, *, router: bool
+) -> float:
     """Predicted optimizer.step() milliseconds of one layer on one GPU."""
     items = layer_items(model, ep, router=router)
     par = ParallelismConfig(name="one", world_size=1, ep=1)
-    algo = opt.Algo(optimizer=optimizer, profile=profile, grad_sync="reduce_scatter", assignment="lpt_cost",
-                    overlap_param_gather=True, batched=profile == "ours", convention="gram" if profile == "ours"
-                    else "plain", num_steps=5, tp_mode="duplicated")
+    algo = opt.Algo(
+        optimizer=optimizer,
+        profile=profile,
+        grad_sync="reduce_scatter",
+        assignment="lpt_cost",
+        overlap_param_gather=True,
+        batched=profile == "ours",
+        convention="gram" if profile == "ours" else "plain",
+        num_steps=5,
+        tp_mode="duplicated",
+    )
     rate_hbm = hw.hbm_tbps * 1e12 * C.efficiency(hw.name).hbm.value
     table = nscost.measured_table(profile)
     return opt.rank_loads_ms(items, [0] * len(items), 1, par, hw, algo, rate_hbm, table, [0.0])[0]
@@ -64,16 +76,29 @@ def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, 
     steps = json.loads(path.read_text()).get("steps", {}) if path.exists() else {}
     hw = nscost.load_hardware("h200")
     out: list[dict[str, Any]] = []
-    measured_rows = [(name, impl, float(v["ms"]), f"{path.parent.name}/results.json")
-                     for name in LAYERS for impl, v in steps.get(name, {}).get("impls", {}).items()
-                     if impl in IMPLS and "ms" in v]
+    measured_rows = [
+        (name, impl, float(v["ms"]), f"{path.parent.name}/results.json")
+        for name in LAYERS
+        for impl, v in steps.get(name, {}).get("impls", {}).items()
+        if impl in IMPLS and "ms" in v
+    ]
     for name, impl, ms, source in [*measured_rows, *TRANSCRIBED]:
         model_name, ep, router = LAYERS[name]
         model = load([f"model={model_name}"], validate_=False).model
         optimizer, profile = IMPLS[impl]
-        with hbm_fraction("h200", C.HBM_EFFICIENCY.value):  # standalone benchmarks: standalone kernel bandwidth
+        with hbm_fraction(
+            "h200", C.HBM_EFFICIENCY.value
+        ):  # standalone benchmarks: standalone kernel bandwidth
             pred = predict_layer_ms(model, ep, hw, optimizer, profile, router=router)
-        out.append({"layer": name, "impl": impl, "profile": profile, "measured_ms": ms, "predicted_ms": pred,
-                    "rel_error": pred / ms - 1.0, "source": source})
+        out.append(
+            {
+                "layer": name,
+                "impl": impl,
+                "profile": profile,
+                "measured_ms": ms,
+                "predicted_ms": pred,
+                "rel_error": pred / ms - 1.0,
+                "source": source,
+            }
+        )
     return out
-

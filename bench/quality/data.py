@@ -111,7 +111,9 @@ class Batches:
     def next(self):  # -> (inputs, labels), each (batch, seq_len)
         import torch
 
-        starts = torch.randint(0, self.tokens.numel() - self.seq_len - 1, (self.batch_size,), generator=self.gen)
+        starts = torch.randint(
+            0, self.tokens.numel() - self.seq_len - 1, (self.batch_size,), generator=self.gen
+        )
         win = torch.stack([self.tokens[s : s + self.seq_len + 1] for s in starts.tolist()])
         return win[:, :-1], win[:, 1:]
 

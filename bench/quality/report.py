@@ -37,12 +37,22 @@ def write_report(out: Path) -> str:
             continue
         is_best = best.get(t["optimizer"]) == t["lr"]
         steps = [p["step"] for p in t["curve"]]
-        axes[0].plot(steps, [p["val_loss"] for p in t["curve"]], color=colors.get(t["optimizer"], "k"),
-                     alpha=1.0 if is_best else 0.25, lw=2 if is_best else 1,
-                     label=f"{t['optimizer']} lr={t['lr']:.0e}" if is_best else None)
+        axes[0].plot(
+            steps,
+            [p["val_loss"] for p in t["curve"]],
+            color=colors.get(t["optimizer"], "k"),
+            alpha=1.0 if is_best else 0.25,
+            lw=2 if is_best else 1,
+            label=f"{t['optimizer']} lr={t['lr']:.0e}" if is_best else None,
+        )
         if is_best:
-            axes[1].plot([p["wall_s"] for p in t["curve"]], [p["val_loss"] for p in t["curve"]],
-                         color=colors.get(t["optimizer"], "k"), lw=2, label=t["optimizer"])
+            axes[1].plot(
+                [p["wall_s"] for p in t["curve"]],
+                [p["val_loss"] for p in t["curve"]],
+                color=colors.get(t["optimizer"], "k"),
+                lw=2,
+                label=t["optimizer"],
+            )
     for ax, xl in zip(axes, ("step", "wall time (s)")):
         ax.axhline(summary["target"], color="gray", ls="--", lw=1, label="AdamW final (target)")
         ax.set_xlabel(xl)
@@ -56,36 +66,41 @@ def write_report(out: Path) -> str:
     fig.savefig(out / "loss_curves.png", dpi=110)
     plt.close(fig)
 
-    head = ("| optimizer | best LR | final val loss | steps to AdamW final | x AdamW steps | wall s to target | "
-            "device-h to target | cost | step ms | opt-step ms | step time x AdamW |")
+    head = (
+        "| optimizer | best LR | final val loss | steps to AdamW final | x AdamW steps | wall s to target | "
+        "device-h to target | cost | step ms | opt-step ms | step time x AdamW |"
+    )
     lines = [head, "|" + "---|" * 11]
     for r in rows:
         lines.append(
             f"| {r['optimizer']} | {r['best_lr']:.0e} | {r['final_val_loss']:.4f} | {_fmt(r['steps_to_target'], '.0f')} | "
             f"{_fmt(r['steps_ratio_vs_adamw'], '.2f')} | {_fmt(r['wall_s_to_target'], '.1f')} | "
             f"{_fmt(r['device_hours_to_target'], '.4f')} | {_fmt(r['cost_to_target'], '.4f')} | {r['step_ms']:.1f} | "
-            f"{r['opt_step_ms']:.1f} | {r['step_overhead_vs_adamw']:.2f} |")
+            f"{r['opt_step_ms']:.1f} | {r['step_overhead_vs_adamw']:.2f} |"
+        )
     table = "\n".join(lines)
     trial_lines = ["| optimizer | LR | status | final val loss |", "|---|---|---|---|"]
-    trial_lines += [f"| {t['optimizer']} | {t['lr']:.0e} | {t['status']} | {t['final_val_loss']:.4f} |" for t in trials]
-    doc = f"""# Quality bench: time to AdamW's final validation loss ({cfg['profile']} profile)
+    trial_lines += [
+        f"| {t['optimizer']} | {t['lr']:.0e} | {t['status']} | {t['final_val_loss']:.4f} |" for t in trials
+    ]
+    doc = f"""# Quality bench: time to AdamW's final validation loss ({cfg["profile"]} profile)
 
 ## Protocol
-{qrun.__doc__.split('Protocol (written at the top of the report):')[1].split('Usage:')[0].strip()}
+{qrun.__doc__.split("Protocol (written at the top of the report):")[1].split("Usage:")[0].strip()}
 
-- Corpus digest `{meta['corpus_digest']}` (Python {meta['python']} stdlib: {meta['train_files']} training files,
-  {meta['val_files']} held-out files; {meta['train_tokens']:,} / {meta['val_tokens']:,} tokens), BPE vocab {cfg['vocab_size']}.
-- Model `{cfg['model']}` widened to hidden {cfg['hidden_size']}, {cfg['num_layers']} layers; batch {cfg['batch_size']} x
-  seq {cfg['seq_len']}; {cfg['steps']} steps; eval every {cfg['eval_every']} steps on {cfg['val_batches']} fixed batches;
-  device {cfg['device']}; torch {meta['torch']}; price {cfg['price_per_hour']}/device-hour.
+- Corpus digest `{meta["corpus_digest"]}` (Python {meta["python"]} stdlib: {meta["train_files"]} training files,
+  {meta["val_files"]} held-out files; {meta["train_tokens"]:,} / {meta["val_tokens"]:,} tokens), BPE vocab {cfg["vocab_size"]}.
+- Model `{cfg["model"]}` widened to hidden {cfg["hidden_size"]}, {cfg["num_layers"]} layers; batch {cfg["batch_size"]} x
+  seq {cfg["seq_len"]}; {cfg["steps"]} steps; eval every {cfg["eval_every"]} steps on {cfg["val_batches"]} fixed batches;
+  device {cfg["device"]}; torch {meta["torch"]}; price {cfg["price_per_hour"]}/device-hour.
 - Muon and MOP use the spectral scale x 0.2 (AdamW-matched update RMS), fp32 NS on CPU, quintic NS5 for Muon;
   SOAP-REKLS uses eigh every step with KL-Shampoo factors; non-matrix parameters use AdamW in every run.
-- Command: `python -m bench.quality profile={cfg['profile']}` (`make quality`).
+- Command: `python -m bench.quality profile={cfg["profile"]}` (`make quality`).
 
 ## Result (best learning rate per optimizer)
 {table}
 
-Target (AdamW final validation loss): {summary['target']:.4f}. "x AdamW steps" = steps to reach it / AdamW's steps.
+Target (AdamW final validation loss): {summary["target"]:.4f}. "x AdamW steps" = steps to reach it / AdamW's steps.
 
 ![loss curves](loss_curves.png)
 

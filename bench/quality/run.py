@@ -26,20 +26,50 @@ from typing import Any
 
 PROFILES: dict[str, dict[str, Any]] = {
     # 2 cores, under 30 minutes for 4 optimizers x 4 learning rates.
-    "cpu": {"device": "cpu", "model": "qwen3_moe_tiny", "vocab_size": 2048, "seq_len": 128, "batch_size": 16,
-            "steps": 400, "eval_every": 25, "val_batches": 8, "hidden_size": 128, "num_layers": 2,
-            "price_per_hour": 0.0},
+    "cpu": {
+        "device": "cpu",
+        "model": "qwen3_moe_tiny",
+        "vocab_size": 2048,
+        "seq_len": 128,
+        "batch_size": 16,
+        "steps": 400,
+        "eval_every": 25,
+        "val_batches": 8,
+        "hidden_size": 128,
+        "num_layers": 2,
+        "price_per_hour": 0.0,
+    },
     # One GPU: a wider proxy and a longer budget.
-    "gpu": {"device": "cuda", "model": "qwen3_moe_tiny", "vocab_size": 4096, "seq_len": 256, "batch_size": 64,
-            "steps": 2000, "eval_every": 100, "val_batches": 16, "hidden_size": 256, "num_layers": 4,
-            "price_per_hour": 3.5},
+    "gpu": {
+        "device": "cuda",
+        "model": "qwen3_moe_tiny",
+        "vocab_size": 4096,
+        "seq_len": 256,
+        "batch_size": 64,
+        "steps": 2000,
+        "eval_every": 100,
+        "val_batches": 16,
+        "hidden_size": 256,
+        "num_layers": 4,
+        "price_per_hour": 3.5,
+    },
 }
 
 # Peak learning rates per optimizer; each grid has the same number of points (fair sweep).
 LR_GRIDS: dict[str, tuple[float, ...]] = {
     "adamw": (1e-3, 3e-3, 1e-2, 3e-2),
-    "muon": (1e-3, 3e-3, 1e-2, 3e-2),  # spectral scale x 0.2 = AdamW-matched update RMS, so the same grid applies
-    "mop": (1e-3, 3e-3, 1e-2, 3e-2),  # spectral scale x 0.2 here too (nuclear-norm scale needs per-layer LR retuning)
+    "muon": (
+        1e-3,
+        3e-3,
+        1e-2,
+        3e-2,
+    ),  # spectral scale x 0.2 = AdamW-matched update RMS, so the same grid applies
+    "mop": (
+        1e-3,
+        3e-3,
+        1e-2,
+        3e-2,
+    ),  # spectral scale x 0.2 here too (nuclear-norm scale needs per-layer LR retuning)
     "soap_rekls": (1e-3, 3e-3, 1e-2, 3e-2),
 }
 
@@ -118,8 +148,13 @@ def build_model(cfg: QualityConfig, vocab_size: int):
     from bench.models.hf_build import build_model as build_hf_model
 
     model_cfg = load([f"model={cfg.model}"]).model
-    model_cfg = replace(model_cfg, vocab_size=vocab_size, seq_length=cfg.seq_len, hidden_size=cfg.hidden_size,
-                        num_layers=cfg.num_layers)
+    model_cfg = replace(
+        model_cfg,
+        vocab_size=vocab_size,
+        seq_length=cfg.seq_len,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_layers,
+    )
     return build_hf_model(model_cfg, seed=cfg.seed)
 
 
@@ -133,8 +168,9 @@ def build_opt(name: str, model, lr: float, cfg: QualityConfig):
     if name == "adamw":
         conf = configs.AdamWConfig(**common, betas=(0.9, 0.95), eps=1e-8)
     elif name == "muon":
-        conf = configs.MuonConfig(**common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2,
-                                  ns_precision="fp32")
+        conf = configs.MuonConfig(
+            **common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2, ns_precision="fp32"
+        )
     elif name == "mop":
         conf = configs.MOPConfig(**common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2)
     else:
@@ -154,7 +190,9 @@ def evaluate(model, val) -> float:
 
     model.eval()
     with torch.no_grad():
-        losses = [F.cross_entropy(model(input_ids=x).logits.float().flatten(0, 1), y.reshape(-1)) for x, y in val]
+        losses = [
+            F.cross_entropy(model(input_ids=x).logits.float().flatten(0, 1), y.reshape(-1)) for x, y in val
+        ]
     model.train()
     return float(torch.stack(losses).mean())
 
@@ -198,10 +236,20 @@ def train_one(name: str, lr: float, cfg: QualityConfig, train_tokens, val, vocab
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             v = evaluate(model, val)
             curve.append({"step": step + 1, "train_loss": loss.item(), "val_loss": v, "wall_s": wall})
-            log(f"  {name:<10} lr={lr:.0e} step {step + 1:>5}/{cfg.steps} train {loss.item():.3f} val {v:.3f}")
+            log(
+                f"  {name:<10} lr={lr:.0e} step {step + 1:>5}/{cfg.steps} train {loss.item():.3f} val {v:.3f}"
+            )
     final = curve[-1]["val_loss"] if curve and status == "ok" else float("inf")
-    return {"optimizer": name, "lr": lr, "status": status, "final_val_loss": final, "curve": curve, "wall_s": wall,
-            "opt_step_s": opt_time, "steps": cfg.steps}
+    return {
+        "optimizer": name,
+        "lr": lr,
+        "status": status,
+        "final_val_loss": final,
+        "curve": curve,
+        "wall_s": wall,
+        "opt_step_s": opt_time,
+        "steps": cfg.steps,
+    }
 
 
 def crossing(curve: list[dict[str, float]], target: float, key: str) -> float | None:
@@ -223,7 +271,9 @@ def summarize(trials: list[dict[str, Any]], cfg: QualityConfig) -> dict[str, Any
         if t["optimizer"] not in best or t["final_val_loss"] < best[t["optimizer"]]["final_val_loss"]:
             best[t["optimizer"]] = t
     if "adamw" not in best:
-        raise ValueError("the quality summary needs AdamW trials (the target is AdamW's final validation loss)")
+        raise ValueError(
+            "the quality summary needs AdamW trials (the target is AdamW's final validation loss)"
+        )
     target = best["adamw"]["final_val_loss"]
     adam_step_s = best["adamw"]["wall_s"] / best["adamw"]["steps"]
     rows = []
@@ -231,15 +281,22 @@ def summarize(trials: list[dict[str, Any]], cfg: QualityConfig) -> dict[str, Any
         steps_to = crossing(t["curve"], target, "step")
         wall_to = crossing(t["curve"], target, "wall_s")
         hours = wall_to / 3600 if wall_to is not None else None
-        rows.append({
-            "optimizer": name, "best_lr": t["lr"], "final_val_loss": t["final_val_loss"], "target": target,
-            "steps_to_target": steps_to,
-            "steps_ratio_vs_adamw": (steps_to / best["adamw"]["steps"]) if steps_to is not None else None,
-            "wall_s_to_target": wall_to, "device_hours_to_target": hours,
-            "cost_to_target": (hours * cfg.price_per_hour) if hours is not None else None,
-            "step_ms": 1e3 * t["wall_s"] / t["steps"], "opt_step_ms": 1e3 * t["opt_step_s"] / t["steps"],
-            "step_overhead_vs_adamw": (t["wall_s"] / t["steps"]) / adam_step_s,
-        })
+        rows.append(
+            {
+                "optimizer": name,
+                "best_lr": t["lr"],
+                "final_val_loss": t["final_val_loss"],
+                "target": target,
+                "steps_to_target": steps_to,
+                "steps_ratio_vs_adamw": (steps_to / best["adamw"]["steps"]) if steps_to is not None else None,
+                "wall_s_to_target": wall_to,
+                "device_hours_to_target": hours,
+                "cost_to_target": (hours * cfg.price_per_hour) if hours is not None else None,
+                "step_ms": 1e3 * t["wall_s"] / t["steps"],
+                "opt_step_ms": 1e3 * t["opt_step_s"] / t["steps"],
+                "step_overhead_vs_adamw": (t["wall_s"] / t["steps"]) / adam_step_s,
+            }
+        )
     return {"target": target, "rows": rows}
 
 
@@ -258,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     tok = data.train_tokenizer(corpus, cfg.vocab_size)
     train_tokens = data.encode_split(corpus, tok, "train")
     val_tokens = data.encode_split(corpus, tok, "val")
-    val = data.fixed_val_batches(val_tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                                 num_batches=cfg.val_batches)
+    val = data.fixed_val_batches(
+        val_tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=cfg.val_batches
+    )
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(n, lr) for n in cfg.optimizers for lr in cfg.lr_grids[n]]
@@ -270,15 +328,30 @@ def main(argv: list[str] | None = None) -> int:
         try:
             trials.append(train_one(name, lr, cfg, train_tokens, val, tok.get_vocab_size(), bar.write))
         except Exception as exc:  # noqa: BLE001 - a failed trial is recorded, the sweep goes on
-            trials.append({"optimizer": name, "lr": lr, "status": f"error: {type(exc).__name__}: {exc}",
-                           "final_val_loss": float("inf"), "curve": [], "wall_s": 0.0, "opt_step_s": 0.0,
-                           "steps": cfg.steps})
+            trials.append(
+                {
+                    "optimizer": name,
+                    "lr": lr,
+                    "status": f"error: {type(exc).__name__}: {exc}",
+                    "final_val_loss": float("inf"),
+                    "curve": [],
+                    "wall_s": 0.0,
+                    "opt_step_s": 0.0,
+                    "steps": cfg.steps,
+                }
+            )
             bar.write(f"  {name} lr={lr:.0e} failed: {exc}")
     summary = summarize(trials, cfg)
-    meta = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
-            "corpus_digest": corpus.digest, "train_files": len(corpus.train_files),
-            "val_files": len(corpus.val_files), "train_tokens": int(train_tokens.numel()),
-            "val_tokens": int(val_tokens.numel()), "python": sys.version.split()[0], "torch": torch.__version__}
+    meta = {
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items()},
+        "corpus_digest": corpus.digest,
+        "train_files": len(corpus.train_files),
+        "val_files": len(corpus.val_files),
+        "train_tokens": int(train_tokens.numel()),
+        "val_tokens": int(val_tokens.numel()),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
     tmp = out / "trials.json.tmp"
     tmp.write_text(json.dumps({"meta": meta, "trials": trials, "summary": summary}, indent=1))
     os.replace(tmp, out / "trials.json")

@@ -100,7 +100,10 @@ class CostModel:
             missing = {"rows", "cols", "fixed_ms", "per_matrix_ms"} - set(row)
             if missing:
                 raise ValueError(f"{path}: entry {i} lacks {sorted(missing)}")
-            table[canonical((row["rows"], row["cols"]))] = (float(row["fixed_ms"]), float(row["per_matrix_ms"]))
+            table[canonical((row["rows"], row["cols"]))] = (
+                float(row["fixed_ms"]),
+                float(row["per_matrix_ms"]),
+            )
         return cls(table=table, **kwargs)  # type: ignore[arg-type]
 
 
@@ -173,7 +176,9 @@ def lpt_cost(
     # multiset of shapes); keep whichever placement has the smallest maximum load, LPT on ties.
     best_owners, best_max = owners, max(loads)
     for cand in (round_robin(shapes, num_ranks), ping_pong_numel(shapes, num_ranks)):
-        cand_max = max(b + x for b, x in zip(base, rank_loads(shapes, cand, num_ranks, cost_model=model), strict=True))
+        cand_max = max(
+            b + x for b, x in zip(base, rank_loads(shapes, cand, num_ranks, cost_model=model), strict=True)
+        )
         if cand_max < best_max * (1 - 1e-12):
             best_owners, best_max = cand, cand_max
     return best_owners

@@ -63,8 +63,13 @@ def _param_order(inner: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in inner.param_groups for p in g["params"]]
 
 
-def save_sharded(opt: LayerWiseDistributedOptimizer, directory: str | Path, *, tag: str,
-                 group: dist.ProcessGroup | None = None) -> None:
+def save_sharded(
+    opt: LayerWiseDistributedOptimizer,
+    directory: str | Path,
+    *,
+    tag: str,
+    group: dist.ProcessGroup | None = None,
+) -> None:
     """Write this rank's owned state as `<tag>.rank<r>.pt` and, after a barrier on `group`, the manifest (rank 0).
 
     `group` spans all ranks that save into `directory` (default: the whole world when initialised).
@@ -105,7 +110,9 @@ def load_sharded(opt: LayerWiseDistributedOptimizer, directory: str | Path) -> s
     for fname in manifest["files"]:
         payload = torch.load(directory / fname, map_location="cpu", mmap=True, weights_only=True)
         if payload.get("tag") != manifest["tag"]:
-            raise ValueError(f"{directory / fname}: tag {payload.get('tag')!r} != manifest {manifest['tag']!r}")
+            raise ValueError(
+                f"{directory / fname}: tag {payload.get('tag')!r} != manifest {manifest['tag']!r}"
+            )
         for key, state in payload["pieces"].items():
             name, start, stop = key.rsplit("|", 2)
             saved.setdefault(name, []).append((int(start), int(stop), state))
@@ -126,7 +133,9 @@ def load_sharded(opt: LayerWiseDistributedOptimizer, directory: str | Path) -> s
     return str(manifest["tag"])
 
 
-def _assemble(parts: list[tuple[int, int, dict[str, Any]]], start: int, stop: int, name: str) -> dict[str, Any]:
+def _assemble(
+    parts: list[tuple[int, int, dict[str, Any]]], start: int, stop: int, name: str
+) -> dict[str, Any]:
     """State of rows [start, stop) from saved (start, stop, state) pieces of one parameter."""
     for a, b, st in parts:
         if (a, b) == (start, stop):
@@ -136,7 +145,11 @@ def _assemble(parts: list[tuple[int, int, dict[str, Any]]], start: int, stop: in
         raise ValueError(f"checkpoint does not cover rows [{start}, {stop}) of {name!r}")
     out: dict[str, Any] = {}
     for key, first in covering[0][2].items():
-        if isinstance(first, torch.Tensor) and first.ndim >= 1 and first.size(0) == covering[0][1] - covering[0][0]:
+        if (
+            isinstance(first, torch.Tensor)
+            and first.ndim >= 1
+            and first.size(0) == covering[0][1] - covering[0][0]
+        ):
             chunks = [st[key][max(start, a) - a : min(stop, b) - a] for a, b, st in covering]
             out[key] = torch.cat(chunks).clone()
         else:

@@ -94,10 +94,14 @@ class LayerWiseConfig:
         for name, enum in (("strategy", Strategy), ("grad_sync", GradSync), ("collective", ShardCollective)):
             value = getattr(self, name)
             if value not in {e.value for e in enum}:
-                raise ValueError(f"LayerWiseConfig.{name}={value!r}: must be one of {[e.value for e in enum]}")
+                raise ValueError(
+                    f"LayerWiseConfig.{name}={value!r}: must be one of {[e.value for e in enum]}"
+                )
         if self.bucket_numel < 0 or self.max_grad_norm < 0:
-            raise ValueError(f"LayerWiseConfig: bucket_numel={self.bucket_numel}, max_grad_norm="
-                             f"{self.max_grad_norm} must be >= 0")
+            raise ValueError(
+                f"LayerWiseConfig: bucket_numel={self.bucket_numel}, max_grad_norm="
+                f"{self.max_grad_norm} must be >= 0"
+            )
 
 
 def default_is_expert(name: str) -> bool:
@@ -108,9 +112,14 @@ def default_is_expert(name: str) -> bool:
 class _Domain:
     """One group and its parameters, layout, flat buffers and owned piece views."""
 
-    def __init__(self, named: list[tuple[str, nn.Parameter]], is_matrix: Sequence[bool],
-                 group: dist.ProcessGroup | None, cfg: LayerWiseConfig,
-                 initial_loads: Sequence[float] | None = None) -> None:
+    def __init__(
+        self,
+        named: list[tuple[str, nn.Parameter]],
+        is_matrix: Sequence[bool],
+        group: dist.ProcessGroup | None,
+        cfg: LayerWiseConfig,
+        initial_loads: Sequence[float] | None = None,
+    ) -> None:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.group = group
@@ -119,8 +128,15 @@ class _Domain:
         if len(dtypes) > 1:
             raise ValueError(f"parameters of one domain must share a dtype, got {sorted(map(str, dtypes))}")
         self.is_matrix = list(is_matrix)
-        layout = build_layout([tuple(p.shape) for p in self.params], is_matrix, self.size, strategy=cfg.strategy,
-                              cost_model=cfg.cost_model, bucket_numel=cfg.bucket_numel, initial_loads=initial_loads)
+        layout = build_layout(
+            [tuple(p.shape) for p in self.params],
+            is_matrix,
+            self.size,
+            strategy=cfg.strategy,
+            cost_model=cfg.cost_model,
+            bucket_numel=cfg.bucket_numel,
+            initial_loads=initial_loads,
+        )
         self.buckets: list[Bucket] = layout.buckets
         dtype = self.params[0].dtype if self.params else torch.float32
         device = self.device = self.params[0].device if self.params else torch.device("cpu")
@@ -173,8 +189,13 @@ class _Domain:
             works = [dist.reduce_scatter_tensor(self.shard_grads[bi], flat, group=self.group, async_op=True)]
         elif grad_sync == GradSync.REDUCE_SCATTER:
             sizes = b.sizes()
-            works = [dist.reduce(flat[r * seg : r * seg + sizes[r]], dst=self._global(r), group=self.group,
-                                 async_op=True) for r in range(self.size) if sizes[r]]
+            works = [
+                dist.reduce(
+                    flat[r * seg : r * seg + sizes[r]], dst=self._global(r), group=self.group, async_op=True
+                )
+                for r in range(self.size)
+                if sizes[r]
+            ]
         else:
             works = [dist.all_reduce(flat, group=self.group, async_op=True)]
         self.pending_grads[bi] = (works, flat)
@@ -185,7 +206,9 @@ class _Domain:
         for w in works:
             w.wait()
         seg = self.buckets[bi].segment_numel
-        padded_rs = self.size > 1 and grad_sync == GradSync.REDUCE_SCATTER and self.mode[bi] == ShardCollective.PADDED
+        padded_rs = (
+            self.size > 1 and grad_sync == GradSync.REDUCE_SCATTER and self.mode[bi] == ShardCollective.PADDED
+        )
         if not padded_rs:  # the padded reduce-scatter wrote shard_grads directly
             self.shard_grads[bi].copy_(flat[self.rank * seg : (self.rank + 1) * seg])
         if average and self.size > 1:
@@ -208,12 +231,21 @@ class _Domain:
             self.pending[bi] = ([], full)
             return
         if self.mode[bi] == ShardCollective.PADDED:
-            works = [dist.all_gather_into_tensor(full, self.shard_params[bi], group=self.group, async_op=True)]
+            works = [
+                dist.all_gather_into_tensor(full, self.shard_params[bi], group=self.group, async_op=True)
+            ]
         else:
             sizes = b.sizes()
-            full[self.rank * seg : self.rank * seg + sizes[self.rank]].copy_(self.shard_params[bi][: sizes[self.rank]])
-            works = [dist.broadcast(full[r * seg : r * seg + sizes[r]], src=self._global(r), group=self.group,
-                                    async_op=True) for r in range(self.size) if sizes[r]]
+            full[self.rank * seg : self.rank * seg + sizes[self.rank]].copy_(
+                self.shard_params[bi][: sizes[self.rank]]
+            )
+            works = [
+                dist.broadcast(
+                    full[r * seg : r * seg + sizes[r]], src=self._global(r), group=self.group, async_op=True
+                )
+                for r in range(self.size)
+                if sizes[r]
+            ]
         self.pending[bi] = (works, full)
 
     def _global(self, r: int) -> int:
@@ -286,11 +318,18 @@ class LayerWiseDistributedOptimizer:
         loads = None
         if experts:  # experts first; lpt_cost then places dense matrices on top of each rank's expert load
             self.domains.append(_Domain(experts, [matrix(n, p) for n, p in experts], e_group, self.config))
-            loads = self._gather_loads(self.domains[0].ns_load_ms(self.config.cost_model or CostModel()), dp_group,
-                                       self.domains[0].device)
+            loads = self._gather_loads(
+                self.domains[0].ns_load_ms(self.config.cost_model or CostModel()),
+                dp_group,
+                self.domains[0].device,
+            )
         if dense:
-            self.domains.insert(0, _Domain(dense, [matrix(n, p) for n, p in dense], dp_group, self.config, loads))
-        owned: list[tuple[str, torch.Tensor]] = [(name, view) for d in self.domains for name, view, _, _ in d.owned]
+            self.domains.insert(
+                0, _Domain(dense, [matrix(n, p) for n, p in dense], dp_group, self.config, loads)
+            )
+        owned: list[tuple[str, torch.Tensor]] = [
+            (name, view) for d in self.domains for name, view, _, _ in d.owned
+        ]
         self.inner: torch.optim.Optimizer | None = optimizer_factory(owned) if owned else None
         self._hooks: list[Any] = []
         self._sync_enabled = True
@@ -299,13 +338,17 @@ class LayerWiseDistributedOptimizer:
             self._register_grad_hooks()
 
     @staticmethod
-    def _gather_loads(load: float, group: dist.ProcessGroup | None, device: torch.device) -> list[float] | None:
+    def _gather_loads(
+        load: float, group: dist.ProcessGroup | None, device: torch.device
+    ) -> list[float] | None:
         """Every DP rank's expert NS load (identical list on all ranks; on `device` so NCCL can move it)."""
         _, size = group_rank_size(group)
         if size == 1:
             return [load]
         out = torch.zeros(size, dtype=torch.float64, device=device)
-        dist.all_gather_into_tensor(out, torch.tensor([load], dtype=torch.float64, device=device), group=group)
+        dist.all_gather_into_tensor(
+            out, torch.tensor([load], dtype=torch.float64, device=device), group=group
+        )
         return [float(x) for x in out]
 
     @property
@@ -323,7 +366,9 @@ class LayerWiseDistributedOptimizer:
         return out
 
     def _bucket_sizes(self) -> dict[tuple[int, int], int]:
-        return {(di, bi): len(b.params) for di, d in enumerate(self.domains) for bi, b in enumerate(d.buckets)}
+        return {
+            (di, bi): len(b.params) for di, d in enumerate(self.domains) for bi, b in enumerate(d.buckets)
+        }
 
     def _register_grad_hooks(self) -> None:
         """Post-accumulate-grad hooks: the last gradient of a bucket launches that bucket's collective."""
@@ -331,6 +376,7 @@ class LayerWiseDistributedOptimizer:
         for di, d in enumerate(self.domains):
             for bi, b in enumerate(d.buckets):
                 for i in b.params:
+
                     def hook(_p: torch.Tensor, di: int = di, bi: int = bi) -> None:
                         if not self._sync_enabled:
                             return
@@ -404,8 +450,13 @@ class LayerWiseDistributedOptimizer:
                 for i in b.params:
                     where.setdefault(id(d.params[i]), []).append((d, bi))
         for module in model.modules():
-            needs = {(id(d), bi): (d, bi) for p in module.parameters(recurse=False) for d, bi in where.get(id(p), [])}
+            needs = {
+                (id(d), bi): (d, bi)
+                for p in module.parameters(recurse=False)
+                for d, bi in where.get(id(p), [])
+            }
             if needs:
+
                 def hook(_m: nn.Module, _args: Any, needs: dict[Any, tuple[_Domain, int]] = needs) -> None:
                     for d, bi in needs.values():
                         d.finish_gather(bi)
@@ -418,8 +469,9 @@ class LayerWiseDistributedOptimizer:
         self._hooks.clear()
 
 
-def _resolve(group: dist.ProcessGroup | None | str, dp_group: dist.ProcessGroup | None,
-             field: str) -> dist.ProcessGroup | None:
+def _resolve(
+    group: dist.ProcessGroup | None | str, dp_group: dist.ProcessGroup | None, field: str
+) -> dist.ProcessGroup | None:
     if isinstance(group, str):
         if group != "dp":
             raise ValueError(f"{field}={group!r}: must be a process group, None or 'dp'")

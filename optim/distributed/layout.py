@@ -83,8 +83,13 @@ def build_layout(
             if len(s) not in (2, 3):
                 raise ValueError(f"parameter {i} of shape {tuple(s)}: a matrix must be 2-D or a 3-D stack")
             items += [(i, s[-2:])] * (s[0] if len(s) == 3 else 1)
-    owners = assign([m for _, m in items], num_ranks, strategy, cost_model=cost_model,
-                    initial_loads=initial_loads if Strategy(strategy) == Strategy.LPT_COST else None)
+    owners = assign(
+        [m for _, m in items],
+        num_ranks,
+        strategy,
+        cost_model=cost_model,
+        initial_loads=initial_loads if Strategy(strategy) == Strategy.LPT_COST else None,
+    )
     per_param: dict[int, list[int]] = {}
     for (i, _), r in zip(items, owners, strict=True):
         per_param.setdefault(i, [0] * num_ranks)[r] += 1
@@ -97,7 +102,9 @@ def build_layout(
                 continue
             row = numels[i] // shapes[i][0]
             counts, start = per_param[i], 0
-            for r, c in enumerate(counts):  # contiguous expert ranges in rank order (load depends on counts only)
+            for r, c in enumerate(
+                counts
+            ):  # contiguous expert ranges in rank order (load depends on counts only)
                 if c:
                     stop = start + c if len(shapes[i]) == 3 else shapes[i][0]
                     raw[r].append((i, start, stop, row))
@@ -114,12 +121,20 @@ def build_layout(
                 mine.append(Piece(index=i, start=a, stop=b, row_numel=row, offset=offset))
                 offset += (b - a) * row
             pieces.append(mine)
-        layout.buckets.append(Bucket(params=list(bucket_params), pieces=pieces, segment_numel=max(sizes),
-                                     total_numel=sum(numels[i] for i in bucket_params)))
+        layout.buckets.append(
+            Bucket(
+                params=list(bucket_params),
+                pieces=pieces,
+                segment_numel=max(sizes),
+                total_numel=sum(numels[i] for i in bucket_params),
+            )
+        )
     return layout
 
 
-def _fill(raw: list[list[tuple[int, int, int, int]]], sizes: list[int], index: int, rows: int, numel: int) -> None:
+def _fill(
+    raw: list[list[tuple[int, int, int, int]]], sizes: list[int], index: int, rows: int, numel: int
+) -> None:
     """Cut an element-wise parameter along dim 0: the emptiest ranks first, each rank at most one contiguous chunk
     (so a parameter name appears once per rank), each filled up to the level that evens out the segments."""
     row = numel // rows

@@ -101,13 +101,21 @@ def tp_newton_schulz(
     """
     mode = TPMode(mode)
     rank, size = group_rank_size(tp_group)
-    ns_kwargs = {"num_steps": num_steps, "coefficients": coefficients, "compute_dtype": compute_dtype, "eps": eps,
-                 "use_gram": use_gram, "restart_iterations": restart_iterations}
+    ns_kwargs = {
+        "num_steps": num_steps,
+        "coefficients": coefficients,
+        "compute_dtype": compute_dtype,
+        "eps": eps,
+        "use_gram": use_gram,
+        "restart_iterations": restart_iterations,
+    }
     if partition_dim is None or size == 1 or mode == TPMode.BLOCKWISE:
         return newton_schulz(x, **ns_kwargs)  # type: ignore[arg-type]
     pdim = partition_dim % x.ndim
     if pdim < x.ndim - 2:
-        raise ValueError(f"partition_dim={partition_dim}: must be one of the last two dims of x.shape={tuple(x.shape)}")
+        raise ValueError(
+            f"partition_dim={partition_dim}: must be one of the last two dims of x.shape={tuple(x.shape)}"
+        )
     sizes = list(shard_sizes) if shard_sizes is not None else [x.size(pdim)] * size
     if len(sizes) != size:
         raise ValueError(f"shard_sizes={sizes}: needs one entry per rank of the TP group (size {size})")
@@ -115,16 +123,22 @@ def tp_newton_schulz(
     full[pdim] = sum(sizes)
     sharded_is_long = full[pdim] >= full[x.ndim - 1 if pdim == x.ndim - 2 else x.ndim - 2]
     if mode in (TPMode.DISTRIBUTED, TPMode.DISTRIBUTED_GRAM) and not sharded_is_long:
-        _warn_once(f"{mode}:{full}", f"tp_mode={mode.value!r}: the short dim of a {full[-2]}x{full[-1]} matrix is "
-                   "sharded, so its Gram would be the long side's; falling back to 'duplicated' for such matrices")
+        _warn_once(
+            f"{mode}:{full}",
+            f"tp_mode={mode.value!r}: the short dim of a {full[-2]}x{full[-1]} matrix is "
+            "sharded, so its Gram would be the long side's; falling back to 'duplicated' for such matrices",
+        )
         mode = TPMode.DUPLICATED
     if mode == TPMode.DUPLICATED:
         whole = all_gatherv(x, sizes, dim=pdim, group=tp_group)
         out = newton_schulz(whole, **ns_kwargs)  # type: ignore[arg-type]
         start = sum(sizes[:rank])
         return out.narrow(pdim, start, sizes[rank]).contiguous()
-    coeffs = ns_coefficients(coefficients, num_steps) if isinstance(coefficients, str) else ns_coefficients(
-        "custom", num_steps, custom=coefficients)
+    coeffs = (
+        ns_coefficients(coefficients, num_steps)
+        if isinstance(coefficients, str)
+        else ns_coefficients("custom", num_steps, custom=coefficients)
+    )
     xb = x.unsqueeze(0) if x.ndim == 2 else x
     transpose = pdim == x.ndim - 2  # make the sharded (long) dim the last, contracted one
     if transpose:
@@ -134,16 +148,23 @@ def tp_newton_schulz(
     if mode == TPMode.DISTRIBUTED:
         out = _distributed_plain(xb, coeffs, compute_dtype, eps, tp_group, triangular_reduce)
     else:
-        out = _distributed_gram(xb, coeffs, compute_dtype, eps, frozenset(restart_iterations), tp_group,
-                                triangular_reduce)
+        out = _distributed_gram(
+            xb, coeffs, compute_dtype, eps, frozenset(restart_iterations), tp_group, triangular_reduce
+        )
     if transpose:
         out = out.mT
     out = out.to(x.dtype)
     return out.squeeze(0) if x.ndim == 2 else out.contiguous()
 
 
-def _distributed_plain(x: torch.Tensor, coeffs: Sequence[Coeff], compute_dtype: torch.dtype, eps: float,
-                       group: dist.ProcessGroup | None, triangular: bool) -> torch.Tensor:
+def _distributed_plain(
+    x: torch.Tensor,
+    coeffs: Sequence[Coeff],
+    compute_dtype: torch.dtype,
+    eps: float,
+    group: dist.ProcessGroup | None,
+    triangular: bool,
+) -> torch.Tensor:
     """x: (B, m, n_local) in the norm dtype; one scalar-per-matrix all-reduce, then one Gram all-reduce per step."""
     sq = (x * x).sum(dim=(-2, -1))
     dist.all_reduce(sq, group=group)
@@ -155,8 +176,15 @@ def _distributed_plain(x: torch.Tensor, coeffs: Sequence[Coeff], compute_dtype: 
     return xc
 
 
-def _distributed_gram(x: torch.Tensor, coeffs: Sequence[Coeff], compute_dtype: torch.dtype, eps: float,
-                      restarts: frozenset[int], group: dist.ProcessGroup | None, triangular: bool) -> torch.Tensor:
+def _distributed_gram(
+    x: torch.Tensor,
+    coeffs: Sequence[Coeff],
+    compute_dtype: torch.dtype,
+    eps: float,
+    restarts: frozenset[int],
+    group: dist.ProcessGroup | None,
+    triangular: bool,
+) -> torch.Tensor:
     """Gram-NS on shards: R_0 all-reduced once (norm dtype; its trace gives the norm), one more per restart."""
     r0 = all_reduce_symmetric(x @ x.mT, group=group, triangular=triangular)
     norm = r0.diagonal(dim1=-2, dim2=-1).sum(-1).clamp_min(0).sqrt().clamp_min(eps)[:, None, None]

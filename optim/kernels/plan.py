@@ -118,7 +118,9 @@ class Planner:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            kept = {k: v for k, v in self.choices.items() if not v.get("fallback")}  # fallbacks: this process only
+            kept = {
+                k: v for k, v in self.choices.items() if not v.get("fallback")
+            }  # fallbacks: this process only
             tmp.write_text(json.dumps(kept, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
         except OSError:  # a read-only home must not break the optimizer step
@@ -204,10 +206,18 @@ class Planner:
         if not times:
             # Nothing could be timed (e.g. out of memory while measuring next to a full model): use the cuBLAS body,
             # which is always valid, and say why once; the choice is not written to the on-disk cache.
-            warnings.warn(f"NS plan for {nb}x{r}x{c}: no candidate could be measured ({rejected}); using plain_torch",
-                          RuntimeWarning, stacklevel=3)
-            return {"method": "plain_torch", "times_ms": {}, "rejected": rejected, "fallback": True,
-                    "plan_s": time.perf_counter() - t_start}
+            warnings.warn(
+                f"NS plan for {nb}x{r}x{c}: no candidate could be measured ({rejected}); using plain_torch",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return {
+                "method": "plain_torch",
+                "times_ms": {},
+                "rejected": rejected,
+                "fallback": True,
+                "plan_s": time.perf_counter() - t_start,
+            }
         best = min(times, key=times.__getitem__)
         for name in list(self.graphs):  # keep only the chosen graph alive (memory)
             if name.startswith(key + "|") and not name.endswith("|" + best):

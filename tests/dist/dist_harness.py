@@ -18,7 +18,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank: int, fn: Callable[..., None], world_size: int, store_path: str, args: tuple[Any, ...]) -> None:
+def _entry(
+    rank: int, fn: Callable[..., None], world_size: int, store_path: str, args: tuple[Any, ...]
+) -> None:
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     store = dist.FileStore(store_path, world_size)
@@ -33,8 +35,13 @@ def _entry(rank: int, fn: Callable[..., None], world_size: int, store_path: str,
 def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; raises if any rank fails."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_entry, args=(fn, world_size, os.path.join(tmp, "store"), args), nprocs=world_size,
-                           join=True, start_method="spawn")
+        mp.start_processes(
+            _entry,
+            args=(fn, world_size, os.path.join(tmp, "store"), args),
+            nprocs=world_size,
+            join=True,
+            start_method="spawn",
+        )
 
 
 def subgroups(world_size: int, size: int) -> tuple[list[dist.ProcessGroup], int]:

@@ -49,12 +49,16 @@ ADAMW = AdamWConfig(lr=0.01, weight_decay=0.1)
 TOL = {"rtol": 2e-5, "atol": 2e-5}
 
 
-MATRIX_CONFIGS = {"muon": MUON, "mop": MOPConfig(lr=0.05, weight_decay=0.1),
-                  # QR-power SOAP refreshing its basis every 10 steps: with a basis refresh every step (REKLS, the
-                  # default) the second step jumps by up to 60x lr on these shapes and amplifies last bits to O(1)
-                  "soap": SOAPConfig(lr=0.01, weight_decay=0.1, use_eigh=False, use_kl_shampoo=False,
-                                     precondition_frequency=10),
-                  "rekls": SOAPConfig(lr=0.01, weight_decay=0.1)}  # the default SOAP-REKLS, at 1 rank only
+MATRIX_CONFIGS = {
+    "muon": MUON,
+    "mop": MOPConfig(lr=0.05, weight_decay=0.1),
+    # QR-power SOAP refreshing its basis every 10 steps: with a basis refresh every step (REKLS, the
+    # default) the second step jumps by up to 60x lr on these shapes and amplifies last bits to O(1)
+    "soap": SOAPConfig(
+        lr=0.01, weight_decay=0.1, use_eigh=False, use_kl_shampoo=False, precondition_frequency=10
+    ),
+    "rekls": SOAPConfig(lr=0.01, weight_decay=0.1),
+}  # the default SOAP-REKLS, at 1 rank only
 
 
 def factory(named: list[tuple[str, torch.Tensor]], algo: str = "muon") -> torch.optim.Optimizer:
@@ -93,8 +97,10 @@ def micro_grads(step: int, num_micro: int = 4) -> list[dict[str, torch.Tensor]]:
     means over 1, 2 or 4 micro-batches are exact in fp32 in any order, so every DP size feeds the optimizer the
     same bits."""
     gen = torch.Generator().manual_seed(1000 + step)
-    return [{n: torch.round(torch.randn(s, generator=gen) * 256) / 256 for n, s in SHAPES.items()}
-            for _ in range(num_micro)]
+    return [
+        {n: torch.round(torch.randn(s, generator=gen) * 256) / 256 for n, s in SHAPES.items()}
+        for _ in range(num_micro)
+    ]
 
 
 def set_local_grads(model: nn.Module, step: int, dp_rank: int, dp: int) -> None:
@@ -105,8 +111,14 @@ def set_local_grads(model: nn.Module, step: int, dp_rank: int, dp: int) -> None:
         p.grad = torch.stack([g[name] for g in share]).mean(0)
 
 
-def reference(seed: int, steps: range, *, expert_micro: slice = slice(None), model: Toy | None = None,
-              opt: torch.optim.Optimizer | None = None) -> Toy:
+def reference(
+    seed: int,
+    steps: range,
+    *,
+    expert_micro: slice = slice(None),
+    model: Toy | None = None,
+    opt: torch.optim.Optimizer | None = None,
+) -> Toy:
     """Single-process run: full-batch mean gradients (expert params: the mean over `expert_micro`)."""
     model = model or Toy(seed)
     opt = opt or factory(list(model.named_parameters()))
@@ -120,13 +132,29 @@ def reference(seed: int, steps: range, *, expert_micro: slice = slice(None), mod
 
 
 CONFIGS = [  # (placement and communication, matrix optimizer)
-    (LayerWiseConfig(strategy="lpt_cost", grad_sync="reduce_scatter", collective="auto", overlap_param_gather=True),
-     "muon"),
+    (
+        LayerWiseConfig(
+            strategy="lpt_cost", grad_sync="reduce_scatter", collective="auto", overlap_param_gather=True
+        ),
+        "muon",
+    ),
     (LayerWiseConfig(strategy="round_robin", grad_sync="all_reduce", collective="per_owner"), "soap"),
-    (LayerWiseConfig(strategy="ping_pong_numel", grad_sync="reduce_scatter", collective="padded", bucket_numel=300,
-                     overlap_param_gather=True), "mop"),
-    (LayerWiseConfig(strategy="lpt_cost", grad_sync="reduce_scatter", collective="per_owner", bucket_numel=500),
-     "muon"),
+    (
+        LayerWiseConfig(
+            strategy="ping_pong_numel",
+            grad_sync="reduce_scatter",
+            collective="padded",
+            bucket_numel=300,
+            overlap_param_gather=True,
+        ),
+        "mop",
+    ),
+    (
+        LayerWiseConfig(
+            strategy="lpt_cost", grad_sync="reduce_scatter", collective="per_owner", bucket_numel=500
+        ),
+        "muon",
+    ),
 ]
 
 
@@ -137,8 +165,13 @@ def _check_steps(rank: int, ws: int) -> None:
     for cfg, algo in CONFIGS + extra:
         model = Toy(seed=3)
         e_group = pairs[mine] if ws == 4 else "dp"
-        opt = LayerWiseDistributedOptimizer(model.named_parameters(), lambda named, a=algo: factory(named, a),
-                                            dp_group=dist.group.WORLD, expert_dp_group=e_group, config=cfg)
+        opt = LayerWiseDistributedOptimizer(
+            model.named_parameters(),
+            lambda named, a=algo: factory(named, a),
+            dp_group=dist.group.WORLD,
+            expert_dp_group=e_group,
+            config=cfg,
+        )
         if cfg.overlap_param_gather:
             opt.register_forward_hooks(model)
         ref_model = Toy(seed=3)
@@ -175,7 +208,9 @@ def _check_clip(rank: int, ws: int) -> None:
     """Clipping uses the global norm of the averaged gradient (not each owner's local norm)."""
     cfg = LayerWiseConfig(max_grad_norm=1.0)
     model, ref_model = Toy(seed=5), Toy(seed=5)
-    opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=dist.group.WORLD, config=cfg)
+    opt = LayerWiseDistributedOptimizer(
+        model.named_parameters(), factory, dp_group=dist.group.WORLD, config=cfg
+    )
     ref_opt = factory(list(ref_model.named_parameters()))
     set_local_grads(model, 0, rank, ws)
     opt.step()
@@ -189,9 +224,18 @@ def _check_clip(rank: int, ws: int) -> None:
         assert_close(p, q, **TOL, msg=context(f"clip {name}"))
 
 
-def _run_dp(group: dist.ProcessGroup | None, dp_rank: int, dp: int, model: Toy, steps: range,
-            ckpt_load: str | None = None, algo: str = "muon") -> LayerWiseDistributedOptimizer:
-    opt = LayerWiseDistributedOptimizer(model.named_parameters(), lambda named: factory(named, algo), dp_group=group)
+def _run_dp(
+    group: dist.ProcessGroup | None,
+    dp_rank: int,
+    dp: int,
+    model: Toy,
+    steps: range,
+    ckpt_load: str | None = None,
+    algo: str = "muon",
+) -> LayerWiseDistributedOptimizer:
+    opt = LayerWiseDistributedOptimizer(
+        model.named_parameters(), lambda named: factory(named, algo), dp_group=group
+    )
     if ckpt_load:
         model.load_state_dict(torch.load(os.path.join(ckpt_load, "model.pt"), weights_only=True))
         load_sharded(opt, ckpt_load)
@@ -218,8 +262,11 @@ def _check_resume(rank: int, ws: int, tmp: str, algo: str) -> None:
     dist.barrier()
     for t in unbroken.state_dict().values():  # replica 0's unbroken result to everyone
         dist.broadcast(t, src=0)
-    for label, group, dp_rank, dp in (("dp2", pairs[mine], rank % 2, 2), ("dp4", dist.group.WORLD, rank, 4),
-                                      ("dp1", singles[rank], 0, 1)):
+    for label, group, dp_rank, dp in (
+        ("dp2", pairs[mine], rank % 2, 2),
+        ("dp4", dist.group.WORLD, rank, 4),
+        ("dp1", singles[rank], 0, 1),
+    ):
         resumed = Toy(seed=123)
         _run_dp(group, dp_rank, dp, resumed, range(2, 4), ckpt_load=ckpt, algo=algo)
         tol = {"rtol": 0, "atol": 0} if label == "dp2" else TOL
@@ -236,15 +283,28 @@ def _check_training(rank: int, ws: int) -> None:
     next forward."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-    cfg = Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=64, moe_intermediate_size=24,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                         num_experts=6, num_experts_per_tok=2, max_position_embeddings=64, use_cache=False)
+    cfg = Qwen3MoeConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=24,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=6,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+        use_cache=False,
+    )
     torch.manual_seed(0)
     model = Qwen3MoeForCausalLM(cfg)
     ref = Qwen3MoeForCausalLM(cfg)
     ref.load_state_dict(model.state_dict())
     lw = LayerWiseConfig(overlap_param_gather=True, overlap_grad_reduce=True, bucket_numel=3000)
-    opt = LayerWiseDistributedOptimizer(model.named_parameters(), factory, dp_group=dist.group.WORLD, config=lw)
+    opt = LayerWiseDistributedOptimizer(
+        model.named_parameters(), factory, dp_group=dist.group.WORLD, config=lw
+    )
     assert len(opt.domains[0].buckets) > 1
     opt.register_forward_hooks(model)
     ref_opt = factory(list(ref.named_parameters()))
@@ -315,8 +375,11 @@ def test_interrupted_save_keeps_last_good_checkpoint(tmp_path, monkeypatch) -> N
     model = Toy(seed=1)
     opt = _run_dp(None, 0, 1, model, range(2))
     save_sharded(opt, tmp_path, tag="good")
-    good = {k: v.clone() for k, v in opt.inner.state_dict()["matrix"]["state"][0].items()
-            if isinstance(v, torch.Tensor)}
+    good = {
+        k: v.clone()
+        for k, v in opt.inner.state_dict()["matrix"]["state"][0].items()
+        if isinstance(v, torch.Tensor)
+    }
     for step in range(2, 3):
         set_local_grads(model, step, 0, 1)
         opt.step()

@@ -68,8 +68,12 @@ def _check_modes(rank: int, ws: int, group: dist.ProcessGroup) -> None:
                     ref = _chunk(newton_schulz(full, compute_dtype=dtype, use_gram=gram), pdim, rank, ws)
                     with warnings.catch_warnings(record=True), _CountAllReduce() as counter:
                         warnings.simplefilter("always")
-                        out = tp_newton_schulz(shard, mode=mode, compute_dtype=dtype, triangular_reduce=tri, **kw)
-                    assert_close(out, ref, rtol=tol, atol=tol, msg=context(f"{mode} {shape} tri={tri} {dtype}"))
+                        out = tp_newton_schulz(
+                            shard, mode=mode, compute_dtype=dtype, triangular_reduce=tri, **kw
+                        )
+                    assert_close(
+                        out, ref, rtol=tol, atol=tol, msg=context(f"{mode} {shape} tri={tri} {dtype}")
+                    )
                     if ws > 1 and long_sharded:
                         assert counter.calls == collectives_per_matrix(mode), (mode, counter.calls)
                     elif ws > 1:  # fell back to duplicated: an all-gather, no all-reduce
@@ -90,14 +94,32 @@ def _check_expert_groups(rank: int, ws: int) -> None:
     gen = torch.Generator().manual_seed(11)
     expert, dense = torch.randn(3, 16, 21, generator=gen), torch.randn(21, 16, generator=gen)
     e_shard, e_sizes = _shard(expert, 2, etp_rank, etp_size)
-    out = tp_newton_schulz(e_shard, mode="distributed", partition_dim=2, shard_sizes=e_sizes,
-                           tp_group=groups.for_param(is_expert=True), compute_dtype=torch.float32)
-    assert_close(out, _chunk(newton_schulz(expert, compute_dtype=torch.float32), 2, etp_rank, etp_size),
-                 rtol=2e-5, atol=2e-5)
+    out = tp_newton_schulz(
+        e_shard,
+        mode="distributed",
+        partition_dim=2,
+        shard_sizes=e_sizes,
+        tp_group=groups.for_param(is_expert=True),
+        compute_dtype=torch.float32,
+    )
+    assert_close(
+        out,
+        _chunk(newton_schulz(expert, compute_dtype=torch.float32), 2, etp_rank, etp_size),
+        rtol=2e-5,
+        atol=2e-5,
+    )
     d_shard, d_sizes = _shard(dense, 0, tp_rank, tp_size)
-    out = tp_newton_schulz(d_shard, mode="duplicated", partition_dim=0, shard_sizes=d_sizes,
-                           tp_group=groups.for_param(is_expert=False), compute_dtype=torch.float32)
-    assert_close(out, _chunk(newton_schulz(dense, compute_dtype=torch.float32), 0, tp_rank, tp_size), rtol=0, atol=0)
+    out = tp_newton_schulz(
+        d_shard,
+        mode="duplicated",
+        partition_dim=0,
+        shard_sizes=d_sizes,
+        tp_group=groups.for_param(is_expert=False),
+        compute_dtype=torch.float32,
+    )
+    assert_close(
+        out, _chunk(newton_schulz(dense, compute_dtype=torch.float32), 0, tp_rank, tp_size), rtol=0, atol=0
+    )
 
 
 def tp_worker(rank: int, ws: int, tmp: str) -> None:
@@ -119,7 +141,11 @@ def test_none_group_is_single_process_and_fallback_warns() -> None:
     """tp_group=None is plain NS; sharding the short dim in distributed mode warns once and still gives NS."""
     x = torch.randn(21, 16)
     for mode in TPMode:
-        assert_close(tp_newton_schulz(x, mode=mode, partition_dim=0, compute_dtype=torch.float32),
-                     newton_schulz(x, compute_dtype=torch.float32), rtol=0, atol=0)
+        assert_close(
+            tp_newton_schulz(x, mode=mode, partition_dim=0, compute_dtype=torch.float32),
+            newton_schulz(x, compute_dtype=torch.float32),
+            rtol=0,
+            atol=0,
+        )
     with pytest.raises(ValueError, match="'sideways'"):
         tp_newton_schulz(x, mode="sideways", partition_dim=0)

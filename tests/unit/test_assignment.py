@@ -45,8 +45,10 @@ def test_lpt_cost_beats_published_strategies_on_mixed_shapes() -> None:
     layer = [(7168, 8192), (1536, 7168), (12288, 1536), (576, 7168), (16384, 512), (4096, 7168), (7168, 2048)]
     shapes = layer * 15
     model = CostModel()
-    results = {s: imbalance(rank_loads(shapes, assign(shapes, 8, s, cost_model=model), 8, cost_model=model))
-               for s in Strategy}
+    results = {
+        s: imbalance(rank_loads(shapes, assign(shapes, 8, s, cost_model=model), 8, cost_model=model))
+        for s in Strategy
+    }
     assert results[Strategy.LPT_COST] <= 1.05
     assert results[Strategy.LPT_COST] < results[Strategy.ROUND_ROBIN]
     assert results[Strategy.LPT_COST] < results[Strategy.PING_PONG_NUMEL]

@@ -28,7 +28,9 @@ def test_published_cases_lpt_reaches_the_whole_matrix_bound() -> None:
     and never worse than the published strategies; Qwen3-30B-A3B DP8 EP8 divides evenly (1.0 for all)."""
     for overrides in (KIMI, QWEN):
         cfg = load(overrides)
-        res = {s: analyse(cfg.model, cfg.parallelism, s) for s in ("round_robin", "ping_pong_numel", "lpt_cost")}
+        res = {
+            s: analyse(cfg.model, cfg.parallelism, s) for s in ("round_robin", "ping_pong_numel", "lpt_cost")
+        }
         lpt = res["lpt_cost"]
         assert lpt["imbalance"] == pytest.approx(lpt["imbalance_bound"], rel=1e-9)
         assert lpt["imbalance"] <= min(res["round_robin"]["imbalance"], res["ping_pong_numel"]["imbalance"])
@@ -38,10 +40,21 @@ def test_published_cases_lpt_reaches_the_whole_matrix_bound() -> None:
 
 def test_lpt_meets_goal_where_published_strategies_do_not() -> None:
     """Kimi K2 slice (6 experts per layer, the per-GPU expert load of the published run) on 6 DP ranks."""
-    cfg = load(["model=kimi_k2_slice", "parallelism=dp8_ep8", "parallelism.world_size=6", "parallelism.ep=1",
-                "parallelism.nodes=1", "parallelism.gpus_per_node=6", "parallelism.gbs=384"])
-    res = {s: analyse(cfg.model, cfg.parallelism, s)["imbalance"]
-           for s in ("round_robin", "ping_pong_numel", "lpt_cost")}
+    cfg = load(
+        [
+            "model=kimi_k2_slice",
+            "parallelism=dp8_ep8",
+            "parallelism.world_size=6",
+            "parallelism.ep=1",
+            "parallelism.nodes=1",
+            "parallelism.gpus_per_node=6",
+            "parallelism.gbs=384",
+        ]
+    )
+    res = {
+        s: analyse(cfg.model, cfg.parallelism, s)["imbalance"]
+        for s in ("round_robin", "ping_pong_numel", "lpt_cost")
+    }
     assert res["lpt_cost"] <= 1.05 < min(res["round_robin"], res["ping_pong_numel"])
 
 
@@ -72,10 +85,12 @@ def test_cost_table_from_ns_kernels_csv(tmp_path) -> None:
     from bench.balance import cost_model_from
 
     path = tmp_path / "results.csv"
-    path.write_text("kind,shape,rows,cols,batch,impl,ms\n"
-                    "ns,router,128,2048,1,ours_gram,0.135\n"
-                    "ns,fc2,2048,768,128,ours_gram,8.135\n"
-                    "ns,fc2,2048,768,128,eo_plain,10.0\n")
+    path.write_text(
+        "kind,shape,rows,cols,batch,impl,ms\n"
+        "ns,router,128,2048,1,ours_gram,0.135\n"
+        "ns,fc2,2048,768,128,ours_gram,8.135\n"
+        "ns,fc2,2048,768,128,eo_plain,10.0\n"
+    )
     model = cost_model_from(str(path), "ours_gram")
     assert model.terms((768, 2048)) == pytest.approx((0.135, 8.0 / 128))
     assert model.fixed_ms == pytest.approx(0.135)

@@ -34,7 +34,14 @@ GROUP_OPTIONS = [(g, o) for g in GROUPS for o in _options(g)]
 def test_tree_has_the_required_options() -> None:
     """Localises a missing or misnamed config file (the issue lists these names)."""
     required = {
-        "model": {"kimi_k2", "qwen3_30b_a3b", "qwen3_moe_tiny", "kimi_k2_tiny", "qwen3_30b_a3b_slice", "kimi_k2_slice"},
+        "model": {
+            "kimi_k2",
+            "qwen3_30b_a3b",
+            "qwen3_moe_tiny",
+            "kimi_k2_tiny",
+            "qwen3_30b_a3b_slice",
+            "kimi_k2_slice",
+        },
         "parallelism": {"pp4_dp64_ep64", "dp8_ep8", "single_gpu", "cpu_dp2", "cpu_dp4"},
         "optimizer": {"adamw", "muon", "mop", "soap_rekls", "muon_megatron"},
         "hardware": {"gb300", "b200", "h200", "h100", "cpu"},
@@ -44,8 +51,14 @@ def test_tree_has_the_required_options() -> None:
     }
     for group, names in required.items():
         assert names <= set(_options(group)), (group, names - set(_options(group)))
-    assert {"gb300/kimi_k2_muon", "gb300/kimi_k2_adamw", "gb300/qwen3_30b_a3b_muon", "gb300/qwen3_30b_a3b_adamw",
-            "h200/qwen3_30b_a3b_slice_adamw_1gpu", "h200/qwen3_30b_a3b_slice_muon_1gpu"} <= set(_experiments())
+    assert {
+        "gb300/kimi_k2_muon",
+        "gb300/kimi_k2_adamw",
+        "gb300/qwen3_30b_a3b_muon",
+        "gb300/qwen3_30b_a3b_adamw",
+        "h200/qwen3_30b_a3b_slice_adamw_1gpu",
+        "h200/qwen3_30b_a3b_slice_muon_1gpu",
+    } <= set(_experiments())
 
 
 @pytest.mark.parametrize(("group", "option"), GROUP_OPTIONS, ids=[f"{g}/{o}" for g, o in GROUP_OPTIONS])
@@ -60,7 +73,9 @@ def test_group_option_composes_typed(group: str, option: str) -> None:
     text = (CONF_DIR / group / f"{option}.yaml").read_text()
     assert text.isascii()
     first_default = yaml.safe_load(text)["defaults"][0]
-    assert first_default.startswith("base_") or (CONF_DIR / group / f"{first_default}.yaml").exists(), first_default
+    assert first_default.startswith("base_") or (CONF_DIR / group / f"{first_default}.yaml").exists(), (
+        first_default
+    )
 
 
 @pytest.mark.parametrize("name", _experiments())
@@ -80,7 +95,17 @@ def test_published_experiments_match_the_blog_setups() -> None:
     """The numbers behind NVIDIA's Table 1 (anchors (a)): layouts, batch, precision, optimizer path."""
     kimi = load(["experiment=gb300/kimi_k2_muon"])
     p = kimi.parallelism
-    assert (p.world_size, p.tp, p.pp, p.vp, p.ep, p.dp, p.expert_dp, p.mbs, p.gbs) == (256, 1, 4, 4, 64, 64, 1, 2, 4096)
+    assert (p.world_size, p.tp, p.pp, p.vp, p.ep, p.dp, p.expert_dp, p.mbs, p.gbs) == (
+        256,
+        1,
+        4,
+        4,
+        64,
+        64,
+        1,
+        2,
+        4096,
+    )
     assert (p.nodes, p.gpus_per_node) == (64, 4)
     assert kimi.precision.fp8_recipe == "mxfp8" and not kimi.precision.fp8_param_gather
     assert kimi.optimizer.implementation == "megatron" and kimi.optimizer.grad_sync == "all_reduce"

@@ -40,14 +40,17 @@ def rule_violations(text: str) -> list[str]:
             if "--no-deps" not in pip and " -c " not in pip:
                 bad.append(f"pip install must use the container constraints (-c) or --no-deps: {pip[:60]}")
             if re.search(r"\b(torch|transformer[-_]engine)\b", pip) or (
-                    re.search(r"\bmegatron-(core|bridge)\b", pip) and "--no-deps" not in pip):
+                re.search(r"\bmegatron-(core|bridge)\b", pip) and "--no-deps" not in pip
+            ):
                 bad.append(f"must not replace the container's torch / TE / Megatron stack: {pip[:60]}")
     if not re.search(r"emerging-optimizers==\$\{EO_VERSION\}", text) or not re.search(
-            r"^ARG EO_VERSION=0\.3\.\d+$", text, re.MULTILINE):
+        r"^ARG EO_VERSION=0\.3\.\d+$", text, re.MULTILINE
+    ):
         bad.append("emerging-optimizers must be pinned to 0.3.x")
     copies = [m.group(1) for m in re.finditer(r"^COPY (\S+)", text, re.MULTILINE)]
-    if "pyproject.toml" not in copies or any(c in copies[: copies.index("pyproject.toml")]
-                                            for c in ("optim", "bench", "recipes", ".")):
+    if "pyproject.toml" not in copies or any(
+        c in copies[: copies.index("pyproject.toml")] for c in ("optim", "bench", "recipes", ".")
+    ):
         bad.append("COPY pyproject.toml before the sources")
     for pkg in ("optim", "bench", "recipes", "conf"):
         if pkg not in copies:
@@ -70,8 +73,18 @@ RUN apt-get update && apt-get install -y vim
 RUN pip install torch==2.5.0 megatron-core emerging-optimizers
 """
     found = rule_violations(bad)
-    for words in ("pinned nvcr.io", "FROM must use", ":latest", "apt-get", "constraints", "torch / TE",
-                  "0.3.x", "before the sources", "COPY optim", "versions.json"):
+    for words in (
+        "pinned nvcr.io",
+        "FROM must use",
+        ":latest",
+        "apt-get",
+        "constraints",
+        "torch / TE",
+        "0.3.x",
+        "before the sources",
+        "COPY optim",
+        "versions.json",
+    ):
         assert any(words in msg for msg in found), (words, found)
 
 
@@ -88,8 +101,13 @@ def test_hadolint_clean() -> None:
     res = subprocess.run([exe, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     # hadolint must actually lint: a known-bad file is reported.
-    bad = subprocess.run([exe, "--no-color", "-"], input="FROM ubuntu\nRUN apt-get install vim\n",
-                         capture_output=True, text=True, check=False)
+    bad = subprocess.run(
+        [exe, "--no-color", "-"],
+        input="FROM ubuntu\nRUN apt-get install vim\n",
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert bad.returncode != 0 and "DL3008" in bad.stdout
 
 

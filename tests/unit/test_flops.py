@@ -47,10 +47,13 @@ def test_published_model_flops(cfgs) -> None:
     assert rel(flops.model_flops_per_step(qwen, cfgs["dp8_ep8"]), 4.825e16) < 0.001
 
 
-@pytest.mark.parametrize(("model", "terms"), [
-    ("kimi_k2", {"mlp": 145.07, "attn_linear": 37.01, "attn_core": 15.35, "logits": 7.05}),
-    ("qwen3_30b_a3b", {"mlp": 10.87, "attn_linear": 5.44, "attn_core": 4.83, "logits": 1.87}),
-])
+@pytest.mark.parametrize(
+    ("model", "terms"),
+    [
+        ("kimi_k2", {"mlp": 145.07, "attn_linear": 37.01, "attn_core": 15.35, "logits": 7.05}),
+        ("qwen3_30b_a3b", {"mlp": 10.87, "attn_linear": 5.44, "attn_core": 4.83, "logits": 1.87}),
+    ],
+)
 def test_breakdown_matches_worked_factors(cfgs, model: str, terms: dict[str, float]) -> None:
     """Each term of anchors (c)'s worked table, so a compensating error in two terms cannot pass."""
     got = flops.model_flops_breakdown(cfgs[model])
@@ -94,7 +97,9 @@ def test_logits_use_the_padded_vocabulary(cfgs) -> None:
 def test_ns_flops_formulas_by_hand() -> None:
     """m = 2, n = 3: plain k(4m^2n + 2m^3), SYRK k(3m^2n + m^3), Gram 3s m^2n + (4k - 3s) m^3."""
     assert flops.ns_flops(2, 3, 1, "plain") == 4 * 4 * 3 + 2 * 8
-    assert flops.ns_flops(3, 2, 1, "plain") == flops.ns_flops(2, 3, 1, "plain")  # transposed to the short side
+    assert flops.ns_flops(3, 2, 1, "plain") == flops.ns_flops(
+        2, 3, 1, "plain"
+    )  # transposed to the short side
     assert flops.ns_flops(2, 3, 5, "syrk") == 5 * (3 * 4 * 3 + 8)
     assert flops.ns_flops(2, 3, 5, "gram") == 6 * 4 * 3 + 14 * 8  # k = 5, restart after step 2
     assert flops.ns_flops(2, 3, 2, "gram") == 3 * 4 * 3 + 5 * 8  # restart at k is no restart
@@ -102,12 +107,22 @@ def test_ns_flops_formulas_by_hand() -> None:
     assert flops.ns_flops(64, 64, 5, "gram") == flops.ns_flops(64, 64, 5, "syrk")  # equal on square matrices
 
 
-@pytest.mark.parametrize(("shape", "tflop"), [
-    ((4096, 7168), (3.09, 2.15, 1.68)), ((7168, 2048), (0.687, 0.494, 0.301)), ((7168, 8192), (12.10, 8.16, 7.68)),
-    ((12288, 1536), (0.616, 0.453, 0.225)), ((1536, 7168), (0.375, 0.272, 0.152)), ((36864, 7168), (41.6, 30.3, 16.5)),
-    ((4096, 2048), (0.430, 0.301, 0.223)), ((512, 2048), (0.0121, 0.0087, 0.0051)), ((5120, 2048), (0.515, 0.365, 0.249)),
-    ((1536, 2048), (0.133, 0.091, 0.080)), ((2048, 768), (0.0287, 0.0204, 0.0136)),
-])
+@pytest.mark.parametrize(
+    ("shape", "tflop"),
+    [
+        ((4096, 7168), (3.09, 2.15, 1.68)),
+        ((7168, 2048), (0.687, 0.494, 0.301)),
+        ((7168, 8192), (12.10, 8.16, 7.68)),
+        ((12288, 1536), (0.616, 0.453, 0.225)),
+        ((1536, 7168), (0.375, 0.272, 0.152)),
+        ((36864, 7168), (41.6, 30.3, 16.5)),
+        ((4096, 2048), (0.430, 0.301, 0.223)),
+        ((512, 2048), (0.0121, 0.0087, 0.0051)),
+        ((5120, 2048), (0.515, 0.365, 0.249)),
+        ((1536, 2048), (0.133, 0.091, 0.080)),
+        ((2048, 768), (0.0287, 0.0204, 0.0136)),
+    ],
+)
 def test_ns_flops_anchor_table(shape: tuple[int, int], tflop: tuple[float, float, float]) -> None:
     """anchors (d) per-matrix table (k = 5), all three conventions, to the table's printed precision."""
     for conv, want in zip(flops.CONVENTIONS, tflop, strict=True):
@@ -130,11 +145,19 @@ def test_enumeration_counts_and_numel(cfgs) -> None:
     assert rel(sum(m.count * m.rows * m.cols for m in qwen), 29.9e9) < 0.005
     by = {m.kind: m for m in kimi}
     assert (by["expert_fc1"].rows, by["expert_fc1"].cols, by["expert_fc1"].count) == (4096, 7168, 23040)
-    assert (by["mla_kv_down"].rows, by["mla_q_up"].rows, by["dense_fc1"].count, by["shared_fc2"].count) == \
-        (576, 12288, 1, 60)
+    assert (by["mla_kv_down"].rows, by["mla_q_up"].rows, by["dense_fc1"].count, by["shared_fc2"].count) == (
+        576,
+        12288,
+        1,
+        60,
+    )
     assert by["expert_fc1"].expert and not by["shared_fc1"].expert and by["router"].count == 60
     assert {m.kind: (m.rows, m.count) for m in qwen if m.kind.startswith("attn")} == {
-        "attn_q": (4096, 48), "attn_k": (512, 48), "attn_v": (512, 48), "attn_proj": (2048, 48)}
+        "attn_q": (4096, 48),
+        "attn_k": (512, 48),
+        "attn_v": (512, 48),
+        "attn_proj": (2048, 48),
+    }
 
 
 @pytest.mark.parametrize("option", ["split_qkv", "split_mla", "split_gate_up"])
@@ -147,11 +170,15 @@ def test_splits_preserve_elements(cfgs, option: str) -> None:
         assert sum(m.count * m.rows * m.cols for m in a) == sum(m.count * m.rows * m.cols for m in b)
     kinds = {m.kind for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], split_mla=True, split_gate_up=True)}
     assert {"mla_kv_down_latent", "mla_kv_down_rope", "mla_kv_up_k", "mla_q_up_rope", "expert_gate"} <= kinds
-    assert "router" not in {m.kind for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], include_router=False)}
+    assert "router" not in {
+        m.kind for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], include_router=False)
+    }
 
 
-@pytest.mark.parametrize(("model", "plain", "syrk", "gram"), [
-    ("kimi_k2", 8.82e16, 6.16e16, 4.64e16), ("qwen3_30b_a3b", 1.035e15, 7.12e14, 5.95e14)])
+@pytest.mark.parametrize(
+    ("model", "plain", "syrk", "gram"),
+    [("kimi_k2", 8.82e16, 6.16e16, 4.64e16), ("qwen3_30b_a3b", 1.035e15, 7.12e14, 5.95e14)],
+)
 def test_ns_per_step_published(cfgs, model: str, plain: float, syrk: float, gram: float) -> None:
     """anchors (d): NS FLOPs of one optimizer step with MCore's QKV split."""
     mats = flops.enumerate_ns_matrices(cfgs[model])
@@ -211,15 +238,23 @@ def test_ns_per_gpu_options(cfgs) -> None:
     tp2 = ParallelismConfig(name="tp2", world_size=2, tp=2, etp=2, nodes=1, gpus_per_node=2)
     dup = flops.ns_load_per_gpu(model, tp2, tp_mode="duplicated")["max"]["plain"]
     block = flops.ns_load_per_gpu(model, tp2, tp_mode="blockwise")["max"]["plain"]
-    assert rel(dup, total) < 1e-12 and block < 0.6 * dup  # blockwise: each rank orthogonalizes its shards only
+    assert (
+        rel(dup, total) < 1e-12 and block < 0.6 * dup
+    )  # blockwise: each rank orthogonalizes its shards only
     with pytest.raises(ValueError, match=r"tp_mode='sideways'.*duplicated"):
         flops.ns_load_per_gpu(model, tp2, tp_mode="sideways")
 
 
 # ------------------------------------------------------------------------------------------------ CLI and errors
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "bench.flops", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "bench.flops", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_cli_json() -> None:
@@ -227,9 +262,17 @@ def test_cli_json() -> None:
     res = _cli("model=qwen3_30b_a3b", "parallelism=dp8_ep8", "format=json")
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
-    for key in ("model_flops_per_token", "model_flops_per_step", "ns_flops_per_step", "ns_flops_per_gpu_max",
-                "ns_flops_per_step_syrk", "ns_flops_per_step_gram", "ns_flops_per_gpu_max_syrk",
-                "ns_flops_per_gpu_max_gram", "ns_flops_per_gpu_mean"):
+    for key in (
+        "model_flops_per_token",
+        "model_flops_per_step",
+        "ns_flops_per_step",
+        "ns_flops_per_gpu_max",
+        "ns_flops_per_step_syrk",
+        "ns_flops_per_step_gram",
+        "ns_flops_per_gpu_max_syrk",
+        "ns_flops_per_gpu_max_gram",
+        "ns_flops_per_gpu_mean",
+    ):
         assert isinstance(out[key], float), key
     assert rel(out["model_flops_per_token"], 23.0e9) < 0.005
     assert rel(out["ns_flops_per_gpu_max"], 1.29e14) < 0.005
@@ -238,17 +281,22 @@ def test_cli_json() -> None:
 
 def test_cli_text_and_optimizer_options() -> None:
     """The text form prints the tables; optimizer fields drive the enumeration (split_qkv=false: fused QKV)."""
-    res = _cli("model=qwen3_30b_a3b", "parallelism=dp8_ep8", "optimizer.split_qkv=false", "optimizer.num_ns_steps=6")
+    res = _cli(
+        "model=qwen3_30b_a3b", "parallelism=dp8_ep8", "optimizer.split_qkv=false", "optimizer.num_ns_steps=6"
+    )
     assert res.returncode == 0, res.stderr
     assert "attn_qkv" in res.stdout and "5120x2048" in res.stdout and "k=6" in res.stdout
 
 
-@pytest.mark.parametrize(("args", "field"), [
-    (["model=qwen3_30b_a3b", "parallelism=pp4_dp64_ep64"], "parallelism.pipeline_layout"),
-    (["model=kimi_k2", "parallelism=dp8_ep8", "parallelism.ep=5"], "parallelism.ep"),
-    (["model=qwen3_30b_a3b", "parallelism=dp8_ep8", "parallelism.gbs=500"], "parallelism.gbs"),
-    (["model=qwen3_30b_a3b", "format=xml"], "format"),
-])
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["model=qwen3_30b_a3b", "parallelism=pp4_dp64_ep64"], "parallelism.pipeline_layout"),
+        (["model=kimi_k2", "parallelism=dp8_ep8", "parallelism.ep=5"], "parallelism.ep"),
+        (["model=qwen3_30b_a3b", "parallelism=dp8_ep8", "parallelism.gbs=500"], "parallelism.gbs"),
+        (["model=qwen3_30b_a3b", "format=xml"], "format"),
+    ],
+)
 def test_cli_bad_config_names_field_value_rule(args: list[str], field: str) -> None:
     res = _cli(*args)
     assert res.returncode == 2

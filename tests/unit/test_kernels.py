@@ -229,5 +229,7 @@ def test_plan_falls_back_when_no_candidate_can_be_measured(tmp_path, monkeypatch
     with pytest.warns(RuntimeWarning):
         method, _ = p.choose(x, coeffs, 1e-7, False, frozenset({2}))
     assert method == "plain_torch"
-    assert p.choose(x, coeffs, 1e-7, False, frozenset({2}))[0] == "plain_torch"  # kept in memory: no re-measure
+    assert (
+        p.choose(x, coeffs, 1e-7, False, frozenset({2}))[0] == "plain_torch"
+    )  # kept in memory: no re-measure
     assert json.loads((tmp_path / "ns_plan.json").read_text()) == {}  # never written to disk

@@ -502,8 +502,10 @@ def test_groups_survive_megatron_checkpoint_matching():
     from megatron.core.optimizer.optimizer import MegatronOptimizer
 
     a, b = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
-    groups = [om.megatron_group([a], ["a"], lr=1e-3, weight_decay=0.033, wd_mult=1.0),
-              om.megatron_group([b], ["b"], lr=1e-3, weight_decay=0.0, wd_mult=0.0)]
+    groups = [
+        om.megatron_group([a], ["a"], lr=1e-3, weight_decay=0.033, wd_mult=1.0),
+        om.megatron_group([b], ["b"], lr=1e-3, weight_decay=0.0, wd_mult=0.0),
+    ]
     opt = torch.optim.AdamW(groups, lr=1e-3)
     saved = copy.deepcopy(opt.state_dict()["param_groups"])
     loaded = MegatronOptimizer._filter_and_reorder_param_groups(opt.param_groups, saved)
@@ -515,8 +517,20 @@ def test_bench_driver_isolates_cases_and_keeps_going(tmp_path, capsys):
     next one, and a case that hits the timeout is killed and reported."""
     from bench.engines import megatron_bench
 
-    megatron_bench.main(["--out", str(tmp_path), "--case-timeout-s", "0.01",
-                         "--case", "a", "model=qwen3_moe_tiny", "--case", "b", "model=qwen3_moe_tiny"])
+    megatron_bench.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--case-timeout-s",
+            "0.01",
+            "--case",
+            "a",
+            "model=qwen3_moe_tiny",
+            "--case",
+            "b",
+            "model=qwen3_moe_tiny",
+        ]
+    )
     out = capsys.readouterr().out
     assert "[a] killed after 0 s" in out and "[b] killed after 0 s" in out
     assert "all cases done" in out

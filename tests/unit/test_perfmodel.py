@@ -42,8 +42,10 @@ def test_committed_fit_is_the_minimax_fit() -> None:
 
 def test_muon_costs_time_and_ours_beats_published(table1: dict[str, RootConfig]) -> None:
     """Published Muon is slower than AdamW by about the blog's delta; ours is between them."""
-    for adamw, muon, delta in (("gb300/kimi_k2_adamw", "gb300/kimi_k2_muon", 0.27),
-                               ("gb300/qwen3_30b_a3b_adamw", "gb300/qwen3_30b_a3b_muon", 0.33)):
+    for adamw, muon, delta in (
+        ("gb300/kimi_k2_adamw", "gb300/kimi_k2_muon", 0.27),
+        ("gb300/qwen3_30b_a3b_adamw", "gb300/qwen3_30b_a3b_muon", 0.33),
+    ):
         t_a = predict(table1[adamw], "published").step_time_s
         t_pub = predict(table1[muon], "published").step_time_s
         t_ours = predict(table1[muon], "ours").step_time_s
@@ -67,8 +69,10 @@ def test_more_bandwidth_never_slows_a_step(table1: dict[str, RootConfig], field:
 def test_more_ns_steps_never_speed_a_step(table1: dict[str, RootConfig], profile: str) -> None:
     for exp in ("gb300/kimi_k2_muon", "gb300/qwen3_30b_a3b_muon"):
         cfg = table1[exp]
-        times = [predict(replace(cfg, optimizer=replace(cfg.optimizer, num_ns_steps=k)), profile).step_time_s
-                 for k in (3, 4, 5, 6, 8, 10)]
+        times = [
+            predict(replace(cfg, optimizer=replace(cfg.optimizer, num_ns_steps=k)), profile).step_time_s
+            for k in (3, 4, 5, 6, 8, 10)
+        ]
         assert all(b >= a - 1e-12 for a, b in itertools.pairwise(times)), (exp, times)
         assert times[-1] > times[0]
 
@@ -78,7 +82,9 @@ def test_hand_checked_roofline_and_collectives() -> None:
     -> 6.291456 us (compute: 2.147 us). Ring all-reduce of 1 GB over 8 ranks at 100 GB/s, 10 us per hop:
     2 x (7/8 x 10 ms + 7 x 10 us) = 17.64 ms."""
     r = compute.Rates(gemm_flops=1e15, bf16_flops=1e15, attention_flops=1e15, hbm=1e12, operand_bytes=2.0)
-    assert compute.gemm_time(1024, 1024, 1024, r, operand_bytes=2.0, out_bytes=2.0) == pytest.approx(6.291456e-6)
+    assert compute.gemm_time(1024, 1024, 1024, r, operand_bytes=2.0, out_bytes=2.0) == pytest.approx(
+        6.291456e-6
+    )
     link = links.Link(bandwidth=100e9, latency=10e-6, kind="network")
     assert links.all_reduce(1e9, 8, link) == pytest.approx(0.01764)
     assert links.reduce_scatter(1e9, 1, link) == 0.0
@@ -91,15 +97,40 @@ def test_hand_checked_tiny_step() -> None:
     6 x 256 x 1024 = 1,572,864: 11,010,048 GEMM FLOP/token; core attention 6 x 256 x 512 = 786,432 per layer.
     GBS 4 x 512 = 2,048 tokens: GEMMs 2.2548578e10 FLOP at 701 TF/s = 32.166 us; attention 3.2212e9 FLOP at
     0.5 x 989 TF/s = 6.514 us."""
-    model = ModelConfig(name="tiny", family="qwen3_moe", num_layers=2, hidden_size=256, num_attention_heads=4,
-                        attention="gqa", num_query_groups=4, kv_channels=64, ffn_hidden_size=1024,
-                        gated_linear_unit=False, vocab_size=1024, seq_length=512)
+    model = ModelConfig(
+        name="tiny",
+        family="qwen3_moe",
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        attention="gqa",
+        num_query_groups=4,
+        kv_channels=64,
+        ffn_hidden_size=1024,
+        gated_linear_unit=False,
+        vocab_size=1024,
+        seq_length=512,
+    )
     par = ParallelismConfig(name="one", world_size=1, mbs=2, gbs=4)
-    hw = HardwareConfig(name="h200", peak_bf16_tflops=989.0, peak_fp8_tflops=1979.0, hbm_tbps=1e9,
-                        nvlink_gbps=450.0, nvlink_domain=8, network_gbps=50.0, source="test")
-    cfg = RootConfig(model=model, parallelism=par, hardware=hw, precision=PrecisionConfig(name="bf16"),
-                     optimizer=load(["optimizer=adamw"], validate_=False).optimizer, engine=None,  # type: ignore[arg-type]
-                     launcher=None)  # type: ignore[arg-type]
+    hw = HardwareConfig(
+        name="h200",
+        peak_bf16_tflops=989.0,
+        peak_fp8_tflops=1979.0,
+        hbm_tbps=1e9,
+        nvlink_gbps=450.0,
+        nvlink_domain=8,
+        network_gbps=50.0,
+        source="test",
+    )
+    cfg = RootConfig(
+        model=model,
+        parallelism=par,
+        hardware=hw,
+        precision=PrecisionConfig(name="bf16"),
+        optimizer=load(["optimizer=adamw"], validate_=False).optimizer,
+        engine=None,  # type: ignore[arg-type]
+        launcher=None,
+    )  # type: ignore[arg-type]
     pred = predict(cfg, "published")
     assert pred.breakdown["fwd_bwd_gemm"] == pytest.approx(11_010_048 * 2048 / 701e12, rel=1e-6)
     assert pred.breakdown["fwd_bwd_attention"] == pytest.approx(2 * 786_432 * 2048 / (0.5 * 989e12), rel=1e-6)
@@ -123,8 +154,13 @@ def test_choose_tp_mode() -> None:
 def test_ns_curve_matches_h200_measurements() -> None:
     """The per-shape NS curve reproduces the GPU-bound H200 anchor points (anchors.md f) within 10%."""
     h200 = nscost.load_hardware("h200")
-    for (rows, cols), ms in {(4096, 2048): 0.822, (7168, 8192): 18.16, (36864, 7168): 65.0, (8192, 8192): 25.03,
-                             (2048, 7168): 1.267}.items():
+    for (rows, cols), ms in {
+        (4096, 2048): 0.822,
+        (7168, 8192): 18.16,
+        (36864, 7168): 65.0,
+        (8192, 8192): 25.03,
+        (2048, 7168): 1.267,
+    }.items():
         assert nscost.gpu_ms(rows, cols, h200) == pytest.approx(ms, rel=0.10)
 
 
@@ -137,8 +173,18 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
         assert key in out
     assert out["step_time_s"] == pytest.approx(sum(out["breakdown"].values()))
     assert out["tflops_per_gpu_ns"] > 0 and out["profile"] == "ours"
-    assert project.main(["experiment=gb300/qwen3_30b_a3b_muon", "parallelism.tp=2", "parallelism.world_size=16",
-                         "parallelism.nodes=4", "optimizer.tp_mode=auto"]) == 0
+    assert (
+        project.main(
+            [
+                "experiment=gb300/qwen3_30b_a3b_muon",
+                "parallelism.tp=2",
+                "parallelism.world_size=16",
+                "parallelism.nodes=4",
+                "optimizer.tp_mode=auto",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "tp_mode=auto" in text and "->" in text
 
@@ -167,11 +213,34 @@ def test_kernel_results_parsing(tmp_path) -> None:
     """ns_data reads the kernel benchmark's results.json: batched calls lose one host cost, times are rescaled from
     the run's GEMM ceiling to 701 TF/s, both orientations of a shape are averaged, EO keeps the lowest host cost."""
     shapes = [
-        {"name": "tiny", "rows": 128, "cols": 2048, "batch": 1, "impls": {"ours": {"ms": 0.1}, "eo_plain": {"ms": 0.5}}},
-        {"name": "fc1", "rows": 1536, "cols": 2048, "batch": 10,
-         "impls": {"ours": {"ms": 3.1}, "ours_gram": {"ms": 2.6}, "eo_plain": {"ms": 4.0}}},
-        {"name": "q", "rows": 4096, "cols": 2048, "batch": 1, "impls": {"ours": {"ms": 1.1}, "eo_plain": {"ms": 1.0}}},
-        {"name": "o", "rows": 2048, "cols": 4096, "batch": 1, "impls": {"ours": {"ms": 0.9}, "eo_plain": {"ms": 1.0}}},
+        {
+            "name": "tiny",
+            "rows": 128,
+            "cols": 2048,
+            "batch": 1,
+            "impls": {"ours": {"ms": 0.1}, "eo_plain": {"ms": 0.5}},
+        },
+        {
+            "name": "fc1",
+            "rows": 1536,
+            "cols": 2048,
+            "batch": 10,
+            "impls": {"ours": {"ms": 3.1}, "ours_gram": {"ms": 2.6}, "eo_plain": {"ms": 4.0}},
+        },
+        {
+            "name": "q",
+            "rows": 4096,
+            "cols": 2048,
+            "batch": 1,
+            "impls": {"ours": {"ms": 1.1}, "eo_plain": {"ms": 1.0}},
+        },
+        {
+            "name": "o",
+            "rows": 2048,
+            "cols": 4096,
+            "batch": 1,
+            "impls": {"ours": {"ms": 0.9}, "eo_plain": {"ms": 1.0}},
+        },
     ]
     path = tmp_path / "results.json"
     path.write_text(json.dumps({"ceiling_tflops": 1402.0, "device_name": "test", "shapes": shapes}))
@@ -194,8 +263,18 @@ def test_h200_comparison_reads_collect_rows(tmp_path) -> None:
     assert "Pending" in h200.compare(tmp_path)
     cfg = load(["experiment=h200/qwen3_30b_a3b_slice_muon_1gpu", "parallelism.mbs=2", "parallelism.gbs=8"])
     pred = predict(cfg, "ours")
-    cols = ["experiment", "status", "implementation", "optimizer", "mbs", "gbs", "seq_length", "step_s_median",
-            "optim_s_median", "hardware_name"]
+    cols = [
+        "experiment",
+        "status",
+        "implementation",
+        "optimizer",
+        "mbs",
+        "gbs",
+        "seq_length",
+        "step_s_median",
+        "optim_s_median",
+        "hardware_name",
+    ]
     with (tmp_path / "results.csv").open("w") as f:
         f.write(",".join(cols) + "\n")
         f.write(f"h200/qwen3_30b_a3b_slice_muon_1gpu,ok,ours,muon,2,8,4096,{pred.step_time_s * 1.25},,h200\n")
@@ -232,8 +311,12 @@ def test_h200_comparison_reads_run_records(tmp_path) -> None:
     pred = predict(cfg, "published")
     run = tmp_path / "runs" / "a"
     run.mkdir(parents=True)
-    rec = {"status": "ok", "run_id": "a", "config": as_dict(cfg),
-           "summary": {"step_s_median": pred.step_time_s / 0.95, "optim_s_median": None}}
+    rec = {
+        "status": "ok",
+        "run_id": "a",
+        "config": as_dict(cfg),
+        "summary": {"step_s_median": pred.step_time_s / 0.95, "optim_s_median": None},
+    }
     (run / "run.json").write_text(json.dumps(rec))
     rows = h200.comparisons(tmp_path)
     assert len(rows) == 1 and rows[0]["step_rel_error"] == pytest.approx(-0.05)

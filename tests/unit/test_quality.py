@@ -18,7 +18,9 @@ def prepared(tmp_path_factory):
     corpus = data.stdlib_corpus()
     tok = data.train_tokenizer(corpus, 512)
     train = data.encode_split(corpus, tok, "train")
-    val = data.fixed_val_batches(data.encode_split(corpus, tok, "val"), batch_size=4, seq_len=32, num_batches=2)
+    val = data.fixed_val_batches(
+        data.encode_split(corpus, tok, "val"), batch_size=4, seq_len=32, num_batches=2
+    )
     yield tok, train, val
     mp.undo()
 
@@ -69,8 +71,18 @@ def test_crossing_interpolates() -> None:
 def test_ten_step_smoke_per_optimizer(name: str, prepared) -> None:
     """10 steps of the proxy with each optimizer: finite losses, a validation point, a loss drop."""
     tok, train, val = prepared
-    cfg = run.parse_cli(["steps=10", "eval_every=5", "seq_len=32", "batch_size=4", "hidden_size=32",
-                         "vocab_size=512", "val_batches=2", f"optimizers={name}"])
+    cfg = run.parse_cli(
+        [
+            "steps=10",
+            "eval_every=5",
+            "seq_len=32",
+            "batch_size=4",
+            "hidden_size=32",
+            "vocab_size=512",
+            "val_batches=2",
+            f"optimizers={name}",
+        ]
+    )
     out = run.train_one(name, 3e-3, cfg, train, val, tok.get_vocab_size(), lambda _: None)
     assert out["status"] == "ok"
     assert [p["step"] for p in out["curve"]] == [5, 10]

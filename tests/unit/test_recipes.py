@@ -39,8 +39,13 @@ OPTIMIZER_VARIANTS = [
     ["optimizer=muon"],
     ["optimizer=mop"],
     ["optimizer=soap_rekls"],
-    ["optimizer=soap_rekls", "optimizer.implementation=megatron", "optimizer.use_eigh=false",
-     "optimizer.grad_sync=all_reduce", "optimizer.assignment=ping_pong_numel"],
+    [
+        "optimizer=soap_rekls",
+        "optimizer.implementation=megatron",
+        "optimizer.use_eigh=false",
+        "optimizer.grad_sync=all_reduce",
+        "optimizer.assignment=ping_pong_numel",
+    ],
 ]
 
 
@@ -85,8 +90,12 @@ def test_unknown_fields_reports_a_renamed_field() -> None:
 # Every recipe, experiment and optimizer route: overrides are real Bridge fields
 # --------------------------------------------------------------------------------------------------------------
 def test_experiments_discovered() -> None:
-    assert {"gb300/kimi_k2_muon", "gb300/kimi_k2_adamw", "gb300/qwen3_30b_a3b_muon",
-            "gb300/qwen3_30b_a3b_adamw"} <= set(EXPERIMENTS)
+    assert {
+        "gb300/kimi_k2_muon",
+        "gb300/kimi_k2_adamw",
+        "gb300/qwen3_30b_a3b_muon",
+        "gb300/qwen3_30b_a3b_adamw",
+    } <= set(EXPERIMENTS)
 
 
 @pytest.mark.parametrize("ab_mode", ["published", "fair"])
@@ -107,15 +116,26 @@ def test_optimizer_routes_are_bridge_fields(experiment: str, variant: list[str])
 @pytest.mark.parametrize("model", ["kimi_k2_tiny", "qwen3_moe_tiny", "kimi_k2_slice", "qwen3_30b_a3b_slice"])
 def test_proxy_models_on_one_gpu(model: str) -> None:
     """The proxies turn a Bridge recipe into a one-GPU smoke run: shapes from our config, no EP dispatcher knobs."""
-    root = _load(f"model={model}", "parallelism=single_gpu", "engine=bridge", "hardware=h200", "precision=bf16",
-                 "optimizer=muon_megatron")
+    root = _load(
+        f"model={model}",
+        "parallelism=single_gpu",
+        "engine=bridge",
+        "hardware=h200",
+        "precision=bf16",
+        "optimizer=muon_megatron",
+    )
     plan = build_plan(root)
     assert unknown_fields(plan) == []
     m = plan.overrides["model"]
     assert (m["num_layers"], m["hidden_size"], m["num_moe_experts"]) == (
-        root.model.num_layers, root.model.hidden_size, root.model.num_experts)
+        root.model.num_layers,
+        root.model.hidden_size,
+        root.model.num_experts,
+    )
     assert m["expert_model_parallel_size"] == 1 and "moe_flex_dispatcher_backend" not in m
-    assert plan.precision_preset == "bf16_mixed" and "fp8_param_gather" not in plan.overrides["mixed_precision"]
+    assert (
+        plan.precision_preset == "bf16_mixed" and "fp8_param_gather" not in plan.overrides["mixed_precision"]
+    )
 
 
 @pytest.mark.parametrize("family", sorted(MODEL_RECIPES))
@@ -137,7 +157,9 @@ def _mb_kimi_layout(pp: int, vp: int) -> list[list[str]]:
     """MB's own `_get_kimi_k2_pipeline_layout`, executed from its source (plain Python, no imports)."""
     path = Path(str(F._module_path("megatron.bridge.recipes.kimi.h100.kimi_k2")))
     tree = ast.parse(path.read_text())
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_get_kimi_k2_pipeline_layout")
+    fn = next(
+        n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_get_kimi_k2_pipeline_layout"
+    )
     fn.returns = None
     for a in fn.args.args:
         a.annotation = None
@@ -154,8 +176,12 @@ def test_kimi_k2_layout_matches_published() -> None:
     par, m = root.parallelism, _plan("experiment=gb300/kimi_k2_muon").overrides["model"]
     assert (par.world_size, par.nodes, par.gpus_per_node) == (256, 64, 4)
     assert par.tp * par.pp * par.dp * par.cp == 256 and par.dp == 64 and par.expert_dp == 1
-    assert (m["tensor_model_parallel_size"], m["pipeline_model_parallel_size"],
-            m["virtual_pipeline_model_parallel_size"], m["expert_model_parallel_size"]) == (1, 4, 4, 64)
+    assert (
+        m["tensor_model_parallel_size"],
+        m["pipeline_model_parallel_size"],
+        m["virtual_pipeline_model_parallel_size"],
+        m["expert_model_parallel_size"],
+    ) == (1, 4, 4, 64)
     train = _plan("experiment=gb300/kimi_k2_muon").overrides["train"]
     assert (train["micro_batch_size"], train["global_batch_size"]) == (2, 4096)
     assert par.grad_accum == 32
@@ -171,7 +197,11 @@ def test_qwen3_layout_matches_published() -> None:
     par = _load("experiment=gb300/qwen3_30b_a3b_muon").parallelism
     assert (par.world_size, par.dp, par.ep, par.expert_dp) == (8, 8, 8, 1)
     assert m["virtual_pipeline_model_parallel_size"] is None and m["pipeline_model_parallel_layout"] is None
-    assert (m["expert_model_parallel_size"], train["micro_batch_size"], train["global_batch_size"]) == (8, 8, 512)
+    assert (m["expert_model_parallel_size"], train["micro_batch_size"], train["global_batch_size"]) == (
+        8,
+        8,
+        512,
+    )
     assert m["moe_layer_freq"] == 1 and m["num_moe_experts"] == 128
 
 
@@ -184,17 +214,34 @@ def test_kimi_published_model_and_muon_settings() -> None:
     m, opt = o["model"], o["optimizer"]
     assert (m["recompute_granularity"], m["recompute_modules"]) == ("selective", ["mla_up_proj"])
     assert (m["moe_token_dispatcher_type"], m["moe_flex_dispatcher_backend"], m["moe_hybridep_num_sms"]) == (
-        "flex", "hybridep", 32)
+        "flex",
+        "hybridep",
+        32,
+    )
     assert m["moe_router_force_load_balancing"] is True and m["qk_clip"] is False
     assert opt["optimizer"] == "dist_muon" and opt["use_distributed_optimizer"] is False
-    assert (opt["muon_momentum"], opt["muon_nesterov"], opt["muon_scale_mode"], opt["muon_fp32_matmul_prec"],
-            opt["muon_num_ns_steps"], opt["muon_coefficient_type"], opt["muon_tp_mode"]) == (
-        0.95, True, "spectral", "medium", 5, "quintic", "blockwise")
+    assert (
+        opt["muon_momentum"],
+        opt["muon_nesterov"],
+        opt["muon_scale_mode"],
+        opt["muon_fp32_matmul_prec"],
+        opt["muon_num_ns_steps"],
+        opt["muon_coefficient_type"],
+        opt["muon_tp_mode"],
+    ) == (0.95, True, "spectral", "medium", 5, "quintic", "blockwise")
     assert (opt["lr"], opt["min_lr"], opt["clip_grad"], o["scheduler"]["start_weight_decay"]) == (
-        3e-4, 3e-5, 1.0, 0.033)
+        3e-4,
+        3e-5,
+        1.0,
+        0.033,
+    )
     adam = _plan("experiment=gb300/kimi_k2_adamw").overrides["optimizer"]
     assert (adam["optimizer"], adam["use_distributed_optimizer"], adam["adam_beta2"], adam["adam_eps"]) == (
-        "adam", True, 0.95, 1e-8)
+        "adam",
+        True,
+        0.95,
+        1e-8,
+    )
 
 
 def test_benchmark_policy() -> None:
@@ -210,8 +257,12 @@ def test_benchmark_policy() -> None:
     assert indexed.overrides["dataset"]["blend"] == (["/data/pile_text_document"], None)
 
 
-_AB = [("ddp", "overlap_param_gather"), ("optimizer", "overlap_param_gather"),
-       ("mixed_precision", "fp8_param_gather"), ("mixed_precision", "reuse_grad_buf_for_mxfp8_param_ag")]
+_AB = [
+    ("ddp", "overlap_param_gather"),
+    ("optimizer", "overlap_param_gather"),
+    ("mixed_precision", "fp8_param_gather"),
+    ("mixed_precision", "reuse_grad_buf_for_mxfp8_param_ag"),
+]
 
 
 def _ab_values(plan: Any) -> dict[tuple[str, str], Any]:
@@ -239,16 +290,19 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
     assert plan.metadata["optimizer"]["not_applied"]["grad_sync"] == "reduce_scatter"
 
 
-@pytest.mark.parametrize(("overrides", "match"), [
-    (["optimizer=mop", "optimizer.implementation=megatron"], "MOP rejects"),
-    (["optimizer=soap_rekls", "optimizer.implementation=megatron"], "use_eigh"),
-    (["optimizer.split_mla=true"], "split_mla"),
-    (["optimizer.tp_mode=distributed_gram"], "tp_mode"),
-    (["optimizer.grad_sync=reduce_scatter"], "grad_sync"),
-    (["optimizer=adamw", "optimizer.implementation=ours"], "AdamW"),
-    (["optimizer.implementation=eo"], "oracle"),
-    (["bench.data=text:/tmp/x.txt"], "bench.data"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["optimizer=mop", "optimizer.implementation=megatron"], "MOP rejects"),
+        (["optimizer=soap_rekls", "optimizer.implementation=megatron"], "use_eigh"),
+        (["optimizer.split_mla=true"], "split_mla"),
+        (["optimizer.tp_mode=distributed_gram"], "tp_mode"),
+        (["optimizer.grad_sync=reduce_scatter"], "grad_sync"),
+        (["optimizer=adamw", "optimizer.implementation=ours"], "AdamW"),
+        (["optimizer.implementation=eo"], "oracle"),
+        (["bench.data=text:/tmp/x.txt"], "bench.data"),
+    ],
+)
 def test_unsupported_combinations_raise(overrides: list[str], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _plan("experiment=gb300/kimi_k2_muon", *overrides)
@@ -290,7 +344,8 @@ def test_apply_overrides_sets_values_and_refuses_unknown_fields() -> None:
         apply_overrides(cfg, {"ddp": {"not_a_field": 1}})
     legacy = _Container(optimizer=_LegacyOptimizer(), ddp=DistributedDataParallelConfig())
     assert apply_overrides(legacy, {"optimizer": {"muon_nesterov": True}}) == {
-        "optimizer.muon_nesterov": "muon_use_nesterov"}
+        "optimizer.muon_nesterov": "muon_use_nesterov"
+    }
     assert legacy.optimizer.muon_use_nesterov is True
 
 
@@ -312,12 +367,20 @@ def _mb_env_vars(module: str, function: str) -> dict[str, str]:
     """`cfg.env_vars = {**COMMON_PERF_ENV_VARS, ...}` of an MB perf recipe, read from source."""
     tree = ast.parse(Path(str(F._module_path(module))).read_text())
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
-    target = next(n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
-                  and isinstance(n.targets[0], ast.Attribute) and n.targets[0].attr == "env_vars")
+    target = next(
+        n.value
+        for n in ast.walk(fn)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.targets[0], ast.Attribute)
+        and n.targets[0].attr == "env_vars"
+    )
     assert isinstance(target, ast.Dict)
     common_tree = ast.parse(Path(str(F._module_path("megatron.bridge.perf_recipes.environment"))).read_text())
-    common = next(n.value for n in common_tree.body if isinstance(n, ast.AnnAssign)
-                  and getattr(n.target, "id", "") == "COMMON_PERF_ENV_VARS")
+    common = next(
+        n.value
+        for n in common_tree.body
+        if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "COMMON_PERF_ENV_VARS"
+    )
     out = {str(k): str(v) for k, v in ast.literal_eval(common).items()}
     out |= {ast.literal_eval(k): str(ast.literal_eval(v)) for k, v in zip(target.keys, target.values) if k}
     return out
@@ -327,7 +390,9 @@ def _mb_env_vars(module: str, function: str) -> dict[str, str]:
 def test_kimi_environment_is_mb_perf_recipe_environment(optimizer: str) -> None:
     """launcher.env of the Kimi experiments == env_vars of MB's kimi_k2_pretrain_256gpu_gb300_fp8mx_config."""
     env = _load(f"experiment=gb300/kimi_k2_{optimizer}").launcher.env
-    mb = _mb_env_vars("megatron.bridge.perf_recipes.kimi.gb300.kimi_k2", "kimi_k2_pretrain_256gpu_gb300_fp8mx_config")
+    mb = _mb_env_vars(
+        "megatron.bridge.perf_recipes.kimi.gb300.kimi_k2", "kimi_k2_pretrain_256gpu_gb300_fp8mx_config"
+    )
     assert dict(env) == mb
 
 

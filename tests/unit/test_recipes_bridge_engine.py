@@ -32,8 +32,19 @@ def _fake_pretrain(eng: BridgeEngine, steps: int, log: list[str], *, fail_at: in
                 if i == fail_at:
                     raise RuntimeError(f"CUDA out of memory at step {i}")
                 log.append(f"step{i}")
-                lock.events.put(("step", {"step_s": 1.0 + i, "optim_s": 0.25, "loss": 10.0 - i, "grad_norm": 2.0,
-                                          "skipped": False, "peak_mem_bytes": 123}))
+                lock.events.put(
+                    (
+                        "step",
+                        {
+                            "step_s": 1.0 + i,
+                            "optim_s": 0.25,
+                            "loss": 10.0 - i,
+                            "grad_norm": 2.0,
+                            "skipped": False,
+                            "peak_mem_bytes": 123,
+                        },
+                    )
+                )
                 lock.park()
             log.append("finished")
             lock.events.put(("done", None))

@@ -42,14 +42,20 @@ def test_ours_config_keeps_fields_pickles_and_provides_our_optimizer(bridge_conf
     rb = bridge_config_stub
     base = OptimizerConfig(optimizer="adam", lr=3e-4, min_lr=3e-5, weight_decay=0.033, clip_grad=0.5)
     cfg = rb._ours_optimizer_config(base, MuonSchema(num_ns_steps=6, implementation="ours", split_qkv=False))
-    assert isinstance(cfg, OptimizerConfig) and (cfg.lr, cfg.clip_grad, cfg.weight_decay) == (3e-4, 0.5, 0.033)
+    assert isinstance(cfg, OptimizerConfig) and (cfg.lr, cfg.clip_grad, cfg.weight_decay) == (
+        3e-4,
+        0.5,
+        0.033,
+    )
     assert cfg.muonbench_optimizer["num_ns_steps"] == 6
     assert type(pickle.loads(pickle.dumps(cfg))) is rb.OursOptimizerConfig  # importable by name
 
     seen = {}
 
     def fake_build_ours(chunks, matrix, adamw, routing, *, clip_grad, tp_mode):
-        seen.update(chunks=chunks, matrix=matrix, adamw=adamw, routing=routing, clip_grad=clip_grad, tp_mode=tp_mode)
+        seen.update(
+            chunks=chunks, matrix=matrix, adamw=adamw, routing=routing, clip_grad=clip_grad, tp_mode=tp_mode
+        )
         return "optimizer", []
 
     monkeypatch.setattr(optim.megatron, "build_ours", fake_build_ours)

@@ -31,7 +31,10 @@ def test_wrong_type_fails_at_compose() -> None:
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
-        (["parallelism.world_size=3", "parallelism.gpus_per_node=3", "parallelism.tp=2"], "parallelism.world_size"),
+        (
+            ["parallelism.world_size=3", "parallelism.gpus_per_node=3", "parallelism.tp=2"],
+            "parallelism.world_size",
+        ),
         (["parallelism.ep=3", "parallelism.world_size=6", "parallelism.gpus_per_node=6"], "parallelism.ep"),
         (["parallelism.gbs=7"], "parallelism.gbs"),
         (["parallelism.pp=2", "parallelism.vp=3"], "model.num_layers"),
@@ -39,7 +42,10 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine.device=cuda"], "engine.backend"),
         (["engine.manual_gc=true"], "engine.manual_gc"),
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
-        (["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"], "engine.empty_unused_memory_level"),
+        (
+            ["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"],
+            "engine.empty_unused_memory_level",
+        ),
     ],
 )
 def test_layout_rules_name_field_value_rule(overrides: list[str], field: str) -> None:

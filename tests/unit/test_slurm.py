@@ -35,9 +35,14 @@ def test_kimi_k2_layout_and_environment(tmp_path: Path) -> None:
     assert "--nproc_per_node=4" in text and "world size 256" in text
     assert "--container-image=nvcr.io/nvidia/nemo:26.02" in text and "--container-mounts=" in text
     lines = text.splitlines()
-    for name, value in [("CUDA_DEVICE_MAX_CONNECTIONS", "32"), ("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "64"),
-                        ("NVLINK_DOMAIN_SIZE", "72"), ("NVTE_FWD_LAYERNORM_SM_MARGIN", "20"),
-                        ("NCCL_NVLS_ENABLE", "0"), ("TORCH_NCCL_HIGH_PRIORITY", "1")]:
+    for name, value in [
+        ("CUDA_DEVICE_MAX_CONNECTIONS", "32"),
+        ("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN", "64"),
+        ("NVLINK_DOMAIN_SIZE", "72"),
+        ("NVTE_FWD_LAYERNORM_SM_MARGIN", "20"),
+        ("NCCL_NVLS_ENABLE", "0"),
+        ("TORCH_NCCL_HIGH_PRIORITY", "1"),
+    ]:
         i = lines.index(f"export {name}={value}")
         assert lines[i - 1] == f"# {ENV_DOCS[name]}"  # every variable carries its reason
     assert f"python -m bench.slurm report {tmp_path / 'runs'} gb300_kimi_k2" in text
@@ -64,11 +69,20 @@ def test_injection_attempts_stay_literal(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls.jsonl"
-    _stub(bin_dir, "srun", "python3 -c 'import json,os,sys; print(json.dumps([os.environ.get(\"EVIL\"), "
-                           f"*sys.argv[1:]]))' \"$@\" >> {calls}\n")
+    _stub(
+        bin_dir,
+        "srun",
+        'python3 -c \'import json,os,sys; print(json.dumps([os.environ.get("EVIL"), '
+        f'*sys.argv[1:]]))\' "$@" >> {calls}\n',
+    )
     _stub(bin_dir, "scontrol", "echo node001\n")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_NNODES": "64",
-           "SLURM_JOB_NODELIST": "node[001-064]", "SLURM_JOB_ID": "7"}
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_NNODES": "64",
+        "SLURM_JOB_NODELIST": "node[001-064]",
+        "SLURM_JOB_ID": "7",
+    }
     script = tmp_path / "job.sbatch"
     script.write_text(text)
     subprocess.run(["bash", str(script)], env=env, check=False, cwd=tmp_path)
@@ -82,12 +96,15 @@ def test_injection_attempts_stay_literal(tmp_path: Path) -> None:
     assert envs[0] == f"`touch {marker}`; rm -rf /"  # exported verbatim, never executed
 
 
-@pytest.mark.parametrize(("override", "match"), [
-    ("launcher.partition='a\nb'", "launcher.partition"),
-    ("launcher.account='x y'", "launcher.account"),
-    ("launcher.time_limit='1 hour'", "launcher.time_limit"),
-    ("launcher.container_image=''", "container_image"),
-])
+@pytest.mark.parametrize(
+    ("override", "match"),
+    [
+        ("launcher.partition='a\nb'", "launcher.partition"),
+        ("launcher.account='x y'", "launcher.account"),
+        ("launcher.time_limit='1 hour'", "launcher.time_limit"),
+        ("launcher.container_image=''", "container_image"),
+    ],
+)
 def test_unsafe_directive_values_raise(tmp_path: Path, override: str, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         _script(tmp_path, override)
@@ -100,8 +117,9 @@ def test_env_names_must_be_identifiers(tmp_path: Path) -> None:
         write_sbatch(cfg, tmp_path / "r", ["-m", "bench.worker", str(tmp_path / "r")])
 
 
-def test_submit_dry_run_and_with_sbatch(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_submit_dry_run_and_with_sbatch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = tmp_path / "job.sbatch"
     script.write_text(_script(tmp_path))
     assert submit(script, dry_run=True) is None
@@ -137,6 +155,8 @@ def test_job_end_collects_only_runs_of_its_report(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(collect, "main", lambda argv: calls.append(argv) or 0)
     monkeypatch.setattr(report, "main", lambda argv: calls.append(argv) or 0)
     assert collect_and_report(tmp_path, "gb300_kimi_k2") == 0
-    assert calls == [["--runs", str(tmp_path / "a"), str(tmp_path / "b"), "--name", "gb300_kimi_k2"],
-                     ["--name", "gb300_kimi_k2"]]
+    assert calls == [
+        ["--runs", str(tmp_path / "a"), str(tmp_path / "b"), "--name", "gb300_kimi_k2"],
+        ["--name", "gb300_kimi_k2"],
+    ]
     assert collect_and_report(tmp_path, "missing") == 2

@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_plain_pytest_collects_tests_dist() -> None:
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     collected = [line for line in out.stdout.splitlines() if line.startswith("tests/dist/")]
     on_disk = sorted(p.name for p in (ROOT / "tests" / "dist").glob("test_*.py"))
     assert on_disk, "tests/dist has no test files"
