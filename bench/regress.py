@@ -100,18 +100,26 @@ def _num(text: str) -> float | None:
     return None if math.isnan(v) else v
 
 
-def check_metric(run_id: str, metric: str, golden: str, now: str, tolerance: float) -> Check:
-    """Compare one metric; beyond `tolerance` in the bad direction is a regression, in the good one a gain."""
+def check_metric(
+    run_id: str, metric: str, golden: str, now: str, tolerance: float, min_delta_s: float = 0.0
+) -> Check:
+    """Compare one metric; beyond `tolerance` in the bad direction is a regression, in the good one a gain. A time
+    metric (`*_s_median`) that moved by less than `min_delta_s` seconds is within noise whatever its relative change
+    (a 15 ms wobble of a 0.1 s AdamW step is 15%)."""
     g, n = _num(golden), _num(now)
     if g is None or n is None or g == 0:
         return Check(run_id=run_id, metric=metric, golden=g, now=n, change=None, verdict="n/a")
     change = (n - g) / g
     worse = change if METRICS[metric] else -change
     verdict = "regression" if worse > tolerance else "suspicious gain" if worse < -tolerance else "ok"
+    if metric.endswith("_s_median") and abs(n - g) < min_delta_s:
+        verdict = "ok"
     return Check(run_id=run_id, metric=metric, golden=g, now=n, change=change, verdict=verdict)
 
 
-def compare(results: list[Row], golden: list[Row], *, tolerance: float = 0.05) -> Comparison:
+def compare(
+    results: list[Row], golden: list[Row], *, tolerance: float = 0.05, min_delta_s: float = 0.0
+) -> Comparison:
     """Match each ok results row to its golden row by `KEY` and check the four metrics."""
     by_key = {key_of(g): g for g in golden}
     out = Comparison(checks=[], flagged=[], no_golden=[], failed=[])
@@ -123,7 +131,7 @@ def compare(results: list[Row], golden: list[Row], *, tolerance: float = 0.05) -
         if gold is None:
             out.no_golden.append(row)
             continue
-        checks = [check_metric(row["run_id"], m, gold[m], row[m], tolerance) for m in METRICS]
+        checks = [check_metric(row["run_id"], m, gold[m], row[m], tolerance, min_delta_s) for m in METRICS]
         out.checks.extend(checks)
         if any(c.verdict in FLAGS for c in checks):
             out.flagged.append((row, gold))
@@ -241,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--golden", type=Path, required=True, help="reports/golden/<file>.csv")
     cp.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance (default 0.05)")
     cp.add_argument("--warn-only", action="store_true", help="print flagged rows but exit 0")
+    cp.add_argument(
+        "--min-delta-s",
+        type=float,
+        default=0.02,
+        help="time metrics that moved by less than this many seconds are not flagged (default 0.02)",
+    )
     bp.add_argument("--runs", nargs="+", metavar="RUN_ID", help="run_ids to bless (default: every ok row)")
     args = ap.parse_args(argv)
     try:
@@ -254,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     except RegressError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    cmp = compare(results, golden, tolerance=args.tolerance)
+    cmp = compare(results, golden, tolerance=args.tolerance, min_delta_s=args.min_delta_s)
     print(render(cmp, results_path=args.results, golden_path=args.golden, tolerance=args.tolerance))
     return 1 if cmp.flagged and not args.warn_only else 0
 

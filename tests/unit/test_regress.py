@@ -171,3 +171,29 @@ def test_committed_h200_golden_rows():
         "callC_qflops_muon_ours_gc",
         "callD_qflops_muon_ours_empty1",
     }
+
+
+def test_small_time_changes_below_the_floor_are_noise(tmp_path, capsys):
+    """Localises a flat relative tolerance on a small time: a 15 ms wobble of a 0.1 s optimizer step (15%) is not
+    flagged under the default 20 ms floor, and is with --min-delta-s 0."""
+    base = _row("base") | {"optim_s_median": 0.100}
+    gold = tmp_path / "g.csv"
+    assert (
+        regress.main(["bless", "--results", str(_write(tmp_path / "b.csv", [base])), "--golden", str(gold)])
+        == 0
+    )
+    now = [_row("now") | {"optim_s_median": 0.115}]
+    assert _compare(tmp_path, gold, now) == 0
+    assert "| now | optim_s_median | 0.1 | 0.115 | +15.00 | ok |" in capsys.readouterr().out
+    assert _compare(tmp_path, gold, now, "--min-delta-s", "0") == 1
+    assert "**regression**" in capsys.readouterr().out
+
+
+def test_committed_golden_noise_floor_keeps_call_a_adamw_ok():
+    """Call A's AdamW optimizer step is 15 ms (16%) above call B's golden one: noise under the default floor."""
+    results = regress.read_rows(
+        REPO / "reports/megatron_h200_flops_202611/results.csv", regress.RESULTS_NEEDED
+    )
+    golden = regress.read_rows(REPO / "reports/golden/h200.csv", regress.GOLDEN_NEEDED)
+    cmp = regress.compare(results, golden, min_delta_s=0.02)
+    assert not cmp.flagged
