@@ -9,9 +9,11 @@ gradients. On CPU each dimension is multiplied by `scale` (default 1/16, experts
 per-parameter work is represented); on CUDA the default scale is 1 (full shapes). Implementations:
 
 - `adamw_foreach`: torch.optim.AdamW(foreach=True), the memory-bound reference.
-- `optim_muon`: optim.Muon (EO v0.3.0 defaults, lr 1e-4).
+- `optim_muon`: optim.Muon (EO v0.3.0 defaults, lr 1e-4; on CUDA its fused step path, `MuonConfig.fused_step`).
 - `optim_muon_no_ns`: optim.Muon with its orthogonalization replaced by the identity: everything of the step
   except Newton-Schulz (momentum, finite check, stacking, scaling, weight decay, update).
+- `optim_muon_unfused`, `optim_muon_unfused_no_ns`: the same with `fused_step=False` (the multi-tensor torch path;
+  on CPU `fused_step` has no effect, the fused path needs CUDA, so both pairs time the same code there).
 - `optim_mop_pe`: optim.MOP with polar_method="polar_express".
 - `eo_muon`: emerging-optimizers 0.3.0 Muon (when installed; loops over parameters).
 
@@ -29,7 +31,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-IMPLS = ("adamw_foreach", "optim_muon", "optim_muon_no_ns", "optim_mop_pe", "eo_muon")
+IMPLS = (
+    "adamw_foreach",
+    "optim_muon",
+    "optim_muon_no_ns",
+    "optim_muon_unfused",
+    "optim_muon_unfused_no_ns",
+    "optim_mop_pe",
+    "eo_muon",
+)
 
 
 def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
@@ -47,8 +57,8 @@ def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
     from optim import MOP, Muon, MuonConfig
     from optim.configs import MOPConfig
 
-    def no_ns(ps: list[Any]) -> Any:
-        opt = Muon(ps, MuonConfig(lr=1e-4))
+    def no_ns(ps: list[Any], fused: bool = True) -> Any:
+        opt = Muon(ps, MuonConfig(lr=1e-4, fused_step=fused))
         opt._orthogonalize = lambda x: (x, None)
         return opt
 
@@ -56,6 +66,8 @@ def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
         "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True),
         "optim_muon": lambda ps: Muon(ps, MuonConfig(lr=1e-4)),
         "optim_muon_no_ns": no_ns,
+        "optim_muon_unfused": lambda ps: Muon(ps, MuonConfig(lr=1e-4, fused_step=False)),
+        "optim_muon_unfused_no_ns": lambda ps: no_ns(ps, fused=False),
         "optim_mop_pe": lambda ps: MOP(ps, MOPConfig(lr=1e-4, polar_method="polar_express")),
     }
     try:
