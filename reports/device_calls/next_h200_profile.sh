@@ -3,7 +3,8 @@
 # built-in's (reports/megatron_h200_flops_202611)? One profiled step per case on the 64-sequence Qwen3 slice
 # (16 micro-batches; the FLOP-matched slice's 82 would make a very large trace): per-phase kernel time vs wall time
 # (profile_step4.json in each run directory). A larger fwd_bwd gap_s for ours = the host is late (launch gaps, host
-# syncs); a larger fwd_bwd kernel_s = the GPU ran the same work slower. Run from the repo root, .whl_megatron carried.
+# syncs); a larger fwd_bwd kernel_s = the GPU ran the same work slower. Run from the repo root, .whl_megatron carried,
+# as `MUONBENCH_GIT_SHA=<short sha> bash reports/device_calls/next_h200_profile.sh`.
 set -u
 source reports/device_calls/device_env.sh
 Q="experiment=h200/qwen3_30b_a3b_slice_muon_1gpu bench.steps=4 bench.warmup_steps=1"
@@ -12,3 +13,8 @@ python3 -m bench.engines.megatron_bench --out /tmp/runs --profile --case-timeout
     > "$OUT/mg/profile.log" 2>&1
 tar czf "$OUT/mg/runs.tgz" -C /tmp runs
 grep -h "profiled step\|kernels\|\] ok" "$OUT/mg/profile.log"
+# The standalone layer step, fused vs unfused Muon (the engine measured the fused path only inside Megatron).
+timeout 120 python3 -m bench.optim_step device=cuda format=md \
+    impls=adamw_foreach,optim_muon,optim_muon_no_ns,optim_muon_unfused,optim_muon_unfused_no_ns,eo_muon \
+    > "$OUT/optim_step.md" 2>&1
+tail -12 "$OUT/optim_step.md"
