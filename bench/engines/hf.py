@@ -172,10 +172,7 @@ class HFEngine(Engine):
                 f"layerwise: whole matrices per rank ({opt.assignment}), grad {opt.grad_sync}, "
                 f"param all-gather{' overlapped with forward' if opt.overlap_param_gather else ''}"
             )
-            self.layerwise._clip = self.phases.wrap(self.layerwise._clip, "clip")
-            for d in self.layerwise.domains:
-                for method in ("sync_grads", "start_gather", "finish_gather"):
-                    setattr(d, method, self.phases.wrap(getattr(d, method), "comm"))
+            self.layerwise.instrument(self.phases.wrap)
         self.scheduler = (
             None
             if self.inner is None
@@ -206,7 +203,7 @@ class HFEngine(Engine):
             def count(x: torch.Tensor) -> float:
                 return ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])  # x: (B, m, n)
 
-            matrix._orthogonalize = self.phases.wrap(matrix._orthogonalize, "ns", count=count)
+            matrix.instrument(lambda fn, phase: self.phases.wrap(fn, phase, count=count))
             self.ns_timed = True
         if "adamw" in subs:
             subs["adamw"].step = self.phases.wrap(subs["adamw"].step, "adamw")

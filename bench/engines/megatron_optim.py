@@ -128,14 +128,11 @@ def _time_ours(opt: Any, timer: Any, k: int) -> None:
 
     for inner in _inner(opt):
         if isinstance(inner, OrthogonalizedOptimizer):
+            # TP shards count the FLOPs of the local shape: what distributed NS computes, less than duplicated
             count = (
                 (lambda x, **kw: ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])) if k else None
             )
-            inner._orthogonalize = timer.wrap(inner._orthogonalize, "ns", count=count)
-            if (
-                inner.tp
-            ):  # TP shards (FLOPs of the local shape: what distributed NS computes, less than duplicated)
-                inner._orthogonalize_tp = timer.wrap(inner._orthogonalize_tp, "ns", count=count)
+            inner.instrument(lambda fn, phase, count=count: timer.wrap(fn, phase, count=count))
 
 
 def _time_megatron_muon(opt: Any, timer: Any, k: int) -> None:

@@ -426,6 +426,14 @@ class LayerWiseDistributedOptimizer:
         if not self.config.overlap_param_gather:
             self.finish_param_sync()
 
+    def instrument(self, wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
+        """Route this optimizer's phases through `wrap(fn, phase)` (a timer, a profiler range): gradient clipping
+        as "clip", every domain's gradient sync and parameter all-gather (start and finish) as "comm". Once."""
+        self._clip = wrap(self._clip, "clip")  # type: ignore[method-assign]
+        for d in self.domains:
+            for method in ("sync_grads", "start_gather", "finish_gather"):
+                setattr(d, method, wrap(getattr(d, method), "comm"))
+
     def _clip(self) -> None:
         sq = sum((d.owned_sq_norm() for d in self.domains), torch.zeros((), device=self.domains[0].device))
         if self.norm_group is not None and dist.is_initialized():

@@ -141,6 +141,14 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         """(B, m, n), m <= n -> (orthogonalized stack, optional per-matrix scale of shape (B,))."""
         raise NotImplementedError
 
+    def instrument(self, wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
+        """Route every orthogonalization call through `wrap(fn, "ns")` (a timer, a profiler range): the batched
+        whole-matrix and fused-bucket calls (`fn(x)`, x the (B, r, c) stack) and the TP-shard calls (`fn(x, *,
+        mode, spec, shard_sizes)`). Once."""
+        self._orthogonalize = wrap(self._orthogonalize, "ns")  # type: ignore[method-assign]
+        if self.tp:
+            self._orthogonalize_tp = wrap(self._orthogonalize_tp, "ns")  # type: ignore[method-assign]
+
     def _tp_ns_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of `tp_newton_schulz` besides mode, dim, group and shard sizes."""
         raise NotImplementedError(f"{type(self).__name__} does not support tensor-parallel parameters")

@@ -212,8 +212,19 @@ def _check_clip(rank: int, ws: int) -> None:
         model.named_parameters(), factory, dp_group=dist.group.WORLD, config=cfg
     )
     ref_opt = factory(list(ref_model.named_parameters()))
+    seen: list[str] = []
+
+    def record(fn, phase):  # type: ignore[no-untyped-def]
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            seen.append(phase)
+            return fn(*args, **kwargs)
+
+        return call
+
+    opt.instrument(record)  # the public timing hook the engines use: must not change the step
     set_local_grads(model, 0, rank, ws)
     opt.step()
+    assert seen.count("clip") == 1 and "comm" in seen, seen
     micro = micro_grads(0)
     grads = {n: torch.stack([g[n] for g in micro]).mean(0) for n in SHAPES}
     total = torch.sqrt(sum(g.square().sum() for g in grads.values()))

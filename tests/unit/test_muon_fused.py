@@ -172,3 +172,32 @@ def test_fused_step_false_never_fuses(monkeypatch):
     assert Muon([torch.zeros(4, 4)], MuonConfig(fused_step=False))._fused_available() is False
     assert Muon([torch.zeros(4, 4)], MuonConfig(fused_step=True))._fused_available() is True
     assert Muon([torch.zeros(4, 4)], MuonConfig(ns_precision="fp32"))._fused_available() is False
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_instrument_sees_every_orthogonalize_call(monkeypatch, fused):
+    """The public timing hook wraps each batched call (unfused shape groups or fused buckets) and changes nothing."""
+    cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1)
+    ref, _, _ = _run(monkeypatch, fused, cfg, steps=1)
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: fused)
+    ps = [p.clone().requires_grad_(True) for p in _params(SHAPES)]
+    opt = Muon([{"params": ps[:2], "lr": 0.02}, {"params": ps[2:], "lr": 0.01, "weight_decay": 0.0}], cfg)
+    seen: list[tuple[str, tuple[int, ...]]] = []
+
+    def wrap(fn, phase):
+        def call(x, *a, **k):
+            seen.append((phase, tuple(x.shape)))
+            return fn(x, *a, **k)
+
+        return call
+
+    opt.instrument(wrap)
+    for p, g in zip(ps, _grads(SHAPES, 0), strict=True):
+        p.grad = g
+    opt.step()
+    # unfused: one call per oriented shape over both groups (16x24 x3 incl. the transposed 24x16; 8x8; 12x32);
+    # fused: one per (group, shape) bucket
+    want = 5 if fused else 3
+    assert len(seen) == want and {ph for ph, _ in seen} == {"ns"}, seen
+    for p, r in zip(ps, ref, strict=True):
+        torch.testing.assert_close(p, r, rtol=0, atol=0)
