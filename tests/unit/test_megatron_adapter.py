@@ -534,3 +534,28 @@ def test_bench_driver_isolates_cases_and_keeps_going(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[a] killed after 0 s" in out and "[b] killed after 0 s" in out
     assert "all cases done" in out
+
+
+def test_engine_times_ours_through_the_public_hook():
+    """bench.engines.megatron_optim._time_ours finds our optimizer inside Megatron-style wrappers and times every
+    NS call with its plain FLOPs (the engine's NS columns), through OrthogonalizedOptimizer.instrument."""
+    from types import SimpleNamespace
+
+    from bench.engines.megatron_optim import _time_ours
+    from bench.timing import PhaseTimer, ns_flops_plain
+    from optim import Muon, MuonConfig
+
+    ps = [torch.randn(8, 12, requires_grad=True), torch.randn(12, 8, requires_grad=True)]
+    muon = Muon(ps, MuonConfig(ns_precision="fp32"))
+    wrapped = SimpleNamespace(
+        chained_optimizers=[SimpleNamespace(optimizer=muon)]
+    )  # ChainedOptimizer(Float16(..))
+    timer = PhaseTimer(cuda=False)
+    _time_ours(wrapped, timer, 5)
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    timer.reset()
+    muon.step()
+    phases = timer.collect()
+    assert phases["ns"] > 0
+    assert timer.counters["ns_flops"] == ns_flops_plain(8, 12, 5, batch=2)  # one batched call, both matrices
