@@ -72,6 +72,7 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
     from bench import config, record
     from bench.engines.base import RankInfo
     from bench.engines.megatron import MegatronEngine
+    from bench.worker import reduce_metrics  # the same steps.jsonl row as a bench.worker run
 
     cfg = config.load(overrides)
     run_dir = root / name
@@ -87,27 +88,14 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
     log = record.StepLog(run_dir)
     engine = MegatronEngine()
     try:
-        engine.setup(cfg, RankInfo(rank=0, world_size=1, local_rank=0))
+        rank = RankInfo(rank=0, world_size=1, local_rank=0)
+        engine.setup(cfg, rank)
         record.update_run_json(
             run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()}
         )
         for i in range(cfg.bench.steps):
             m = engine.step()
-            row = {
-                "step": i,
-                "warmup": i < cfg.bench.warmup_steps,
-                "step_s": m.step_s,
-                "fwd_bwd_s": m.fwd_bwd_s,
-                "optim_s": m.optim_s,
-                "ns_s": m.ns_s,
-                "comm_s": m.comm_s,
-                "tokens": m.tokens,
-                "loss": m.loss,
-                "peak_mem_bytes": m.peak_mem_bytes,
-                "ns_flops": m.ns_flops,
-                "grad_norm": m.extra.get("grad_norm"),
-                "alloc_retries": m.extra.get("alloc_retries"),
-            }
+            row = {"step": i, "warmup": i < cfg.bench.warmup_steps, **reduce_metrics(m, rank, None)}
             log.write(row)
             print(
                 f"[{name}] step {i} {m.step_s * 1e3:.0f} ms (fb {m.fwd_bwd_s * 1e3:.0f}, opt {m.optim_s * 1e3:.0f},"

@@ -283,7 +283,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         amax = torch._foreach_norm([p.grad for p in params], float("inf"))  # type: ignore[misc]
         finite = torch.isfinite(torch.stack(amax)).tolist()  # one host sync
         flags = dict(zip((id(p) for p in params), finite, strict=True))
-        names = param_names(self.param_groups)
+        names = param_names(self.param_groups) if not all(finite) else {}  # only events need names
         events = []
         buckets: dict[tuple[int, tuple[int, ...]], tuple[dict[str, Any], list[torch.Tensor]]] = {}
         for group in self.param_groups:
@@ -316,6 +316,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             [torch.isfinite(torch.stack(torch._foreach_norm([x for _, _, x in packed], float("inf")))).all()]
         )
         if not all(ok):
+            names = param_names(self.param_groups)
             raise NonFiniteError(
                 [(names[id(p)], self.state[p]["step"], "momentum") for _, ps, _ in packed for p in ps]
             )
