@@ -8,7 +8,11 @@ result and the capture; `summarize(events, phase_wall_s)` turns the capture's ev
   the phase's wall time from the engine's CUDA events, and their difference, the time the GPU waited on the host
   (launch gaps, host syncs, Python) as far as one stream goes; `gpu_span_s` is the range's own GPU-side annotation
   where the profiler records one;
-- the top kernels of the step by total device time (name, calls, ms).
+- the top kernels of the step by total device time (name, calls, ms);
+- `timeline`: where kernel events carry start/end times (torch.profiler's do), per phase window (the range's
+  GPU-side annotation) the GPU's busy and idle time, idle gaps by size class, the largest gaps with the kernels on
+  either side, and the phase's top kernels: a forward-backward that is slower with the same kernels shows up as
+  idle time here, one with slower kernels in its kernel table.
 
 Two runs of the same model with different optimizers then show whether a forward-backward difference is kernel
 time (the GPU ran slower) or gaps (the host was late). `write(run_dir, step, summary)` stores it as
@@ -92,12 +96,84 @@ def summarize(events: Iterable[Any], phase_wall_s: dict[str, float] | None = Non
         wall = phase_wall_s.get(ph)
         cur["wall_s"] = wall
         cur["gap_s"] = None if wall is None else wall - float(cur["kernel_s"] or 0.0)
-    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
     return {
         "phases": phases,
         "kernel_total_s": kernel_total_us / 1e6,
-        "top_kernels": [{"name": n[:160], "calls": len(ts), "total_ms": sum(ts) / 1e3} for n, ts in top],
+        "top_kernels": _top(kernels),
+        "timeline": timeline(events),
     }
+
+
+def _top(kernels: dict[str, list[float]], n: int = TOP_KERNELS) -> list[dict[str, Any]]:
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:n]
+    return [{"name": k[:160], "calls": len(ts), "total_ms": sum(ts) / 1e3} for k, ts in top]
+
+
+GAP_CLASSES_US = (10.0, 100.0, 1000.0)
+TOP_GAPS = 15
+
+
+def _span(ev: Any) -> tuple[float, float] | None:
+    tr = getattr(ev, "time_range", None)
+    if tr is None:
+        return None
+    return float(tr.start), float(tr.end)
+
+
+def timeline(events: Iterable[Any]) -> dict[str, Any]:
+    """Per phase window (GPU-side annotation `muonbench/<phase>` on the device): busy (union of kernel intervals)
+    and idle seconds, idle time per gap class (< 10 us, < 100 us, < 1 ms, >= 1 ms), the `TOP_GAPS` largest gaps with
+    their neighbouring kernels, and the phase's top kernels. Empty where events carry no times (CPU-only runs)."""
+    windows: dict[str, list[tuple[float, float]]] = {}
+    ks: list[tuple[float, float, str]] = []
+    for ev in events:
+        span = _span(ev)
+        if span is None or not _on_device(ev):
+            continue
+        name = str(ev.name)
+        if name.startswith(PREFIX):
+            windows.setdefault(name[len(PREFIX) :], []).append(span)
+        else:
+            ks.append((span[0], span[1], name))
+    ks.sort()
+    out: dict[str, Any] = {}
+    for ph, spans in windows.items():
+        busy = idle = 0.0
+        classes = [0.0] * (len(GAP_CLASSES_US) + 1)
+        gaps: list[tuple[float, str, str]] = []
+        per_kernel: dict[str, list[float]] = {}
+        for w0, w1 in spans:
+            inside = [k for k in ks if w0 <= k[0] < w1]
+            cur_end, prev = w0, "<phase start>"
+            for k0, k1, name in inside:
+                per_kernel.setdefault(name, []).append(k1 - k0)
+                if k0 > cur_end:
+                    g = k0 - cur_end
+                    idle += g
+                    classes[sum(g >= c for c in GAP_CLASSES_US)] += g
+                    gaps.append((g, prev, name))
+                if k1 > cur_end:
+                    busy += k1 - max(k0, cur_end)
+                    cur_end, prev = k1, name
+            if w1 > cur_end:
+                g = w1 - cur_end
+                idle += g
+                classes[sum(g >= c for c in GAP_CLASSES_US)] += g
+                gaps.append((g, prev, "<phase end>"))
+        gaps.sort(key=lambda g: -g[0])
+        labels = ["lt_10us", "lt_100us", "lt_1ms", "ge_1ms"]
+        out[ph] = {
+            "window_s": sum(b - a for a, b in spans) / 1e6,
+            "busy_s": busy / 1e6,
+            "idle_s": idle / 1e6,
+            "idle_by_gap_s": {lab: v / 1e6 for lab, v in zip(labels, classes, strict=True)},
+            "gaps": len(gaps),
+            "largest_gaps": [
+                {"us": round(g, 1), "after": a[:120], "before": b[:120]} for g, a, b in gaps[:TOP_GAPS]
+            ],
+            "top_kernels": _top(per_kernel, 25),
+        }
+    return out
 
 
 def write(run_dir: str | Path, step: int, summary: dict[str, Any]) -> Path:
@@ -122,5 +198,10 @@ def main_table(summary: dict[str, Any]) -> str:
                 if wall is not None and gap is not None
                 else ""
             )
+        )
+    for ph, t in sorted(summary.get("timeline", {}).items()):
+        rows.append(
+            f"{ph:>8}: GPU window {t['window_s']:.3f} s, busy {t['busy_s']:.3f} s, idle {t['idle_s']:.3f} s "
+            f"({', '.join(f'{k} {v:.3f}' for k, v in t['idle_by_gap_s'].items())})"
         )
     return "\n".join(rows) + "\n" + json.dumps(summary["top_kernels"][:5])

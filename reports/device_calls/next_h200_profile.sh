@@ -8,10 +8,22 @@
 set -u
 source reports/device_calls/device_env.sh
 Q="experiment=h200/qwen3_30b_a3b_slice_muon_1gpu bench.steps=4 bench.warmup_steps=1"
-python3 -m bench.engines.megatron_bench --out /tmp/runs --profile --case-timeout-s 150 \
+# SM clock, power and temperature every 200 ms through the cases (a throttled GPU runs the same kernels slower)
+nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv -lms 200 > "$OUT/mg/smi.csv" 2>&1 &
+SMI=$!
+export MUONBENCH_PROFILE_TRACE=1
+python3 -m bench.engines.megatron_bench --out /tmp/runs --profile --case-timeout-s 240 \
     --case prof_adamw $Q optimizer=adamw --case prof_muon_ours $Q --case prof_muon_megatron $Q optimizer=muon_megatron \
     > "$OUT/mg/profile.log" 2>&1
-tar czf "$OUT/mg/runs.tgz" -C /tmp runs
+kill $SMI
+tar czf "$OUT/mg/runs.tgz" --exclude='trace_step*' -C /tmp runs
+for t in /tmp/runs/*/*/trace_step*.json /tmp/runs/*/trace_step*.json; do
+    [ -f "$t" ] || continue
+    case=$(basename "$(dirname "$t")"); gzip -c "$t" > "$OUT/trace_${case}.json.gz"
+    ls -la "$OUT/trace_${case}.json.gz"
+    [ "$(stat -c %s "$OUT/trace_${case}.json.gz")" -lt 16000000 ] || rm "$OUT/trace_${case}.json.gz"
+done
 grep -h "profiled step\|kernels\|\] ok" "$OUT/mg/profile.log"
 # The standalone layer step, fused vs unfused Muon (the engine measured the fused path only inside Megatron).
 timeout 120 python3 -m bench.optim_step device=cuda format=md \

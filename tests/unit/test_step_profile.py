@@ -57,3 +57,42 @@ def test_summary_splits_kernel_time_per_phase_and_ranks_kernels():
     assert [k["name"] for k in s["top_kernels"]] == ["sm90_xmma_gemm_bf16", "elementwise_kernel"]
     # a phase without a wall time from the engine has no gap
     assert sp.summarize(events)["phases"]["optim"]["gap_s"] is None
+
+
+def _tev(name, dev, start, end):
+    return SimpleNamespace(
+        name=name,
+        device_type=dev,
+        device_time_total=end - start,
+        time_range=SimpleNamespace(start=start, end=end),
+    )
+
+
+def test_timeline_splits_busy_and_idle_per_phase_window():
+    cuda = "DeviceType.CUDA"
+    events = [
+        _tev("muonbench/fwd_bwd", cuda, 0.0, 1000.0),
+        _tev("muonbench/optim", cuda, 1000.0, 1300.0),
+        _tev("gemm", cuda, 5.0, 400.0),  # 5 us idle before it
+        _tev("gemm", cuda, 350.0, 500.0),  # overlaps the first: busy counts the union
+        _tev("elementwise", cuda, 500.0, 560.0),  # starts at 500: no gap
+        _tev("gemm", cuda, 620.0, 990.0),  # 60 us gap before, 10 us idle at the window's end
+        _tev("ns_kernel", cuda, 1100.0, 1300.0),  # 100 us gap at the optim window's start
+        _tev("aten::mm", "DeviceType.CPU", 0.0, 2000.0),  # host op: ignored
+    ]
+    t = sp.timeline(events)
+    fb = t["fwd_bwd"]
+    assert abs(fb["busy_s"] - 925e-6) < 1e-12 and abs(fb["idle_s"] - 75e-6) < 1e-12
+    # 5 us before the first kernel; 60 us mid-window and 10 us at the window's end are in the 10-100 us class
+    assert abs(fb["idle_by_gap_s"]["lt_10us"] - 5e-6) < 1e-12
+    assert abs(fb["idle_by_gap_s"]["lt_100us"] - 70e-6) < 1e-12
+    assert fb["largest_gaps"][0] == {"us": 60.0, "after": "elementwise", "before": "gemm"}
+    assert fb["largest_gaps"][1] == {"us": 10.0, "after": "gemm", "before": "<phase end>"}
+    assert fb["top_kernels"][0]["name"] == "gemm" and fb["top_kernels"][0]["calls"] == 3
+    opt = t["optim"]
+    assert opt["idle_s"] == 100e-6 and opt["idle_by_gap_s"]["lt_1ms"] == 100e-6
+    assert (
+        opt["largest_gaps"][0]["before"] == "ns_kernel" and opt["largest_gaps"][0]["after"] == "<phase start>"
+    )
+    # CPU-only captures (no device events) have no timeline
+    assert sp.timeline([_tev("muonbench/fwd_bwd", "DeviceType.CPU", 0.0, 1.0)]) == {}
