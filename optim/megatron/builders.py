@@ -1,5 +1,7 @@
 """The three optimizer builders (`build_ours`, `build_megatron_muon`, `build_megatron_adamw`) and their helpers:
-Megatron's mixed-precision wrappers around our optimizers, torch fused Adam inside Megatron's optimizers."""
+Megatron's mixed-precision wrappers around our optimizers, torch fused Adam inside Megatron's optimizers. Each
+builder first swaps Megatron's per-tensor multi-tensor fallbacks (no TE / Apex) for foreach kernels
+(`optim.megatron.multi_tensor`), for all three alike."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import torch
 
 from optim.configs import AdamWConfig, MuonConfig, RoutingConfig
 from optim.functional.split import RowSplit
+from optim.megatron import multi_tensor
 from optim.megatron.config import (
     MatrixConfig,
     _matrix_optimizer,
@@ -61,6 +64,7 @@ def build_megatron_adamw(
     """AdamW through Megatron's optimizer factory (DistributedOptimizer when `distributed`), fused kernel."""
     from megatron.core.optimizer import get_megatron_optimizer
 
+    multi_tensor.install()
     config = megatron_optimizer_config(
         optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=distributed
     )
@@ -81,6 +85,7 @@ def build_megatron_muon(
     """Megatron's built-in Muon: TensorParallelMuon (emerging-optimizers) + LayerWiseDistributedOptimizer + Adam."""
     from megatron.core.optimizer import get_megatron_optimizer
 
+    multi_tensor.install()
     if not routing.router_to_matrix or routing.split_mla_kv_down or routing.split_gate_up:
         raise ValueError(
             f"routing={routing}: Megatron's built-in Muon always sends the router to Muon and splits only QKV"
@@ -122,6 +127,7 @@ def build_ours(
     """
     from megatron.core.optimizer import ChainedOptimizer, Float16OptimizerWithFloat16Params, FP32Optimizer
 
+    multi_tensor.install()
     routed = classify(model_chunks, routing)
     groups = process_groups()
     tp = tp_specs(routed, groups, tp_mode)
