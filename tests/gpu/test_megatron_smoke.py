@@ -224,3 +224,24 @@ def test_ours_checkpoint_round_trip():
         assert not bad, f"replayed step-3 update differs (name, cosine): {bad}"
     finally:
         eng.teardown()
+
+
+def test_multi_tensor_foreach_matches_megatrons_fallbacks_on_cuda():
+    """Megatron's grad norm and fp32 -> bf16 param copy give the same results through optim.megatron.multi_tensor."""
+    from megatron.core import utils as mu
+    from megatron.core.optimizer import clip_grads
+
+    from optim.megatron import multi_tensor as mt
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ts = [torch.randn(s, device="cuda", generator=g) for s in ((768, 2048), (7,), (2048, 128), (1, 1))] * 50
+    flag = torch.zeros(1, dtype=torch.int, device="cuda")
+    want = float(mu.local_multi_tensor_l2_norm(0, flag, [ts], False)[0])
+    got = float(mt.l2_norm(0, flag, [ts], False)[0])
+    assert abs(got - want) <= 1e-5 * want
+    mt.install()
+    assert mt.installed()
+    assert abs(clip_grads.get_grad_norm_fp32(ts) - want) <= 1e-5 * want
+    dst = [torch.empty_like(t, dtype=torch.bfloat16) for t in ts]
+    mt.copy_this_to_that(ts, dst)
+    assert all(torch.equal(d, t.to(torch.bfloat16)) for t, d in zip(ts, dst, strict=True))
