@@ -36,3 +36,48 @@ def apply_update_kernel(p_ptrs, upd_ptr, numel, decay, step, BLOCK: tl.constexpr
     p = tl.load(p_ptr + offs, mask=mask)
     u = tl.load(upd_ptr + i.to(tl.int64) * numel + offs, mask=mask).to(tl.float32)
     tl.store(p_ptr + offs, p * decay + step * u, mask=mask)
+
+
+@triton.jit
+def momentum_pack_t_kernel(
+    g_ptrs, b_ptrs, out_ptr, R, C, beta, NESTEROV: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+):
+    """momentum_pack_kernel for an (R, C) parameter whose NS input is stored transposed, (C, R) row-major."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    i = tl.program_id(2)
+    g_ptr = tl.load(g_ptrs + i).to(tl.pointer_type(tl.float32))
+    b_ptr = tl.load(b_ptrs + i).to(tl.pointer_type(tl.float32))
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = pid_c * BC + tl.arange(0, BC)
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    offs = rows[:, None] * C + cols[None, :]
+    g = tl.load(g_ptr + offs, mask=mask)
+    buf = tl.load(b_ptr + offs, mask=mask)
+    buf = buf + (1.0 - beta) * (g - buf)
+    tl.store(b_ptr + offs, buf, mask=mask)
+    if NESTEROV:
+        u = g + beta * (buf - g)
+    else:
+        u = buf
+    t_offs = cols[:, None] * R + rows[None, :]
+    t_mask = (cols[:, None] < C) & (rows[None, :] < R)
+    tl.store(out_ptr + i.to(tl.int64) * R * C + t_offs, tl.trans(u.to(tl.bfloat16)), mask=t_mask)
+
+
+@triton.jit
+def apply_update_t_kernel(p_ptrs, upd_ptr, R, C, decay, step, BR: tl.constexpr, BC: tl.constexpr):
+    """apply_update_kernel for an (R, C) parameter whose update is stored transposed, (C, R) row-major."""
+    pid_r = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    i = tl.program_id(2)
+    p_ptr = tl.load(p_ptrs + i).to(tl.pointer_type(tl.float32))
+    rows = pid_r * BR + tl.arange(0, BR)
+    cols = pid_c * BC + tl.arange(0, BC)
+    t_offs = cols[:, None] * R + rows[None, :]
+    t_mask = (cols[:, None] < C) & (rows[None, :] < R)
+    u = tl.trans(tl.load(upd_ptr + i.to(tl.int64) * R * C + t_offs, mask=t_mask).to(tl.float32))
+    mask = (rows[:, None] < R) & (cols[None, :] < C)
+    offs = rows[:, None] * C + cols[None, :]
+    p = tl.load(p_ptr + offs, mask=mask)
+    tl.store(p_ptr + offs, p * decay + step * u, mask=mask)

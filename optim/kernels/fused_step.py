@@ -6,6 +6,11 @@
 - `apply_update(params, update, lr, weight_decay, scale)`: p <- p (1 - lr wd) - lr scale update[i], decoupled
   weight decay fused; reads the stacked bf16 NS output once.
 
+`transpose=True` (momentum_pack) writes each NS input as (c, r) and `transposed=True` (apply_update) reads each
+update as (c, r): a tall (r > c) matrix is orthogonalized in its wide orientation (Newton-Schulz iterates on the
+short side) without the two strided transpose copies (in and out) that the NS entry and the update would otherwise
+make; 2-D tiles, the transpose through shared memory.
+
 Triton kernels address the separate parameter tensors through a device array of their pointers (grouped-GEMM
 pattern of the Triton tutorials); fp32 tensors only. Anything else (CPU, other dtypes) takes the torch path,
 which is also the test reference.
@@ -43,71 +48,124 @@ def _fast_ok(tensors: Sequence[torch.Tensor]) -> bool:
 
 
 def momentum_pack_torch(
-    grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *, beta: float, nesterov: bool
+    grads: Sequence[torch.Tensor],
+    bufs: Sequence[torch.Tensor],
+    *,
+    beta: float,
+    nesterov: bool,
+    transpose: bool = False,
 ) -> torch.Tensor:
-    """Reference: foreach momentum update, then stack of the NS inputs in bf16."""
+    """Reference: foreach momentum update, then stack of the NS inputs in bf16 ((B, c, r) contiguous when
+    `transpose`)."""
     torch._foreach_lerp_(list(bufs), list(grads), 1.0 - beta)
     src = torch._foreach_lerp(list(grads), list(bufs), beta) if nesterov else list(bufs)
-    return torch.stack(src).to(torch.bfloat16)
+    out = torch.stack(src).to(torch.bfloat16)
+    return out.mT.contiguous() if transpose else out
 
 
 def apply_update_torch(
-    params: Sequence[torch.Tensor], update: torch.Tensor, *, lr: float, weight_decay: float, scale: float
+    params: Sequence[torch.Tensor],
+    update: torch.Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    scale: float,
+    transposed: bool = False,
 ) -> None:
-    """Reference: p <- p (1 - lr wd) - lr scale update[i]."""
+    """Reference: p <- p (1 - lr wd) - lr scale update[i] (update[i].T when `transposed`)."""
     for p, u in zip(params, update.unbind(0), strict=True):
         if weight_decay:
             p.mul_(1.0 - lr * weight_decay)
-        p.add_(u.to(p.dtype), alpha=-lr * scale)
+        p.add_((u.T if transposed else u).to(p.dtype), alpha=-lr * scale)
+
+
+# 2-D tiles of the transposing kernels (rows x cols of the parameter).
+_TILE_R, _TILE_C = 64, 64
 
 
 def momentum_pack(
-    grads: Sequence[torch.Tensor], bufs: Sequence[torch.Tensor], *, beta: float, nesterov: bool
+    grads: Sequence[torch.Tensor],
+    bufs: Sequence[torch.Tensor],
+    *,
+    beta: float,
+    nesterov: bool,
+    transpose: bool = False,
 ) -> torch.Tensor:
-    """See module docstring; grads and bufs: B tensors of one shape (r, c). Returns (B, r, c) bf16."""
-    if not _fast_ok([*grads, *bufs]):
-        return momentum_pack_torch(grads, bufs, beta=beta, nesterov=nesterov)
+    """See module docstring; grads and bufs: B tensors of one shape (r, c). Returns (B, r, c) bf16, or (B, c, r)
+    when `transpose`."""
+    if not _fast_ok([*grads, *bufs]) or (transpose and grads[0].ndim != 2):
+        return momentum_pack_torch(grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose)
     import triton
 
-    from optim.kernels._fused_step_triton import momentum_pack_kernel
+    from optim.kernels._fused_step_triton import momentum_pack_kernel, momentum_pack_t_kernel
 
     nb, numel = len(grads), grads[0].numel()
-    out = torch.empty((nb, *grads[0].shape), dtype=torch.bfloat16, device=grads[0].device)
+    shape = tuple(grads[0].shape)
+    out = torch.empty(
+        (nb, *(shape[::-1] if transpose else shape)), dtype=torch.bfloat16, device=grads[0].device
+    )
     block = 2048
     try:
-        momentum_pack_kernel[(triton.cdiv(numel, block), nb)](
-            _ptrs(grads), _ptrs(bufs), out, numel, float(beta), NESTEROV=nesterov, BLOCK=block, num_warps=8
-        )
+        if transpose:
+            r, c = shape
+            grid = (triton.cdiv(r, _TILE_R), triton.cdiv(c, _TILE_C), nb)
+            momentum_pack_t_kernel[grid](
+                _ptrs(grads), _ptrs(bufs), out, r, c, float(beta),
+                NESTEROV=nesterov, BR=_TILE_R, BC=_TILE_C, num_warps=4,
+            )  # fmt: skip
+        else:
+            momentum_pack_kernel[(triton.cdiv(numel, block), nb)](
+                _ptrs(grads),
+                _ptrs(bufs),
+                out,
+                numel,
+                float(beta),
+                NESTEROV=nesterov,
+                BLOCK=block,
+                num_warps=8,
+            )
     except Exception as e:  # noqa: BLE001 - before any store (compile/launch); recorded, torch path from now on
         TRITON_FAILURE.append(f"momentum_pack: {type(e).__name__}: {str(e)[:300]}")
-        return momentum_pack_torch(grads, bufs, beta=beta, nesterov=nesterov)
+        return momentum_pack_torch(grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose)
     return out
 
 
 def apply_update(
-    params: Sequence[torch.Tensor], update: torch.Tensor, *, lr: float, weight_decay: float, scale: float
+    params: Sequence[torch.Tensor],
+    update: torch.Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    scale: float,
+    transposed: bool = False,
 ) -> None:
-    """See module docstring; update: (B, r, c) with params[i].shape == (r, c)."""
-    if not _fast_ok(params) or update.dtype != torch.bfloat16:
-        apply_update_torch(params, update, lr=lr, weight_decay=weight_decay, scale=scale)
+    """See module docstring; update: (B, r, c) with params[i].shape == (r, c), or (B, c, r) when `transposed`."""
+    if not _fast_ok(params) or update.dtype != torch.bfloat16 or (transposed and params[0].ndim != 2):
+        apply_update_torch(
+            params, update, lr=lr, weight_decay=weight_decay, scale=scale, transposed=transposed
+        )
         return
     import triton
 
-    from optim.kernels._fused_step_triton import apply_update_kernel
+    from optim.kernels._fused_step_triton import apply_update_kernel, apply_update_t_kernel
 
     update = update.contiguous()
     nb, numel = len(params), params[0].numel()
+    decay, step = float(1.0 - lr * weight_decay), float(-lr * scale)
     block = 2048
     try:
-        apply_update_kernel[(triton.cdiv(numel, block), nb)](
-            _ptrs(params),
-            update,
-            numel,
-            float(1.0 - lr * weight_decay),
-            float(-lr * scale),
-            BLOCK=block,
-            num_warps=8,
-        )
+        if transposed:
+            r, c = params[0].shape
+            grid = (triton.cdiv(r, _TILE_R), triton.cdiv(c, _TILE_C), nb)
+            apply_update_t_kernel[grid](
+                _ptrs(params), update, r, c, decay, step, BR=_TILE_R, BC=_TILE_C, num_warps=4
+            )
+        else:
+            apply_update_kernel[(triton.cdiv(numel, block), nb)](
+                _ptrs(params), update, numel, decay, step, BLOCK=block, num_warps=8
+            )
     except Exception as e:  # noqa: BLE001 - see momentum_pack
         TRITON_FAILURE.append(f"apply_update: {type(e).__name__}: {str(e)[:300]}")
-        apply_update_torch(params, update, lr=lr, weight_decay=weight_decay, scale=scale)
+        apply_update_torch(
+            params, update, lr=lr, weight_decay=weight_decay, scale=scale, transposed=transposed
+        )

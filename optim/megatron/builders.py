@@ -125,7 +125,7 @@ def build_ours(
     replaces DDP's gradient all-reduce by its reduce-scatter (blockwise only at TP > 1); without `layerwise`
     every rank steps everything (replicated).
     """
-    from megatron.core.optimizer import ChainedOptimizer, Float16OptimizerWithFloat16Params, FP32Optimizer
+    from megatron.core.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
 
     multi_tensor.install()
     routed = classify(model_chunks, routing)
@@ -157,6 +157,7 @@ def build_ours(
         optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=False
     )
     parts = []
+    targets: list[Any] = []
     if mat_params:
         group = megatron_group(
             mat_params, mat_names, lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
@@ -164,6 +165,8 @@ def build_ours(
         inner = _matrix_optimizer([group], matrix, splits, tp, tp_mode_fn)
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
         _retarget_splits(inner, mat_params)
+        if hasattr(inner, "assume_finite_grads") and _in_main_grad_norm(mat_params):
+            targets.append(inner)
     adam_groups: list[dict[str, Any]] = [
         megatron_group([p for p, _ in ps_], [n for _, n in ps_], lr=adamw.lr, weight_decay=wd, wd_mult=mult)
         for ps_, wd, mult in ((adam_wd[0], adamw.weight_decay, 1.0), (adam_wd[1], 0.0, 0.0))
@@ -181,7 +184,48 @@ def build_ours(
             fused=fused,
         )
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
-    return ChainedOptimizer(parts), [r for _, r in routed]
+    return finite_norm_chain(parts, targets), [r for _, r in routed]
+
+
+def _in_main_grad_norm(params: list[torch.Tensor]) -> bool:
+    """No parameter is in a separate Megatron grad-norm group (those are excluded from the main norm)."""
+    import megatron.core.optimizer.optimizer as mopt
+
+    group_of = getattr(mopt, "_get_param_grad_norm_group", None)
+    separate = getattr(mopt, "_is_separate_grad_norm_group", None)
+    if group_of is None or separate is None:  # megatron-core without grad-norm groups
+        return True
+    return not any(separate(group_of(p)) for p in params)
+
+
+def vouch_finite(norm: Any, targets: list[Any]) -> bool:
+    """Tell each target (`OrthogonalizedOptimizer.assume_finite_grads`) that this step's gradients are finite when
+    Megatron's global gradient norm `norm` is a finite float (a finite 2-norm bounds every element). A tensor norm
+    (Transformer Engine's sync-free path) is not read: that would add the host sync the hint saves."""
+    import math
+
+    if isinstance(norm, int | float) and math.isfinite(norm):
+        for t in targets:
+            t.assume_finite_grads()
+        return True
+    return False
+
+
+def finite_norm_chain(parts: list[Any], targets: list[Any]) -> Any:
+    """Megatron's ChainedOptimizer whose `get_grad_norm` (called by `step()` before any sub-optimizer steps, after
+    the main grads are in place) passes a finite global norm on to our matrix optimizers (`vouch_finite`), so their
+    fused step skips its own gradient screen and host sync."""
+    from megatron.core.optimizer import ChainedOptimizer
+
+    class FiniteNormChain(ChainedOptimizer):  # type: ignore[misc]
+        def get_grad_norm(self) -> Any:
+            norm = super().get_grad_norm()
+            vouch_finite(norm, self.finite_targets)
+            return norm
+
+    chain = FiniteNormChain(parts)
+    chain.finite_targets = list(targets)
+    return chain
 
 
 def _wrap_mixed_precision(inner: torch.optim.Optimizer, config: Any, f16_cls: type, f32_cls: type) -> Any:

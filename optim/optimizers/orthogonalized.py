@@ -125,6 +125,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         self._tp_mode: dict[int, TPMode] = {}
         self._check_tp()
         self.nonfinite_events: list[tuple[str, int, str]] = []
+        self._grads_known_finite = False
         """Every (parameter name, step, "grad" | "momentum") whose update was skipped or raised."""
         for group in self.param_groups:
             for p in group["params"]:
@@ -191,6 +192,12 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 self._tp_mode[pid] = resolve_mode(spec, p, None, names[pid])
                 self.tp_modes[names[pid]] = self._tp_mode[pid].value
 
+    def assume_finite_grads(self) -> None:
+        """The caller has established that every gradient of the coming step is finite (Megatron's wrapper: a finite
+        global gradient norm, which bounds every element); the next `step()` skips the fused path's gradient screen
+        and its host sync. One-shot: consumed by that step. The momentum-overflow check stays."""
+        self._grads_known_finite = True
+
     def _shape_scale(self, rows: int, cols: int) -> float:
         if self.config.scale_mode == "nuclear_norm":
             return float(self.config.extra_scale_factor)
@@ -204,9 +211,10 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         cfg = self.config
+        known_finite, self._grads_known_finite = self._grads_known_finite, False
         fused = self._fused_params()
         if fused:
-            self._fused_step(fused)
+            self._fused_step(fused, grads_known_finite=known_finite)
         # Transient memory: the new momentum (and the Nesterov input) of every parameter until the update.
         entries = self._momentum(skip={id(p) for p in fused})
         if not entries:
@@ -261,17 +269,19 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                     out.append(p)
         return out
 
-    def _fused_step(self, params: list[torch.Tensor]) -> None:
+    def _fused_step(self, params: list[torch.Tensor], *, grads_known_finite: bool = False) -> None:
         """Step `params` with the fused kernels of `optim.kernels.fused_step`, one bucket per (group, shape):
 
         momentum update in place + bf16 NS input in one pass (`momentum_pack`), one `_orthogonalize` call on the
-        (B, r, c) bf16 stack, then p <- p (1 - lr wd) - lr scale O in one pass (`apply_update`). ~24 bytes per
+        (B, r, c) bf16 stack (stored (B, c, r) for tall matrices: the NS runs on the short side without transpose
+        copies), then p <- p (1 - lr wd) - lr scale O in one pass (`apply_update`). ~24 bytes per
         element instead of ~70 through separate foreach, stack, cast, scale and update kernels. Differences from
         the unfused path: the NS input is rounded to bf16 before the Frobenius normalization (the bf16 NS rounds
         it after), and decay and update are one multiply-add (fp32 rounding).
 
         Non-finite handling as the unfused path: gradients are screened first (one host sync, per parameter);
-        a parameter with a NaN/Inf gradient keeps its weight and momentum (skip) or raises. The momentum is
+        a parameter with a NaN/Inf gradient keeps its weight and momentum (skip) or raises; skipped when the caller
+        vouched for the gradients (`assume_finite_grads`). The momentum is
         updated in place, so a momentum that overflows fp32 from finite gradients (screened on the NS input,
         a second sync) cannot be rolled back: that raises `NonFiniteError` whatever the policy."""
         from optim.kernels import fused_step as fs
@@ -280,8 +290,11 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         cfg = self.config
         ids = {id(p) for p in params}
         # max-abs norms: NaN/Inf propagate, and unlike an L1 norm they cannot overflow on finite values
-        amax = torch._foreach_norm([p.grad for p in params], float("inf"))  # type: ignore[misc]
-        finite = torch.isfinite(torch.stack(amax)).tolist()  # one host sync
+        if grads_known_finite:
+            finite = [True] * len(params)
+        else:
+            amax = torch._foreach_norm([p.grad for p in params], float("inf"))  # type: ignore[misc]
+            finite = torch.isfinite(torch.stack(amax)).tolist()  # one host sync
         flags = dict(zip((id(p) for p in params), finite, strict=True))
         names = param_names(self.param_groups) if not all(finite) else {}  # only events need names
         events = []
@@ -308,6 +321,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 [self.state[p]["momentum_buffer"] for p in ps],
                 beta=group["momentum"],
                 nesterov=cfg.nesterov,
+                transpose=ps[0].size(0) > ps[0].size(1),  # NS input in its wide orientation
             )
             packed.append((group, ps, x))
         if not packed:
@@ -328,7 +342,14 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             if mscale is not None:
                 orth = orth * mscale.to(orth.dtype).view(-1, 1, 1)
             wd = group["weight_decay"] if cfg.weight_decay_method == "decoupled" else 0.0
-            fs.apply_update(ps, orth, lr=group["lr"], weight_decay=wd, scale=self._shape_scale(*ps[0].shape))
+            fs.apply_update(
+                ps,
+                orth,
+                lr=group["lr"],
+                weight_decay=wd,
+                scale=self._shape_scale(*ps[0].shape),
+                transposed=ps[0].size(0) > ps[0].size(1),
+            )
 
     def _momentum(self, skip: set[int] | None = None) -> list[_Entry]:
         """New momentum and orthogonalization input of every parameter with a gradient (state not yet written),

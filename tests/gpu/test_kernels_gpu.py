@@ -120,6 +120,21 @@ def test_fused_step_kernels(seed: int) -> None:
     apply_update_torch(p2, x1, lr=0.1, weight_decay=0.01, scale=3.0)
     for u, v in zip(p1, p2, strict=True):
         torch.testing.assert_close(u, v)
+    # transposing variants (2-D tiles; 300 x 70 is not a multiple of the 64 x 64 tile)
+    for nesterov in (False, True):
+        xt1 = momentum_pack(g, b1, beta=0.9, nesterov=nesterov, transpose=True)
+        xt2 = momentum_pack_torch(g, b2, beta=0.9, nesterov=nesterov, transpose=True)
+        assert xt1.shape == (5, 70, 300) and xt1.is_contiguous()
+        torch.testing.assert_close(xt1.float(), xt2.float(), rtol=1e-2, atol=1e-2)
+        for u, v in zip(b1, b2, strict=True):
+            torch.testing.assert_close(u, v)
+    apply_update(p1, xt1, lr=0.1, weight_decay=0.01, scale=3.0, transposed=True)
+    apply_update_torch(p2, xt1, lr=0.1, weight_decay=0.01, scale=3.0, transposed=True)
+    for u, v in zip(p1, p2, strict=True):
+        torch.testing.assert_close(u, v)
+    from optim.kernels import fused_step
+
+    assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE
 
 
 @pytest.mark.parametrize("nesterov", [True, False])

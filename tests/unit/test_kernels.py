@@ -152,6 +152,14 @@ def test_fused_step_references(seed: int) -> None:
     apply_update_torch(ps, x, lr=0.1, weight_decay=0.5, scale=2.0)
     for i in range(3):
         torch.testing.assert_close(ps[i], p0[i] * 0.95 - 0.2 * x[i].float())
+    # transposed layout: NS input stored (c, r), update read back as (c, r)
+    bufs_t = [t.clone() for t in b0]
+    xt = momentum_pack_torch(g, bufs_t, beta=0.9, nesterov=True, transpose=True)
+    assert xt.shape == (3, 5, 6) and xt.is_contiguous() and torch.equal(xt, x.mT)
+    qs = [q.clone() for q in p0]
+    apply_update_torch(qs, xt, lr=0.1, weight_decay=0.5, scale=2.0, transposed=True)
+    for i in range(3):
+        torch.testing.assert_close(qs[i], p0[i] * 0.95 - 0.2 * x[i].float())
 
 
 def test_plan_cache_roundtrip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]

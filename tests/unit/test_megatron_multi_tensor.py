@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -89,3 +90,40 @@ def test_copy_this_to_that_matches_megatrons_loop_in_bf16_and_fp32_modes():
         assert buf is None or int(buf) == 0
     with pytest.raises(ValueError, match="2 sources vs 4 destinations"):
         mt.copy_this_to_that(src[:2], dst)
+
+
+def test_finite_global_norm_lets_the_fused_step_skip_its_grad_screen(monkeypatch):
+    """build_ours' chain passes a finite Megatron grad norm to our matrix optimizer (assume_finite_grads); the
+    fused step then skips its screen (no foreach norm), once; NaN / inf / tensor norms vouch for nothing."""
+    from megatron.core.optimizer import ChainedOptimizer
+
+    from optim.configs import MuonConfig
+    from optim.megatron.builders import finite_norm_chain, vouch_finite
+    from optim.optimizers.muon import Muon
+
+    ps = [torch.randn(8, 12, requires_grad=True), torch.randn(12, 8, requires_grad=True)]
+    muon = Muon(ps, MuonConfig(ns_precision="fp32"))
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    for bad in (float("nan"), float("inf"), torch.tensor(1.0)):
+        assert not vouch_finite(bad, [muon]) and not muon._grads_known_finite
+    norms = iter([0.5, float("nan")])
+    monkeypatch.setattr(ChainedOptimizer, "get_grad_norm", lambda self: next(norms))
+    monkeypatch.setattr(ChainedOptimizer, "__init__", lambda self, parts: None)
+    chain = finite_norm_chain([], [muon])
+    assert isinstance(chain, ChainedOptimizer)
+    screened = []
+    real_norm = torch._foreach_norm
+    monkeypatch.setattr(
+        torch, "_foreach_norm", lambda ts, *a, **k: screened.append(len(ts)) or real_norm(ts, *a, **k)
+    )
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    assert chain.get_grad_norm() == 0.5 and muon._grads_known_finite
+    muon.step()
+    assert not muon._grads_known_finite and screened == [
+        2
+    ]  # only the packed-input check (one bucket per shape)
+    screened.clear()
+    assert math.isnan(chain.get_grad_norm()) and not muon._grads_known_finite
+    muon.step()
+    assert screened == [2, 2]  # the NaN norm vouched for nothing: the gradient screen is back
