@@ -241,7 +241,17 @@ def test_multi_tensor_foreach_matches_megatrons_fallbacks_on_cuda():
     assert abs(got - want) <= 1e-5 * want
     mt.install()
     assert mt.installed()
-    assert abs(clip_grads.get_grad_norm_fp32(ts) - want) <= 1e-5 * want
+    import torch.distributed as dist
+
+    started = not dist.is_initialized()
+    if started:  # get_grad_norm_fp32 all-reduces over the grad-stats group
+        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:29613", rank=0, world_size=1)
+    try:
+        norm = clip_grads.get_grad_norm_fp32(ts, grad_stats_parallel_group=dist.group.WORLD)
+    finally:
+        if started:
+            dist.destroy_process_group()
+    assert abs(norm - want) <= 1e-5 * want
     dst = [torch.empty_like(t, dtype=torch.bfloat16) for t in ts]
     mt.copy_this_to_that(ts, dst)
     assert all(torch.equal(d, t.to(torch.bfloat16)) for t, d in zip(ts, dst, strict=True))
