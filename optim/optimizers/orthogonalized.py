@@ -125,8 +125,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         self._tp_mode: dict[int, TPMode] = {}
         self._check_tp()
         self.nonfinite_events: list[tuple[str, int, str]] = []
-        self._grads_known_finite = False
         """Every (parameter name, step, "grad" | "momentum") whose update was skipped or raised."""
+        self._grads_known_finite = False
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
