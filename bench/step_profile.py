@@ -6,7 +6,9 @@ result and the capture; `summarize(events, phase_wall_s)` turns the capture's ev
 
 - per phase: kernel time (device time of every kernel launched inside the phase's range, children included) next to
   the phase's wall time from the engine's CUDA events, and their difference, the time the GPU waited on the host
-  (launch gaps, host syncs, Python) as far as one stream goes; `gpu_span_s` is the range's own GPU-side annotation
+  (launch gaps, host syncs, Python) as far as one stream goes. Only kernels launched from the range's own host
+  thread count: autograd runs the backward on its own thread, so a forward-backward's `kernel_s` holds the forward
+  only and its `gap_s` overstates the wait; `timeline` below measures per GPU window instead; `gpu_span_s` is the range's own GPU-side annotation
   where the profiler records one;
 - the top kernels of the step by total device time (name, calls, ms);
 - `timeline`: where kernel events carry start/end times (torch.profiler's do), per phase window (the range's
@@ -120,8 +122,20 @@ def _span(ev: Any) -> tuple[float, float] | None:
     return float(tr.start), float(tr.end)
 
 
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping or touching spans merged (the profiler can annotate one range on two streams)."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def timeline(events: Iterable[Any]) -> dict[str, Any]:
-    """Per phase window (GPU-side annotation `muonbench/<phase>` on the device): busy (union of kernel intervals)
+    """Per phase window (union of the GPU-side annotations `muonbench/<phase>`; torch.profiler may record one per
+    stream the range touched): busy (union of kernel intervals)
     and idle seconds, idle time per gap class (< 10 us, < 100 us, < 1 ms, >= 1 ms), the `TOP_GAPS` largest gaps with
     their neighbouring kernels, and the phase's top kernels. Empty where events carry no times (CPU-only runs)."""
     windows: dict[str, list[tuple[float, float]]] = {}
@@ -137,7 +151,8 @@ def timeline(events: Iterable[Any]) -> dict[str, Any]:
             ks.append((span[0], span[1], name))
     ks.sort()
     out: dict[str, Any] = {}
-    for ph, spans in windows.items():
+    for ph, raw in windows.items():
+        spans = _union(raw)
         busy = idle = 0.0
         classes = [0.0] * (len(GAP_CLASSES_US) + 1)
         gaps: list[tuple[float, str, str]] = []

@@ -111,9 +111,8 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
             summary = step_profile.summarize(prof.events(), {"fwd_bwd": m.fwd_bwd_s, "optim": m.optim_s})
             summary["step_s"] = m.step_s
             step_profile.write(run_dir, cfg.bench.steps, summary)
-            if os.environ.get(
-                "MUONBENCH_PROFILE_TRACE"
-            ):  # the whole capture, for chrome://tracing / Perfetto
+            # MUONBENCH_PROFILE_TRACE=1: also the whole capture, for chrome://tracing / Perfetto
+            if os.environ.get("MUONBENCH_PROFILE_TRACE"):
                 prof.export_chrome_trace(str(Path(run_dir) / f"trace_step{cfg.bench.steps}.json"))
             print(
                 f"[{name}] profiled step {cfg.bench.steps}:\n{step_profile.main_table(summary)}", flush=True

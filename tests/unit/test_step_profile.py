@@ -96,3 +96,21 @@ def test_timeline_splits_busy_and_idle_per_phase_window():
     )
     # CPU-only captures (no device events) have no timeline
     assert sp.timeline([_tev("muonbench/fwd_bwd", "DeviceType.CPU", 0.0, 1.0)]) == {}
+
+
+def test_timeline_counts_a_window_annotated_on_two_streams_once():
+    """Localises a doubled window (7.9 s for a 4 s forward-backward on the H200): torch.profiler annotated the range
+    on two streams with overlapping spans; busy and idle time come from their union."""
+    cuda = "DeviceType.CUDA"
+    events = [
+        _tev("muonbench/fwd_bwd", cuda, 0.0, 1000.0),
+        _tev("muonbench/fwd_bwd", cuda, 10.0, 990.0),
+        _tev("gemm", cuda, 100.0, 900.0),
+    ]
+    fb = sp.timeline(events)["fwd_bwd"]
+    assert (
+        fb["window_s"] == 1000e-6
+        and abs(fb["busy_s"] - 800e-6) < 1e-12
+        and abs(fb["idle_s"] - 200e-6) < 1e-12
+    )
+    assert fb["top_kernels"][0]["calls"] == 1
