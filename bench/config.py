@@ -235,5 +235,17 @@ def validate(root: schema.RootConfig) -> None:
                 root.engine.empty_unused_memory_level,
                 f"only the megatron engine has it (engine.name={root.engine.name!r})",
             )
+        for name, value in (
+            ("energy", root.bench.energy),
+            ("idle_before_step_s", root.bench.idle_before_step_s),
+        ):
+            if value:
+                _fail(
+                    f"bench.{name}",
+                    value,
+                    f"only the megatron engine has it (engine.name={root.engine.name!r})",
+                )
+    if root.bench.idle_before_step_s < 0:
+        _fail("bench.idle_before_step_s", root.bench.idle_before_step_s, "must be >= 0")
     if root.bench.warmup_steps >= root.bench.steps:
         _fail("bench.warmup_steps", root.bench.warmup_steps, f"must be < bench.steps={root.bench.steps}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import os
 import random
+import time
 from typing import Any, ClassVar
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
@@ -45,6 +46,7 @@ class MegatronEngine(Engine):
         self._facts: dict[str, Any] = {}
         self._owns_pg = False
         self._gc_disabled = False
+        self._energy: Any = None
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
@@ -110,6 +112,11 @@ class MegatronEngine(Engine):
             "routes": _route_summary(built.routes),
             "ns_backend": _ns_backend(built.kind),
         }
+        if cfg.bench.energy:
+            from bench.gpu_energy import EnergyMeter, PhaseEnergy
+
+            meter = EnergyMeter(rank.local_rank)
+            self._energy = PhaseEnergy(meter.read, torch.cuda.synchronize, time.perf_counter)
         torch.cuda.reset_peak_memory_stats()
         if cfg.engine.manual_gc:
             gc.collect()
@@ -182,6 +189,12 @@ class MegatronEngine(Engine):
         t = self.ptimer
         t.reset()
         m, p = self.cfg.model, self.cfg.parallelism
+        if self.cfg.bench.idle_before_step_s > 0:
+            torch.cuda.synchronize()
+            time.sleep(self.cfg.bench.idle_before_step_s)
+        energy, t_wall = self._energy, time.time()
+        if energy is not None:
+            energy.start()
         with t.phase("step"):
             if self._gc_disabled:
                 gc.collect(1)  # the young generations only; timed as part of the step
@@ -190,10 +203,14 @@ class MegatronEngine(Engine):
                 losses = self.forward_backward()
                 if level >= 2:
                     torch.cuda.empty_cache()
+            if energy is not None:
+                energy.mark("fwd_bwd")
             with t.phase("optim"), phase_range("optim"):
                 ok, grad_norm = self.optimizer_step()
                 if level >= 1:
                     torch.cuda.empty_cache()
+        if energy is not None:
+            energy.mark("optim")
         phases = t.collect()
         loss = _mean_loss(losses)
         return StepMetrics(
@@ -212,6 +229,7 @@ class MegatronEngine(Engine):
                 # cudaMalloc retries of the caching allocator so far (a full-memory step that frees and re-maps
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
+                **({"t_wall": t_wall, **energy.values} if energy is not None else {}),
             },
         )
 

@@ -42,6 +42,8 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine.device=cuda"], "engine.backend"),
         (["engine.manual_gc=true"], "engine.manual_gc"),
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
+        (["bench.energy=true"], "bench.energy"),
+        (["engine=megatron", "hardware=h200", "bench.idle_before_step_s=-1"], "bench.idle_before_step_s"),
         (
             ["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"],
             "engine.empty_unused_memory_level",
