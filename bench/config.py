@@ -48,6 +48,7 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.backend": ("gloo", "nccl"),
     "engine.ab_mode": ("published", "fair"),
     "engine.empty_unused_memory_level": (0, 1, 2),
+    "bench.idle_before_step_mode": ("sleep", "gpu_spin"),
     "launcher.name": ("local", "slurm"),
 }
 
@@ -238,6 +239,7 @@ def validate(root: schema.RootConfig) -> None:
         for name, value in (
             ("energy", root.bench.energy),
             ("idle_before_step_s", root.bench.idle_before_step_s),
+            ("microbatch_times", root.bench.microbatch_times),
         ):
             if value:
                 _fail(

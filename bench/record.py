@@ -44,6 +44,22 @@ STEP_KEYS = (
     "alloc_retries",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
+DIAG_KEYS = (
+    "t_wall",
+    "energy_fwd_bwd_j",
+    "energy_optim_j",
+    "watts_fwd_bwd",
+    "watts_optim",
+    "sm_mhz_end_fwd_bwd",
+    "sm_mhz_end_optim",
+    "power_capped_end_optim",
+    "mb_first_ms",
+    "mb_rest_ms",
+    "mb_first_mhz",
+    "mb_rest_mhz",
+)
+"""Optional diagnostic fields of a steps.jsonl line (`bench.energy`, `bench.microbatch_times`), written only when
+measured; `bench.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
     "megatron-core",
@@ -113,9 +129,10 @@ class StepLog:
         self._f = open(self.path, "w")  # noqa: SIM115 - held open across steps; closed by close()
 
     def write(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(STEP_KEYS)
+        unknown = set(row) - set(STEP_KEYS) - set(DIAG_KEYS)
         assert not unknown, f"steps.jsonl keys outside the vocabulary: {sorted(unknown)}"
-        self._f.write(json.dumps({k: row.get(k) for k in STEP_KEYS}) + "\n")
+        line = {k: row.get(k) for k in STEP_KEYS} | {k: row[k] for k in DIAG_KEYS if row.get(k) is not None}
+        self._f.write(json.dumps(line) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
 

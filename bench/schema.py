@@ -323,6 +323,13 @@ class BenchConfig:
     idle_before_step_s: float = 0.0
     """megatron, diagnostic: the GPU idles this long before each step (after a sync, outside the timed step), which
     separates an after-effect of the previous step (clock held down by a power cap) from the step's own work."""
+    idle_before_step_mode: str = "sleep"
+    """sleep (host sleeps, GPU idle) | gpu_spin (a low-power one-block spin kernel holds the GPU busy while the host
+    waits on it): which of host and GPU must rest to remove such an after-effect."""
+    microbatch_times: bool = False
+    """megatron, diagnostic: CUDA events at every micro-batch (steps.jsonl `mb_first_ms` / `mb_rest_ms`: the first 4
+    micro-batches after the optimizer step vs the rest; with `energy` also the SM clock at each); the per-micro-batch
+    list is printed each step."""
 
 
 @dataclass

@@ -41,6 +41,9 @@ def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any
     import torch.distributed as dist
 
     values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
+    values |= {
+        k: m.extra[k] for k in record.DIAG_KEYS if k in m.extra
+    }  # same keys on every rank (same config)
     has_loss = m.loss is not None and math.isfinite(m.loss)
     if rank.world_size > 1:
         maxes = torch.tensor(

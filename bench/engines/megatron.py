@@ -47,6 +47,7 @@ class MegatronEngine(Engine):
         self._owns_pg = False
         self._gc_disabled = False
         self._energy: Any = None
+        self._mb: Any = None
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
@@ -112,11 +113,16 @@ class MegatronEngine(Engine):
             "routes": _route_summary(built.routes),
             "ns_backend": _ns_backend(built.kind),
         }
+        meter = None
         if cfg.bench.energy:
             from bench.gpu_energy import EnergyMeter, PhaseEnergy
 
             meter = EnergyMeter(rank.local_rank)
             self._energy = PhaseEnergy(meter.read, torch.cuda.synchronize, time.perf_counter)
+        if cfg.bench.microbatch_times:
+            from bench.gpu_energy import MicrobatchClock
+
+            self._mb = MicrobatchClock(clock_mhz=meter.sm_mhz if meter is not None else None)
         torch.cuda.reset_peak_memory_stats()
         if cfg.engine.manual_gc:
             gc.collect()
@@ -189,9 +195,7 @@ class MegatronEngine(Engine):
         t = self.ptimer
         t.reset()
         m, p = self.cfg.model, self.cfg.parallelism
-        if self.cfg.bench.idle_before_step_s > 0:
-            torch.cuda.synchronize()
-            time.sleep(self.cfg.bench.idle_before_step_s)
+        _idle(self.cfg.bench.idle_before_step_s, self.cfg.bench.idle_before_step_mode)
         energy, t_wall = self._energy, time.time()
         if energy is not None:
             energy.start()
@@ -213,6 +217,10 @@ class MegatronEngine(Engine):
             energy.mark("optim")
         phases = t.collect()
         loss = _mean_loss(losses)
+        mb = {}
+        if self._mb is not None:
+            mb = self._mb.summary()
+            print("microbatch ms:", " ".join(f"{x:.1f}" for x in self._mb.times_ms()), flush=True)
         return StepMetrics(
             step_s=phases["step"],
             fwd_bwd_s=phases["fwd_bwd"],
@@ -230,6 +238,7 @@ class MegatronEngine(Engine):
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
                 **({"t_wall": t_wall, **energy.values} if energy is not None else {}),
+                **mb,
             },
         )
 
@@ -242,9 +251,13 @@ class MegatronEngine(Engine):
         for chunk in self.model_chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        return list(
+        step_func = _forward_step
+        if self._mb is not None:
+            self._mb.reset()
+            step_func = self._mb.wrap(_forward_step)
+        out = list(
             get_forward_backward_func()(
-                forward_step_func=_forward_step,
+                forward_step_func=step_func,
                 data_iterator=self.data,
                 model=self.model_chunks,
                 num_microbatches=self.num_microbatches,
@@ -253,6 +266,9 @@ class MegatronEngine(Engine):
                 forward_only=False,
             )
         )
+        if self._mb is not None:
+            self._mb.end()
+        return out
 
     def optimizer_step(self) -> tuple[bool, Any]:
         """`optimizer.step()` on the grads now in `main_grad`: (update applied, grad norm)."""
@@ -303,6 +319,20 @@ class MegatronEngine(Engine):
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_pg = False
+
+
+def _idle(seconds: float, mode: str) -> None:
+    """`bench.idle_before_step_s`: let the GPU (sleep: and the host) rest before a step, outside its timing."""
+    import torch
+
+    if seconds <= 0:
+        return
+    torch.cuda.synchronize()
+    if mode == "gpu_spin":  # one block spinning on the SM clock: the GPU stays busy at low power
+        torch.cuda._sleep(int(seconds * 1.98e9))
+        torch.cuda.synchronize()
+    else:
+        time.sleep(seconds)
 
 
 def _ours_layerwise(cfg: RootConfig) -> bool:

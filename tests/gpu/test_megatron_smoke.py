@@ -257,24 +257,37 @@ def test_multi_tensor_foreach_matches_megatrons_fallbacks_on_cuda():
     assert all(torch.equal(d, t.to(torch.bfloat16)) for t, d in zip(ts, dst, strict=True))
 
 
-def test_energy_and_idle_before_step_recorded():
-    """`bench.energy=true`: NVML joules / watts per phase land in each step's extra fields, plausible for an H200;
-    `bench.idle_before_step_s` keeps the idle outside the timed step."""
+@pytest.mark.parametrize("mode", ["sleep", "gpu_spin"])
+def test_energy_microbatches_and_idle_before_step_recorded(mode):
+    """`bench.energy=true` + `bench.microbatch_times=true`: NVML joules / watts per phase and per-micro-batch times
+    land in each step's extra fields, plausible for an H200; `bench.idle_before_step_s` (either mode) stays outside
+    the timed step."""
     pytest.importorskip("pynvml")
     import time
 
-    eng = _engine(["optimizer=muon", "bench.energy=true", "bench.idle_before_step_s=0.2"])
+    eng = _engine(
+        [
+            "optimizer=muon",
+            "bench.energy=true",
+            "bench.microbatch_times=true",
+            "bench.idle_before_step_s=0.3",
+            f"bench.idle_before_step_mode={mode}",
+        ]
+    )
     try:
+        eng.step()  # compiles
         t0 = time.perf_counter()
-        rows = [eng.step() for _ in range(3)]
+        rows = [eng.step() for _ in range(2)]
         wall = time.perf_counter() - t0
     finally:
         eng.teardown()
     assert wall >= 0.6
     for m in rows:
-        assert m.step_s < wall / 3  # the idle is not in the step
+        assert m.step_s < wall / 2 - 0.25  # the idle is not in the step
         e = m.extra
         assert e["energy_fwd_bwd_j"] > 0 and e["energy_optim_j"] > 0
         assert 20 < e["watts_fwd_bwd"] < 1500 and 20 < e["watts_optim"] < 1500
         assert 100 < e["sm_mhz_end_optim"] < 3000 and e["t_wall"] > 1.7e9
-    assert rows[1].extra["t_wall"] - rows[0].extra["t_wall"] >= 0.2
+        # gbs 4 / mbs 2: two micro-batches, the first one alone in "first"
+        assert 0 < e["mb_first_ms"] and 0 < e["mb_rest_ms"] and 100 < e["mb_first_mhz"] < 3000
+    assert rows[1].extra["t_wall"] - rows[0].extra["t_wall"] >= 0.3

@@ -44,6 +44,11 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
         (["bench.energy=true"], "bench.energy"),
         (["engine=megatron", "hardware=h200", "bench.idle_before_step_s=-1"], "bench.idle_before_step_s"),
+        (["bench.microbatch_times=true"], "bench.microbatch_times"),
+        (
+            ["engine=megatron", "hardware=h200", "bench.idle_before_step_mode=nap"],
+            "bench.idle_before_step_mode",
+        ),
         (
             ["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"],
             "engine.empty_unused_memory_level",
