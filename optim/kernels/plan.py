@@ -173,6 +173,11 @@ class Planner:
         entry = self.measure(x, coeffs, eps, use_gram, restarts, key)
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self._save()
+        # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
+        # in the caching allocator, interleaved with the optimizer state the same first step allocates; a Megatron
+        # process that planned in its first step ran every later forward-backward ~0.5% slower than one that
+        # loaded the plan from disk (reports/megatron_h200_flops_202611, session 4). Hand them back now.
+        torch.cuda.empty_cache()
         return str(entry["method"]), key
 
     def measure(
