@@ -6,7 +6,8 @@
 Reads `reports/<name>/results.csv` and `steps.csv` (written by `bench.collect`) and writes `report.md`,
 `tflops.png` (stacked model / NS TFLOP/s per GPU), `step_breakdown.png`, `step_time.png` and `loss.png` next to
 them. The Table-1 style table shows the published "total = model + NS" form AND the model-only figures, and the
-model-only ratio of each optimizer against the AdamW run of the same setup. The tables are printed too.
+model-only ratio of each optimizer against the AdamW run of the same setup (from the same commit, i.e. the same
+device call, when there is one; of those the one started nearest in time). The tables are printed too.
 No torch import; matplotlib runs with the Agg backend.
 """
 
@@ -50,6 +51,25 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _nearest_baseline(r: dict[str, Any], base: list[dict[str, Any]]) -> dict[str, Any]:
+    """The AdamW run to compare `r` with: same git SHA if any (runs of one device call share a machine and its
+    thermal / host state, runs of different calls do not), then nearest start time; else the last one."""
+    from datetime import datetime
+
+    sha = r.get("git_sha")
+    pool = [b for b in base if sha and b.get("git_sha") == sha] or base
+
+    def start(x: dict[str, Any]) -> float | None:
+        try:
+            return datetime.fromisoformat(str(x.get("start_time"))).timestamp()
+        except ValueError:
+            return None
+
+    t = start(r)
+    timed = [(abs(tb - t), i) for i, b in enumerate(pool) if t is not None and (tb := start(b)) is not None]
+    return pool[min(timed)[1]] if timed else pool[-1]
+
+
 def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each ok non-AdamW run: model-only and total TFLOP/s ratios against the ok AdamW run of the same setup."""
     out = []
@@ -66,7 +86,7 @@ def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ]
         if not base:
             continue
-        b = base[-1]
+        b = _nearest_baseline(r, base)
         m, mb = _num(r.get("model_tflops_per_gpu")), _num(b.get("model_tflops_per_gpu"))
         t = _num(r.get("total_tflops_per_gpu"))
         out.append(

@@ -174,9 +174,10 @@ class Planner:
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
-        # in the caching allocator, interleaved with the optimizer state the same first step allocates; a Megatron
-        # process that planned in its first step ran every later forward-backward ~0.5% slower than one that
-        # loaded the plan from disk (reports/megatron_h200_flops_202611, session 4). Hand them back now.
+        # cached in the allocator: hand them back. (Measured on the H200, session 4: a Megatron process that planned
+        # and compiled our Triton kernels in its first step ran its later forward-backwards ~0.5% slower than one
+        # that found both caches warm; this release alone did not remove that. Cause open; the remedy used is a
+        # warm-up process, `megatron_bench --prewarm`. reports/megatron_h200_flops_202611/README.md.)
         torch.cuda.empty_cache()
         return str(entry["method"]), key
 

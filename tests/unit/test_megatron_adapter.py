@@ -559,3 +559,51 @@ def test_engine_times_ours_through_the_public_hook():
     phases = timer.collect()
     assert phases["ns"] > 0
     assert timer.counters["ns_flops"] == ns_flops_plain(8, 12, 5, batch=2)  # one batched call, both matrices
+
+
+def test_bench_driver_prewarm_selects_each_ours_workload_once():
+    """--prewarm: one one-step child per distinct workload of our matrix optimizer; AdamW, Megatron's built-in and a
+    second case of the same workload (bench settings differ only) get none."""
+    from bench.engines.megatron_bench import PREWARM_OVERRIDES, prewarm_cases
+
+    base = ["model=qwen3_moe_tiny", "engine=megatron", "hardware=h200"]
+    cases = [
+        ("adamw", [*base, "optimizer=adamw"]),
+        ("ours", [*base, "optimizer=muon"]),
+        ("ours_again", [*base, "optimizer=muon", "bench.steps=7"]),
+        ("ours_ns1", [*base, "optimizer=muon", "optimizer.num_ns_steps=1"]),
+        ("builtin", [*base, "optimizer=muon_megatron"]),
+    ]
+    got = prewarm_cases(cases)
+    assert [n for n, _ in got] == ["prewarm_ours", "prewarm_ours_ns1"]
+    assert got[0][1] == [*base, "optimizer=muon", *PREWARM_OVERRIDES]
+    from bench import config
+
+    cfg = config.load(got[1][1])  # the prewarm overrides compose: one step, no warm-up, no diagnostics
+    assert cfg.bench.steps == 1 and cfg.bench.warmup_steps == 0 and cfg.optimizer.num_ns_steps == 1
+
+
+def test_bench_driver_prewarm_runs_before_the_cases(tmp_path, capsys):
+    from bench.engines import megatron_bench
+
+    megatron_bench.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--prewarm",
+            "--case-timeout-s",
+            "0.01",
+            "--case",
+            "a",
+            "model=qwen3_moe_tiny",
+            "optimizer=muon",
+            "--case",
+            "b",
+            "model=qwen3_moe_tiny",
+            "optimizer=adamw",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert out.index("[prewarm_a] prewarm done (rc killed)") < out.index("[a] killed after 0 s")
+    assert "prewarm_b" not in out
+    assert not (tmp_path / "prewarm_a").exists()  # prewarm records are not runs

@@ -61,3 +61,39 @@ def test_plots_are_written_from_files(rendered):
 def test_report_cli_errors_without_results(tmp_path, capsys):
     assert report.main(["--name", "missing", "--reports", str(tmp_path)]) == 2
     assert "bench.collect" in capsys.readouterr().err
+
+
+def test_model_only_ratio_pairs_with_adamw_of_the_same_call():
+    """Several calls of one setup: each Muon run is compared with the AdamW run of its own commit (device call),
+    nearest in start time, not with the last AdamW of the file."""
+    setup = {c: "x" for c in report.GROUP_COLUMNS}
+
+    def run(run_id, opt, sha, start, tf):
+        return setup | {
+            "run_id": run_id,
+            "optimizer": opt,
+            "status": "ok",
+            "git_sha": sha,
+            "start_time": start,
+            "model_tflops_per_gpu": tf,
+            "total_tflops_per_gpu": tf,
+            "step_s_median": 100.0 / tf,
+            "step_s_iqr": 0.0,
+            "num_same_optimizer": 2,
+        }
+
+    rows = [
+        run("a_adamw", "adamw", "aaa", "2026-11-29T10:00:00+00:00", 300.0),
+        run("a_muon", "muon", "aaa", "2026-11-29T10:02:00+00:00", 297.0),
+        run("b_adamw", "adamw", "bbb", "2026-11-29T11:00:00+00:00", 290.0),
+        run("b_muon", "muon", "bbb", "2026-11-29T11:02:00+00:00", 287.1),
+        run("b_adamw2", "adamw", "bbb", "2026-11-29T11:30:00+00:00", 295.0),
+        run("c_muon", "muon", "ccc", "2026-11-29T12:00:00+00:00", 290.0),
+    ]
+    got = {
+        x["optimizer"]: (x["baseline"], round(x["model_only_ratio"], 3))
+        for x in report.model_only_ratios(rows)
+    }
+    assert got["muon (a_muon)"] == ("adamw (a_adamw)", 0.99)
+    assert got["muon (b_muon)"] == ("adamw (b_adamw)", 0.99)  # nearest of its call's two AdamW runs
+    assert got["muon (c_muon)"][0] == "adamw (b_adamw2)"  # no AdamW in its call: nearest start overall
