@@ -240,6 +240,7 @@ def validate(root: schema.RootConfig) -> None:
             ("energy", root.bench.energy),
             ("idle_before_step_s", root.bench.idle_before_step_s),
             ("microbatch_times", root.bench.microbatch_times),
+            ("malloc_trim", root.bench.malloc_trim),
         ):
             if value:
                 _fail(

@@ -326,6 +326,9 @@ class BenchConfig:
     idle_before_step_mode: str = "sleep"
     """sleep (host sleeps, GPU idle) | gpu_spin (a low-power one-block spin kernel holds the GPU busy while the host
     waits on it): which of host and GPU must rest to remove such an after-effect."""
+    malloc_trim: bool = False
+    """megatron, diagnostic: glibc `malloc_trim(0)` after each warm-up step (outside the timed step): hands back and
+    consolidates a host heap that a first-step compile (Triton / LLVM) or NS plan measurement left fragmented."""
     microbatch_times: bool = False
     """megatron, diagnostic: CUDA events at every micro-batch (steps.jsonl `mb_first_ms` / `mb_rest_ms`: the first 4
     micro-batches after the optimizer step vs the rest; with `energy` also the SM clock at each); the per-micro-batch

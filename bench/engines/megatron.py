@@ -48,6 +48,7 @@ class MegatronEngine(Engine):
         self._gc_disabled = False
         self._energy: Any = None
         self._mb: Any = None
+        self._steps_done = 0
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
@@ -119,6 +120,8 @@ class MegatronEngine(Engine):
 
             meter = EnergyMeter(rank.local_rank)
             self._energy = PhaseEnergy(meter.read, torch.cuda.synchronize, time.perf_counter)
+        if cfg.bench.malloc_trim:
+            malloc_trim()  # fails here, not after the first step, where glibc is missing
         if cfg.bench.microbatch_times:
             from bench.gpu_energy import MicrobatchClock
 
@@ -216,6 +219,9 @@ class MegatronEngine(Engine):
         if energy is not None:
             energy.mark("optim")
         phases = t.collect()
+        self._steps_done += 1
+        if self.cfg.bench.malloc_trim and self._steps_done <= self.cfg.bench.warmup_steps:
+            malloc_trim()
         loss = _mean_loss(losses)
         mb = {}
         if self._mb is not None:
@@ -319,6 +325,20 @@ class MegatronEngine(Engine):
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_pg = False
+
+
+def malloc_trim() -> int:
+    """glibc `malloc_trim(0)`: return free heap memory to the OS and consolidate the free lists (1 if memory was
+    released). ValueError off glibc, where `bench.malloc_trim` has no meaning."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        fn = ctypes.CDLL(name or "libc.so.6").malloc_trim
+    except (OSError, AttributeError) as e:
+        raise ValueError(f"bench.malloc_trim=true needs glibc's malloc_trim (libc: {name!r}): {e}") from e
+    return int(fn(0))
 
 
 def _idle(seconds: float, mode: str) -> None:

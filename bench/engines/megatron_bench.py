@@ -86,11 +86,12 @@ PREWARM_OVERRIDES = (
 def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
     """One untimed one-step case per distinct workload (config hash) run with our matrix optimizer.
 
-    Why: on the H200 (session 4, reports/megatron_h200_flops_202611) a process that compiled our Triton kernels and
-    measured the NS plan in its own first step ran every later forward-backward ~0.5% slower (+0.06 to +0.38 s per
-    20.5 s step, 6 of 6 calls) than a process started after those caches were on disk (within +0.00 to +0.03 s of
-    AdamW, 4 of 4). The first step is excluded from the timings either way; the after-effect was not. A prewarm
-    child takes that first step for the timed one. AdamW and Megatron's built-in compile nothing of ours."""
+    Why: on the H200 (session 4, reports/megatron_h200_flops_202611) a process that compiled our Triton kernels (and
+    measured the NS plan) in its own first step ran every later forward-backward ~0.5% slower (+0.10 to +0.20 s per
+    20.5 s step, every call) than a process started after those caches were on disk (within +0.00 to +0.05 s of
+    AdamW); one process that found the kernels compiled but re-measured the plan was not slower either. The first
+    step is excluded from the timings either way; the after-effect was not. A prewarm child takes that first step
+    for the timed one. AdamW and Megatron's built-in compile nothing of ours."""
     from bench import config
 
     seen: set[str] = set()

@@ -272,6 +272,8 @@ def test_energy_microbatches_and_idle_before_step_recorded(mode):
             "bench.microbatch_times=true",
             "bench.idle_before_step_s=0.3",
             f"bench.idle_before_step_mode={mode}",
+            "bench.malloc_trim=true",
+            "bench.warmup_steps=1",
         ]
     )
     try:

@@ -45,6 +45,7 @@ def test_wrong_type_fails_at_compose() -> None:
         (["bench.energy=true"], "bench.energy"),
         (["engine=megatron", "hardware=h200", "bench.idle_before_step_s=-1"], "bench.idle_before_step_s"),
         (["bench.microbatch_times=true"], "bench.microbatch_times"),
+        (["bench.malloc_trim=true"], "bench.malloc_trim"),
         (
             ["engine=megatron", "hardware=h200", "bench.idle_before_step_mode=nap"],
             "bench.idle_before_step_mode",
