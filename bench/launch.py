@@ -16,10 +16,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from bench.schema import RootConfig
 
@@ -138,6 +140,40 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
                 t.join(timeout=10)
     stderr_tail = (run_dir / "stderr.log").read_bytes()[-4000:].decode(errors="replace")
     return LaunchResult(command=cmd, returncode=proc.returncode, timed_out=timed_out, stderr_tail=stderr_tail)
+
+
+def needs_prewarm(cfg: RootConfig) -> bool:
+    """`bench.prewarm` applies: megatron engine on CUDA, our implementation of a matrix optimizer, local launcher."""
+    opt = cfg.optimizer
+    return (
+        cfg.bench.prewarm
+        and cfg.launcher.name == "local"
+        and cfg.engine.name == "megatron"
+        and cfg.engine.device == "cuda"
+        and opt.name != "adamw"
+        and getattr(opt, "implementation", "ours") == "ours"
+    )
+
+
+def prewarm_local(cfg_dict: dict[str, Any], cfg: RootConfig) -> dict[str, Any]:
+    """One untimed step of this run's launch in a scratch directory (deleted afterwards), so our Triton kernels and
+    the NS plan are on disk before the timed processes start. Returns what happened, for run.json."""
+    from bench import record
+
+    scratch = Path(tempfile.mkdtemp(prefix="muonbench_prewarm_"))
+    bench = {**cfg_dict["bench"], "steps": 1, "warmup_steps": 0, "progress": False}
+    bench |= {"energy": False, "microbatch_times": False, "idle_before_step_s": 0.0, "prewarm": False}
+    warm_dict = {**cfg_dict, "bench": bench}
+    t0 = time.perf_counter()
+    try:
+        record.write_json_atomic(scratch / "run.json", {"schema": record.RUN_SCHEMA, "config": warm_dict})
+        res = run_local(record.config_from_dict(warm_dict), scratch, echo=False)
+        out = {"returncode": res.returncode, "timed_out": res.timed_out}
+        if res.returncode != 0:
+            out["stderr_tail"] = res.stderr_tail[-1000:]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out | {"seconds": round(time.perf_counter() - t0, 1)}
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

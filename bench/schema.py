@@ -326,6 +326,11 @@ class BenchConfig:
     idle_before_step_mode: str = "sleep"
     """sleep (host sleeps, GPU idle) | gpu_spin (a low-power one-block spin kernel holds the GPU busy while the host
     waits on it): which of host and GPU must rest to remove such an after-effect."""
+    prewarm: bool = True
+    """megatron + our matrix optimizer, local launcher: before the timed run, the same launch for one untimed step
+    in a scratch directory, so the timed processes find our Triton kernels compiled and the NS plan measured on
+    disk (a process that compiled them itself ran ~0.5% slower for its whole life on the H200: see
+    reports/megatron_h200_flops_202611, session 4). Costs one setup and one first step."""
     malloc_trim: bool = False
     """megatron, diagnostic: glibc `malloc_trim(0)` after each warm-up step (outside the timed step): hands back and
     consolidates a host heap that a first-step compile (Triton / LLVM) or NS plan measurement left fragmented."""

@@ -172,3 +172,34 @@ def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_
     assert res.timed_out and res.returncode is not None and res.returncode < 0
     rec = run._close_after_launch(tmp_path, res)
     assert rec["status"] == "timeout" and rec["error"]["type"] == "Timeout"
+
+
+def test_prewarm_applies_to_ours_on_megatron_cuda_local_only():
+    g = ["engine=megatron", "hardware=h200", "model=qwen3_moe_tiny", "parallelism=single_gpu"]
+    assert launch.needs_prewarm(config.load([*g, "optimizer=muon"]))
+    assert not launch.needs_prewarm(config.load([*g, "optimizer=muon", "bench.prewarm=false"]))
+    assert not launch.needs_prewarm(config.load([*g, "optimizer=adamw"]))
+    assert not launch.needs_prewarm(config.load([*g, "optimizer=muon_megatron"]))
+    assert not launch.needs_prewarm(config.load(["optimizer=muon"]))  # hf on CPU
+
+
+def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
+    """The prewarm launch reads the same config with one step, no warm-up, no diagnostics, and leaves nothing."""
+    from bench import record
+
+    cfg = config.load(
+        ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.energy=true"]
+    )
+    seen = {}
+
+    def fake_run_local(c, run_dir, *, echo=True):
+        seen["cfg"] = record.config_from_dict(record.read_json(run_dir / "run.json")["config"])
+        seen["dir"], seen["echo"] = run_dir, echo
+        return launch.LaunchResult(command=["torchrun"], returncode=0, timed_out=False, stderr_tail="")
+
+    monkeypatch.setattr(launch, "run_local", fake_run_local)
+    out = launch.prewarm_local(config.as_dict(cfg), cfg)
+    w = seen["cfg"]
+    assert (w.bench.steps, w.bench.warmup_steps, w.bench.energy, w.bench.prewarm) == (1, 0, False, False)
+    assert w.optimizer == cfg.optimizer and w.model == cfg.model and not seen["echo"]
+    assert not seen["dir"].exists() and out["returncode"] == 0 and out["seconds"] >= 0
