@@ -142,16 +142,32 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
     return LaunchResult(command=cmd, returncode=proc.returncode, timed_out=timed_out, stderr_tail=stderr_tail)
 
 
+PREWARM_BENCH: dict[str, Any] = {
+    "steps": 1,
+    "warmup_steps": 0,
+    "progress": False,
+    "energy": False,
+    "microbatch_times": False,
+    "idle_before_step_s": 0.0,
+    "malloc_trim": False,
+    "prewarm": False,
+}
+"""The bench settings of a prewarm launch: one untimed step, no diagnostics (also `megatron_bench --prewarm`)."""
+
+
+def runs_our_kernels(cfg: RootConfig) -> bool:
+    """Our implementation of a matrix optimizer (Triton kernels, NS plan), not AdamW or Megatron's built-in."""
+    return cfg.optimizer.name != "adamw" and getattr(cfg.optimizer, "implementation", "ours") == "ours"
+
+
 def needs_prewarm(cfg: RootConfig) -> bool:
     """`bench.prewarm` applies: megatron engine on CUDA, our implementation of a matrix optimizer, local launcher."""
-    opt = cfg.optimizer
     return (
         cfg.bench.prewarm
         and cfg.launcher.name == "local"
         and cfg.engine.name == "megatron"
         and cfg.engine.device == "cuda"
-        and opt.name != "adamw"
-        and getattr(opt, "implementation", "ours") == "ours"
+        and runs_our_kernels(cfg)
     )
 
 
@@ -161,9 +177,7 @@ def prewarm_local(cfg_dict: dict[str, Any], cfg: RootConfig) -> dict[str, Any]:
     from bench import record
 
     scratch = Path(tempfile.mkdtemp(prefix="muonbench_prewarm_"))
-    bench = {**cfg_dict["bench"], "steps": 1, "warmup_steps": 0, "progress": False}
-    bench |= {"energy": False, "microbatch_times": False, "idle_before_step_s": 0.0, "prewarm": False}
-    warm_dict = {**cfg_dict, "bench": bench}
+    warm_dict = {**cfg_dict, "bench": {**cfg_dict["bench"], **PREWARM_BENCH}}
     t0 = time.perf_counter()
     try:
         record.write_json_atomic(scratch / "run.json", {"schema": record.RUN_SCHEMA, "config": warm_dict})

@@ -22,6 +22,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from bench import launch
+
 
 def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, list[str]]]]:
     """Split `--case NAME OVERRIDES...` groups; ValueError on a case without a name or a repeated name."""
@@ -74,13 +76,11 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     return args, out
 
 
-PREWARM_OVERRIDES = (
-    "bench.steps=1",
-    "bench.warmup_steps=0",
-    "bench.energy=false",
-    "bench.microbatch_times=false",
-    "bench.idle_before_step_s=0",
-)
+def _override(key: str, value: object) -> str:
+    return f"bench.{key}={str(value).lower() if isinstance(value, bool) else value}"
+
+
+PREWARM_OVERRIDES = tuple(_override(k, v) for k, v in launch.PREWARM_BENCH.items())
 
 
 def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
@@ -98,8 +98,7 @@ def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[st
     out = []
     for name, overrides in cases:
         cfg = config.load(overrides)
-        opt = cfg.optimizer
-        if opt.name == "adamw" or getattr(opt, "implementation", "ours") != "ours":
+        if not launch.runs_our_kernels(cfg):
             continue
         key = config.config_hash(cfg)
         if key in seen:
