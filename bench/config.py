@@ -40,7 +40,7 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
         "deepseekv4",
         "custom",
     ),
-    "optimizer.ns_precision": ("bf16", "fp32"),
+    "optimizer.ns_precision": ("bf16", "fp16", "fp32"),
     "optimizer.polar_method": ("svd", "polar_express"),
     "precision.name": ("bf16", "fp8_mx"),
     "engine.name": ("hf", "megatron", "bridge"),
@@ -128,6 +128,13 @@ def _check_allowed(root: schema.RootConfig) -> None:
 def validate(root: schema.RootConfig) -> None:
     """Cross-group rules. Each error names the field, the value and the rule it breaks."""
     _check_allowed(root)
+    opt = root.optimizer
+    if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":
+        _fail(
+            "optimizer.ns_precision",
+            "fp16",
+            f"only implementation='ours' iterates in fp16 (optimizer.implementation={opt.implementation!r})",
+        )
     m, p = root.model, root.parallelism
     for name in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp", "mbs", "gbs"):
         if getattr(p, name) < 1:

@@ -190,7 +190,8 @@ class MuonSchema(MatrixOptimizerSchema):
     custom_coefficients: list[list[float]] = field(default_factory=list)
     num_ns_steps: int = 5
     ns_precision: str = "bf16"
-    """bf16 (MCore fp32_matmul_prec "medium") | fp32 ("highest")."""
+    """bf16 (MCore fp32_matmul_prec "medium") | fp16 (ours only: ~8x more accurate at the same GEMM rate, a I folded
+    into the NS polynomial) | fp32 ("highest")."""
     use_gram_ns: bool = False
     fused_step: bool = True
     """CUDA: fused momentum/update kernels for whole fp32 matrices (optim.configs.MuonConfig.fused_step)."""

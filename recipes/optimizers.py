@@ -100,6 +100,8 @@ def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
         _fail("coefficient_type", "custom", "Megatron-Core takes a named coefficient set only")
     if opt.use_gram_ns:
         _fail("use_gram_ns", True, "Megatron-Core has no Gram Newton-Schulz; use implementation=ours")
+    if opt.ns_precision == "fp16":
+        _fail("ns_precision", "fp16", "Megatron-Core iterates in bf16 or fp32; use implementation=ours")
     return {
         "optimizer": "dist_muon" if opt.distributed == "layerwise" else "muon",
         "muon_momentum": opt.momentum,

@@ -65,6 +65,7 @@ def orthogonalize(
     eps: float = 1e-7,
     use_gram: bool = False,
     restart_iterations: Sequence[int] = (2,),
+    dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
     """Newton-Schulz orthogonalization of each matrix of x, one (a, b, c) per iteration.
 
@@ -74,6 +75,8 @@ def orthogonalize(
         eps: lower clamp of the per-matrix Frobenius norm.
         use_gram: allow Gram-NS (see module docstring).
         restart_iterations: Gram-NS iterations before which X and its Gram matrix are re-formed.
+        dtype: the iterate's dtype: bf16, or fp16 (8x more accurate at the same GEMM rate; a I folded into P, see
+            `optim.kernels.ns_batched`).
 
     Returns:
         Tensor of x's shape and dtype (possibly with transposed strides for tall matrices).
@@ -84,10 +87,12 @@ def orthogonalize(
     xb = x.unsqueeze(0) if x.ndim == 2 else x
     if xb.is_cuda and available():
         planner = _planner()
-        method, key = planner.choose(xb, coeffs, eps, use_gram, restarts)
-        out = planner.run(method, key, xb, coeffs, eps, restarts)
+        method, key = planner.choose(xb, coeffs, eps, use_gram, restarts, dtype)
+        out = planner.run(method, key, xb, coeffs, eps, restarts, dtype)
     else:
-        out = orthogonalize_with(xb, coeffs, eps=eps, gram=use_gram, restarts=restarts, ops=TorchOps())
+        out = orthogonalize_with(
+            xb, coeffs, eps=eps, gram=use_gram, restarts=restarts, ops=TorchOps(), dtype=dtype
+        )
     return out.squeeze(0) if x.ndim == 2 else out
 
 
@@ -98,6 +103,7 @@ def plan_for(
     eps: float = 1e-7,
     use_gram: bool = False,
     restart_iterations: Sequence[int] = (2,),
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, object]:
     """The cached plan entry (method, candidate times, warm-up seconds) for x's problem; measures if missing."""
     if not (x.is_cuda and available()):
@@ -105,5 +111,5 @@ def plan_for(
     xb = x.unsqueeze(0) if x.ndim == 2 else x
     coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
     planner = _planner()
-    _, key = planner.choose(xb, coeffs, eps, use_gram, frozenset(restart_iterations))
+    _, key = planner.choose(xb, coeffs, eps, use_gram, frozenset(restart_iterations), dtype)
     return dict(planner.choices[key])

@@ -50,6 +50,24 @@ def env_key(device: torch.device) -> str:
     return f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton {triton.__version__}"
 
 
+def plan_key(
+    env: str,
+    x: torch.Tensor,
+    coeffs: Sequence[Coeff],
+    eps: float,
+    use_gram: bool,
+    restarts: frozenset[int],
+    dtype: torch.dtype = torch.bfloat16,
+) -> str:
+    """The cache key of one NS problem: environment, (B, r, c), input dtype, coefficients, Gram-NS and restarts,
+    eps, and the iterate's dtype when it is not bf16 (so the bf16 keys of earlier caches stay valid)."""
+    nb, r, c = x.shape
+    ckey = ",".join(f"{a:.6g}/{b:.6g}/{cc:.6g}" for a, b, cc in coeffs)
+    rkey = ",".join(str(i) for i in sorted(restarts)) if use_gram else "-"
+    key = f"{env}|{nb}x{r}x{c}|{x.dtype}|{ckey}|gram={use_gram}|restarts={rkey}|eps={eps:g}"
+    return key if dtype == torch.bfloat16 else f"{key}|iterate={dtype}"
+
+
 def plain_flops(batch: int, m: int, n: int, num_steps: int) -> float:
     """Plain-count NS FLOPs, short side m: k (4 m^2 n + 2 m^3) per matrix."""
     m, n = min(m, n), max(m, n)
@@ -127,13 +145,18 @@ class Planner:
             pass
 
     def body(
-        self, name: str, coeffs: Sequence[Coeff], eps: float, restarts: frozenset[int]
+        self,
+        name: str,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         base = name.removesuffix("+graph")
         ops, gram = _ops(base), base.startswith("gram")
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return orthogonalize_with(x, coeffs, eps=eps, gram=gram, restarts=restarts, ops=ops)
+            return orthogonalize_with(x, coeffs, eps=eps, gram=gram, restarts=restarts, ops=ops, dtype=dtype)
 
         return run
 
@@ -145,8 +168,9 @@ class Planner:
         coeffs: Sequence[Coeff],
         eps: float,
         restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
-        body = self.body(name, coeffs, eps, restarts)
+        body = self.body(name, coeffs, eps, restarts, dtype)
         if not name.endswith("+graph") or torch.cuda.is_current_stream_capturing():
             return body(x)
         gkey = f"{key}|{name}"
@@ -156,21 +180,25 @@ class Planner:
         return runner(x)
 
     def choose(
-        self, x: torch.Tensor, coeffs: Sequence[Coeff], eps: float, use_gram: bool, restarts: frozenset[int]
+        self,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        use_gram: bool,
+        restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
     ) -> tuple[str, str]:
-        """Returns (method, plan key) for a (B, r, c) CUDA tensor, measuring the candidates on a cache miss."""
+        """Returns (method, plan key) for a (B, r, c) CUDA tensor iterated in `dtype`, measuring the candidates on
+        a cache miss."""
         if not self.loaded:
             self._load()
-        nb, r, c = x.shape
-        ckey = ",".join(f"{a:.6g}/{b:.6g}/{cc:.6g}" for a, b, cc in coeffs)
-        rkey = ",".join(str(i) for i in sorted(restarts)) if use_gram else "-"
-        key = f"{env_key(x.device)}|{nb}x{r}x{c}|{x.dtype}|{ckey}|gram={use_gram}|restarts={rkey}|eps={eps:g}"
+        key = plan_key(env_key(x.device), x, coeffs, eps, use_gram, restarts, dtype)
         hit = self.choices.get(key)
         if hit is not None:
             return str(hit["method"]), key
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
-        entry = self.measure(x, coeffs, eps, use_gram, restarts, key)
+        entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype)
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
@@ -189,6 +217,7 @@ class Planner:
         use_gram: bool,
         restarts: frozenset[int],
         key: str,
+        dtype: torch.dtype = torch.bfloat16,
     ) -> dict[str, object]:
         """Times every candidate on x (median of a few runs, CUDA events); drops failing or disagreeing ones."""
         from optim.kernels import triton_importable
@@ -196,17 +225,19 @@ class Planner:
         t_start = time.perf_counter()
         nb, r, c = x.shape
         names = candidate_names(nb, r, c, len(coeffs), use_gram, triton_importable())
-        ref = self.run("plain_torch", key, x, coeffs, eps, restarts).float()
+        ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
         times: dict[str, float] = {}
         rejected: dict[str, str] = {}
         for name in names:
             try:
-                out = self.run(name, key, x, coeffs, eps, restarts)  # warm-up: compile, capture
+                out = self.run(name, key, x, coeffs, eps, restarts, dtype)  # warm-up: compile, capture
                 err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
                 if not err < AGREE_RTOL:
                     rejected[name] = f"disagrees with plain_torch: rel err {err:.3g}"
                     continue
-                times[name] = _median_ms(functools.partial(self.run, name, key, x, coeffs, eps, restarts))
+                times[name] = _median_ms(
+                    functools.partial(self.run, name, key, x, coeffs, eps, restarts, dtype)
+                )
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
                 rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
         if not times:

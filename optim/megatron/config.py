@@ -71,6 +71,10 @@ def megatron_optimizer_config(
             raise ValueError(f"tp_mode={tp_mode!r} is not one of {TP_MODES} for Megatron's built-in Muon")
         if muon.coefficient_type == "custom":
             raise ValueError("coefficient_type='custom' is not available in Megatron's built-in Muon")
+        if muon.ns_precision == "fp16":
+            raise ValueError(
+                "ns_precision='fp16' is ours only: Megatron's built-in Muon iterates in bf16 or fp32"
+            )
         kw.update(
             lr=muon.lr,
             min_lr=muon.lr,

@@ -25,7 +25,7 @@ from optim.functional.split import RowSplit
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 from optim.optimizers.tp import TPModeFn, TPSpec
 
-NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+NS_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 class MOP(OrthogonalizedOptimizer):

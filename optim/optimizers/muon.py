@@ -25,7 +25,7 @@ try:
 except ImportError:
     _kernels = None
 
-NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+NS_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def kernels_available() -> bool:
@@ -64,16 +64,21 @@ class Muon(OrthogonalizedOptimizer):
         self._kernels_ok: bool | None = None
 
     def _use_kernels(self, x: torch.Tensor) -> bool:
-        """Dispatch predicate: CUDA input, bf16 iterate, and `optim.kernels` available (checked once)."""
-        if not (x.is_cuda and self.config.ns_precision == "bf16"):
+        """Dispatch predicate: CUDA input, bf16 or fp16 iterate, and `optim.kernels` available (checked once)."""
+        if not (x.is_cuda and self.config.ns_precision in ("bf16", "fp16")):
             return False
         if self._kernels_ok is None:
             self._kernels_ok = kernels_available()
         return self._kernels_ok
 
     def _fused_available(self) -> bool:
-        """The fused CUDA path (`OrthogonalizedOptimizer._fused_step`): config.fused_step, bf16 NS and the kernels."""
-        return bool(self.config.fused_step) and self.config.ns_precision == "bf16" and kernels_available()
+        """The fused CUDA path (`OrthogonalizedOptimizer._fused_step`): config.fused_step, bf16 or fp16 NS and the
+        kernels (the fused pack writes a bf16 NS input; an fp16 iterate is scaled and cast from it)."""
+        return (
+            bool(self.config.fused_step)
+            and self.config.ns_precision in ("bf16", "fp16")
+            and kernels_available()
+        )
 
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One call per shape group (the base class stacks the group): (B, m, n) -> orthogonalized stack."""
@@ -86,6 +91,7 @@ class Muon(OrthogonalizedOptimizer):
                 eps=cfg.eps,
                 use_gram=cfg.use_gram_ns,
                 restart_iterations=cfg.gram_restart_iterations,
+                dtype=NS_DTYPES[cfg.ns_precision],
             )
             return out.to(x.dtype), None
         out = newton_schulz(

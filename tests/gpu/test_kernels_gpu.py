@@ -165,3 +165,58 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov):
         torch.testing.assert_close(b1, b0, rtol=1e-6, atol=1e-6)
         rel = float((p1 - p0).norm() / (p0 - i).norm())
         assert rel < 2e-2, rel
+
+
+@pytest.mark.parametrize("shape", [(4, 256, 640), (3, 384, 200), (8, 768, 2048)])
+def test_fp16_iterate_every_method_beats_bf16(shape: tuple[int, int, int]) -> None:
+    """ns_precision=fp16 on CUDA: every plain candidate (cuBLAS, Triton symmetric tiles, graphs) with a I folded
+    into P lands closer to the fp64 iteration than the bf16 cuBLAS body does; and the planner keys it apart."""
+    from optim import kernels
+    from optim.kernels import orthogonalize
+    from optim.kernels.plan import Planner, candidate_names
+
+    x = torch.randn(*shape, device="cuda")
+    xn = x.double() / torch.linalg.vector_norm(x.double(), dim=(-2, -1), keepdim=True)
+    tall = shape[1] > shape[2]
+    ref = xn.mT if tall else xn
+    for a, b, c in QUINTIC:
+        g = ref @ ref.mT
+        ref = a * ref + (b * g + c * g @ g) @ ref
+    ref = ref.mT if tall else ref
+    planner = Planner()
+    bf16 = planner.run("plain_torch", "t", x, QUINTIC, 1e-7, frozenset())
+    bf16_err = float((bf16.double() - ref).norm() / ref.norm())
+    for name in candidate_names(*shape, 5, False, triton_ok=True):
+        out = planner.run(name, "t16", x, QUINTIC, 1e-7, frozenset(), torch.float16)
+        assert out.shape == x.shape and out.dtype == x.dtype and torch.isfinite(out).all(), name
+        err = float((out.double() - ref).norm() / ref.norm())
+        assert err < 0.5 * bf16_err, (name, err, bf16_err)
+    out = orthogonalize(x.bfloat16(), coeffs=QUINTIC, dtype=torch.float16)
+    assert out.dtype == torch.bfloat16
+    assert any("iterate=torch.float16" in key for key in kernels._planner().choices)
+
+
+def test_muon_fused_fp16_iterate_closer_to_fp32_than_bf16():
+    """optim.Muon on CUDA, fused step, ns_precision fp16 vs bf16 against the fp32-iterate unfused run."""
+    from optim.configs import MuonConfig
+    from optim.optimizers.muon import Muon
+
+    shapes = [(768, 2048)] * 4 + [(2048, 768)] * 4 + [(1536, 2048)] * 2
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    init = [torch.randn(*s, device="cuda", generator=gen) * 0.02 for s in shapes]
+    grads = [[torch.randn(*s, device="cuda", generator=gen) for s in shapes] for _ in range(3)]
+    runs = {}
+    for prec, fused in (("fp32", False), ("bf16", True), ("fp16", True)):
+        ps = [p.clone() for p in init]
+        opt = Muon(ps, MuonConfig(lr=0.02, ns_precision=prec, fused_step=fused))
+        assert opt._fused_available() is fused
+        for gs in grads:
+            for p, g in zip(ps, gs, strict=True):
+                p.grad = g
+            opt.step()
+        runs[prec] = ps
+
+    def dist(prec: str) -> float:
+        return sum(float((a - b).norm()) for a, b in zip(runs[prec], runs["fp32"], strict=True))
+
+    assert dist("fp16") < 0.5 * dist("bf16"), (dist("fp16"), dist("bf16"))

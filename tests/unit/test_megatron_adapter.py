@@ -241,6 +241,15 @@ def test_optimizer_config_versions_and_errors():
             routing=RoutingConfig(),
             tp_mode="layer_sharded",
         )
+    with pytest.raises(ValueError, match="ns_precision='fp16' is ours only"):
+        om.megatron_optimizer_config(
+            optimizer="muon",
+            adamw=AdamWConfig(),
+            clip_grad=1.0,
+            use_distributed_optimizer=False,
+            muon=MuonConfig(ns_precision="fp16"),
+            routing=RoutingConfig(),
+        )
     with pytest.raises(ValueError, match="optimizer="):
         om.megatron_optimizer_config(
             optimizer="lamb", adamw=AdamWConfig(), clip_grad=1.0, use_distributed_optimizer=False

@@ -235,3 +235,19 @@ def test_rejects_1d_and_bad_config() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         MuonConfig(coefficient_type="custom", custom_coefficients=((2.0, -1.5, 0.5),))
+
+
+def test_fp16_iterate_is_closer_to_fp32_than_bf16() -> None:
+    """ns_precision="fp16" (ours only): after 3 steps the parameters sit closer to the fp32-iterate run than the
+    bf16 run's do (EO fp32 "highest" is the oracle through test_matches_eo_fp32)."""
+    kw = {"lr": 0.01}
+    ref = _run(lambda p: Muon(p, MuonConfig(ns_precision="fp32", **kw)), SHAPES, 3)  # type: ignore[arg-type]
+    out = {
+        prec: _run(lambda p, prec=prec: Muon(p, MuonConfig(ns_precision=prec, **kw)), SHAPES, 3)  # type: ignore[arg-type]
+        for prec in ("bf16", "fp16")
+    }
+
+    def dist(ps: list[torch.Tensor]) -> float:
+        return sum(float((a - b).norm()) for a, b in zip(ps, ref, strict=True))
+
+    assert dist(out["fp16"]) < 0.5 * dist(out["bf16"]), (dist(out["fp16"]), dist(out["bf16"]))

@@ -300,6 +300,7 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
         (["optimizer.grad_sync=reduce_scatter"], "grad_sync"),
         (["optimizer=adamw", "optimizer.implementation=ours"], "AdamW"),
         (["optimizer.implementation=eo"], "oracle"),
+        (["optimizer.ns_precision=fp16"], "ns_precision"),
         (["bench.data=text:/tmp/x.txt"], "bench.data"),
     ],
 )

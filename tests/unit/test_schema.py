@@ -46,6 +46,7 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine=megatron", "hardware=h200", "bench.idle_before_step_s=-1"], "bench.idle_before_step_s"),
         (["bench.microbatch_times=true"], "bench.microbatch_times"),
         (["bench.malloc_trim=true"], "bench.malloc_trim"),
+        (["optimizer=muon_megatron", "optimizer.ns_precision=fp16"], "optimizer.ns_precision"),
         (
             ["engine=megatron", "hardware=h200", "bench.idle_before_step_mode=nap"],
             "bench.idle_before_step_mode",
