@@ -71,7 +71,7 @@ CHOICES = {
     "grad_sync": ("reduce_scatter", "all_reduce"),
     "experts": ("separate", "stacked"),
     "qkv": ("split", "fused"),
-    "ns_precision": ("bf16", "fp32"),
+    "ns_precision": ("bf16", "fp16", "fp32"),
 }
 STRATEGIES = ("lpt_cost", "round_robin", "ping_pong_numel")
 NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
