@@ -22,7 +22,7 @@ fp16's range suffices and its 10-bit mantissa (bf16: 7) makes the iteration ~8x 
 rate on Hopper. That accuracy pays for folding a I into P (P' = a I + b A + c A^2, X <- P' X with a plain bmm):
 `apply` no longer copies X into the GEMM's output first (baddbmm's C = D), 17.6 ms of copies per Qwen3 slice step
 measured on the H200. In bf16 the fold doubled the error against exact NS (0.55% -> 1.1%); in fp16 it is still far
-below bf16's unfolded error (tests/unit/test_ns_kernels_cpu.py).
+below bf16's unfolded error (tests/unit/test_kernels.py).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class TorchOps:
         return torch.baddbmm(x, p, x, beta=beta, alpha=1.0)
 
 
-def normalize_bf16(
+def normalize_to(
     x: torch.Tensor, eps: float, transpose: bool, dtype: torch.dtype = torch.bfloat16
 ) -> torch.Tensor:
     """(B, r, c) any float dtype -> (B, m, n) contiguous `dtype` (bf16 or fp16) divided by max(||x||_F, eps) per
@@ -155,7 +155,7 @@ def orthogonalize_with(
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"dtype={dtype}: the batched NS iterates in torch.bfloat16 or torch.float16")
     transpose = x.size(-2) > x.size(-1)
-    xb = normalize_bf16(x, eps, transpose, dtype)
+    xb = normalize_to(x, eps, transpose, dtype)
     if gram:
         out = gram_iterations(xb, coeffs, restarts, ops)
     else:

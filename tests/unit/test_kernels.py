@@ -256,7 +256,7 @@ def test_fp16_iterate_with_folded_identity_is_more_accurate_than_bf16() -> None:
     """ns_precision=fp16: P' = a I + b A + c A^2 and X <- P' X (no copy of X into the GEMM output). Against exact NS,
     the folded fp16 iterate stays well below bf16's unfolded error (measured here: 0.11% vs 0.57%), while folding in
     bf16 would double bf16's error (1.1%)."""
-    from optim.kernels.ns_batched import normalize_bf16
+    from optim.kernels.ns_batched import normalize_to
 
     torch.manual_seed(0)
     coeffs = [tuple(map(float, c)) for c in ns_coefficients("quintic", 5, None)]
@@ -268,7 +268,7 @@ def test_fp16_iterate_with_folded_identity_is_more_accurate_than_bf16() -> None:
         return float(d.max() / torch.linalg.vector_norm(ref, dim=(-2, -1)).min())
 
     def run(dtype: torch.dtype, fold: bool) -> float:
-        return err(plain_iterations(normalize_bf16(x, 1e-7, False, dtype), coeffs, TorchOps(), fold=fold))
+        return err(plain_iterations(normalize_to(x, 1e-7, False, dtype), coeffs, TorchOps(), fold=fold))
 
     bf16, bf16_fold, fp16_fold = (
         run(torch.bfloat16, False),
