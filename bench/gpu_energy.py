@@ -111,55 +111,5 @@ class PhaseEnergy:
         self.values[f"energy_{name}_j"] = joules
         self.values[f"watts_{name}"] = joules / seconds
         self.values[f"sm_mhz_end_{name}"] = r1.sm_mhz
-        self.values[f"temp_c_end_{name}"] = r1.temp_c
         self.values[f"power_capped_end_{name}"] = float(bool(r1.reasons & 0x4))
         self._last = (t1, r1)
-
-
-class MicrobatchClock:
-    """CUDA events at the start of every micro-batch's forward (wrapped `forward_step_func`) and at the end of the
-    forward-backward: per-micro-batch times (forward + backward, in issue order), and optionally the SM clock read
-    from the host at each start. `summary()` after the device synchronised; the first `first` micro-batches are
-    averaged apart from the rest, to show an after-effect of the previous optimizer step."""
-
-    def __init__(self, *, clock_mhz: Callable[[], float] | None = None, first: int = 4) -> None:
-        self.clock_mhz, self.first = clock_mhz, first
-        self.events: list[Any] = []
-        self.mhz: list[float] = []
-
-    def reset(self) -> None:
-        self.events, self.mhz = [], []
-
-    def _mark(self) -> None:
-        import torch
-
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self.events.append(ev)
-        if self.clock_mhz is not None:
-            self.mhz.append(self.clock_mhz())
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self._mark()
-            return fn(*args, **kwargs)
-
-        return timed
-
-    def end(self) -> None:
-        """Close the last micro-batch (call right after the forward-backward)."""
-        self._mark()
-
-    def times_ms(self) -> list[float]:
-        return [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
-
-    def summary(self) -> dict[str, float]:
-        ms = self.times_ms()
-        k = min(self.first, len(ms) - 1)
-        if k < 1:
-            return {}
-        out = {"mb_first_ms": sum(ms[:k]) / k, "mb_rest_ms": sum(ms[k:]) / len(ms[k:])}
-        mhz = self.mhz[: len(ms)]
-        if len(mhz) == len(ms):
-            out |= {"mb_first_mhz": sum(mhz[:k]) / k, "mb_rest_mhz": sum(mhz[k:]) / len(mhz[k:])}
-        return out

@@ -240,6 +240,11 @@ def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
     match cfg.launcher.name:
         case "local":
             check_device(cfg)
+            if needs_prewarm(cfg):
+                from bench import config, record
+
+                print("== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr)
+                record.update_run_json(run_dir, prewarm=prewarm_local(config.as_dict(cfg), cfg))
             return run_local(cfg, run_dir)
         case "slurm":
             return run_slurm(cfg, run_dir)

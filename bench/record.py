@@ -52,6 +52,7 @@ DIAG_KEYS = (
     "watts_optim",
     "sm_mhz_end_fwd_bwd",
     "sm_mhz_end_optim",
+    "power_capped_end_fwd_bwd",
     "power_capped_end_optim",
     "mb_first_ms",
     "mb_rest_ms",

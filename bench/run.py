@@ -138,14 +138,6 @@ def execute(cfg: Any) -> str:
     )
     print(f"== run {run_id}: {' '.join(overrides) or '(defaults)'}", file=sys.stderr, flush=True)
     try:
-        if launch.needs_prewarm(root):
-            launch.check_layout(root)
-            launch.check_device(root)
-            print(
-                f"== {run_id}: prewarm (one untimed step: kernels compiled, NS plan measured)",
-                file=sys.stderr,
-            )
-            record.update_run_json(run_dir, prewarm=launch.prewarm_local(cfg_dict, root))
         res = launch.launch(root, run_dir)
     except ValueError as exc:
         rec = _fail_early(run_dir, exc)

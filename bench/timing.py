@@ -5,6 +5,7 @@ inside another is also booked as `<outer>/<inner>` (e.g. `optim/comm`: communica
 callers can report exclusive times. `collect()` returns seconds per phase (on CUDA it synchronises once, at the end of the step, so the timing itself does not serialise
 the phases). `wrap(fn, phase)` times every call of a function under a phase and is how Newton-Schulz is timed: the
 optimizer's orthogonalize calls are wrapped, and `ns_flops_plain` counts the FLOPs of each call from its shape.
+`MicrobatchClock` (megatron engine, `bench.microbatch_times`) times every micro-batch of a step with CUDA events.
 
 torch is imported only inside CUDA code paths; the CPU timer is plain Python.
 """
@@ -99,4 +100,53 @@ class PhaseTimer:
             torch.cuda.synchronize()
             for name, pairs in self._events.items():
                 out[name] = out.get(name, 0.0) + sum(s.elapsed_time(e) for s, e in pairs) / 1e3
+        return out
+
+
+class MicrobatchClock:
+    """CUDA events at the start of every micro-batch's forward (wrapped `forward_step_func`) and at the end of the
+    forward-backward: per-micro-batch times (forward + backward, in issue order), and optionally the SM clock read
+    from the host at each start. `summary()` after the device synchronised; the first `first` micro-batches are
+    averaged apart from the rest, to show an after-effect of the previous optimizer step."""
+
+    def __init__(self, *, clock_mhz: Callable[[], float] | None = None, first: int = 4) -> None:
+        self.clock_mhz, self.first = clock_mhz, first
+        self.events: list[Any] = []
+        self.mhz: list[float] = []
+
+    def reset(self) -> None:
+        self.events, self.mhz = [], []
+
+    def _mark(self) -> None:
+        import torch
+
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        self.events.append(ev)
+        if self.clock_mhz is not None:
+            self.mhz.append(self.clock_mhz())
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            self._mark()
+            return fn(*args, **kwargs)
+
+        return timed
+
+    def end(self) -> None:
+        """Close the last micro-batch (call right after the forward-backward)."""
+        self._mark()
+
+    def times_ms(self) -> list[float]:
+        return [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
+
+    def summary(self) -> dict[str, float]:
+        ms = self.times_ms()
+        k = min(self.first, len(ms) - 1)
+        if k < 1:
+            return {}
+        out = {"mb_first_ms": sum(ms[:k]) / k, "mb_rest_ms": sum(ms[k:]) / len(ms[k:])}
+        mhz = self.mhz[: len(ms)]
+        if len(mhz) == len(ms):
+            out |= {"mb_first_mhz": sum(mhz[:k]) / k, "mb_rest_mhz": sum(mhz[k:]) / len(mhz[k:])}
         return out

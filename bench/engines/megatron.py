@@ -123,7 +123,7 @@ class MegatronEngine(Engine):
         if cfg.bench.malloc_trim:
             malloc_trim()  # fails here, not after the first step, where glibc is missing
         if cfg.bench.microbatch_times:
-            from bench.gpu_energy import MicrobatchClock
+            from bench.timing import MicrobatchClock
 
             self._mb = MicrobatchClock(clock_mhz=meter.sm_mhz if meter is not None else None)
         torch.cuda.reset_peak_memory_stats()

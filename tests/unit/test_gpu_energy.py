@@ -92,7 +92,7 @@ class _Ev:
 
 
 def test_microbatch_clock_splits_first_from_rest() -> None:
-    from bench.gpu_energy import MicrobatchClock
+    from bench.timing import MicrobatchClock
 
     mb = MicrobatchClock(first=2)
     starts = [0.0, 300.0, 550.0, 750.0, 950.0, 1150.0]  # 5 micro-batches and the end mark
@@ -109,7 +109,7 @@ def test_microbatch_clock_splits_first_from_rest() -> None:
 
 
 def test_microbatch_clock_wrap_marks_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench.gpu_energy import MicrobatchClock
+    from bench.timing import MicrobatchClock
 
     clock = iter([1500.0, 1800.0])
     mb = MicrobatchClock(clock_mhz=lambda: next(clock))
