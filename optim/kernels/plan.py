@@ -2,12 +2,14 @@
 
 A plan key is (batch, m, n, input dtype, coefficients, use_gram, restarts) on one GPU with one torch and Triton
 version; the cache file (json) lives in $MUONBENCH_CACHE or ~/.cache/muonbench and records the times of every
-candidate and the warm-up cost, so a report can show why a method was chosen. Nothing is guessed: a candidate is
+candidate and the warm-up cost, so a report can show why a method was chosen. An entry that lacks a candidate the
+current code offers (written before that kernel existed) is measured again. Nothing is guessed: a candidate is
 only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, and was the fastest by median.
 
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
-- `plain_sym_<tile>` (t128, t128s4, t128w4, t64): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle).
+- `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256 through tensor descriptors): X X^T and
+  b A + c A^2 by the Triton symmetric kernel (one triangle).
 - `gram_torch`, `gram_sym_<tile>`: Gram-NS with restarts (only when use_gram=True).
 - `+graph`: the same body captured once in a CUDA graph and replayed (only for small problems, where launch
   gaps dominate).
@@ -32,7 +34,7 @@ from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
 # Problems with fewer plain FLOPs than this are also tried under CUDA graph replay (~0.3 ms at 700 TF/s).
 GRAPH_MAX_FLOPS = 2.0e11
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
-TILE_NAMES = ("t128", "t128s4", "t128w4", "t64")
+TILE_NAMES = ("t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256")
 # A candidate must agree with the cuBLAS path to this relative Frobenius distance (bf16 rounding differences).
 AGREE_RTOL = 5e-2
 
@@ -194,7 +196,7 @@ class Planner:
             self._load()
         key = plan_key(env_key(x.device), x, coeffs, eps, use_gram, restarts, dtype)
         hit = self.choices.get(key)
-        if hit is not None:
+        if hit is not None and not self.untried(hit, x, len(coeffs), use_gram):
             return str(hit["method"]), key
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
@@ -208,6 +210,21 @@ class Planner:
         # warm-up process, `megatron_bench --prewarm`. reports/megatron_h200_flops_202611/README.md.)
         torch.cuda.empty_cache()
         return str(entry["method"]), key
+
+    @staticmethod
+    def untried(entry: dict[str, object], x: torch.Tensor, num_steps: int, use_gram: bool) -> list[str]:
+        """Candidates this code offers for x's problem that a cached entry neither timed nor rejected (a cache
+        written before a kernel was added): such an entry is measured again, so a new kernel is never ignored.
+        A fallback entry (nothing could be measured) is kept for the process as it is."""
+        from optim.kernels import triton_importable
+
+        if entry.get("fallback"):
+            return []
+        seen = set(entry.get("times_ms") or {}) | set(entry.get("rejected") or {})  # type: ignore[call-overload]
+        nb, r, c = x.shape
+        return [
+            n for n in candidate_names(nb, r, c, num_steps, use_gram, triton_importable()) if n not in seen
+        ]
 
     def measure(
         self,

@@ -7,8 +7,18 @@ diagonal, the transposed tile, so about half the multiply-adds of the full produ
 
 bf16 operands, fp32 accumulation (tl.dot), epilogue alpha/beta in fp32, bf16 output. Batched over a leading
 dimension through the second grid axis. Rows are read modulo M (no masks on M in the inner loop); K is masked only
-when it is not a multiple of BLOCK_K. Configs are fixed (four); the plan in `optim.kernels.plan` times
+when it is not a multiple of BLOCK_K. Configs are fixed; the plan in `optim.kernels.plan` times
 them against cuBLAS per shape instead of autotuning.
+
+Two kernels share that contract:
+- `_sym_mm_kernel`: pointer loads, square BLOCK x BLOCK tiles (configs t128, t128s4, t128w4, t64).
+- `_sym_mm_tma_kernel`: operand tiles through Hopper's tensor-memory accelerator (host-side tensor descriptors
+  over the (B*M, K) view; Triton pipelines the bulk copies), and rectangular BLOCK_M x BLOCK_N tiles: the lower
+  triangle is walked in square BLOCK_N super-tiles, each computed by BLOCK_N / BLOCK_M programs of BLOCK_M rows.
+  A diagonal super-tile is computed whole (both halves of its rows), an off-diagonal one is stored and mirrored.
+  Rows past M in a tile read the next matrix of the batch (or TMA's zero fill past the end); their outputs are
+  masked. Needs a contiguous input whose row pitch (K elements) is a multiple of 16 bytes; otherwise `sym_mm`
+  takes the pointer kernel. Configs tma128, tma128s5, tma256 (128 x 256 tiles, the usual Hopper GEMM shape).
 """
 
 from __future__ import annotations
@@ -73,15 +83,72 @@ def _sym_mm_kernel(
         tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
 
 
+@triton.jit
+def _sym_mm_tma_kernel(
+    a_desc, b_desc, d_ptr, c_ptr,
+    M, K,
+    s_db, s_dm, s_dn,
+    s_cb, s_cm, s_cn,
+    alpha, beta,
+    HAS_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    SPLIT: tl.constexpr = BLOCK_N // BLOCK_M
+    pid = tl.program_id(0)
+    bid = tl.program_id(1)
+    sup = pid // SPLIT
+    part = pid % SPLIT
+    tm = ((tl.sqrt((8 * sup + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+    tm = tl.where(tm * (tm + 1) // 2 > sup, tm - 1, tm)
+    tm = tl.where((tm + 1) * (tm + 2) // 2 <= sup, tm + 1, tm)
+    tn = sup - tm * (tm + 1) // 2
+    row0 = tm * BLOCK_N + part * BLOCK_M
+    col0 = tn * BLOCK_N
+    base = bid * M
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(tl.cdiv(K, BLOCK_K)):
+        a = a_desc.load([base + row0, k * BLOCK_K])
+        b = b_desc.load([base + col0, k * BLOCK_K])
+        acc = tl.dot(a, b.T, acc)
+
+    acc = acc * alpha
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = col0 + tl.arange(0, BLOCK_N)
+    cmask = (rows[:, None] < M) & (cols[None, :] < M)
+    bid64 = bid.to(tl.int64)
+    if HAS_D:
+        d = tl.load(d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
+        acc += beta * d.to(tl.float32)
+    out = acc.to(c_ptr.dtype.element_ty)
+    c_base = c_ptr + bid64 * s_cb
+    tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
+    if tm != tn:
+        tmask = (cols[:, None] < M) & (rows[None, :] < M)
+        tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TileConfig:
     """One fixed launch config of the symmetric kernel."""
 
     block: int
-    """Square output tile edge (BLOCK_M = BLOCK_N)."""
+    """Output tile rows (BLOCK_M); with `block_n` unset also its columns."""
     block_k: int
     num_warps: int
     num_stages: int
+    block_n: int = 0
+    """Output tile columns (BLOCK_N, a multiple of `block`; 0 = square). Only with `tma`."""
+    tma: bool = False
+    """Load operand tiles through tensor descriptors (`_sym_mm_tma_kernel`)."""
+
+    def __post_init__(self) -> None:
+        if self.block_n and (not self.tma or self.block_n % self.block):
+            raise ValueError(
+                f"TileConfig.block_n={self.block_n}: rectangular tiles need tma=True and block_n a multiple of "
+                f"block={self.block}"
+            )
 
 
 TILE_CONFIGS: dict[str, TileConfig] = {
@@ -89,7 +156,16 @@ TILE_CONFIGS: dict[str, TileConfig] = {
     "t128s4": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4),
     "t128w4": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4),
     "t64": TileConfig(block=64, block_k=64, num_warps=4, num_stages=4),
+    "tma128": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True),
+    "tma128s5": TileConfig(block=128, block_k=64, num_warps=8, num_stages=5, tma=True),
+    "tma256": TileConfig(block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True),
 }
+# Pointer-kernel config used when a TMA config meets an input the descriptors cannot address.
+_TMA_FALLBACK = "t128"
+
+
+def _tma_ok(t: torch.Tensor) -> bool:
+    return t.is_contiguous() and t.data_ptr() % 16 == 0 and (t.size(-1) * t.element_size()) % 16 == 0
 
 
 def sym_mm(
@@ -108,8 +184,12 @@ def sym_mm(
     assert a.ndim == 3 and a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape)
     nb, m, k = a.shape
     c = torch.empty((nb, m, m), dtype=a.dtype, device=a.device)
-    nt = triton.cdiv(m, config.block)
     dd = c if d is None else d
+    if config.tma:
+        if _tma_ok(a) and _tma_ok(b):
+            return _launch_tma(a, b, dd, c, d is not None, float(alpha), float(beta), config)
+        config = TILE_CONFIGS[_TMA_FALLBACK]
+    nt = triton.cdiv(m, config.block)
     grid = (nt * (nt + 1) // 2, nb)
     _sym_mm_kernel[grid](
         a, b, dd, c,
@@ -122,6 +202,40 @@ def sym_mm(
         HAS_D=d is not None,
         EVEN_K=k % config.block_k == 0,
         BLOCK=config.block,
+        BLOCK_K=config.block_k,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )  # fmt: skip
+    return c
+
+
+def _launch_tma(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    dd: torch.Tensor,
+    c: torch.Tensor,
+    has_d: bool,
+    alpha: float,
+    beta: float,
+    config: TileConfig,
+) -> torch.Tensor:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    nb, m, k = a.shape
+    bm, bn = config.block, config.block_n or config.block
+    a_desc = TensorDescriptor.from_tensor(a.view(nb * m, k), [bm, config.block_k])
+    b_desc = TensorDescriptor.from_tensor(b.view(nb * m, k), [bn, config.block_k])
+    nt = triton.cdiv(m, bn)
+    grid = (nt * (nt + 1) // 2 * (bn // bm), nb)
+    _sym_mm_tma_kernel[grid](
+        a_desc, b_desc, dd, c,
+        m, k,
+        dd.stride(0), dd.stride(1), dd.stride(2),
+        c.stride(0), c.stride(1), c.stride(2),
+        alpha, beta,
+        HAS_D=has_d,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
         BLOCK_K=config.block_k,
         num_warps=config.num_warps,
         num_stages=config.num_stages,

@@ -66,12 +66,30 @@ class _Int(metaclass=_IntMeta):
 
 
 interp.int = _Int
+from optim.kernels import sym_triton
 from optim.kernels.sym_triton import TileConfig, sym_mm
 
+tma_calls = []
+_launch = sym_triton._launch_tma
+
+
+def _count(*args, **kwargs):
+    tma_calls.append(args[0].shape)
+    return _launch(*args, **kwargs)
+
+
+sym_triton._launch_tma = _count
+
 torch.manual_seed(0)
-cfg = TileConfig(block=16, block_k=16, num_warps=4, num_stages=1)
-for dtype in (torch.float32, torch.float16):
-    for nb, m, k in ((2, 48, 64), (3, 40, 36), (1, 16, 16)):
+cfgs = (
+    TileConfig(block=16, block_k=16, num_warps=4, num_stages=1),
+    TileConfig(block=16, block_k=16, num_warps=4, num_stages=1, tma=True),
+    TileConfig(block=16, block_n=32, block_k=16, num_warps=4, num_stages=1, tma=True),
+)
+# (3, 40, 36): K * 4 bytes is a multiple of 16 in fp32 but K * 2 is not in fp16, where the TMA configs fall back to
+# the pointer kernel; (3, 40, 40) keeps fp16 on the TMA path with M (40) not a multiple of either tile
+for cfg, dtype in ((c, dt) for c in cfgs for dt in (torch.float32, torch.float16)):
+    for nb, m, k in ((2, 48, 64), (3, 40, 36), (3, 40, 40), (1, 16, 16), (2, 80, 24)):
         a = torch.randn(nb, m, k).to(dtype)
         ref = a.float() @ a.float().mT
         torch.testing.assert_close(sym_mm(a, a, config=cfg).float(), ref, rtol=2e-3, atol=3e-2)
@@ -81,6 +99,8 @@ for dtype in (torch.float32, torch.float16):
         ref2 = 0.5 * s.float() @ s.float() - 2.0 * d.float()
         out2 = sym_mm(s, s, alpha=0.5, d=d, beta=-2.0, config=cfg).float()
         torch.testing.assert_close(out2, ref2, rtol=3e-3, atol=2e-3 * float(ref2.abs().max()))
+# 2 TMA configs x 2 dtypes x 5 shapes x 2 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback)
+assert len(tma_calls) == 38, len(tma_calls)
 print("ok")
 """
 
@@ -160,6 +180,23 @@ def test_fused_step_references(seed: int) -> None:
     apply_update_torch(qs, xt, lr=0.1, weight_decay=0.5, scale=2.0, transposed=True)
     for i in range(3):
         torch.testing.assert_close(qs[i], p0[i] * 0.95 - 0.2 * x[i].float())
+
+
+def test_cached_plan_missing_a_new_candidate_is_measured_again() -> None:
+    """A cache entry written before a kernel existed names the candidates it never tried (so `choose` measures
+    again); one that timed or rejected every current candidate, or a fallback, names none."""
+    from optim.kernels.plan import Planner, candidate_names
+
+    x = torch.empty(768, 1536, 2048, device="meta")
+    names = candidate_names(768, 1536, 2048, 5, use_gram=False, triton_ok=True)
+    assert "plain_sym_tma256" in names and "plain_sym_t128" in names
+    old = {"method": "plain_sym_t128", "times_ms": {n: 1.0 for n in names if "tma" not in n}}
+    assert Planner.untried(old, x, 5, False) == [n for n in names if "tma" in n]
+    full = {"method": "plain_sym_t128", "times_ms": {n: 1.0 for n in names[1:]}, "rejected": {names[0]: "x"}}
+    assert Planner.untried(full, x, 5, False) == []
+    assert Planner.untried({"method": "plain_torch", "times_ms": {}, "fallback": True}, x, 5, False) == []
+    # use_gram widens the candidate set: an entry measured without it is incomplete for a Gram-NS problem
+    assert any(n.startswith("gram") for n in Planner.untried(full, x, 5, True))
 
 
 def test_plan_cache_roundtrip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
@@ -306,3 +343,36 @@ def test_plan_key_names_the_fp16_iterate_and_keeps_bf16_keys() -> None:
     assert plan_key("H200|torch|triton", x, coeffs, 1e-7, False, frozenset({2}), torch.float16) == (
         bf16 + "|iterate=torch.float16"
     )
+
+
+def test_ns_tiles_reads_the_problems_of_a_plan_file() -> None:
+    """bench.ns_tiles takes its NS problems from a plan file's keys (plain, bf16 input and iterate), distinct."""
+    from bench.ns_tiles import parse_args, problems_from_plan
+    from optim.kernels.plan import plan_key
+
+    env = "NVIDIA H200|torch 2.11.0+cu130|triton 3.6.0"
+    coeffs = [(3.4445, -4.775, 2.0315)] * 5
+    x = torch.empty(768, 1536, 2048, dtype=torch.bfloat16, device="meta")
+    keys = [
+        plan_key(env, x, coeffs, 1e-7, False, frozenset()),
+        plan_key(env, x, coeffs, 1e-7, False, frozenset(), torch.float16),  # fp16 iterate: same problem
+        plan_key(env, x, coeffs, 1e-7, True, frozenset({2})),  # Gram-NS: not a plain problem
+        plan_key(env, x.float(), coeffs, 1e-7, False, frozenset()),  # fp32 input
+        plan_key(
+            env,
+            torch.empty(6, 128, 2048, dtype=torch.bfloat16, device="meta"),
+            coeffs,
+            1e-7,
+            False,
+            frozenset(),
+        ),
+    ]
+    probs = problems_from_plan(keys)
+    assert [(p["batch"], p["rows"], p["cols"]) for p in probs] == [(768, 1536, 2048), (6, 128, 2048)]
+    assert probs[0]["coeffs"] == tuple(coeffs) and probs[0]["eps"] == 1e-7
+    # the parsed problem gives back its key (so the bench measures exactly the plan's entry)
+    assert plan_key(env, x, probs[0]["coeffs"], probs[0]["eps"], False, frozenset()) == keys[0]
+    with pytest.raises(ValueError, match="plan=FILE"):
+        parse_args([])
+    with pytest.raises(ValueError, match="allowed|key in"):
+        parse_args(["plan=a", "shape=1"])
