@@ -14,6 +14,7 @@ rectangular matrices); the plan still picks the plain iteration where that measu
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -30,8 +31,9 @@ if TYPE_CHECKING:
 _PLANNER: Planner | None = None
 
 
+@functools.cache
 def triton_importable() -> bool:
-    """Triton can be imported (needed by the symmetric kernels)."""
+    """Triton can be imported (needed by the symmetric kernels); looked up once per process."""
     return importlib.util.find_spec("triton") is not None
 
 

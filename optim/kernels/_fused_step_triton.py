@@ -81,3 +81,15 @@ def apply_update_t_kernel(p_ptrs, upd_ptr, R, C, decay, step, BR: tl.constexpr, 
     offs = rows[:, None] * C + cols[None, :]
     p = tl.load(p_ptr + offs, mask=mask)
     tl.store(p_ptr + offs, p * decay + step * u, mask=mask)
+
+
+@triton.jit
+def scale_cast_kernel(x_ptr, s_ptr, out_ptr, numel, BLOCK: tl.constexpr):
+    """out[i] = x[i] * s[i] per matrix i of a contiguous (B, numel) stack, in fp32, stored in out's dtype."""
+    pid = tl.program_id(0)
+    i = tl.program_id(1).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    s = tl.load(s_ptr + i)
+    x = tl.load(x_ptr + i * numel + offs, mask=mask).to(tl.float32)
+    tl.store(out_ptr + i * numel + offs, (x * s).to(out_ptr.dtype.element_ty), mask=mask)

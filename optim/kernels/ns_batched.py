@@ -4,7 +4,7 @@ Same math as `optim.functional.newton_schulz` (plain and Gram-NS), written once 
 the cuBLAS path (`TorchOps`) and the Triton symmetric path (`optim.kernels.sym_triton.TritonOps`) share it:
 
     gram(X)                   = X X^T                   (symmetric by construction)
-    sym(A, B, alpha, D, beta) = alpha A B^T + beta D    (caller guarantees a symmetric result BY CONSTRUCTION)
+    sym(A, B, alpha, D, beta[, diag]) = alpha A B^T + beta D (+ diag I)   (symmetric result BY CONSTRUCTION)
     full(A, B, alpha, D, beta) = alpha A B + beta D     (general m x m product)
     apply(P, X, beta)         = beta X + P X            (general product, m x m times m x n)
 
@@ -41,7 +41,13 @@ class MatOps(Protocol):
     def gram(self, x: torch.Tensor) -> torch.Tensor: ...
 
     def sym(
-        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        alpha: float,
+        d: torch.Tensor | None,
+        beta: float,
+        diag: float = 0.0,
     ) -> torch.Tensor: ...
 
     def full(
@@ -58,11 +64,21 @@ class TorchOps:
         return torch.bmm(x, x.mT)
 
     def sym(
-        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        alpha: float,
+        d: torch.Tensor | None,
+        beta: float,
+        diag: float = 0.0,
     ) -> torch.Tensor:
         if d is None:
-            return torch.bmm(a, b.mT) if alpha == 1.0 else torch.bmm(a, b.mT).mul_(alpha)
-        return torch.baddbmm(d, a, b.mT, beta=beta, alpha=alpha)
+            out = torch.bmm(a, b.mT) if alpha == 1.0 else torch.bmm(a, b.mT).mul_(alpha)
+        else:
+            out = torch.baddbmm(d, a, b.mT, beta=beta, alpha=alpha)
+        if diag:
+            out.diagonal(dim1=-2, dim2=-1).add_(diag)
+        return out
 
     def full(
         self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float
@@ -85,6 +101,11 @@ def normalize_to(
     """
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True, dtype=torch.float32)
     inv = norm.clamp_min(eps).reciprocal()
+    if x.is_cuda and not transpose and x.is_contiguous():
+        # one Triton pass, product in fp32 (torch's broadcast multiply measured at < half the bandwidth)
+        from optim.kernels.fused_step import scale_cast
+
+        return scale_cast(x, inv, dtype)
     if x.dtype == dtype and not transpose and x.is_contiguous():
         # One pass; the scale rounded to the iterate's dtype only rescales the input, which NS tolerates.
         scaled: torch.Tensor = x * inv.to(dtype)
@@ -106,12 +127,10 @@ def plain_iterations(
     """k plain NS steps: A = X X^T, P = b A + c A^2, X = a X + P X (`fold`: X = (a I + P) X, no copy of X)."""
     for a, b, c in coeffs:
         g = ops.gram(x)
-        p = ops.sym(g, g, c, g, b)
         if fold:
-            p.diagonal(dim1=-2, dim2=-1).add_(a)
-            x = torch.bmm(p, x)
+            x = torch.bmm(ops.sym(g, g, c, g, b, diag=a), x)  # (a I + b A + c A^2) X
         else:
-            x = ops.apply(p, x, a)
+            x = ops.apply(ops.sym(g, g, c, g, b), x, a)
     return x
 
 

@@ -18,7 +18,8 @@ Two kernels share that contract:
   A diagonal super-tile is computed whole (both halves of its rows), an off-diagonal one is stored and mirrored.
   Rows past M in a tile read the next matrix of the batch (or TMA's zero fill past the end); their outputs are
   masked. Needs a contiguous input whose row pitch (K elements) is a multiple of 16 bytes; otherwise `sym_mm`
-  takes the pointer kernel. Configs tma128, tma128s5, tma256 (128 x 256 tiles, the usual Hopper GEMM shape).
+  takes the pointer kernel. Configs tma128, tma128s5, tma128w4, tma128k128, tma256 (128 x 256 tiles, the usual
+  Hopper GEMM shape).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def _sym_mm_kernel(
     s_bb, s_bm, s_bk,
     s_db, s_dm, s_dn,
     s_cb, s_cm, s_cn,
-    alpha, beta,
+    alpha, beta, diag,
     HAS_D: tl.constexpr,
+    HAS_DIAG: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -75,6 +77,8 @@ def _sym_mm_kernel(
     if HAS_D:
         d = tl.load(d_ptr + bid * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
         acc += beta * d.to(tl.float32)
+    if HAS_DIAG:
+        acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
     out = acc.to(c_ptr.dtype.element_ty)
     c_base = c_ptr + bid * s_cb
     tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
@@ -89,8 +93,9 @@ def _sym_mm_tma_kernel(
     M, K,
     s_db, s_dm, s_dn,
     s_cb, s_cm, s_cn,
-    alpha, beta,
+    alpha, beta, diag,
     HAS_D: tl.constexpr,
+    HAS_DIAG: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -121,6 +126,8 @@ def _sym_mm_tma_kernel(
     if HAS_D:
         d = tl.load(d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
         acc += beta * d.to(tl.float32)
+    if HAS_DIAG:
+        acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
     out = acc.to(c_ptr.dtype.element_ty)
     c_base = c_ptr + bid64 * s_cb
     tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
@@ -159,6 +166,8 @@ TILE_CONFIGS: dict[str, TileConfig] = {
     "tma128": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True),
     "tma128s5": TileConfig(block=128, block_k=64, num_warps=8, num_stages=5, tma=True),
     "tma256": TileConfig(block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True),
+    "tma128w4": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4, tma=True),
+    "tma128k128": TileConfig(block=128, block_k=128, num_warps=8, num_stages=3, tma=True),
 }
 # Pointer-kernel config used when a TMA config meets an input the descriptors cannot address.
 _TMA_FALLBACK = "t128"
@@ -175,11 +184,14 @@ def sym_mm(
     alpha: float = 1.0,
     d: torch.Tensor | None = None,
     beta: float = 0.0,
+    diag: float = 0.0,
     config: TileConfig = TILE_CONFIGS["t128"],
 ) -> torch.Tensor:
-    """alpha * a @ b^T + beta * d for (B, M, K) bf16 a, b whose product is known symmetric; returns (B, M, M).
+    """alpha * a @ b^T + beta * d + diag * I for (B, M, K) bf16 (or fp16) a, b whose product is known symmetric;
+    returns (B, M, M).
 
-    d (B, M, M) must be symmetric (only the lower-triangle tiles of it are read).
+    d (B, M, M) must be symmetric (only the lower-triangle tiles of it are read). `diag` is added in the epilogue
+    (the a I of a folded NS step) before the rounding to the output dtype.
     """
     assert a.ndim == 3 and a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape)
     nb, m, k = a.shape
@@ -187,7 +199,7 @@ def sym_mm(
     dd = c if d is None else d
     if config.tma:
         if _tma_ok(a) and _tma_ok(b):
-            return _launch_tma(a, b, dd, c, d is not None, float(alpha), float(beta), config)
+            return _launch_tma(a, b, dd, c, d is not None, float(alpha), float(beta), float(diag), config)
         config = TILE_CONFIGS[_TMA_FALLBACK]
     nt = triton.cdiv(m, config.block)
     grid = (nt * (nt + 1) // 2, nb)
@@ -198,8 +210,9 @@ def sym_mm(
         b.stride(0), b.stride(1), b.stride(2),
         dd.stride(0), dd.stride(1), dd.stride(2),
         c.stride(0), c.stride(1), c.stride(2),
-        float(alpha), float(beta),
+        float(alpha), float(beta), float(diag),
         HAS_D=d is not None,
+        HAS_DIAG=diag != 0.0,
         EVEN_K=k % config.block_k == 0,
         BLOCK=config.block,
         BLOCK_K=config.block_k,
@@ -217,6 +230,7 @@ def _launch_tma(
     has_d: bool,
     alpha: float,
     beta: float,
+    diag: float,
     config: TileConfig,
 ) -> torch.Tensor:
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -232,8 +246,9 @@ def _launch_tma(
         m, k,
         dd.stride(0), dd.stride(1), dd.stride(2),
         c.stride(0), c.stride(1), c.stride(2),
-        alpha, beta,
+        alpha, beta, diag,
         HAS_D=has_d,
+        HAS_DIAG=diag != 0.0,
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=config.block_k,
@@ -253,9 +268,15 @@ class TritonOps:
         return sym_mm(x, x, config=self.config)
 
     def sym(
-        self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor | None, beta: float
+        self,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        alpha: float,
+        d: torch.Tensor | None,
+        beta: float,
+        diag: float = 0.0,
     ) -> torch.Tensor:
-        return sym_mm(a, b, alpha=alpha, d=d, beta=beta, config=self.config)
+        return sym_mm(a, b, alpha=alpha, d=d, beta=beta, diag=diag, config=self.config)
 
     def full(
         self, a: torch.Tensor, b: torch.Tensor, alpha: float, d: torch.Tensor, beta: float

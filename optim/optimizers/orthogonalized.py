@@ -44,6 +44,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -99,6 +100,15 @@ def _all_ranks_true(flag: bool, group: Any, device: torch.device) -> bool:
     return bool(t.item() == 1.0)
 
 
+@dataclass(slots=True)
+class _FusedBucket:
+    """Parameters of one (group, shape, device) stepped together by the fused path, and their momentum buffers."""
+
+    group: dict[str, Any]
+    params: list[torch.Tensor]
+    bufs: list[torch.Tensor]
+
+
 class OrthogonalizedOptimizer(torch.optim.Optimizer):
     """Momentum + orthogonalization; subclasses define `_orthogonalize` on a (B, m, n) stack with m <= n."""
 
@@ -127,6 +137,12 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         self.nonfinite_events: list[tuple[str, int, str]] = []
         """Every (parameter name, step, "grad" | "momentum") whose update was skipped or raised."""
         self._grads_known_finite = False
+        # Host-side structures of the fused path, rebuilt only when the parameter set or the state changes:
+        # (ids of the statically eligible parameters, that list) and (ids of the stepped parameters, buckets).
+        # With ~1,500 expert matrices the per-parameter Python of building them took ~7 ms per step on the H200,
+        # during which the GPU idled (it follows Megatron's grad-norm sync).
+        self._fused_static: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+        self._fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None = None
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
@@ -246,27 +262,66 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     def _fused_params(self) -> list[torch.Tensor]:
         """Parameters the fused path steps: fp32 contiguous 2-D matrices with an fp32 contiguous gradient, not
         split, not TP-sharded, in a group with decoupled (or no) weight decay. (`optim.kernels.fused_step` runs
-        its Triton kernels on CUDA tensors and its torch reference otherwise.)"""
+        its Triton kernels on CUDA tensors and its torch reference otherwise.) The parameter-side conditions are
+        evaluated once per parameter set (and group weight decays); the gradient-side ones every step."""
         if not self._fused_available():
             return []
         cfg = self.config
-        out = []
+        key = tuple(
+            id(x)
+            for group in self.param_groups
+            for x in (group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled", *group["params"])
+        )
+        if self._fused_static is None or self._fused_static[0] != key:
+            static = [
+                p
+                for group in self.param_groups
+                if not (group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled")
+                for p in group["params"]
+                if p.ndim == 2
+                and p.dtype == torch.float32
+                and p.is_contiguous()
+                and id(p) not in self.splits
+                and id(p) not in self.tp
+            ]
+            self._fused_static = (key, static)
+        fp32 = torch.float32
+        return [
+            p
+            for p in self._fused_static[1]
+            if (g := p.grad) is not None and g.dtype == fp32 and g.is_contiguous()
+        ]
+
+    def _buckets_of(self, params: list[torch.Tensor], skipped: set[int]) -> list[_FusedBucket]:
+        """(group, shape, device) buckets of `params` less `skipped` ids, momentum state created where missing;
+        cached for the common case (nothing skipped) until the parameter list or the state changes."""
+        key = tuple(map(id, params))
+        if not skipped and self._fused_buckets is not None and self._fused_buckets[0] == key:
+            return self._fused_buckets[1]
+        ids = set(key) - skipped
+        buckets: dict[tuple[int, tuple[int, ...], torch.device], _FusedBucket] = {}
         for group in self.param_groups:
-            if group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled":
-                continue
             for p in group["params"]:
-                g = p.grad
-                if (
-                    g is not None
-                    and p.ndim == 2
-                    and p.dtype == torch.float32
-                    and g.dtype == torch.float32
-                    and p.is_contiguous()
-                    and g.is_contiguous()
-                    and id(p) not in self.splits
-                    and id(p) not in self.tp
-                ):
-                    out.append(p)
+                if id(p) not in ids:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    st["momentum_buffer"] = torch.zeros_like(p)
+                b = buckets.get((id(group), tuple(p.shape), p.device))
+                if b is None:
+                    b = buckets[(id(group), tuple(p.shape), p.device)] = _FusedBucket(group, [], [])
+                b.params.append(p)
+                b.bufs.append(st["momentum_buffer"])
+        out = list(buckets.values())
+        # the fused kernels' contract, checked once per build instead of per tensor every step
+        for b in out:
+            if not all(t.dtype == torch.float32 and t.is_contiguous() for t in b.bufs):
+                raise ValueError(
+                    f"momentum buffers of the fused Muon path must be contiguous fp32 (shape {tuple(b.params[0].shape)})"
+                )
+        if not skipped:
+            self._fused_buckets = (key, out)
         return out
 
     def _fused_step(self, params: list[torch.Tensor], *, grads_known_finite: bool = False) -> None:
@@ -288,42 +343,39 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         from optim.optimizers.base import NonFiniteError
 
         cfg = self.config
-        ids = {id(p) for p in params}
         # max-abs norms: NaN/Inf propagate, and unlike an L1 norm they cannot overflow on finite values
         if grads_known_finite:
             finite = [True] * len(params)
         else:
             amax = torch._foreach_norm([p.grad for p in params], float("inf"))  # type: ignore[misc]
             finite = torch.isfinite(torch.stack(amax)).tolist()  # one host sync
-        flags = dict(zip((id(p) for p in params), finite, strict=True))
-        names = param_names(self.param_groups) if not all(finite) else {}  # only events need names
+        skipped = {id(p) for p, ok in zip(params, finite, strict=True) if not ok}
         events = []
-        buckets: dict[tuple[int, tuple[int, ...]], tuple[dict[str, Any], list[torch.Tensor]]] = {}
-        for group in self.param_groups:
-            for p in group["params"]:
-                if id(p) not in ids:
-                    continue
-                st = self.state[p]
-                if not st:
-                    st["step"] = 0
-                    st["momentum_buffer"] = torch.zeros_like(p)
-                if not flags[id(p)]:
-                    events.append((names[id(p)], st["step"] + 1, "grad"))
-                    continue
-                buckets.setdefault((id(group), tuple(p.shape)), (group, []))[1].append(p)
+        if skipped:
+            names = param_names(self.param_groups)  # only events need names
+            events = [
+                (names[id(p)], self.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
+            ]
+        buckets = self._buckets_of(params, skipped)
         handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
         for p in params:
-            self.state[p]["step"] += 1
+            st = self.state[p]
+            if st:
+                st["step"] += 1
+            else:  # a skipped parameter's first step: its state starts here, as on the unfused path
+                st["step"], st["momentum_buffer"] = 1, torch.zeros_like(p)
         packed = []
-        for group, ps in buckets.values():
+        for b in buckets:
+            ps = b.params
             x = fs.momentum_pack(
                 [p.grad for p in ps],  # type: ignore[misc]
-                [self.state[p]["momentum_buffer"] for p in ps],
-                beta=group["momentum"],
+                b.bufs,
+                beta=b.group["momentum"],
                 nesterov=cfg.nesterov,
                 transpose=ps[0].size(0) > ps[0].size(1),  # NS input in its wide orientation
+                checked=True,
             )
-            packed.append((group, ps, x))
+            packed.append((b.group, ps, x))
         if not packed:
             return
         ok = host_flags(
@@ -349,6 +401,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 weight_decay=wd,
                 scale=self._shape_scale(*ps[0].shape),
                 transposed=ps[0].size(0) > ps[0].size(1),
+                checked=True,
             )
 
     def _momentum(self, skip: set[int] | None = None) -> list[_Entry]:
@@ -583,3 +636,4 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         """torch.optim load, keeping fp32 momentum of low-precision parameters in fp32."""
         super().load_state_dict(state_dict)
         keep_state_dtypes(self, state_dict)
+        self._fused_buckets = None  # the momentum buffers are new tensors

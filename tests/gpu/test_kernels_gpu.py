@@ -70,6 +70,24 @@ def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     out = sym_mm(s, s, alpha=0.5, d=d, beta=-2.0, config=TILE_CONFIGS[cfg]).float()
     ref2 = 0.5 * s.float() @ s.float() - 2.0 * d.float()
     torch.testing.assert_close(out, ref2, rtol=1e-2, atol=2e-2 * float(ref2.abs().max()))
+    # a I added in the epilogue (folded NS step): the diagonal moves by 3, nothing else changes
+    out3 = sym_mm(s, s, alpha=0.5, d=d, beta=-2.0, diag=3.0, config=TILE_CONFIGS[cfg]).float()
+    eye = torch.eye(m, device="cuda").expand(nb, m, m)
+    torch.testing.assert_close(out3, ref2 + 3 * eye, rtol=1e-2, atol=2e-2 * float(ref2.abs().max()) + 0.02)
+    assert torch.equal(out3[eye == 0], out[eye == 0])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_scale_cast_matches_torch(seed: int, dtype: torch.dtype) -> None:
+    """The NS-entry normalization kernel: x[i] * s[i] in fp32, rounded once to dtype, every element (odd sizes)."""
+    from optim.kernels.fused_step import TRITON_FAILURE, scale_cast
+
+    x = torch.randn(5, 37, 203, device="cuda").bfloat16()
+    s = torch.rand(5, device="cuda") + 0.1
+    out = scale_cast(x, s, dtype)
+    assert not TRITON_FAILURE, TRITON_FAILURE
+    assert out.dtype == dtype and out.shape == x.shape
+    assert torch.equal(out, (x.float() * s.view(-1, 1, 1)).to(dtype))
 
 
 def test_plan_is_cached_and_reused(seed: int, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -99,8 +99,14 @@ for cfg, dtype in ((c, dt) for c in cfgs for dt in (torch.float32, torch.float16
         ref2 = 0.5 * s.float() @ s.float() - 2.0 * d.float()
         out2 = sym_mm(s, s, alpha=0.5, d=d, beta=-2.0, config=cfg).float()
         torch.testing.assert_close(out2, ref2, rtol=3e-3, atol=2e-3 * float(ref2.abs().max()))
-# 2 TMA configs x 2 dtypes x 5 shapes x 2 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback)
-assert len(tma_calls) == 38, len(tma_calls)
+        # a I in the epilogue (the folded NS step): only the diagonal moves, by exactly the product's rounding
+        out3 = sym_mm(s, s, alpha=0.5, d=d, beta=-2.0, diag=3.0, config=cfg).float()
+        eye = torch.eye(m).expand(nb, m, m)
+        torch.testing.assert_close(out3, ref2 + 3.0 * eye, rtol=3e-3, atol=2e-3 * float(ref2.abs().max()) + 2e-3)
+        off = eye == 0
+        assert torch.equal(out3[off], out2[off])
+# 2 TMA configs x 2 dtypes x 5 shapes x 3 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback)
+assert len(tma_calls) == 58, len(tma_calls)
 print("ok")
 """
 
@@ -136,8 +142,8 @@ class _LowerTileOps(TorchOps):
     def gram(self, x: torch.Tensor) -> torch.Tensor:
         return self._mirror(super().gram(x))
 
-    def sym(self, a, b, alpha, d, beta):  # type: ignore[no-untyped-def]
-        return self._mirror(super().sym(a, b, alpha, d, beta))
+    def sym(self, a, b, alpha, d, beta, diag=0.0):  # type: ignore[no-untyped-def]
+        return self._mirror(super().sym(a, b, alpha, d, beta, diag))
 
 
 @pytest.mark.parametrize("block", [16, 64])

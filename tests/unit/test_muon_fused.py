@@ -202,3 +202,44 @@ def test_instrument_sees_every_orthogonalize_call(monkeypatch, fused):
     assert len(seen) == want and {ph for ph, _ in seen} == {"ns"}, seen
     for p, r in zip(ps, ref, strict=True):
         torch.testing.assert_close(p, r, rtol=0, atol=0)
+
+
+def test_cached_buckets_follow_loaded_state_and_new_parameters(monkeypatch):
+    """The fused path keeps its buckets (and parameter screening) between steps; loading a state dict (new momentum
+    tensors) and adding a parameter group must both be seen: each step equals a fresh optimizer's on the same state."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    cfg = MuonConfig(lr=0.02, momentum=0.9, weight_decay=0.1)
+
+    def fresh_like(opt, params):
+        twin = Muon([q.detach().clone().requires_grad_(True) for q in params], cfg)
+        twin.load_state_dict(opt.state_dict())
+        return twin
+
+    ps = [p.requires_grad_(True) for p in _params(SHAPES)]
+    opt = Muon(ps, cfg)
+    for k in range(2):
+        for p, g in zip(ps, _grads(SHAPES, k), strict=True):
+            p.grad = g
+        opt.step()
+    sd = opt.state_dict()
+    for st in sd["state"].values():
+        st["momentum_buffer"] = st["momentum_buffer"] * 3.0  # new tensors, different values
+    opt.load_state_dict(sd)
+    twin = fresh_like(opt, ps)
+    grads = _grads(SHAPES, 7)
+    for p, q, g in zip(ps, twin.param_groups[0]["params"], grads, strict=True):
+        p.grad, q.grad = g, g.clone()
+    opt.step()
+    twin.step()
+    for p, q in zip(ps, twin.param_groups[0]["params"], strict=True):
+        torch.testing.assert_close(p.detach(), q.detach())
+        torch.testing.assert_close(opt.state[p]["momentum_buffer"], twin.state[q]["momentum_buffer"])
+    # a parameter group added after the structures were built is stepped too
+    extra = (torch.randn(16, 24) * 0.1).requires_grad_(True)
+    before = extra.detach().clone()
+    opt.add_param_group({"params": [extra]})
+    for p, g in zip([*ps, extra], [*_grads(SHAPES, 8), torch.randn(16, 24)], strict=True):
+        p.grad = g
+    opt.step()
+    assert opt.state[extra]["step"] == 1 and not torch.equal(extra.detach(), before)
+    assert all(opt.state[p]["step"] == 4 for p in ps)
