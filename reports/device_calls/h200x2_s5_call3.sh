@@ -23,8 +23,10 @@ CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29511 timeout 120 python3 -m bench.engines.me
     --case prewarm experiment=h200/qwen3_30b_a3b_slice_muon_1gpu bench.steps=1 bench.warmup_steps=1 $O > "$OUT/mg/prewarm.log" 2>&1
 echo "prewarm rc=$? t=${SECONDS}s" | tee -a "$OUT/mg/prewarm.log"
 (CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29521 $MB --case s5n_r1_ours_gpu0 $F $L $O --case s5n_r2_adamw_gpu0 $F $L optimizer=adamw > "$OUT/mg/gpu0.log" 2>&1) &
+P0=$!
 (CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29622 $MB --case s5n_r1_adamw_gpu1 $F $L optimizer=adamw --case s5n_r2_ours_gpu1 $F $L $O > "$OUT/mg/gpu1.log" 2>&1) &
-wait %2 %3
+P1=$!
+wait $P0 $P1
 echo "crossover done t=${SECONDS}s" | tee -a "$OUT/mg/gpu0.log"
 kill $SMI
 grep -h "\] ok\|FAILED\|killed\|Error" "$OUT/mg/gpu0.log" "$OUT/mg/gpu1.log" | sort -u
