@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu --fo
 SMI=$!
 # prewarm on GPU0 (records dropped), then the crossover
 CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29511 timeout 120 python3 -m bench.engines.megatron_bench --out /tmp/prewarm \
-    --case prewarm experiment=h200/qwen3_30b_a3b_slice_muon_1gpu bench.steps=1 bench.warmup_steps=1 $O > "$OUT/mg/prewarm.log" 2>&1
+    --case prewarm experiment=h200/qwen3_30b_a3b_slice_muon_1gpu bench.steps=1 bench.warmup_steps=0 $O > "$OUT/mg/prewarm.log" 2>&1
 echo "prewarm rc=$? t=${SECONDS}s" | tee -a "$OUT/mg/prewarm.log"
 (CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29521 $MB --case s5n_r1_ours_gpu0 $F $L $O --case s5n_r2_adamw_gpu0 $F $L optimizer=adamw > "$OUT/mg/gpu0.log" 2>&1) &
 P0=$!
