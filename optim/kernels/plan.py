@@ -8,9 +8,9 @@ only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, an
 
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
-- `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256, tma128w4, tma128k128 through
-  tensor descriptors): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle); with the fp16
-  iterate a I is added in that kernel's epilogue too.
+- `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256, tma128w4, tma128k128, tma128o,
+  tma128w4o, tma128wso through tensor descriptors): X X^T and b A + c A^2 by the Triton symmetric kernel (one
+  triangle); with the fp16 iterate a I is added in that kernel's epilogue too.
 - `gram_torch`, `gram_sym_<tile>`: Gram-NS with restarts (only when use_gram=True).
 - `+graph`: the same body captured once in a CUDA graph and replayed (only for small problems, where launch
   gaps dominate).
@@ -37,6 +37,7 @@ GRAPH_MAX_FLOPS = 2.0e11
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
 TILE_NAMES = (
     "t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256", "tma128w4", "tma128k128",
+    "tma128o", "tma128w4o", "tma128wso",
 )  # fmt: skip
 # A candidate must agree with the cuBLAS path to this relative Frobenius distance (bf16 rounding differences).
 AGREE_RTOL = 5e-2

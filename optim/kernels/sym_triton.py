@@ -19,7 +19,9 @@ Two kernels share that contract:
   Rows past M in a tile read the next matrix of the batch (or TMA's zero fill past the end); their outputs are
   masked. Needs a contiguous input whose row pitch (K elements) is a multiple of 16 bytes; otherwise `sym_mm`
   takes the pointer kernel. Configs tma128, tma128s5, tma128w4, tma128k128, tma256 (128 x 256 tiles, the usual
-  Hopper GEMM shape).
+  Hopper GEMM shape); tma128o, tma128w4o also read D and store C and its mirror through descriptors when M is a
+  multiple of the tile (the transposed tile goes out through shared memory by the bulk-copy engine), tma128wso
+  with Triton's warp specialization of the K loop on top.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _sym_mm_kernel(
 
 @triton.jit
 def _sym_mm_tma_kernel(
-    a_desc, b_desc, d_ptr, c_ptr,
+    a_desc, b_desc, d_desc, c_desc, ct_desc, d_ptr, c_ptr,
     M, K,
     s_db, s_dm, s_dn,
     s_cb, s_cm, s_cn,
@@ -99,6 +101,8 @@ def _sym_mm_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TMA_OUT: tl.constexpr,
+    WS: tl.constexpr,
 ):  # fmt: skip
     SPLIT: tl.constexpr = BLOCK_N // BLOCK_M
     pid = tl.program_id(0)
@@ -113,7 +117,7 @@ def _sym_mm_tma_kernel(
     col0 = tn * BLOCK_N
     base = bid * M
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(tl.cdiv(K, BLOCK_K)):
+    for k in tl.range(tl.cdiv(K, BLOCK_K), warp_specialize=WS):
         a = a_desc.load([base + row0, k * BLOCK_K])
         b = b_desc.load([base + col0, k * BLOCK_K])
         acc = tl.dot(a, b.T, acc)
@@ -121,19 +125,31 @@ def _sym_mm_tma_kernel(
     acc = acc * alpha
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = col0 + tl.arange(0, BLOCK_N)
-    cmask = (rows[:, None] < M) & (cols[None, :] < M)
-    bid64 = bid.to(tl.int64)
-    if HAS_D:
-        d = tl.load(d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
-        acc += beta * d.to(tl.float32)
-    if HAS_DIAG:
-        acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
-    out = acc.to(c_ptr.dtype.element_ty)
-    c_base = c_ptr + bid64 * s_cb
-    tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
-    if tm != tn:
-        tmask = (cols[:, None] < M) & (rows[None, :] < M)
-        tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+    if TMA_OUT:  # M % BLOCK_N == 0: every tile lies inside its matrix, so the (B*M, M) view needs no masks
+        if HAS_D:
+            acc += beta * d_desc.load([base + row0, col0]).to(tl.float32)
+        if HAS_DIAG:
+            acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
+        out = acc.to(c_desc.dtype)
+        c_desc.store([base + row0, col0], out)
+        if tm != tn:
+            ct_desc.store([base + col0, row0], tl.trans(out))
+    else:
+        cmask = (rows[:, None] < M) & (cols[None, :] < M)
+        bid64 = bid.to(tl.int64)
+        if HAS_D:
+            d = tl.load(
+                d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0
+            )
+            acc += beta * d.to(tl.float32)
+        if HAS_DIAG:
+            acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
+        out = acc.to(c_ptr.dtype.element_ty)
+        c_base = c_ptr + bid64 * s_cb
+        tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
+        if tm != tn:
+            tmask = (cols[:, None] < M) & (rows[None, :] < M)
+            tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -149,8 +165,18 @@ class TileConfig:
     """Output tile columns (BLOCK_N, a multiple of `block`; 0 = square). Only with `tma`."""
     tma: bool = False
     """Load operand tiles through tensor descriptors (`_sym_mm_tma_kernel`)."""
+    tma_out: bool = False
+    """Also read D and store C (and its mirror) through tensor descriptors when M is a multiple of the tile
+    (otherwise the masked pointer epilogue). Only with `tma`."""
+    warp_specialize: bool = False
+    """Ask Triton to warp-specialize the K loop (producer / consumer partitions). Only with `tma`; a config the
+    compiler cannot build is rejected by the plan like any failing candidate."""
 
     def __post_init__(self) -> None:
+        if (self.tma_out or self.warp_specialize) and not self.tma:
+            raise ValueError(
+                "TileConfig.tma_out / warp_specialize need tma=True (tensor-descriptor operand loads)"
+            )
         if self.block_n and (not self.tma or self.block_n % self.block):
             raise ValueError(
                 f"TileConfig.block_n={self.block_n}: rectangular tiles need tma=True and block_n a multiple of "
@@ -168,6 +194,11 @@ TILE_CONFIGS: dict[str, TileConfig] = {
     "tma256": TileConfig(block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True),
     "tma128w4": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4, tma=True),
     "tma128k128": TileConfig(block=128, block_k=128, num_warps=8, num_stages=3, tma=True),
+    "tma128o": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True, tma_out=True),
+    "tma128w4o": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4, tma=True, tma_out=True),
+    "tma128wso": TileConfig(
+        block=128, block_k=64, num_warps=8, num_stages=3, tma=True, tma_out=True, warp_specialize=True
+    ),
 }
 # Pointer-kernel config used when a TMA config meets an input the descriptors cannot address.
 _TMA_FALLBACK = "t128"
@@ -239,10 +270,18 @@ def _launch_tma(
     bm, bn = config.block, config.block_n or config.block
     a_desc = TensorDescriptor.from_tensor(a.view(nb * m, k), [bm, config.block_k])
     b_desc = TensorDescriptor.from_tensor(b.view(nb * m, k), [bn, config.block_k])
+    tma_out = config.tma_out and m % bn == 0 and dd.is_contiguous() and _tma_ok(dd)
+    if tma_out:
+        c2, d2 = c.view(nb * m, m), dd.view(nb * m, m)
+        d_desc = TensorDescriptor.from_tensor(d2, [bm, bn])
+        c_desc = TensorDescriptor.from_tensor(c2, [bm, bn])
+        ct_desc = c_desc if bm == bn else TensorDescriptor.from_tensor(c2, [bn, bm])
+    else:  # unused by the kernel (TMA_OUT=False); any valid descriptors
+        d_desc = c_desc = ct_desc = a_desc
     nt = triton.cdiv(m, bn)
     grid = (nt * (nt + 1) // 2 * (bn // bm), nb)
     _sym_mm_tma_kernel[grid](
-        a_desc, b_desc, dd, c,
+        a_desc, b_desc, d_desc, c_desc, ct_desc, dd, c,
         m, k,
         dd.stride(0), dd.stride(1), dd.stride(2),
         c.stride(0), c.stride(1), c.stride(2),
@@ -252,6 +291,8 @@ def _launch_tma(
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=config.block_k,
+        TMA_OUT=tma_out,
+        WS=config.warp_specialize,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip

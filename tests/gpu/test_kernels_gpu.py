@@ -52,7 +52,7 @@ def test_every_method_matches_reference(seed: int, shape: tuple[int, int, int], 
         assert err < 1.3 * ref_err + 5e-3, (name, err, ref_err)
 
 
-@pytest.mark.parametrize("cfg", ["t128", "t64", "tma128", "tma256"])
+@pytest.mark.parametrize("cfg", ["t128", "t64", "tma128", "tma256", "tma128o", "tma128wso"])
 @pytest.mark.parametrize("bmk", [(2, 256, 512), (3, 200, 136), (1, 576, 7168 // 4)])
 def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     """bf16 symmetric product and fused epilogue vs fp32 torch, every element (unwritten ones would differ)."""

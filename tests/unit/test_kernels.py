@@ -74,7 +74,9 @@ _launch = sym_triton._launch_tma
 
 
 def _count(*args, **kwargs):
-    tma_calls.append(args[0].shape)
+    cfg = args[-1]
+    m = args[0].shape[1]
+    tma_calls.append(cfg.tma_out and m % (cfg.block_n or cfg.block) == 0)  # True: the descriptor epilogue runs
     return _launch(*args, **kwargs)
 
 
@@ -85,11 +87,14 @@ cfgs = (
     TileConfig(block=16, block_k=16, num_warps=4, num_stages=1),
     TileConfig(block=16, block_k=16, num_warps=4, num_stages=1, tma=True),
     TileConfig(block=16, block_n=32, block_k=16, num_warps=4, num_stages=1, tma=True),
+    TileConfig(block=16, block_k=16, num_warps=4, num_stages=1, tma=True, tma_out=True, warp_specialize=True),
+    TileConfig(block=16, block_n=32, block_k=16, num_warps=4, num_stages=1, tma=True, tma_out=True),
 )
 # (3, 40, 36): K * 4 bytes is a multiple of 16 in fp32 but K * 2 is not in fp16, where the TMA configs fall back to
-# the pointer kernel; (3, 40, 40) keeps fp16 on the TMA path with M (40) not a multiple of either tile
+# the pointer kernel; (3, 40, 40) keeps fp16 on the TMA path with M (40) not a multiple of either tile; M = 64 is
+# a multiple of both tiles (16, 32) of the descriptor-epilogue configs, 48 / 16 / 80 of the square one only
 for cfg, dtype in ((c, dt) for c in cfgs for dt in (torch.float32, torch.float16)):
-    for nb, m, k in ((2, 48, 64), (3, 40, 36), (3, 40, 40), (1, 16, 16), (2, 80, 24)):
+    for nb, m, k in ((2, 48, 64), (3, 40, 36), (3, 40, 40), (1, 16, 16), (2, 80, 24), (2, 64, 32)):
         a = torch.randn(nb, m, k).to(dtype)
         ref = a.float() @ a.float().mT
         torch.testing.assert_close(sym_mm(a, a, config=cfg).float(), ref, rtol=2e-3, atol=3e-2)
@@ -105,8 +110,9 @@ for cfg, dtype in ((c, dt) for c in cfgs for dt in (torch.float32, torch.float16
         torch.testing.assert_close(out3, ref2 + 3.0 * eye, rtol=3e-3, atol=2e-3 * float(ref2.abs().max()) + 2e-3)
         off = eye == 0
         assert torch.equal(out3[off], out2[off])
-# 2 TMA configs x 2 dtypes x 5 shapes x 3 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback)
-assert len(tma_calls) == 58, len(tma_calls)
+# 4 TMA configs x 2 dtypes x 6 shapes x 3 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback);
+# descriptor epilogue: square tma_out config at M = 48, 16, 80, 64 and the 16 x 32 one at M = 64, x 2 dtypes x 3
+assert len(tma_calls) == 140 and sum(tma_calls) == 30, (len(tma_calls), sum(tma_calls))
 print("ok")
 """
 
