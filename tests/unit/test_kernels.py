@@ -388,3 +388,20 @@ def test_ns_tiles_reads_the_problems_of_a_plan_file() -> None:
         parse_args([])
     with pytest.raises(ValueError, match="allowed|key in"):
         parse_args(["plan=a", "shape=1"])
+
+
+def test_ns_skip_env_drops_tile_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$MUONBENCH_NS_SKIP removes tile configs from the plan's candidates (and from what a cached entry must have
+    tried); an unknown name is an error naming the known configs."""
+    from optim.kernels.plan import Planner, candidate_names
+
+    monkeypatch.setenv("MUONBENCH_NS_SKIP", "tma128wso, tma128o")
+    names = candidate_names(768, 1536, 2048, 5, use_gram=False, triton_ok=True)
+    assert (
+        "plain_sym_tma128wso" not in names and "plain_sym_tma128o" not in names and "plain_sym_t128" in names
+    )
+    entry = {"method": "plain_sym_t128", "times_ms": {n: 1.0 for n in names}}
+    assert Planner.untried(entry, torch.empty(768, 1536, 2048, device="meta"), 5, False) == []
+    monkeypatch.setenv("MUONBENCH_NS_SKIP", "t999")
+    with pytest.raises(ValueError, match="t999.*known"):
+        candidate_names(1, 64, 64, 5, use_gram=False, triton_ok=True)
