@@ -99,6 +99,7 @@ def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "extra_step_ms": ((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0)) * 1e3,
                 "resolved": abs((_num(r["step_s_median"]) or 0) - (_num(b["step_s_median"]) or 0))
                 > max(_num(r.get("step_s_iqr")) or 0, _num(b.get("step_s_iqr")) or 0),
+                "same_call": bool(r.get("git_sha")) and r.get("git_sha") == b.get("git_sha"),
             }
         )
     return out
@@ -365,6 +366,12 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                 if x["resolved"]
                 else "; the step-time difference is within the IQR of the runs, so this "
                 "machine does not resolve it"
+            )
+            + (
+                ""
+                if x["same_call"]
+                else " (no AdamW run of the same commit / device call: compared with one of another call, "
+                "which may have run on another machine)"
             )
             for x in ratios
         ]

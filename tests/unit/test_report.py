@@ -97,3 +97,5 @@ def test_model_only_ratio_pairs_with_adamw_of_the_same_call():
     assert got["muon (a_muon)"] == ("adamw (a_adamw)", 0.99)
     assert got["muon (b_muon)"] == ("adamw (b_adamw)", 0.99)  # nearest of its call's two AdamW runs
     assert got["muon (c_muon)"][0] == "adamw (b_adamw2)"  # no AdamW in its call: nearest start overall
+    same = {x["optimizer"]: x["same_call"] for x in report.model_only_ratios(rows)}
+    assert same == {"muon (a_muon)": True, "muon (b_muon)": True, "muon (c_muon)": False}  # c's is flagged
