@@ -142,7 +142,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         # With ~1,500 expert matrices the per-parameter Python of building them took ~7 ms per step on the H200,
         # during which the GPU idled (it follows Megatron's grad-norm sync).
         self._fused_static: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
-        self._fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None = None
+        self._fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None = (
+            None  # key: ids, state id / size
+        )
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
@@ -294,8 +296,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
     def _buckets_of(self, params: list[torch.Tensor], skipped: set[int]) -> list[_FusedBucket]:
         """(group, shape, device) buckets of `params` less `skipped` ids, momentum state created where missing;
-        cached for the common case (nothing skipped) until the parameter list or the state changes."""
-        key = tuple(map(id, params))
+        cached for the common case (nothing skipped) until the parameter list or the state changes (a new state
+        dict, entries added or removed; `load_state_dict` drops the cache itself)."""
+        key = (*map(id, params), id(self.state), len(self.state))
         if not skipped and self._fused_buckets is not None and self._fused_buckets[0] == key:
             return self._fused_buckets[1]
         ids = set(key) - skipped

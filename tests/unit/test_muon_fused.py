@@ -243,3 +243,29 @@ def test_cached_buckets_follow_loaded_state_and_new_parameters(monkeypatch):
     opt.step()
     assert opt.state[extra]["step"] == 1 and not torch.equal(extra.detach(), before)
     assert all(opt.state[p]["step"] == 4 for p in ps)
+
+
+def test_cached_buckets_follow_a_cleared_state(monkeypatch):
+    """State dropped from outside (`opt.state.clear()`, e.g. to restart the momentum) is re-created, not bypassed by
+    the cached buckets: the next step equals a fresh optimizer's first step."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    cfg = MuonConfig(lr=0.02, momentum=0.9, weight_decay=0.1)
+    ps = [p.requires_grad_(True) for p in _params(SHAPES)]
+    twins = [p.detach().clone().requires_grad_(True) for p in ps]
+    opt, fresh = Muon(ps, cfg), Muon(twins, cfg)
+    for k in range(2):
+        for p, g in zip(ps, _grads(SHAPES, k), strict=True):
+            p.grad = g
+        opt.step()
+    with torch.no_grad():
+        for p, q in zip(ps, twins, strict=True):
+            q.copy_(p)
+    opt.state.clear()
+    grads = _grads(SHAPES, 5)
+    for p, q, g in zip(ps, twins, grads, strict=True):
+        p.grad, q.grad = g, g.clone()
+    opt.step()
+    fresh.step()
+    for p, q in zip(ps, twins, strict=True):
+        torch.testing.assert_close(p.detach(), q.detach())
+        assert opt.state[p]["step"] == 1
