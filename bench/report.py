@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,41 @@ def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "same_call": bool(r.get("git_sha")) and r.get("git_sha") == b.get("git_sha"),
             }
         )
+    return out
+
+
+def pooled_call_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device call (same setup and commit) with more than one run of a side: the mean model TFLOP/s of the runs
+    of one configuration (config hash) over the mean of that call's AdamW runs. Repeated runs in one call (A B A, B A B
+    A) then give one number instead of several nearest-in-time pairs that drift apart. Runs recorded from a dirty
+    tree are left out: their commit does not pin the code, so it cannot stand for one device call."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        dirty = str(r.get("git_dirty") or "").lower() in ("true", "1")
+        if r["status"] == "ok" and r.get("git_sha") and not dirty and _num(r.get("model_tflops_per_gpu")):
+            groups.setdefault((*(r.get(c) for c in GROUP_COLUMNS), r["git_sha"]), []).append(r)
+    out = []
+    for key, runs in groups.items():
+        base = [r for r in runs if r["optimizer"] == BASELINE]
+        variants: dict[Any, list[dict[str, Any]]] = {}
+        for r in runs:
+            if r["optimizer"] != BASELINE:
+                variants.setdefault(r.get("config_hash") or r["run_id"], []).append(r)
+        for vr in variants.values():
+            if not base or len(vr) + len(base) < 3:
+                continue
+            mean_b = statistics.fmean(_num(b["model_tflops_per_gpu"]) or 0.0 for b in base)
+            mean_v = statistics.fmean(_num(v["model_tflops_per_gpu"]) or 0.0 for v in vr)
+            out.append(
+                {
+                    "git_sha": key[-1],
+                    "optimizer": f"{vr[0]['optimizer']} ({', '.join(v['run_id'] for v in vr)})",
+                    "baseline": ", ".join(b["run_id"] for b in base),
+                    "runs": len(vr),
+                    "baseline_runs": len(base),
+                    "model_only_ratio": mean_v / mean_b if mean_b else None,
+                }
+            )
     return out
 
 
@@ -381,6 +417,19 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                 "Muon side only):"
             ),
             "\n".join(lines),
+        ]
+    pooled = pooled_call_ratios(rows)
+    if pooled:
+        parts += [
+            (
+                "Pooled per device call (same clean commit; mean model TFLOP/s of a configuration's runs over the "
+                "mean of the call's AdamW runs):"
+            ),
+            "\n".join(
+                f"- {x['git_sha']}: **{x['optimizer']}: {fmt(x['model_only_ratio'], '.3f')}** x AdamW "
+                f"({x['runs']} run(s) vs {x['baseline_runs']} AdamW: {x['baseline']})"
+                for x in pooled
+            ),
         ]
     parts += [
         "## Optimizer step breakdown",

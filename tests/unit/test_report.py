@@ -99,3 +99,39 @@ def test_model_only_ratio_pairs_with_adamw_of_the_same_call():
     assert got["muon (c_muon)"][0] == "adamw (b_adamw2)"  # no AdamW in its call: nearest start overall
     same = {x["optimizer"]: x["same_call"] for x in report.model_only_ratios(rows)}
     assert same == {"muon (a_muon)": True, "muon (b_muon)": True, "muon (c_muon)": False}  # c's is flagged
+
+
+def test_pooled_ratio_per_call_averages_repeated_runs():
+    """B A B A in one call: one pooled number (mean of the Muon configuration's runs over the mean of the AdamW
+    runs); a call with a single pair gives none (the pair ratio says it); another configuration is its own line;
+    runs from a dirty tree (a commit that names no call) are not pooled."""
+    setup = {c: "x" for c in report.GROUP_COLUMNS}
+
+    def run(run_id, opt, sha, tf, cfg="c1", dirty=""):
+        return setup | {
+            "run_id": run_id,
+            "optimizer": opt,
+            "status": "ok",
+            "git_sha": sha,
+            "git_dirty": dirty,
+            "model_tflops_per_gpu": tf,
+            "config_hash": cfg,
+        }
+
+    rows = [
+        run("n_muon", "muon", "nnn", 292.0),
+        run("n_adamw", "adamw", "nnn", 296.0),
+        run("n_muon2", "muon", "nnn", 292.4),
+        run("n_adamw2", "adamw", "nnn", 294.0),
+        run("n_builtin", "muon", "nnn", 280.0, cfg="c2"),
+        run("p_muon", "muon", "ppp", 290.0),
+        run("p_adamw", "adamw", "ppp", 300.0),
+        run("d_muon", "muon", "ddd", 290.0, dirty="True"),
+        run("d_adamw", "adamw", "ddd", 300.0, dirty="True"),
+        run("d_adamw2", "adamw", "ddd", 300.0, dirty="True"),
+    ]
+    got = {x["optimizer"]: round(x["model_only_ratio"], 4) for x in report.pooled_call_ratios(rows)}
+    assert got == {
+        "muon (n_muon, n_muon2)": round(292.2 / 295.0, 4),
+        "muon (n_builtin)": round(280.0 / 295.0, 4),
+    }
