@@ -2,7 +2,8 @@
 # Session 5, call 4 on nvidia-h200-x2 (call O), the last ~290 s of the session's device time: issue 11's NCCL
 # correctness (tests/gpu/test_dist_nccl.py: TP NS modes and the layer-wise optimizer over NCCL on 2 GPUs equal the
 # one-GPU results) and the layer-wise optimizer step of one Qwen3-30B-A3B layer at 1 and 2 GPUs (lpt_cost).
-# Run from the repo root, .whl_megatron carried, as `bash reports/device_calls/h200x2_s5_call4.sh`.
+# Run from the repo root, .whl_megatron carried, as `bash reports/device_calls/h200x2_s5_call4.sh` (as it was run; with
+# `MUONBENCH_GIT_SHA=<short sha>` in front the scaling record would name the commit).
 set -u
 source reports/device_calls/device_env.sh
 mkdir -p "$OUT/x2"
