@@ -9,10 +9,12 @@ LLVM and ptxas run on the CPU; no GPU needed), then after glibc malloc_trim(0). 
 Prints after/before and trimmed/before ratios of the median loop time. Results of 15 + 14 runs on the 2-core
 development machine: host_compile_probe.txt.
 """
+
 import ctypes, gc, os, statistics, sys, time
 import torch
 
 torch.set_num_threads(1)
+
 
 def host_ops(n=20000):
     x = torch.randn(64, 32)
@@ -26,10 +28,12 @@ def host_ops(n=20000):
         u = y.t()
     return (time.perf_counter() - t0) / n * 1e6
 
+
 def measure(tag):
     xs = [host_ops() for _ in range(7)]
     print(f"{tag:28s} us/iter median {statistics.median(xs):.2f} min {min(xs):.2f}", flush=True)
     return statistics.median(xs)
+
 
 base = measure("baseline")
 mode = sys.argv[1]
@@ -38,20 +42,58 @@ if mode == "compile":
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from optim.kernels.sym_triton import _sym_mm_kernel
-    sig = {n: t for n, t in zip(
-        ["a_ptr","b_ptr","d_ptr","c_ptr","M","K","s_ab","s_am","s_ak","s_bb","s_bm","s_bk","s_db","s_dm","s_dn","s_cb","s_cm","s_cn","alpha","beta"],
-        ["*bf16"]*4 + ["i32"]*2 + ["i64"]*12 + ["fp32"]*2)}
-    t = time.perf_counter(); k = 0
+
+    sig = {
+        n: t
+        for n, t in zip(
+            [
+                "a_ptr",
+                "b_ptr",
+                "d_ptr",
+                "c_ptr",
+                "M",
+                "K",
+                "s_ab",
+                "s_am",
+                "s_ak",
+                "s_bb",
+                "s_bm",
+                "s_bk",
+                "s_db",
+                "s_dm",
+                "s_dn",
+                "s_cb",
+                "s_cm",
+                "s_cn",
+                "alpha",
+                "beta",
+            ],
+            ["*bf16"] * 4 + ["i32"] * 2 + ["i64"] * 12 + ["fp32"] * 2,
+        )
+    }
+    t = time.perf_counter()
+    k = 0
     for block, bk in ((128, 64), (128, 32), (64, 64), (64, 32), (128, 128), (32, 64)):
         for has_d in (True, False):
             for even in (True, False):
-                src = ASTSource(fn=_sym_mm_kernel, signature={**sig, "HAS_D": "constexpr", "EVEN_K": "constexpr", "BLOCK": "constexpr", "BLOCK_K": "constexpr"},
-                                constexprs={"HAS_D": has_d, "EVEN_K": even, "BLOCK": block, "BLOCK_K": bk})
-                triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+                src = ASTSource(
+                    fn=_sym_mm_kernel,
+                    signature={
+                        **sig,
+                        "HAS_D": "constexpr",
+                        "EVEN_K": "constexpr",
+                        "BLOCK": "constexpr",
+                        "BLOCK_K": "constexpr",
+                    },
+                    constexprs={"HAS_D": has_d, "EVEN_K": even, "BLOCK": block, "BLOCK_K": bk},
+                )
+                triton.compile(
+                    src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3}
+                )
                 k += 1
-    print(f"compiled {k} kernels in {time.perf_counter()-t:.1f} s", flush=True)
+    print(f"compiled {k} kernels in {time.perf_counter() - t:.1f} s", flush=True)
 after = measure("after " + mode)
 gc.collect()
 r = ctypes.CDLL("libc.so.6").malloc_trim(0)
 trimmed = measure(f"after malloc_trim ({r})")
-print(f"ratio after/base {after/base:.3f}  trimmed/base {trimmed/base:.3f}")
+print(f"ratio after/base {after / base:.3f}  trimmed/base {trimmed / base:.3f}")
