@@ -189,14 +189,9 @@ def scale_cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torc
     """x (B, r, c) contiguous, scale (B,) or (B, 1, 1) fp32: returns x[i] * scale[i] in `dtype` (product in fp32).
     Triton on CUDA, torch otherwise (and after a Triton failure)."""
     scale = scale.reshape(-1)
-    if (
-        not (x.is_cuda and x.is_contiguous() and x.ndim == 3 and scale.dtype == torch.float32)
-        or TRITON_FAILURE
+    if not (
+        x.is_contiguous() and x.ndim == 3 and scale.dtype == torch.float32 and _fast_ok([x], checked=True)
     ):
-        return _scale_cast_torch(x, scale, dtype)
-    from optim.kernels import available
-
-    if not available():
         return _scale_cast_torch(x, scale, dtype)
     import triton
 
