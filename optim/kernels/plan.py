@@ -140,6 +140,8 @@ class Planner:
     choices: dict[str, dict[str, object]] = field(default_factory=dict)
     graphs: dict[str, GraphRunner] = field(default_factory=dict)
     loaded: bool = False
+    complete: set[str] = field(default_factory=set)
+    """Keys whose cached entry was found to cover every current candidate (checked once per process, not per call)."""
 
     def _load(self) -> None:
         self.loaded = True
@@ -212,7 +214,8 @@ class Planner:
             self._load()
         key = plan_key(env_key(x.device), x, coeffs, eps, use_gram, restarts, dtype)
         hit = self.choices.get(key)
-        if hit is not None and not self.untried(hit, x, len(coeffs), use_gram):
+        if hit is not None and (key in self.complete or not self.untried(hit, x, len(coeffs), use_gram)):
+            self.complete.add(key)
             return str(hit["method"]), key
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
