@@ -69,6 +69,12 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     for c in cases:
         if not c or "=" in c[0]:
             raise ValueError(f"--case {' '.join(c)}: give a name first, then Hydra overrides")
+        opts = [t for t in c if t.startswith("--")]
+        if opts:  # e.g. `--common ...` after a case would silently become that case's overrides
+            raise ValueError(
+                f"--case {c[0]}: {opts} after a case; put options before the first --case (cases take only "
+                "Hydra overrides)"
+            )
         out.append((c[0], c[1:] + list(args.common)))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):

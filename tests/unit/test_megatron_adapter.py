@@ -323,6 +323,8 @@ def test_bench_driver_parses_cases():
         parse_cases(["--out", "r", "--case", "optimizer=muon"])
     with pytest.raises(ValueError, match="unique"):
         parse_cases(["--out", "r", "--case", "a", "--case", "a"])
+    with pytest.raises(ValueError, match="before the first --case"):  # not swallowed as overrides of case a
+        parse_cases(["--out", "r", "--case", "a", "optimizer=muon", "--common", "bench.steps=3"])
 
 
 def test_grouped_mm_experts_match_sequential_mlp(megatron_groups, monkeypatch):
