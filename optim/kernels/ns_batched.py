@@ -95,9 +95,9 @@ def normalize_to(
     """(B, r, c) any float dtype -> (B, m, n) contiguous `dtype` (bf16 or fp16) divided by max(||x||_F, eps) per
     matrix.
 
-    The norm is accumulated in fp32; the cast (and transpose) is one copy kernel and the scale one in-place
-    bf16 multiply, so an fp32 input costs 4 + 6 + 4 bytes per element instead of a full fp32 intermediate; a
-    contiguous bf16 input that needs no transpose is scaled in a single pass (2 + 4 bytes per element).
+    The norm is accumulated in fp32. On CUDA a contiguous input that needs no transpose is scaled and cast in one
+    Triton pass (`fused_step.scale_cast`); otherwise the cast (and transpose) is one copy kernel and the scale one
+    in-place multiply (fp16: one fp32 multiply into the fp16 output), never a full fp32 intermediate.
     """
     norm = torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True, dtype=torch.float32)
     inv = norm.clamp_min(eps).reciprocal()

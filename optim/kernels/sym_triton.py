@@ -34,6 +34,40 @@ import triton.language as tl
 
 
 @triton.jit
+def _lower_tile(idx):
+    """Linear index -> lower-triangle tile (tm, tn), tn <= tm, row-major; fixes the float rounding of the sqrt."""
+    tm = ((tl.sqrt((8 * idx + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
+    tm = tl.where(tm * (tm + 1) // 2 > idx, tm - 1, tm)
+    tm = tl.where((tm + 1) * (tm + 2) // 2 <= idx, tm + 1, tm)
+    return tm, idx - tm * (tm + 1) // 2
+
+
+@triton.jit
+def _epilogue_masked(
+    acc, rows, cols, M, bid64, d_ptr, c_ptr,
+    s_db, s_dm, s_dn,
+    s_cb, s_cm, s_cn,
+    beta, diag, mirror,
+    HAS_D: tl.constexpr,
+    HAS_DIAG: tl.constexpr,
+):  # fmt: skip
+    """acc (already times alpha) + beta D + diag I, stored at (rows, cols) of matrix bid64 and, with `mirror`,
+    transposed at (cols, rows); pointer loads and stores masked to the M x M matrix."""
+    cmask = (rows[:, None] < M) & (cols[None, :] < M)
+    if HAS_D:
+        d = tl.load(d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
+        acc += beta * d.to(tl.float32)
+    if HAS_DIAG:
+        acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
+    out = acc.to(c_ptr.dtype.element_ty)
+    c_base = c_ptr + bid64 * s_cb
+    tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
+    if mirror:
+        tmask = (cols[:, None] < M) & (rows[None, :] < M)
+        tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+
+
+@triton.jit
 def _sym_mm_kernel(
     a_ptr, b_ptr, d_ptr, c_ptr,
     M, K,
@@ -48,13 +82,8 @@ def _sym_mm_kernel(
     BLOCK: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
     bid = tl.program_id(1).to(tl.int64)
-    # Linear index -> lower-triangle tile (tm, tn), tn <= tm, row-major; fix float rounding of the sqrt.
-    tm = ((tl.sqrt((8 * pid + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
-    tm = tl.where(tm * (tm + 1) // 2 > pid, tm - 1, tm)
-    tm = tl.where((tm + 1) * (tm + 2) // 2 <= pid, tm + 1, tm)
-    tn = pid - tm * (tm + 1) // 2
+    tm, tn = _lower_tile(tl.program_id(0))
 
     rows = tm * BLOCK + tl.arange(0, BLOCK)
     cols = tn * BLOCK + tl.arange(0, BLOCK)
@@ -74,19 +103,11 @@ def _sym_mm_kernel(
         a_ptrs += BLOCK_K * s_ak
         b_ptrs += BLOCK_K * s_bk
 
-    acc = acc * alpha
-    cmask = (rows[:, None] < M) & (cols[None, :] < M)
-    if HAS_D:
-        d = tl.load(d_ptr + bid * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
-        acc += beta * d.to(tl.float32)
-    if HAS_DIAG:
-        acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
-    out = acc.to(c_ptr.dtype.element_ty)
-    c_base = c_ptr + bid * s_cb
-    tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
-    if tm != tn:
-        tmask = (cols[:, None] < M) & (rows[None, :] < M)
-        tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+    _epilogue_masked(
+        acc * alpha, rows, cols, M, bid, d_ptr, c_ptr,
+        s_db, s_dm, s_dn, s_cb, s_cm, s_cn,
+        beta, diag, tm != tn, HAS_D, HAS_DIAG,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -107,12 +128,8 @@ def _sym_mm_tma_kernel(
     SPLIT: tl.constexpr = BLOCK_N // BLOCK_M
     pid = tl.program_id(0)
     bid = tl.program_id(1)
-    sup = pid // SPLIT
     part = pid % SPLIT
-    tm = ((tl.sqrt((8 * sup + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
-    tm = tl.where(tm * (tm + 1) // 2 > sup, tm - 1, tm)
-    tm = tl.where((tm + 1) * (tm + 2) // 2 <= sup, tm + 1, tm)
-    tn = sup - tm * (tm + 1) // 2
+    tm, tn = _lower_tile(pid // SPLIT)
     row0 = tm * BLOCK_N + part * BLOCK_M
     col0 = tn * BLOCK_N
     base = bid * M
@@ -135,21 +152,11 @@ def _sym_mm_tma_kernel(
         if tm != tn:
             ct_desc.store([base + col0, row0], tl.trans(out))
     else:
-        cmask = (rows[:, None] < M) & (cols[None, :] < M)
-        bid64 = bid.to(tl.int64)
-        if HAS_D:
-            d = tl.load(
-                d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0
-            )
-            acc += beta * d.to(tl.float32)
-        if HAS_DIAG:
-            acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
-        out = acc.to(c_ptr.dtype.element_ty)
-        c_base = c_ptr + bid64 * s_cb
-        tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
-        if tm != tn:
-            tmask = (cols[:, None] < M) & (rows[None, :] < M)
-            tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+        _epilogue_masked(
+            acc, rows, cols, M, bid.to(tl.int64), d_ptr, c_ptr,
+            s_db, s_dm, s_dn, s_cb, s_cm, s_cn,
+            beta, diag, tm != tn, HAS_D, HAS_DIAG,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
