@@ -8,7 +8,9 @@ import triton.language as tl
 
 
 @triton.jit
-def momentum_pack_kernel(g_ptrs, b_ptrs, out_ptr, numel, beta, NESTEROV: tl.constexpr, BLOCK: tl.constexpr):
+def momentum_pack_kernel(
+    g_ptrs, b_ptrs, out_ptr, numel, beta, NESTEROV: tl.constexpr, WRITE_BUF: tl.constexpr, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0)
     i = tl.program_id(1)
     g_ptr = tl.load(g_ptrs + i).to(tl.pointer_type(tl.float32))
@@ -18,7 +20,8 @@ def momentum_pack_kernel(g_ptrs, b_ptrs, out_ptr, numel, beta, NESTEROV: tl.cons
     g = tl.load(g_ptr + offs, mask=mask)
     buf = tl.load(b_ptr + offs, mask=mask)
     buf = buf + (1.0 - beta) * (g - buf)
-    tl.store(b_ptr + offs, buf, mask=mask)
+    if WRITE_BUF:
+        tl.store(b_ptr + offs, buf, mask=mask)
     if NESTEROV:
         u = g + beta * (buf - g)
     else:
@@ -40,7 +43,16 @@ def apply_update_kernel(p_ptrs, upd_ptr, numel, decay, step, BLOCK: tl.constexpr
 
 @triton.jit
 def momentum_pack_t_kernel(
-    g_ptrs, b_ptrs, out_ptr, R, C, beta, NESTEROV: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr
+    g_ptrs,
+    b_ptrs,
+    out_ptr,
+    R,
+    C,
+    beta,
+    NESTEROV: tl.constexpr,
+    WRITE_BUF: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
 ):
     """momentum_pack_kernel for an (R, C) parameter whose NS input is stored transposed, (C, R) row-major."""
     pid_r = tl.program_id(0)
@@ -55,7 +67,8 @@ def momentum_pack_t_kernel(
     g = tl.load(g_ptr + offs, mask=mask)
     buf = tl.load(b_ptr + offs, mask=mask)
     buf = buf + (1.0 - beta) * (g - buf)
-    tl.store(b_ptr + offs, buf, mask=mask)
+    if WRITE_BUF:
+        tl.store(b_ptr + offs, buf, mask=mask)
     if NESTEROV:
         u = g + beta * (buf - g)
     else:

@@ -61,10 +61,14 @@ def momentum_pack_torch(
     beta: float,
     nesterov: bool,
     transpose: bool = False,
+    write_buf: bool = True,
 ) -> torch.Tensor:
     """Reference: foreach momentum update, then stack of the NS inputs in bf16 ((B, c, r) contiguous when
-    `transpose`)."""
-    torch._foreach_lerp_(list(bufs), list(grads), 1.0 - beta)
+    `transpose`); `write_buf=False` leaves the buffers as they were."""
+    if write_buf:
+        torch._foreach_lerp_(list(bufs), list(grads), 1.0 - beta)
+    else:
+        bufs = torch._foreach_lerp(list(bufs), list(grads), 1.0 - beta)
     src = torch._foreach_lerp(list(grads), list(bufs), beta) if nesterov else list(bufs)
     out = torch.stack(src).to(torch.bfloat16)
     return out.mT.contiguous() if transpose else out
@@ -98,11 +102,16 @@ def momentum_pack(
     nesterov: bool,
     transpose: bool = False,
     checked: bool = False,
+    write_buf: bool = True,
 ) -> torch.Tensor:
     """See module docstring; grads and bufs: B tensors of one shape (r, c). Returns (B, r, c) bf16, or (B, c, r)
-    when `transpose`. `checked`: the caller guarantees fp32 contiguous tensors on one device (see `_fast_ok`)."""
+    when `transpose`. `checked`: the caller guarantees fp32 contiguous tensors on one device (see `_fast_ok`).
+    `write_buf=False`: the NS input of the updated momentum, the buffers left unchanged (10 bytes per element; the
+    speculative NS of `OrthogonalizedOptimizer.speculate`, whose momentum is written at the step)."""
     if not _fast_ok([*grads, *bufs], checked) or (transpose and grads[0].ndim != 2):
-        return momentum_pack_torch(grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose)
+        return momentum_pack_torch(
+            grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose, write_buf=write_buf
+        )
     import triton
 
     from optim.kernels._fused_step_triton import momentum_pack_kernel, momentum_pack_t_kernel
@@ -119,7 +128,7 @@ def momentum_pack(
             grid = (triton.cdiv(r, _TILE_R), triton.cdiv(c, _TILE_C), nb)
             momentum_pack_t_kernel[grid](
                 _ptrs(grads), _ptrs(bufs), out, r, c, float(beta),
-                NESTEROV=nesterov, BR=_TILE_R, BC=_TILE_C, num_warps=4,
+                NESTEROV=nesterov, WRITE_BUF=write_buf, BR=_TILE_R, BC=_TILE_C, num_warps=4,
             )  # fmt: skip
         else:
             momentum_pack_kernel[(triton.cdiv(numel, block), nb)](
@@ -129,12 +138,15 @@ def momentum_pack(
                 numel,
                 float(beta),
                 NESTEROV=nesterov,
+                WRITE_BUF=write_buf,
                 BLOCK=block,
                 num_warps=8,
             )
     except Exception as e:  # noqa: BLE001 - before any store (compile/launch); recorded, torch path from now on
         TRITON_FAILURE.append(f"momentum_pack: {type(e).__name__}: {str(e)[:300]}")
-        return momentum_pack_torch(grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose)
+        return momentum_pack_torch(
+            grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose, write_buf=write_buf
+        )
     return out
 
 

@@ -41,6 +41,7 @@ for TP shards.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -109,6 +110,26 @@ class _FusedBucket:
     bufs: list[torch.Tensor]
 
 
+@dataclass(slots=True)
+class _Speculation:
+    """The orthogonalized NS input of a same-(group, shape) set of parameters, computed before the step from final
+    gradients and the momentum as it was (`OrthogonalizedOptimizer.speculate`)."""
+
+    group: dict[str, Any]
+    params: list[torch.Tensor]
+    bufs: list[torch.Tensor]
+    """Their momentum buffers at speculation time (the step uses the result only if they are still the state's)."""
+    grads: list[torch.Tensor]
+    """The gradient tensors the input was computed from: the step uses the result only if each parameter's `.grad`
+    is still that tensor (same storage) and the caller confirmed the values unchanged (`confirm_speculation`)."""
+    orth: torch.Tensor
+    mscale: torch.Tensor | None
+    amax: torch.Tensor
+    """Max-abs of the NS input (0-d, on the device): the step's momentum-overflow check."""
+    done: Any = None
+    """CUDA event recorded after the work on the speculation stream (None on CPU or the current stream)."""
+
+
 class OrthogonalizedOptimizer(torch.optim.Optimizer):
     """Momentum + orthogonalization; subclasses define `_orthogonalize` on a (B, m, n) stack with m <= n."""
 
@@ -141,10 +162,21 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         # (ids of the statically eligible parameters, that list) and (ids of the stepped parameters, buckets).
         # With ~1,500 expert matrices the per-parameter Python of building them took ~7 ms per step on the H200,
         # during which the GPU idled (it follows Megatron's grad-norm sync).
-        self._fused_static: tuple[tuple[int, ...], list[torch.Tensor]] | None = None
+        self._fused_static: tuple[tuple[int, ...], list[torch.Tensor], dict[int, dict[str, Any]]] | None = (
+            None
+        )
         self._fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None = (
             None  # key: ids, state id / size
         )
+        # Speculative NS (`speculate`): results waiting for the step, whether the caller confirmed them, the
+        # orthogonalize function speculation calls (instrumented apart from the step's), and per-step counts.
+        self._spec: list[_Speculation] = []
+        self._spec_confirmed = False
+        self._spec_orthogonalize: (
+            Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]] | None
+        ) = None
+        self.spec_stats: dict[str, int] = {"used": 0, "discarded": 0}
+        """Matrices whose speculative NS the last step used / threw away (reset at each step)."""
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
@@ -163,8 +195,10 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     def instrument(self, wrap: Callable[[Callable[..., Any], str], Callable[..., Any]]) -> None:
         """Route every orthogonalization call through `wrap(fn, "ns")` (a timer, a profiler range): the batched
         whole-matrix and fused-bucket calls (`fn(x)`, x the (B, r, c) stack) and the TP-shard calls (`fn(x, *,
-        mode, spec, shard_sizes)`). Once."""
-        self._orthogonalize = wrap(self._orthogonalize, "ns")  # type: ignore[method-assign]
+        mode, spec, shard_sizes)`); the speculative ones (`speculate`) through `wrap(fn, "ns_overlap")`. Once."""
+        raw = self._orthogonalize
+        self._orthogonalize = wrap(raw, "ns")  # type: ignore[method-assign]
+        self._spec_orthogonalize = wrap(raw, "ns_overlap")
         if self.tp:
             self._orthogonalize_tp = wrap(self._orthogonalize_tp, "ns")  # type: ignore[method-assign]
 
@@ -230,9 +264,12 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         cfg = self.config
         known_finite, self._grads_known_finite = self._grads_known_finite, False
+        spec = self._take_speculation()
         fused = self._fused_params()
         if fused:
-            self._fused_step(fused, grads_known_finite=known_finite)
+            self._fused_step(fused, grads_known_finite=known_finite, spec=spec)
+        else:
+            self.spec_stats["discarded"] += sum(len(sp.params) for sp in spec)
         # Transient memory: the new momentum (and the Nesterov input) of every parameter until the update.
         entries = self._momentum(skip={id(p) for p in fused})
         if not entries:
@@ -256,6 +293,105 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             torch._foreach_add_(ps, [u for _, u in bucket], alpha=-lr)
         return loss
 
+    # ---------------------------------------------------------------------------- speculative Newton-Schulz
+    @torch.no_grad()
+    def speculate(self, params: list[torch.Tensor], grads: list[torch.Tensor], *, stream: Any = None) -> None:
+        """Orthogonalize the coming step's NS input of `params` now, from their final gradients `grads`, so that
+        the work can overlap whatever else runs (the backward of the layers below, on another CUDA `stream`).
+
+        `params`: parameters the fused step takes (fp32 2-D, not split or TP-sharded, one param group and shape);
+        `grads`: the fp32 tensors that will be their `.grad` at the step, values final. Nothing of the optimizer
+        state changes (the momentum is written at the step: `momentum_pack(write_buf=False)`). The next `step()`
+        uses the result only if the caller then calls `confirm_speculation()` (the gradients were not modified
+        since, e.g. not clipped) and each parameter's `.grad` and momentum buffer are still those tensors;
+        otherwise it computes the NS input again, as without speculation. With `stream`, the work waits for the
+        current stream, is enqueued on `stream`, and the step waits for it."""
+        from optim.kernels import fused_step as fs
+
+        if not params:
+            return
+        if not self._fused_available():
+            raise ValueError(
+                f"speculate: {type(self).__name__} is not on its fused step (CUDA, fused_step=True)"
+            )
+        groups = self._fused_groups()
+        names = None
+        g0 = groups.get(id(params[0]))
+        shape = tuple(params[0].shape)
+        pending = {id(p) for sp in self._spec for p in sp.params}
+        for p, g in zip(params, grads, strict=True):
+            problem = None
+            if id(p) not in groups:
+                problem = (
+                    "not a parameter of the fused step (fp32 2-D, not split or TP-sharded, decoupled decay)"
+                )
+            elif groups[id(p)] is not g0 or tuple(p.shape) != shape:
+                problem = f"params must share one param group and shape {shape}"
+            elif g.shape != p.shape or g.dtype != torch.float32 or not g.is_contiguous():
+                problem = f"gradient must be fp32 contiguous of shape {shape}, got {g.dtype} {tuple(g.shape)}"
+            elif id(p) in pending:
+                problem = "already speculated for this step"
+            if problem:
+                names = names or param_names(self.param_groups)
+                raise ValueError(f"speculate: {names.get(id(p), '<unknown parameter>')}: {problem}")
+        bufs = []
+        for p in params:  # state created on the current stream, like the step's
+            st = self.state[p]
+            if not st:
+                st["step"], st["momentum_buffer"] = 0, torch.zeros_like(p)
+            bufs.append(st["momentum_buffer"])
+        orthogonalize = self._spec_orthogonalize or self._orthogonalize
+        side = stream is not None and params[0].is_cuda
+        if side:
+            stream.wait_stream(torch.cuda.current_stream(params[0].device))
+        with torch.cuda.stream(stream) if side else contextlib.nullcontext():
+            x = fs.momentum_pack(
+                grads,
+                bufs,
+                beta=g0["momentum"],
+                nesterov=self.config.nesterov,
+                transpose=shape[0] > shape[1],
+                checked=True,
+                write_buf=False,
+            )
+            amax = torch._foreach_norm([x], float("inf"))[0]  # type: ignore[misc]
+            orth, mscale = orthogonalize(x)
+            del x
+            done = None
+            if side:
+                done = torch.cuda.Event()
+                done.record(stream)
+        self._spec.append(_Speculation(g0, list(params), bufs, list(grads), orth, mscale, amax, done))
+
+    def confirm_speculation(self) -> None:
+        """The gradients given to `speculate` since the last step are unchanged and are this step's (no clipping, no
+        further accumulation): the next `step()` may use the speculative results. One-shot, like
+        `assume_finite_grads`."""
+        self._spec_confirmed = True
+
+    def discard_speculation(self) -> None:
+        """Drop pending speculative results (a step that will not run, gradients about to be zeroed); the current
+        stream waits for their work first, so the gradients they read are not overwritten under them."""
+        for sp in self._take_speculation():
+            self.spec_stats["discarded"] += len(sp.params)
+        self._spec_confirmed = False
+
+    def _take_speculation(self) -> list[_Speculation]:
+        """Pending results for this step (empty unless confirmed; counts reset), the current stream made to wait
+        for their work; the speculation list is emptied."""
+        spec, self._spec = self._spec, []
+        confirmed, self._spec_confirmed = self._spec_confirmed, False
+        self.spec_stats = {"used": 0, "discarded": 0}
+        for sp in spec:
+            if sp.done is not None:
+                cur = torch.cuda.current_stream(sp.orth.device)
+                cur.wait_event(sp.done)
+                sp.orth.record_stream(cur)  # allocated on the speculation stream, freed after use on this one
+        if not confirmed:
+            self.spec_stats["discarded"] = sum(len(sp.params) for sp in spec)
+            return []
+        return spec
+
     # ------------------------------------------------------------------------------------ fused CUDA path
     def _fused_available(self) -> bool:
         """Whether this optimizer may take the fused CUDA path at all (subclasses opt in)."""
@@ -268,6 +404,15 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         evaluated once per parameter set (and group weight decays); the gradient-side ones every step."""
         if not self._fused_available():
             return []
+        fp32 = torch.float32
+        return [
+            p
+            for p in self._fused_static_params()
+            if (g := p.grad) is not None and g.dtype == fp32 and g.is_contiguous()
+        ]
+
+    def _fused_static_params(self) -> list[torch.Tensor]:
+        """The parameter-side conditions of `_fused_params`, cached per parameter set (and group weight decays)."""
         cfg = self.config
         key = tuple(
             id(x)
@@ -275,8 +420,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             for x in (group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled", *group["params"])
         )
         if self._fused_static is None or self._fused_static[0] != key:
-            static = [
-                p
+            static = {
+                id(p): (p, group)
                 for group in self.param_groups
                 if not (group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled")
                 for p in group["params"]
@@ -285,14 +430,19 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 and p.is_contiguous()
                 and id(p) not in self.splits
                 and id(p) not in self.tp
-            ]
-            self._fused_static = (key, static)
-        fp32 = torch.float32
-        return [
-            p
-            for p in self._fused_static[1]
-            if (g := p.grad) is not None and g.dtype == fp32 and g.is_contiguous()
-        ]
+            }
+            self._fused_static = (
+                key,
+                [p for p, _ in static.values()],
+                {i: g for i, (_, g) in static.items()},
+            )
+        return self._fused_static[1]
+
+    def _fused_groups(self) -> dict[int, dict[str, Any]]:
+        """id -> param group of every parameter the fused path may take (`_fused_static_params`)."""
+        self._fused_static_params()
+        assert self._fused_static is not None
+        return self._fused_static[2]
 
     def _buckets_of(self, params: list[torch.Tensor], skipped: set[int]) -> list[_FusedBucket]:
         """(group, shape, device) buckets of `params` less `skipped` ids, momentum state created where missing;
@@ -327,7 +477,13 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             self._fused_buckets = (key, out)
         return out
 
-    def _fused_step(self, params: list[torch.Tensor], *, grads_known_finite: bool = False) -> None:
+    def _fused_step(
+        self,
+        params: list[torch.Tensor],
+        *,
+        grads_known_finite: bool = False,
+        spec: list[_Speculation] | None = None,
+    ) -> None:
         """Step `params` with the fused kernels of `optim.kernels.fused_step`, one bucket per (group, shape):
 
         momentum update in place + bf16 NS input in one pass (`momentum_pack`), one `_orthogonalize` call on the
@@ -359,7 +515,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             events = [
                 (names[id(p)], self.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
             ]
-        buckets = self._buckets_of(params, skipped)
+        usable = self._usable_speculation(params, skipped, spec or [])
+        done = {id(p) for sp in usable for p in sp.params}
+        buckets = self._buckets_of([p for p in params if id(p) not in done] if done else params, skipped)
         handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
         for p in params:
             st = self.state[p]
@@ -379,16 +537,14 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 checked=True,
             )
             packed.append((b.group, ps, x))
-        if not packed:
+        if not packed and not usable:
             return
-        ok = host_flags(
-            [torch.isfinite(torch.stack(torch._foreach_norm([x for _, _, x in packed], float("inf")))).all()]
-        )
-        if not all(ok):
+        amaxes = [*torch._foreach_norm([x for _, _, x in packed], float("inf")), *(sp.amax for sp in usable)]
+        if not all(host_flags([torch.isfinite(torch.stack(amaxes)).all()])):
             names = param_names(self.param_groups)
-            raise NonFiniteError(
-                [(names[id(p)], self.state[p]["step"], "momentum") for _, ps, _ in packed for p in ps]
-            )
+            every = [p for _, ps, _ in packed for p in ps] + [p for sp in usable for p in sp.params]
+            raise NonFiniteError([(names[id(p)], self.state[p]["step"], "momentum") for p in every])
+        self._apply_speculation(usable)
         packed.reverse()
         while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
             group, ps, x = packed.pop()
@@ -404,6 +560,54 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 weight_decay=wd,
                 scale=self._shape_scale(*ps[0].shape),
                 transposed=ps[0].size(0) > ps[0].size(1),
+                checked=True,
+            )
+
+    def _usable_speculation(
+        self, params: list[torch.Tensor], skipped: set[int], spec: list[_Speculation]
+    ) -> list[_Speculation]:
+        """The confirmed speculative results this step can use: every parameter stepped now and not skipped, its
+        `.grad` and momentum buffer still the tensors the speculation read. The rest are counted as discarded
+        (their parameters take the ordinary path)."""
+        if not spec:
+            return []
+        stepped = {id(p) for p in params} - skipped
+        usable = []
+        for sp in spec:
+            ok = all(
+                id(p) in stepped
+                and (g := p.grad) is not None
+                and g.data_ptr() == sg.data_ptr()
+                and g.shape == sg.shape
+                and self.state[p].get("momentum_buffer") is b
+                for p, sg, b in zip(sp.params, sp.grads, sp.bufs, strict=True)
+            )
+            if ok:
+                usable.append(sp)
+                self.spec_stats["used"] += len(sp.params)
+            else:
+                self.spec_stats["discarded"] += len(sp.params)
+        return usable
+
+    def _apply_speculation(self, usable: list[_Speculation]) -> None:
+        """Momentum written (the EMA the speculative NS input assumed) and the update applied, per speculation."""
+        from optim.kernels import fused_step as fs
+
+        cfg = self.config
+        for sp in usable:
+            torch._foreach_lerp_(sp.bufs, sp.grads, 1.0 - sp.group["momentum"])
+            orth = sp.orth
+            if sp.mscale is not None:
+                orth = orth * sp.mscale.to(orth.dtype).view(-1, 1, 1)
+            wd = sp.group["weight_decay"] if cfg.weight_decay_method == "decoupled" else 0.0
+            p0 = sp.params[0]
+            fs.apply_update(
+                sp.params,
+                orth,
+                lr=sp.group["lr"],
+                weight_decay=wd,
+                scale=self._shape_scale(*p0.shape),
+                transposed=p0.size(0) > p0.size(1),
                 checked=True,
             )
 

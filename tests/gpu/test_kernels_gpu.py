@@ -150,6 +150,14 @@ def test_fused_step_kernels(seed: int) -> None:
     apply_update_torch(p2, xt1, lr=0.1, weight_decay=0.01, scale=3.0, transposed=True)
     for u, v in zip(p1, p2, strict=True):
         torch.testing.assert_close(u, v)
+    # write_buf=False (the speculative NS input): the same input, the buffers untouched
+    for transpose in (False, True):
+        before = [t.clone() for t in b1]
+        x_spec = momentum_pack(g, b1, beta=0.9, nesterov=True, transpose=transpose, write_buf=False)
+        for u, v in zip(b1, before, strict=True):
+            assert torch.equal(u, v)
+        x_real = momentum_pack(g, b1, beta=0.9, nesterov=True, transpose=transpose)
+        assert torch.equal(x_spec, x_real)
     from optim.kernels import fused_step
 
     assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE

@@ -192,6 +192,10 @@ def test_fused_step_references(seed: int) -> None:
     apply_update_torch(qs, xt, lr=0.1, weight_decay=0.5, scale=2.0, transposed=True)
     for i in range(3):
         torch.testing.assert_close(qs[i], p0[i] * 0.95 - 0.2 * x[i].float())
+    # write_buf=False: the same NS input, the momentum buffers left as they were
+    kept = [t.clone() for t in b0]
+    xs = momentum_pack_torch(g, kept, beta=0.9, nesterov=True, write_buf=False)
+    assert torch.equal(xs, x) and all(torch.equal(u, v) for u, v in zip(kept, b0, strict=True))
 
 
 def test_cached_plan_missing_a_new_candidate_is_measured_again() -> None:
@@ -408,7 +412,7 @@ def test_ns_skip_env_drops_tile_configs(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_symmetric_kernels_compile_for_hopper() -> None:
-    """Every symmetric tile config (and the NS-entry scale kernel) compiles for sm_90 with Triton's bundled LLVM and
+    """Every symmetric tile config (and the NS-entry scale and momentum-pack kernels) compiles for sm_90 with Triton's bundled LLVM and
     ptxas, no GPU needed: a config the compiler rejects would otherwise surface only as a candidate the plan drops
     on the device. Each config once with D and the diagonal term; the TMA ones also with the descriptor epilogue."""
     pytest.importorskip("triton")
@@ -417,7 +421,11 @@ def test_symmetric_kernels_compile_for_hopper() -> None:
     from triton.compiler import ASTSource
 
     from optim.kernels import sym_triton as st
-    from optim.kernels._fused_step_triton import scale_cast_kernel
+    from optim.kernels._fused_step_triton import (
+        momentum_pack_kernel,
+        momentum_pack_t_kernel,
+        scale_cast_kernel,
+    )
 
     target = GPUTarget("cuda", 90, 128)
 
@@ -452,3 +460,10 @@ def test_symmetric_kernels_compile_for_hopper() -> None:
     compile_(
         scale_cast_kernel, {"BLOCK": 4096}, {"x_ptr": "*bf16", "s_ptr": "*fp32", "out_ptr": "*fp16"}, (8, 1)
     )
+    ptrs = {"g_ptrs": "*i64", "b_ptrs": "*i64", "out_ptr": "*bf16", "beta": "fp32"}
+    for write_buf in (True, False):  # the step's pack and the speculative one (buffers untouched)
+        compile_(
+            momentum_pack_kernel, {"NESTEROV": True, "WRITE_BUF": write_buf, "BLOCK": 2048}, ptrs, (8, 1)
+        )
+        consts = {"NESTEROV": True, "WRITE_BUF": write_buf, "BR": 64, "BC": 64}
+        compile_(momentum_pack_t_kernel, consts, ptrs, (4, 1))

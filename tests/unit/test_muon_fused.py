@@ -269,3 +269,157 @@ def test_cached_buckets_follow_a_cleared_state(monkeypatch):
     for p, q in zip(ps, twins, strict=True):
         torch.testing.assert_close(p.detach(), q.detach())
         assert opt.state[p]["step"] == 1
+
+
+# ------------------------------------------------------------------------------ speculative NS (speculate)
+def _spec_pair(monkeypatch, cfg=None):
+    """Two identical fused Muons over SHAPES (group 0: 16x24, 24x16; group 1: 16x24, 8x8, 32x12)."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    cfg = cfg or MuonConfig(lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1)
+    out = []
+    for _ in range(2):
+        ps = [p.clone().requires_grad_(True) for p in _params(SHAPES)]
+        groups = [{"params": ps[:2], "lr": 0.02}, {"params": ps[2:], "lr": 0.01, "weight_decay": 0.0}]
+        out.append((ps, Muon(groups, cfg)))
+    return out
+
+
+def _same(a, b):
+    for p, q in zip(a, b, strict=True):
+        assert torch.equal(p.detach(), q.detach())
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_speculated_steps_equal_plain_steps(monkeypatch, nesterov):
+    """NS computed ahead (speculate, per (group, shape) unit, transposed ones included), confirmed, then step():
+    weights, momentum and step counts bitwise equal to plain steps, over three steps; the speculation itself
+    leaves the optimizer state untouched."""
+    cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.1)
+    (ref, ref_opt), (ps, opt) = _spec_pair(monkeypatch, cfg)
+    for k in range(3):
+        grads = _grads(SHAPES, k)
+        for p, q, g in zip(ref, ps, grads, strict=True):
+            p.grad, q.grad = g.clone(), g.clone()
+        ref_opt.step()
+        bufs_before = {id(p): opt.state[p]["momentum_buffer"].clone() for p in ps if opt.state[p]}
+        # units: (group 0, 16x24), (group 0, 24x16: tall), (group 1, 16x24), (group 1, 8x8); 32x12 left to the step
+        for idx in ([0], [1], [2], [3]):
+            opt.speculate([ps[i] for i in idx], [ps[i].grad for i in idx])
+        for p in ps:
+            if id(p) in bufs_before:
+                assert torch.equal(opt.state[p]["momentum_buffer"], bufs_before[id(p)])
+        opt.confirm_speculation()
+        opt.step()
+        assert opt.spec_stats == {"used": 4, "discarded": 0}
+        _same(ps, ref)
+        for p, q in zip(ref, ps, strict=True):
+            assert torch.equal(opt.state[q]["momentum_buffer"], ref_opt.state[p]["momentum_buffer"])
+            assert opt.state[q]["step"] == ref_opt.state[p]["step"] == k + 1
+
+
+def test_unconfirmed_or_changed_speculation_is_recomputed(monkeypatch):
+    """Not confirmed (e.g. the gradients were clipped after the speculation), a gradient that is another tensor at
+    the step, or a momentum buffer replaced since: those results are thrown away and the step computes the NS
+    input again from what is there, equal to a plain step on the same gradients."""
+    (ref, ref_opt), (ps, opt) = _spec_pair(monkeypatch)
+    grads = _grads(SHAPES, 0)
+    for p, q, g in zip(ref, ps, grads, strict=True):
+        p.grad, q.grad = g * 0.5, g.clone()  # the reference sees the clipped gradients
+    opt.speculate(ps[:1], [ps[0].grad])
+    for q in ps:
+        q.grad.mul_(0.5)  # clipped in place after the speculation: not confirmed
+    ref_opt.step()
+    opt.step()
+    assert opt.spec_stats == {"used": 0, "discarded": 1}
+    _same(ps, ref)
+    # confirmed, but one gradient is a new tensor and one momentum buffer was replaced
+    grads = _grads(SHAPES, 1)
+    for p, q, g in zip(ref, ps, grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.speculate(ps[:1], [ps[0].grad])
+    opt.speculate([ps[2]], [ps[2].grad])
+    opt.speculate([ps[3]], [ps[3].grad])
+    ps[0].grad = ps[0].grad.clone()
+    opt.state[ps[2]]["momentum_buffer"] = opt.state[ps[2]]["momentum_buffer"].clone()
+    opt.confirm_speculation()
+    ref_opt.step()
+    opt.step()
+    assert opt.spec_stats == {"used": 1, "discarded": 2}
+    _same(ps, ref)
+
+
+def test_discard_speculation_and_nonfinite_gradient(monkeypatch):
+    """discard_speculation() drops pending results (counted; the next step is plain). A NaN gradient in a
+    speculated unit: the parameter is skipped with a warning exactly as without speculation, the unit's other
+    parameter is stepped by the ordinary path."""
+    (ref, ref_opt), (ps, opt) = _spec_pair(monkeypatch)
+    for p, q, g in zip(ref, ps, _grads(SHAPES, 0), strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.speculate([ps[0]], [ps[0].grad])
+    opt.discard_speculation()
+    assert opt.spec_stats["discarded"] == 1 and not opt._spec
+    opt.confirm_speculation()  # a confirmation with nothing pending is harmless
+    ref_opt.step()
+    opt.step()
+    assert opt.spec_stats == {"used": 0, "discarded": 0}
+    _same(ps, ref)
+    grads = _grads(SHAPES, 1)
+    grads[2][0, 0] = float("nan")
+    for p, q, g in zip(ref, ps, grads, strict=True):
+        p.grad, q.grad = g.clone(), g.clone()
+    opt.speculate([ps[2]], [ps[2].grad])
+    opt.speculate([ps[3]], [ps[3].grad])
+    opt.confirm_speculation()
+    with warnings.catch_warnings(record=True) as w_ref:
+        warnings.simplefilter("always")
+        ref_opt.step()
+    with warnings.catch_warnings(record=True) as w_got:
+        warnings.simplefilter("always")
+        opt.step()
+    assert len(w_ref) == len(w_got) == 1 and issubclass(w_got[0].category, NonFiniteWarning)
+    assert opt.spec_stats == {"used": 1, "discarded": 1}
+    _same(ps, ref)
+    assert opt.nonfinite_events == ref_opt.nonfinite_events
+
+
+def test_speculate_rejects_what_the_fused_step_does_not_take(monkeypatch):
+    """Errors name the parameter and the reason: a split matrix, mixed shapes, mixed groups, a bf16 gradient, a
+    second speculation of one parameter; and speculation needs the fused path."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    ps = [torch.randn(8, 12, requires_grad=True) for _ in range(3)] + [torch.randn(12, 8, requires_grad=True)]
+    split = torch.randn(12, 8, requires_grad=True)
+    other = torch.randn(8, 12, requires_grad=True)
+    opt = Muon(
+        [{"params": [*ps, split]}, {"params": [other], "lr": 0.5}],
+        MuonConfig(),
+        splits={split: RowSplit(num_groups=2, sizes=(2, 2, 2))},
+    )
+    g = torch.zeros(8, 12)
+    with pytest.raises(ValueError, match=r"not a parameter of the fused step"):
+        opt.speculate([split], [torch.zeros(12, 8)])
+    with pytest.raises(ValueError, match=r"one param group and shape \(8, 12\)"):
+        opt.speculate([ps[0], ps[3]], [g, torch.zeros(12, 8)])
+    with pytest.raises(ValueError, match=r"one param group"):
+        opt.speculate([ps[0], other], [g, g])
+    with pytest.raises(ValueError, match=r"fp32 contiguous"):
+        opt.speculate([ps[0]], [g.bfloat16()])
+    opt.speculate([ps[0]], [g])
+    with pytest.raises(ValueError, match=r"already speculated"):
+        opt.speculate([ps[1], ps[0]], [g, g])
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: False)
+    with pytest.raises(ValueError, match=r"not on its fused step"):
+        opt.speculate([ps[2]], [g])
+
+
+def test_instrument_times_speculative_calls_apart(monkeypatch):
+    """instrument(): the speculative orthogonalize calls go through wrap(fn, "ns_overlap"), the step's through
+    wrap(fn, "ns")."""
+    (_, _), (ps, opt) = _spec_pair(monkeypatch)
+    seen = []
+    opt.instrument(lambda fn, phase: lambda x: seen.append(phase) or fn(x))
+    for q, g in zip(ps, _grads(SHAPES, 0), strict=True):
+        q.grad = g
+    opt.speculate(ps[:1], [ps[0].grad])
+    opt.confirm_speculation()
+    opt.step()
+    assert seen == ["ns_overlap", "ns", "ns", "ns", "ns"]
