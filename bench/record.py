@@ -58,9 +58,12 @@ DIAG_KEYS = (
     "mb_rest_ms",
     "mb_first_mhz",
     "mb_rest_mhz",
+    "ns_overlap_s",
+    "spec_used",
+    "spec_discarded",
 )
-"""Optional diagnostic fields of a steps.jsonl line (`bench.energy`, `bench.microbatch_times`), written only when
-measured; `bench.collect` keeps to `STEP_KEYS`."""
+"""Optional diagnostic fields of a steps.jsonl line (`bench.energy`, `bench.microbatch_times`,
+`optimizer.ns_overlap`), written only when measured; `bench.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
     "megatron-core",

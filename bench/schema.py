@@ -195,6 +195,9 @@ class MuonSchema(MatrixOptimizerSchema):
     use_gram_ns: bool = False
     fused_step: bool = True
     """CUDA: fused momentum/update kernels for whole fp32 matrices (optim.configs.MuonConfig.fused_step)."""
+    ns_overlap: bool = False
+    """engine=megatron, implementation=ours, DP x CP = 1: start each layer's NS in the last micro-batch's backward
+    on a side stream, used at the step when clipping leaves the gradients unchanged (optim.megatron.overlap)."""
 
 
 @dataclass

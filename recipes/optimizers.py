@@ -138,6 +138,12 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
     impl = opt.implementation
     if impl == "eo":
         _fail("implementation", impl, "Emerging-Optimizers is the test oracle only; use megatron or ours")
+    if getattr(opt, "ns_overlap", False):
+        _fail(
+            "ns_overlap",
+            True,
+            "engine=megatron only: Megatron-Bridge's training loop has no hook to start it",
+        )
     match opt:
         case AdamWSchema():
             if impl == "ours":

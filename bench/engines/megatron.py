@@ -48,6 +48,7 @@ class MegatronEngine(Engine):
         self._gc_disabled = False
         self._energy: Any = None
         self._mb: Any = None
+        self._overlap: Any = None
         self._steps_done = 0
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -98,6 +99,7 @@ class MegatronEngine(Engine):
         self.optimizer = built.optimizer
         self._wire_schedule_hooks()
         self.num_microbatches = par.grad_accum
+        self._overlap = self._install_ns_overlap(built)
         self.data = self._data_iterator(ps)
         self._facts = {
             "transformer_engine": opts.use_te,
@@ -113,6 +115,7 @@ class MegatronEngine(Engine):
             "num_matrix_params": sum(1 for r in built.routes if r.optimizer == "matrix"),
             "routes": _route_summary(built.routes),
             "ns_backend": _ns_backend(built.kind),
+            "ns_overlap": self._overlap.describe() if self._overlap is not None else None,
         }
         meter = None
         if cfg.bench.energy:
@@ -160,6 +163,18 @@ class MegatronEngine(Engine):
             overlap_grad_reduce=self.cfg.parallelism.dp > 1 and not _ours_layerwise(self.cfg),
         )
         return [DistributedDataParallel(config=self.tconfig, ddp_config=ddp_cfg, module=module)]
+
+    def _install_ns_overlap(self, built: Any) -> Any:
+        """`optimizer.ns_overlap`: our NS started in the last micro-batch's backward (optim.megatron.overlap)."""
+        if not getattr(self.cfg.optimizer, "ns_overlap", False):
+            return None
+        if built.kind != "ours":
+            raise ValueError(
+                f"optimizer.ns_overlap=True: implementation=ours only (got {self.cfg.optimizer.implementation!r})"
+            )
+        from optim import megatron as om
+
+        return om.install_ns_overlap(self.optimizer, self.model_chunks, self.num_microbatches, self.tconfig)
 
     def _wire_schedule_hooks(self) -> None:
         from megatron.core.distributed import finalize_model_grads
@@ -236,17 +251,31 @@ class MegatronEngine(Engine):
             tokens=p.gbs * m.seq_length,
             loss=loss,
             peak_mem_bytes=int(torch.cuda.max_memory_allocated()),
-            ns_flops=t.counters.get("ns_flops", 0.0),
+            ns_flops=t.counters.get("ns_flops", 0.0) + t.counters.get("ns_overlap_flops", 0.0),
             extra={
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "update_ok": float(bool(ok)),
                 # cudaMalloc retries of the caching allocator so far (a full-memory step that frees and re-maps
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
+                **self._overlap_metrics(phases),
                 **({"t_wall": t_wall, **energy.values} if energy is not None else {}),
                 **mb,
             },
         )
+
+    def _overlap_metrics(self, phases: dict[str, float]) -> dict[str, float]:
+        """With `optimizer.ns_overlap`: GPU time of the speculative NS on its side stream (inside fwd_bwd,
+        overlapped; `ns_s` is the NS left in the optimizer step) and the matrices whose result the step used /
+        threw away (clipped or changed gradients)."""
+        if self._overlap is None:
+            return {}
+        stats = self._overlap.optimizer.spec_stats
+        return {
+            "ns_overlap_s": phases.get("ns_overlap", 0.0),
+            "spec_used": float(stats["used"]),
+            "spec_discarded": float(stats["discarded"]),
+        }
 
     def forward_backward(self) -> list[dict[str, Any]]:
         """Zero the grad buffers, run Megatron's schedule over this step's micro-batches; grads end in
@@ -257,6 +286,8 @@ class MegatronEngine(Engine):
         for chunk in self.model_chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
+        if self._overlap is not None:
+            self._overlap.begin()
         step_func = _forward_step
         if self._mb is not None:
             self._mb.reset()

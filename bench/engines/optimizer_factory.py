@@ -28,6 +28,10 @@ def optim_configs(opt: S.OptimizerSchemaBase) -> tuple[Any, Any, Any]:
                 f"optimizer.implementation={opt.implementation!r}: this engine runs our optim package; "
                 "allowed: ['ours'] (Megatron's built-in Muon runs under engine=megatron)"
             )
+    if getattr(opt, "ns_overlap", False):
+        raise ValueError(
+            "optimizer.ns_overlap=True: engine=megatron only (its hooks live in Megatron's backward)"
+        )
     return convert(opt)
 
 

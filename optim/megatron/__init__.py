@@ -28,6 +28,8 @@ Submodules (everything is re-exported here; `from optim import megatron as om; o
 - `builders`: `build_ours`, `build_megatron_muon`, `build_megatron_adamw`, `fuse_torch_adam`.
 - `layerwise`: `MegatronLayerWise` (our layer-wise distributed optimizer in Megatron's loop),
   `disable_ddp_grad_sync`.
+- `overlap`: `NSOverlap` / `install_ns_overlap`: each layer's Newton-Schulz started in the last micro-batch's
+  backward on a side stream (speculative; the step uses it when clipping leaves the gradients unchanged).
 
 Monkeypatching a name here affects only callers that look it up on `optim.megatron`; code inside the package calls
 the submodule's binding (patch `optim.megatron.<submodule>.<name>` for those).
@@ -53,6 +55,8 @@ from optim.megatron.config import (
 )
 from optim.megatron.layerwise import MegatronLayerWise, disable_ddp_grad_sync
 from optim.megatron.layerwise import _owned_optimizer as _owned_optimizer
+from optim.megatron.overlap import NSOverlap
+from optim.megatron.overlap import install as install_ns_overlap
 from optim.megatron.routing import (
     ParamRoute,
     classify,
@@ -67,6 +71,7 @@ __all__ = [
     "TP_MODES",
     "MatrixConfig",
     "MegatronLayerWise",
+    "NSOverlap",
     "ParamRoute",
     "build_megatron_adamw",
     "build_megatron_muon",
@@ -76,6 +81,7 @@ __all__ = [
     "ddp_config",
     "disable_ddp_grad_sync",
     "fuse_torch_adam",
+    "install_ns_overlap",
     "matrix_shapes",
     "megatron_group",
     "megatron_optimizer_config",

@@ -184,7 +184,7 @@ def build_ours(
             fused=fused,
         )
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
-    return finite_norm_chain(parts, targets), [r for _, r in routed]
+    return finite_norm_chain(parts, targets, clip_grad=clip_grad), [r for _, r in routed]
 
 
 def _in_main_grad_norm(params: list[torch.Tensor]) -> bool:
@@ -211,20 +211,39 @@ def vouch_finite(norm: Any, targets: list[Any]) -> bool:
     return False
 
 
-def finite_norm_chain(parts: list[Any], targets: list[Any]) -> Any:
+def confirm_unclipped(norm: Any, targets: list[Any], clip_grad: float) -> bool:
+    """Tell each target (`OrthogonalizedOptimizer.confirm_speculation`) that the gradients its speculative NS read
+    are this step's unchanged: Megatron's global norm `norm` is a finite float and clipping will not scale them
+    (`clip_grad <= 0`, or Megatron's coefficient `clip_grad / (norm + 1e-6)` is >= 1). A tensor norm is not read
+    (no host sync is added); then nothing is confirmed and the step recomputes."""
+    import math
+
+    if not (isinstance(norm, int | float) and math.isfinite(norm)):
+        return False
+    if clip_grad > 0.0 and clip_grad / (norm + 1.0e-6) < 1.0:
+        return False
+    for t in targets:
+        t.confirm_speculation()
+    return True
+
+
+def finite_norm_chain(parts: list[Any], targets: list[Any], *, clip_grad: float = 0.0) -> Any:
     """Megatron's ChainedOptimizer whose `get_grad_norm` (called by `step()` before any sub-optimizer steps, after
-    the main grads are in place) passes a finite global norm on to our matrix optimizers (`vouch_finite`), so their
-    fused step skips its own gradient screen and host sync."""
+    the main grads are in place, before clipping) passes a finite global norm on to our matrix optimizers
+    (`vouch_finite`), so their fused step skips its own gradient screen and host sync, and confirms their
+    speculative NS when clipping will not change the gradients (`confirm_unclipped`, `optim.megatron.overlap`)."""
     from megatron.core.optimizer import ChainedOptimizer
 
     class FiniteNormChain(ChainedOptimizer):  # type: ignore[misc]
         def get_grad_norm(self) -> Any:
             norm = super().get_grad_norm()
             vouch_finite(norm, self.finite_targets)
+            confirm_unclipped(norm, self.finite_targets, self.clip_grad)
             return norm
 
     chain = FiniteNormChain(parts)
     chain.finite_targets = list(targets)
+    chain.clip_grad = float(clip_grad)
     return chain
 
 

@@ -316,7 +316,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             )
         groups = self._fused_groups()
         names = None
-        g0 = groups.get(id(params[0]))
+        g0: dict[str, Any] = groups.get(id(params[0]), {})
         shape = tuple(params[0].shape)
         pending = {id(p) for sp in self._spec for p in sp.params}
         for p, g in zip(params, grads, strict=True):
@@ -354,12 +354,12 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 checked=True,
                 write_buf=False,
             )
-            amax = torch._foreach_norm([x], float("inf"))[0]  # type: ignore[misc]
+            amax = torch._foreach_norm([x], float("inf"))[0]
             orth, mscale = orthogonalize(x)
             del x
             done = None
             if side:
-                done = torch.cuda.Event()
+                done = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 done.record(stream)
         self._spec.append(_Speculation(g0, list(params), bufs, list(grads), orth, mscale, amax, done))
 
@@ -539,7 +539,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             packed.append((b.group, ps, x))
         if not packed and not usable:
             return
-        amaxes = [*torch._foreach_norm([x for _, _, x in packed], float("inf")), *(sp.amax for sp in usable)]
+        amaxes = [sp.amax for sp in usable]
+        if packed:
+            amaxes += torch._foreach_norm([x for _, _, x in packed], float("inf"))
         if not all(host_flags([torch.isfinite(torch.stack(amaxes)).all()])):
             names = param_names(self.param_groups)
             every = [p for _, ps, _ in packed for p in ps] + [p for sp in usable for p in sp.params]
