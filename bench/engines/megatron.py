@@ -292,6 +292,8 @@ class MegatronEngine(Engine):
         if self._mb is not None:
             self._mb.reset()
             step_func = self._mb.wrap(_forward_step)
+        if self._overlap is not None:
+            step_func = _arm_before_last(step_func, self._overlap.arm, self.num_microbatches)
         out = list(
             get_forward_backward_func()(
                 forward_step_func=step_func,
@@ -392,6 +394,20 @@ def _ours_layerwise(cfg: RootConfig) -> bool:
         and cfg.optimizer.implementation == "ours"
         and (cfg.optimizer.distributed == "layerwise")
     )
+
+
+def _arm_before_last(fn: Any, arm: Any, num_microbatches: int) -> Any:
+    """`fn` (Megatron's forward-step function) calling `arm()` before the last micro-batch's forward."""
+    calls = 0
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == num_microbatches:
+            arm()
+        return fn(*args, **kwargs)
+
+    return step
 
 
 def _forward_step(data_iterator: Any, model: Any) -> tuple[Any, Any]:

@@ -3,11 +3,14 @@ micro-batch's backward, as soon as that layer's gradients are final, on a second
 
 With gradient accumulation a parameter's gradient is final once its last micro-batch's backward has passed it: the
 top layer's early in that backward, the bottom layer's at its end. Without overlap the whole NS waits for the
-optimizer step (on the FLOP-matched Qwen3 slice: ~0.18 s after ~20.5 s of forward-backward, on one H200). Here a
-hook on each matrix's gradient accumulator (registered after DDP's, so `main_grad` already holds the sum) counts
-the micro-batches; when every matrix of a unit (one layer's matrices of one shape and param group) has its last
-one, `OrthogonalizedOptimizer.speculate` computes that unit's NS input and orthogonalization on the side stream
-while the backward of the layers below goes on. Nothing of the optimizer state changes then.
+optimizer step (on the FLOP-matched Qwen3 slice: ~0.18 s after ~20.5 s of forward-backward, on one H200). Here,
+armed by the caller just before the last micro-batch (`arm()`, from the forward-step function), a hook on each
+matrix's gradient accumulator (registered after DDP's, so `main_grad` already holds the sum) marks it final; when
+every matrix of a unit (one layer's matrices of one shape and param group) is, `OrthogonalizedOptimizer.speculate`
+computes that unit's NS input and orthogonalization on the side stream while the backward of the layers below
+goes on. Nothing of the optimizer state changes then. The hooks exist only during that last backward: measured
+on the H200 (call P), hooks left on for every micro-batch cost ~3 ms of Python per micro-batch (1,548 matrices),
+0.25 s per step, because the MoE layers' host syncs keep the CPU from running ahead.
 
 The step uses those results only if nothing changed the gradients after the hooks: the chain
 (`optim.megatron.builders.finite_norm_chain`) confirms them when Megatron's global norm is finite and clipping does
@@ -45,7 +48,7 @@ class _Unit:
     main: list[torch.Tensor]
     model: list[torch.Tensor]
     pending: int = 0
-    """Hook calls still due this step (len(model) x micro-batches at `begin`)."""
+    """Hook calls still due in the armed backward (len(model) at `arm`)."""
     launched: bool = False
 
 
@@ -59,6 +62,8 @@ class NSOverlap:
     stream: Any = None
     grad_of: Callable[[torch.Tensor], torch.Tensor] = lambda p: p.main_grad  # type: ignore[attr-defined]
     """Model parameter -> its accumulated gradient (Megatron: `main_grad`)."""
+    nodes: list[tuple[Any, Callable[..., None]]] = field(default_factory=list)
+    """(gradient accumulator node of a model parameter, its hook), registered by `arm`."""
     handles: list[Any] = field(default_factory=list)
     launched: int = 0
     """Units started in the current step."""
@@ -72,9 +77,10 @@ class NSOverlap:
         *,
         grad_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> NSOverlap:
-        """Units from (name, model parameter, optimizer parameter) triples and hooks on every model parameter's
-        gradient accumulator (register after the accumulation hooks that must run first). Parameters the
-        optimizer's fused step does not take are left out; none left is an error."""
+        """Units from (name, model parameter, optimizer parameter) triples, and the hook of every model parameter's
+        gradient accumulator (registered by `arm`, after the accumulation hooks that must run first). Parameters
+        the optimizer's fused step does not take are left out; none left is an error. `num_microbatches` is
+        recorded for `describe` (the caller arms before the last one)."""
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches={num_microbatches}: must be >= 1")
         groups = optimizer._fused_groups() if optimizer._fused_available() else {}
@@ -102,11 +108,12 @@ class NSOverlap:
         if grad_of is not None:
             self.grad_of = grad_of
         for unit in self.units:
+            hook = self._hook(unit)
             for model_p in unit.model:
-                # the AccumulateGrad node: its post-hooks run in registration order, after DDP's
+                # the AccumulateGrad node (kept alive here): its post-hooks run in registration order, after DDP's
                 acc = model_p.expand_as(model_p).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
                 assert acc is not None, unit.name
-                self.handles.append((acc, acc.register_hook(self._hook(unit))))
+                self.nodes.append((acc, hook))
         self.begin()
         return self
 
@@ -121,19 +128,27 @@ class NSOverlap:
         return hook
 
     def begin(self) -> None:
-        """Before each forward-backward: drop pending results, re-arm every unit."""
+        """Before each forward-backward: unhook, drop pending results."""
+        self._disarm()
         self.optimizer.discard_speculation()
         self.launched = 0
+
+    def arm(self) -> None:
+        """Just before the last micro-batch (its forward; its backward follows in Megatron's no-pipelining
+        schedule): hook every matrix's accumulator, so that the backward hands each final gradient over."""
+        self._disarm()
         for unit in self.units:
-            unit.pending = len(unit.model) * self.num_microbatches
-            unit.launched = False
+            unit.pending, unit.launched = len(unit.model), False
+        self.handles = [acc.register_hook(hook) for acc, hook in self.nodes]
+
+    def _disarm(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
 
     def remove(self) -> None:
-        """Unhook (the optimizer keeps working without overlap)."""
-        for _, h in self.handles:
-            h.remove()
-        self.handles.clear()
-        self.optimizer.discard_speculation()
+        """Unhook and drop pending results (the optimizer keeps working without overlap)."""
+        self.begin()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -146,9 +161,16 @@ class NSOverlap:
 
 def install(chain: Any, model_chunks: list[Any], num_microbatches: int, config: Any) -> NSOverlap:
     """`NSOverlap` for our matrix optimizer inside `build_ours`' chain over the DDP-wrapped `model_chunks`
-    (`config`: the TransformerConfig). Raises ValueError naming what prevents it (see module docstring)."""
+    (`config`: the TransformerConfig). Raises ValueError naming what prevents it (see module docstring). The caller
+    calls `begin()` before each forward-backward and `arm()` before its last micro-batch."""
     from megatron.core import parallel_state as ps
 
+    pp = ps.get_pipeline_model_parallel_world_size()
+    if pp != 1:
+        raise ValueError(
+            f"optimizer.ns_overlap=true needs PP = 1 (got {pp}): it arms its hooks before the last micro-batch's "
+            "forward, which is followed by that micro-batch's backward only in the no-pipelining schedule"
+        )
     dp_cp = ps.get_data_parallel_world_size(with_context_parallel=True)
     if dp_cp != 1:
         raise ValueError(

@@ -1,7 +1,7 @@
 """NS overlapped with the backward (`optim.megatron.overlap`), on CPU: a two-layer torch model whose parameters carry
 Megatron-DDP-style `main_grad` accumulation hooks, several micro-batches, our fused Muon (torch reference path).
-The overlap launches each layer's NS once its last micro-batch's gradient is final, and the steps equal plain
-steps bitwise (confirmed), or recompute after clipping (not confirmed)."""
+The overlap, armed before the last micro-batch, launches each layer's NS once its gradient is final, and the steps
+equal plain steps bitwise (confirmed), or recompute after clipping (not confirmed)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,10 @@ def _train(model, opt, ctl, n_mb: int, steps: int, clip: float, seed: int = 5):
             p.main_grad.zero_()
         if ctl is not None:
             ctl.begin()
-        for _ in range(n_mb):
+        for mb in range(n_mb):
+            if ctl is not None and mb == n_mb - 1:
+                assert not opt._spec and ctl.launched == 0  # nothing before the last micro-batch
+                ctl.arm()
             model(torch.randn(4, 16, generator=g)).backward()
         for p in opt.param_groups[0]["params"]:
             p.grad = p.main_grad  # Megatron's wrapper: main_param.grad = main_grad (fp32: the same tensor)
@@ -119,6 +122,7 @@ def test_overlapped_steps_equal_plain_steps(monkeypatch, n_mb):
     _train(model, opt, ctl, n_mb, 3, clip=0.0)
     assert [n.split(".")[2] for n, _ in calls] == ["1", "1", "0", "0"] * 3
     assert opt.spec_stats == {"used": 4, "discarded": 0} and ctl.launched == 4
+    assert len(ctl.handles) == 4  # one per matrix, armed until the next begin()
     for p, q in zip(ref_model.parameters(), model.parameters(), strict=True):
         assert torch.equal(p, q)
     for p, q in zip(ref_opt.param_groups[0]["params"], opt.param_groups[0]["params"], strict=True):
@@ -128,6 +132,10 @@ def test_overlapped_steps_equal_plain_steps(monkeypatch, n_mb):
     params = dict(model.named_parameters())
     for n, g in last.items():
         assert torch.equal(g, params[n].main_grad)
+    ctl.begin()
+    assert not ctl.handles
+    model(torch.randn(4, 16)).backward()  # unarmed: no speculation
+    assert not opt._spec and ctl.launched == 0
 
 
 def test_clipped_step_recomputes(monkeypatch):
@@ -148,8 +156,9 @@ def test_begin_drops_results_of_a_step_that_did_not_run(monkeypatch):
     ref_model, ref_opt, _, _, _k1 = _setup(monkeypatch, False, 2)
     model, opt, ctl, _calls, _k2 = _setup(monkeypatch, True, 2)
     ctl.begin()
-    for _ in range(2):
-        model(torch.randn(4, 16)).backward()
+    model(torch.randn(4, 16)).backward()
+    ctl.arm()
+    model(torch.randn(4, 16)).backward()
     assert len(opt._spec) == 4
     ctl.begin()
     assert not opt._spec and opt.spec_stats["discarded"] == 4
@@ -187,6 +196,10 @@ def test_attach_and_install_refuse_what_they_cannot_overlap(monkeypatch):
         finite_targets=[opt], chained_optimizers=[types.SimpleNamespace(optimizer=opt, float16_groups=None)]
     )
     cfg = types.SimpleNamespace(calculate_per_token_loss=False)
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: 2)
+    with pytest.raises(ValueError, match=r"PP = 1 \(got 2\)"):
+        ov.install(chain, [model], 2, cfg)
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: 1)
     monkeypatch.setattr(ps, "get_data_parallel_world_size", lambda **kw: 2)
     with pytest.raises(ValueError, match=r"DP x CP = 1 \(got 2\)"):
         ov.install(chain, [model], 2, cfg)
@@ -209,6 +222,7 @@ def test_install_maps_megatrons_fp32_copies_and_skips_post_backward_params(monke
     from megatron.core import parallel_state as ps
 
     monkeypatch.setattr(ps, "get_data_parallel_world_size", lambda **kw: 1)
+    monkeypatch.setattr(ps, "get_pipeline_model_parallel_world_size", lambda: 1)
     model = _Model()
     _k = _ddp_like(model)
     layer0, layer1 = model.decoder.layers
@@ -228,7 +242,20 @@ def test_install_maps_megatrons_fp32_copies_and_skips_post_backward_params(monke
     ]
     assert [u.main[0] for u in ctl.units] == mains[:3] and [u.model[0] for u in ctl.units] == model_mats[:3]
     ctl.begin()
+    ctl.arm()
     model(torch.randn(4, 16)).backward()
     assert ctl.launched == 3 and len(opt._spec) == 3
     ctl.remove()
     assert not opt._spec and not ctl.handles
+
+
+def test_engine_arms_before_the_last_microbatch_only():
+    """The megatron engine's forward-step wrapper calls arm() once, before the last micro-batch's forward."""
+    pytest.importorskip("megatron.core")
+    from bench.engines.megatron import _arm_before_last
+
+    log = []
+    step = _arm_before_last(lambda i: log.append(i), lambda: log.append("arm"), 3)
+    for i in range(3):
+        step(i)
+    assert log == [0, 1, "arm", 2]
