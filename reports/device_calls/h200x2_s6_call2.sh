@@ -8,7 +8,7 @@
 # micro-batch ~0.05-0.15 s longer (the NS shares the SMs with its backward): ratio 0.993-0.999.
 # Two GPUs of one host: GPU1 runs the GPU tests while GPU0 prewarms (64-seq, one step, with overlap: plans the
 # per-layer NS shapes); then a crossover, round 1 ours(overlap) on GPU0 while AdamW runs on GPU1, round 2 swapped;
-# then, time permitting, ours without overlap (GPU0) against ours with it (GPU1).
+# then, time permitting, round 1 again.
 # Run from the repo root, .whl_megatron carried, as `MUONBENCH_GIT_SHA=<short sha> bash reports/device_calls/h200x2_s6_call1.sh`.
 set -u
 source reports/device_calls/device_env.sh
@@ -39,9 +39,9 @@ P1=$!
 wait $P0 $P1
 echo "crossover done t=${SECONDS}s" | tee -a "$OUT/mg/gpu0.log"
 if [ "$SECONDS" -lt 440 ]; then
-  (CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29531 $MB --case s6q_r3_ours_gpu0 $F $L $O >> "$OUT/mg/gpu0.log" 2>&1) &
+  (CUDA_VISIBLE_DEVICES=0 MASTER_PORT=29531 $MB --case s6q_r3_ours_ov_gpu0 $F $L $O $V >> "$OUT/mg/gpu0.log" 2>&1) &
   P0=$!
-  (CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29632 $MB --case s6q_r3_ours_ov_gpu1 $F $L $O $V >> "$OUT/mg/gpu1.log" 2>&1) &
+  (CUDA_VISIBLE_DEVICES=1 MASTER_PORT=29632 $MB --case s6q_r3_adamw_gpu1 $F $L optimizer=adamw >> "$OUT/mg/gpu1.log" 2>&1) &
   P1=$!
   wait $P0 $P1
 fi
