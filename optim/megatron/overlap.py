@@ -8,9 +8,13 @@ armed by the caller just before the last micro-batch (`arm()`, from the forward-
 matrix's gradient accumulator (registered after DDP's, so `main_grad` already holds the sum) marks it final; when
 every matrix of a unit (one layer's matrices of one shape and param group) is, `OrthogonalizedOptimizer.speculate`
 computes that unit's NS input and orthogonalization on the side stream while the backward of the layers below
-goes on. Nothing of the optimizer state changes then. The hooks exist only during that last backward: measured
-on the H200 (call P), hooks left on for every micro-batch cost ~3 ms of Python per micro-batch (1,548 matrices),
-0.25 s per step, because the MoE layers' host syncs keep the CPU from running ahead.
+goes on. Nothing of the optimizer state changes then. The hooks exist only during that last backward: on the H200
+(calls P, Q), hooks left on for every micro-batch added ~1 ms per micro-batch (1,548 Python calls; the MoE layers'
+host syncs keep the CPU from running far ahead), armed once per step ~0.3 ms.
+
+Measured on one H200 (FLOP-matched Qwen3 slice, calls P / Q): the optimizer step drops to AdamW's (0.06-0.07 s), but
+the last micro-batch grows by the NS time (~252 -> ~445 ms): the backward already keeps the GPU busy at its power
+limit, so the overlap hides nothing there. It can only pay where the backward leaves the GPU idle.
 
 The step uses those results only if nothing changed the gradients after the hooks: the chain
 (`optim.megatron.builders.finite_norm_chain`) confirms them when Megatron's global norm is finite and clipping does
