@@ -83,6 +83,8 @@ def test_bad_engine_inputs_are_value_errors():
         eng.setup(config.load(["experiment=cpu/qwen3_moe_tiny_dp2"]), ONE_RANK)
     with pytest.raises(ValueError, match="bench.data='indexed:/x'"):
         eng.setup(_cfg("bench.data=indexed:/x"), ONE_RANK)
+    with pytest.raises(ValueError, match=r"optimizer.ns_overlap=True: engine=megatron only"):
+        engine_class("hf")().setup(_cfg("optimizer=muon", "optimizer.ns_overlap=true"), ONE_RANK)
 
 
 def test_lr_schedule_warmup_then_cosine_to_min():

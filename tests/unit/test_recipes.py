@@ -301,6 +301,8 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
         (["optimizer=adamw", "optimizer.implementation=ours"], "AdamW"),
         (["optimizer.implementation=eo"], "oracle"),
         (["optimizer.ns_precision=fp16"], "ns_precision"),
+        (["optimizer.ns_overlap=true"], r"optimizer.ns_overlap=True: engine=megatron only"),
+        (["optimizer.ns_overlap=true", "optimizer.implementation=ours"], "ns_overlap"),
         (["bench.data=text:/tmp/x.txt"], "bench.data"),
     ],
 )
