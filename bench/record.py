@@ -61,6 +61,7 @@ DIAG_KEYS = (
     "ns_overlap_s",
     "spec_used",
     "spec_discarded",
+    "moe_load_max_mean",
 )
 """Optional diagnostic fields of a steps.jsonl line (`bench.energy`, `bench.microbatch_times`,
 `optimizer.ns_overlap`), written only when measured; `bench.collect` keeps to `STEP_KEYS`."""

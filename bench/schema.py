@@ -342,6 +342,10 @@ class BenchConfig:
     """megatron, diagnostic: CUDA events at every micro-batch (steps.jsonl `mb_first_ms` / `mb_rest_ms`: the first 4
     micro-batches after the optimizer step vs the rest; with `energy` also the SM clock at each); the per-micro-batch
     list is printed each step."""
+    moe_load_stats: bool = False
+    """megatron, diagnostic: expert load imbalance of the grouped-GEMM experts (steps.jsonl `moe_load_max_mean`: the
+    mean over every experts call of the step, all layers and micro-batches, of max / mean tokens per local expert;
+    1.0 = perfectly balanced). Adds two small reductions per call, no host sync."""
 
 
 @dataclass

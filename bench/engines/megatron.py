@@ -49,6 +49,7 @@ class MegatronEngine(Engine):
         self._energy: Any = None
         self._mb: Any = None
         self._overlap: Any = None
+        self._load: Any = None
         self._steps_done = 0
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -125,6 +126,15 @@ class MegatronEngine(Engine):
             self._energy = PhaseEnergy(meter.read, torch.cuda.synchronize, time.perf_counter)
         if cfg.bench.malloc_trim:
             malloc_trim()  # fails here, not after the first step, where glibc is missing
+        if cfg.bench.moe_load_stats:
+            from bench.engines import megatron_experts
+
+            if not opts.grouped_mm_experts or opts.use_te:
+                raise ValueError(
+                    "bench.moe_load_stats=true counts tokens in the grouped-GEMM experts (no TE, "
+                    "MUONBENCH_MEGATRON_EXPERTS unset)"
+                )
+            megatron_experts.LOAD = self._load = megatron_experts.ExpertLoad()
         if cfg.bench.microbatch_times:
             from bench.timing import MicrobatchClock
 
@@ -259,10 +269,18 @@ class MegatronEngine(Engine):
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
                 **self._overlap_metrics(phases),
+                **self._load_metrics(),
                 **({"t_wall": t_wall, **energy.values} if energy is not None else {}),
                 **mb,
             },
         )
+
+    def _load_metrics(self) -> dict[str, float]:
+        """`bench.moe_load_stats`: the step's mean max / mean tokens per expert (see megatron_experts.ExpertLoad)."""
+        if self._load is None:
+            return {}
+        value = self._load.take()
+        return {} if value is None else {"moe_load_max_mean": value}
 
     def _overlap_metrics(self, phases: dict[str, float]) -> dict[str, float]:
         """With `optimizer.ns_overlap`: GPU time of the speculative NS on its side stream (inside fwd_bwd,
@@ -346,6 +364,13 @@ class MegatronEngine(Engine):
         for name in ("optimizer", "model_chunks", "data", "_built"):
             if hasattr(self, name):
                 delattr(self, name)
+        if self._overlap is not None:
+            self._overlap.remove()
+            self._overlap = None
+        if self._load is not None:
+            from bench.engines import megatron_experts
+
+            megatron_experts.LOAD = self._load = None
         if self._gc_disabled:
             gc.enable()
             gc.unfreeze()

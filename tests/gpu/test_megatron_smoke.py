@@ -259,9 +259,9 @@ def test_multi_tensor_foreach_matches_megatrons_fallbacks_on_cuda():
 
 @pytest.mark.parametrize("mode", ["sleep", "gpu_spin"])
 def test_energy_microbatches_and_idle_before_step_recorded(mode):
-    """`bench.energy=true` + `bench.microbatch_times=true`: NVML joules / watts per phase and per-micro-batch times
-    land in each step's extra fields, plausible for an H200; `bench.idle_before_step_s` (either mode) stays outside
-    the timed step."""
+    """`bench.energy=true` + `bench.microbatch_times=true` + `bench.moe_load_stats=true`: NVML joules / watts per
+    phase, per-micro-batch times and the expert load ratio land in each step's extra fields, plausible for an H200;
+    `bench.idle_before_step_s` (either mode) stays outside the timed step."""
     pytest.importorskip("pynvml")
     import time
 
@@ -273,6 +273,7 @@ def test_energy_microbatches_and_idle_before_step_recorded(mode):
             "bench.idle_before_step_s=0.3",
             f"bench.idle_before_step_mode={mode}",
             "bench.malloc_trim=true",
+            "bench.moe_load_stats=true",
             "bench.warmup_steps=1",
         ]
     )
@@ -293,6 +294,8 @@ def test_energy_microbatches_and_idle_before_step_recorded(mode):
         assert 100 < e["sm_mhz_end_optim"] < 3000 and e["t_wall"] > 1.7e9
         # gbs 4 / mbs 2: two micro-batches, the first one alone in "first"
         assert 0 < e["mb_first_ms"] and 0 < e["mb_rest_ms"] and 100 < e["mb_first_mhz"] < 3000
+        # 8 experts, top-2 routing: max / mean tokens per expert is at least 1 and at most 8
+        assert 1.0 <= e["moe_load_max_mean"] <= 8.0
     assert rows[1].extra["t_wall"] - rows[0].extra["t_wall"] >= 0.3
 
 
