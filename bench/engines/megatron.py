@@ -92,6 +92,11 @@ class MegatronEngine(Engine):
         opts = mm.BuildOptions(
             use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16", grouped_mm_experts=grouped
         )
+        if cfg.bench.moe_load_stats and (opts.use_te or not opts.grouped_mm_experts):
+            raise ValueError(
+                "bench.moe_load_stats=true counts tokens in the grouped-GEMM experts: needs no Transformer Engine "
+                "and MUONBENCH_MEGATRON_EXPERTS unset"
+            )
         self.tconfig = mm.transformer_config(model, par, opts)
         self.model_chunks = self._build_model(mm, opts)
         self.ptimer = PhaseTimer(cuda=True)
@@ -129,11 +134,6 @@ class MegatronEngine(Engine):
         if cfg.bench.moe_load_stats:
             from bench.engines import megatron_experts
 
-            if not opts.grouped_mm_experts or opts.use_te:
-                raise ValueError(
-                    "bench.moe_load_stats=true counts tokens in the grouped-GEMM experts (no TE, "
-                    "MUONBENCH_MEGATRON_EXPERTS unset)"
-                )
             megatron_experts.LOAD = self._load = megatron_experts.ExpertLoad()
         if cfg.bench.microbatch_times:
             from bench.timing import MicrobatchClock

@@ -372,9 +372,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
     def discard_speculation(self) -> None:
         """Drop pending speculative results (a step that will not run, gradients about to be zeroed); the current
         stream waits for their work first, so the gradients they read are not overwritten under them."""
-        for sp in self._take_speculation():
-            self.spec_stats["discarded"] += len(sp.params)
         self._spec_confirmed = False
+        self._take_speculation()  # unconfirmed: waits, counts them as discarded, returns nothing
 
     def _take_speculation(self) -> list[_Speculation]:
         """Pending results for this step (empty unless confirmed; counts reset), the current stream made to wait
