@@ -141,6 +141,49 @@ def pooled_call_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def pooled_across_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per configuration (config hash) run in two or more device calls (clean commits): every run's model-only
+    ratio against the mean of its own call's AdamW runs, then their mean, standard deviation and standard error.
+    One call's ratio carries that call's drift and its GPU; this is the number to quote, with its uncertainty.
+    Configurations whose hash changed (a schema field added) pool apart."""
+    calls: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        dirty = str(r.get("git_dirty") or "").lower() in ("true", "1")
+        if r["status"] == "ok" and r.get("git_sha") and not dirty and _num(r.get("model_tflops_per_gpu")):
+            calls.setdefault((*(r.get(c) for c in GROUP_COLUMNS), r["git_sha"]), []).append(r)
+    per_cfg: dict[tuple[Any, ...], list[tuple[str, str, float]]] = {}
+    for key, runs in calls.items():
+        base = [_num(b["model_tflops_per_gpu"]) or 0.0 for b in runs if b["optimizer"] == BASELINE]
+        if not base:
+            continue
+        mean_b = statistics.fmean(base)
+        for r in runs:
+            if r["optimizer"] != BASELINE and r.get("config_hash"):
+                ratio = (_num(r["model_tflops_per_gpu"]) or 0.0) / mean_b
+                per_cfg.setdefault((*key[:-1], r["optimizer"], r["config_hash"]), []).append(
+                    (key[-1], r["run_id"], ratio)
+                )
+    out = []
+    for (*_, opt, cfg), items in per_cfg.items():
+        shas = sorted({sha for sha, _, _ in items})
+        if len(shas) < 2:
+            continue
+        ratios = [x for _, _, x in items]
+        sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+        out.append(
+            {
+                "optimizer": opt,
+                "config_hash": cfg,
+                "runs": [run_id for _, run_id, _ in items],
+                "calls": shas,
+                "mean": statistics.fmean(ratios),
+                "sd": sd,
+                "se": sd / len(ratios) ** 0.5,
+            }
+        )
+    return out
+
+
 def table1(rows: list[dict[str, Any]]) -> str:
     header = [
         "optimizer",
@@ -429,6 +472,20 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                 f"- {x['git_sha']}: **{x['optimizer']}: {fmt(x['model_only_ratio'], '.3f')}** x AdamW "
                 f"({x['runs']} run(s) vs {x['baseline_runs']} AdamW: {x['baseline']})"
                 for x in pooled
+            ),
+        ]
+    across = pooled_across_calls(rows)
+    if across:
+        parts += [
+            (
+                "Pooled across device calls (one configuration hash, clean commits; each run's model-only ratio "
+                "against the mean of its own call's AdamW runs; mean, standard deviation, standard error):"
+            ),
+            "\n".join(
+                f"- {x['optimizer']} (config {x['config_hash']}): **{fmt(x['mean'], '.4f')}** x AdamW, sd "
+                f"{fmt(x['sd'], '.4f')}, s.e. {fmt(x['se'], '.4f')} ({len(x['runs'])} runs in {len(x['calls'])} "
+                f"calls {', '.join(x['calls'])}: {', '.join(x['runs'])})"
+                for x in across
             ),
         ]
     parts += [

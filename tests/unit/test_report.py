@@ -135,3 +135,40 @@ def test_pooled_ratio_per_call_averages_repeated_runs():
         "muon (n_muon, n_muon2)": round(292.2 / 295.0, 4),
         "muon (n_builtin)": round(280.0 / 295.0, 4),
     }
+
+
+def test_pooled_across_calls_gives_mean_and_standard_error():
+    """A configuration run in two calls: each run's ratio against its own call's AdamW mean, then mean / sd / s.e.;
+    a configuration seen in one call only, or a call without AdamW, is not pooled; dirty trees are left out."""
+    setup = {c: "x" for c in report.GROUP_COLUMNS}
+
+    def run(run_id, opt, sha, tf, cfg="c1", dirty=""):
+        return setup | {
+            "run_id": run_id,
+            "optimizer": opt,
+            "status": "ok",
+            "git_sha": sha,
+            "git_dirty": dirty,
+            "model_tflops_per_gpu": tf,
+            "config_hash": cfg if opt != "adamw" else "ca",
+        }
+
+    rows = [
+        run("m_muon", "muon", "mmm", 297.0),
+        run("m_adamw", "adamw", "mmm", 300.0),
+        run("m_adamw2", "adamw", "mmm", 300.0),
+        run("n_muon", "muon", "nnn", 198.0),
+        run("n_muon2", "muon", "nnn", 196.0),
+        run("n_adamw", "adamw", "nnn", 200.0),
+        run("n_other", "muon", "nnn", 150.0, cfg="c2"),  # one call only
+        run("q_muon", "muon", "qqq", 100.0),  # no AdamW in call q
+        run("d_muon", "muon", "ddd", 10.0, dirty="True"),
+        run("d_adamw", "adamw", "ddd", 300.0, dirty="True"),
+    ]
+    (got,) = report.pooled_across_calls(rows)
+    ratios = [0.99, 0.99, 0.98]
+    mean = sum(ratios) / 3
+    sd = (sum((r - mean) ** 2 for r in ratios) / 2) ** 0.5
+    assert got["runs"] == ["m_muon", "n_muon", "n_muon2"] and got["calls"] == ["mmm", "nnn"]
+    assert got["mean"] == pytest.approx(mean) and got["sd"] == pytest.approx(sd)
+    assert got["se"] == pytest.approx(sd / 3**0.5)
