@@ -106,18 +106,30 @@ def model_only_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _num_key(text: str) -> tuple[float, str]:
+    """Sort key of formatted numbers (non-numbers last), so that generated text does not depend on set order."""
+    value = _num(text)
+    return (value if value is not None else math.inf, text)
+
+
+def _clean_calls(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
+    """Ok runs with a model TFLOP/s, grouped by (setup columns..., commit): one device call each. Runs recorded from
+    a dirty tree are left out: their commit does not pin the code, so it cannot stand for one device call."""
+    calls: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        dirty = str(r.get("git_dirty") or "").lower() in ("true", "1")
+        if r["status"] == "ok" and r.get("git_sha") and not dirty and _num(r.get("model_tflops_per_gpu")):
+            calls.setdefault((*(r.get(c) for c in GROUP_COLUMNS), r["git_sha"]), []).append(r)
+    return calls
+
+
 def pooled_call_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per device call (same setup and commit) with more than one run of a side: the mean model TFLOP/s of the runs
     of one configuration (config hash) over the mean of that call's AdamW runs. Repeated runs in one call (A B A, B A B
     A) then give one number instead of several nearest-in-time pairs that drift apart. Runs recorded from a dirty
     tree are left out: their commit does not pin the code, so it cannot stand for one device call."""
-    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        dirty = str(r.get("git_dirty") or "").lower() in ("true", "1")
-        if r["status"] == "ok" and r.get("git_sha") and not dirty and _num(r.get("model_tflops_per_gpu")):
-            groups.setdefault((*(r.get(c) for c in GROUP_COLUMNS), r["git_sha"]), []).append(r)
     out = []
-    for key, runs in groups.items():
+    for key, runs in _clean_calls(rows).items():
         base = [r for r in runs if r["optimizer"] == BASELINE]
         variants: dict[Any, list[dict[str, Any]]] = {}
         for r in runs:
@@ -146,13 +158,8 @@ def pooled_across_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ratio against the mean of its own call's AdamW runs, then their mean, standard deviation and standard error.
     One call's ratio carries that call's drift and its GPU; this is the number to quote, with its uncertainty.
     Configurations whose hash changed (a schema field added) pool apart."""
-    calls: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
-    for r in rows:
-        dirty = str(r.get("git_dirty") or "").lower() in ("true", "1")
-        if r["status"] == "ok" and r.get("git_sha") and not dirty and _num(r.get("model_tflops_per_gpu")):
-            calls.setdefault((*(r.get(c) for c in GROUP_COLUMNS), r["git_sha"]), []).append(r)
     per_cfg: dict[tuple[Any, ...], list[tuple[str, str, float]]] = {}
-    for key, runs in calls.items():
+    for key, runs in _clean_calls(rows).items():
         base = [_num(b["model_tflops_per_gpu"]) or 0.0 for b in runs if b["optimizer"] == BASELINE]
         if not base:
             continue
@@ -428,8 +435,8 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
         _setup_text(rows),
         "## Protocol",
         (
-            f"{len(steps_n) == 1 and steps_n.pop() or steps_n} steps per run, the first "
-            f"{len(warm_n) == 1 and warm_n.pop() or warm_n} are warm-up. {record.PROTOCOL_TEXT}."
+            f"{' / '.join(sorted(steps_n, key=_num_key))} steps per run, the first "
+            f"{' / '.join(sorted(warm_n, key=_num_key))} are warm-up. {record.PROTOCOL_TEXT}."
         ),
         "## Throughput (Table 1 form)",
         table1(rows),

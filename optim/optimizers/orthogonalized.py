@@ -551,18 +551,26 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             group, ps, x = packed.pop()
             orth, mscale = self._orthogonalize(x)
             del x
-            if mscale is not None:
-                orth = orth * mscale.to(orth.dtype).view(-1, 1, 1)
-            wd = group["weight_decay"] if cfg.weight_decay_method == "decoupled" else 0.0
-            fs.apply_update(
-                ps,
-                orth,
-                lr=group["lr"],
-                weight_decay=wd,
-                scale=self._shape_scale(*ps[0].shape),
-                transposed=ps[0].size(0) > ps[0].size(1),
-                checked=True,
-            )
+            self._apply_fused_update(group, ps, orth, mscale)
+
+    def _apply_fused_update(
+        self, group: dict[str, Any], ps: list[torch.Tensor], orth: torch.Tensor, mscale: torch.Tensor | None
+    ) -> None:
+        """p <- p (1 - lr wd) - lr scale (mscale) O for one same-shape bucket (`fused_step.apply_update`)."""
+        from optim.kernels import fused_step as fs
+
+        if mscale is not None:
+            orth = orth * mscale.to(orth.dtype).view(-1, 1, 1)
+        wd = group["weight_decay"] if self.config.weight_decay_method == "decoupled" else 0.0
+        fs.apply_update(
+            ps,
+            orth,
+            lr=group["lr"],
+            weight_decay=wd,
+            scale=self._shape_scale(*ps[0].shape),
+            transposed=ps[0].size(0) > ps[0].size(1),
+            checked=True,
+        )
 
     def _usable_speculation(
         self, params: list[torch.Tensor], skipped: set[int], spec: list[_Speculation]
@@ -592,25 +600,9 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
     def _apply_speculation(self, usable: list[_Speculation]) -> None:
         """Momentum written (the EMA the speculative NS input assumed) and the update applied, per speculation."""
-        from optim.kernels import fused_step as fs
-
-        cfg = self.config
         for sp in usable:
             torch._foreach_lerp_(sp.bufs, sp.grads, 1.0 - sp.group["momentum"])
-            orth = sp.orth
-            if sp.mscale is not None:
-                orth = orth * sp.mscale.to(orth.dtype).view(-1, 1, 1)
-            wd = sp.group["weight_decay"] if cfg.weight_decay_method == "decoupled" else 0.0
-            p0 = sp.params[0]
-            fs.apply_update(
-                sp.params,
-                orth,
-                lr=sp.group["lr"],
-                weight_decay=wd,
-                scale=self._shape_scale(*p0.shape),
-                transposed=p0.size(0) > p0.size(1),
-                checked=True,
-            )
+            self._apply_fused_update(sp.group, sp.params, sp.orth, sp.mscale)
 
     def _momentum(self, skip: set[int] | None = None) -> list[_Entry]:
         """New momentum and orthogonalization input of every parameter with a gradient (state not yet written),
