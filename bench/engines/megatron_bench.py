@@ -201,6 +201,11 @@ def _start_process_group() -> None:
     from bench.engines.base import RankInfo
     from bench.engines.megatron import _init_distributed
 
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "bench.engines.megatron_bench runs the megatron engine, on NVIDIA GPUs only (Megatron-core models need "
+            "CUDA); this machine has none. Use engine=hf (python -m bench.run) for CPU runs."
+        )
     torch.cuda.set_device(0)
     _init_distributed(RankInfo(rank=0, world_size=1, local_rank=0), "nccl")
 

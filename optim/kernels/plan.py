@@ -156,9 +156,16 @@ class Planner:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            kept = {
-                k: v for k, v in self.choices.items() if not v.get("fallback")
-            }  # fallbacks: this process only
+            # entries another process saved since this one loaded are kept (two processes planning at once,
+            # e.g. one per GPU, would otherwise drop each other's new shapes); this process's entries win
+            try:
+                on_disk = json.loads(self.path.read_text())
+            except (OSError, ValueError):
+                on_disk = {}
+            kept = on_disk if isinstance(on_disk, dict) else {}
+            kept.update(
+                {k: v for k, v in self.choices.items() if not v.get("fallback")}
+            )  # fallbacks: this process only
             tmp.write_text(json.dumps(kept, indent=1, sort_keys=True))
             os.replace(tmp, self.path)
         except OSError:  # a read-only home must not break the optimizer step

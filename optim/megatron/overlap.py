@@ -88,13 +88,13 @@ class NSOverlap:
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches={num_microbatches}: must be >= 1")
         groups = optimizer._fused_groups() if optimizer._fused_available() else {}
-        by_key: dict[tuple[str, tuple[int, ...], int], _Unit] = {}
+        by_key: dict[tuple[str, tuple[int, ...], int, int], _Unit] = {}
         for name, model_p, main_p in pairs:
             if id(main_p) not in groups or not model_p.requires_grad:
                 continue
             m = _LAYER.match(name)
             prefix = m.group(1) if m else name
-            key = (prefix, tuple(main_p.shape), id(groups[id(main_p)]))
+            key = (prefix, tuple(main_p.shape), id(groups[id(main_p)]), optimizer._fused_pieces(main_p))
             unit = by_key.get(key)
             if unit is None:
                 unit = by_key[key] = _Unit(f"{prefix} {tuple(main_p.shape)}", [], [])
@@ -103,7 +103,7 @@ class NSOverlap:
         if not by_key:
             raise ValueError(
                 "ns_overlap: none of the given matrices is stepped by the optimizer's fused path (CUDA, "
-                "fused_step=True, fp32 2-D, not split or TP-sharded), nothing to overlap"
+                "fused_step=True, fp32 2-D, not TP-sharded, no uneven or interleaved split), nothing to overlap"
             )
         cuda = next(iter(by_key.values())).main[0].is_cuda
         device = next(iter(by_key.values())).main[0].device

@@ -15,9 +15,10 @@ momentum and Nesterov input (`_foreach_lerp`), weight decay and update (`_foreac
 per shape group. On CPU the foreach ops apply the same per-tensor kernels as the plain ops (bitwise equal to a
 per-parameter loop); on CUDA they are fused multi-tensor kernels with the same formulas.
 
-Fused path (Muon with `fused_step` on CUDA, bf16 NS; `_fused_step`): whole fp32 2-D matrices (not split, not
-TP-sharded) are stepped by `optim.kernels.fused_step` instead, one (group, shape) bucket at a time: momentum update
-in place plus the bf16 NS input in one pass, one batched orthogonalize, decay and scaled update in one pass. It
+Fused path (Muon with `fused_step` on CUDA, bf16 NS; `_fused_step`): whole fp32 2-D matrices (not TP-sharded; split
+only into equal contiguous row blocks of a wide matrix, e.g. gate / up, whose pieces are a view of the packed stack)
+are stepped by `optim.kernels.fused_step` instead, one (group, shape, split) bucket at a time: momentum update in
+place plus the bf16 NS input in one pass, one batched orthogonalize, decay and scaled update in one pass. It
 differs from the path above by rounding: the NS input is rounded to bf16 before the Frobenius normalization, and
 decay and update are one multiply-add. Its non-finite check screens the gradients first (see `_fused_step`).
 
@@ -299,7 +300,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         """Orthogonalize the coming step's NS input of `params` now, from their final gradients `grads`, so that
         the work can overlap whatever else runs (the backward of the layers below, on another CUDA `stream`).
 
-        `params`: parameters the fused step takes (fp32 2-D, not split or TP-sharded, one param group and shape);
+        `params`: parameters the fused step takes (fp32 2-D, not TP-sharded, split only as `_fused_pieces` allows;
+        one param group, shape and split);
         `grads`: the fp32 tensors that will be their `.grad` at the step, values final. Nothing of the optimizer
         state changes (the momentum is written at the step: `momentum_pack(write_buf=False)`). The next `step()`
         uses the result only if the caller then calls `confirm_speculation()` (the gradients were not modified
@@ -323,10 +325,15 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             problem = None
             if id(p) not in groups:
                 problem = (
-                    "not a parameter of the fused step (fp32 2-D, not split or TP-sharded, decoupled decay)"
+                    "not a parameter of the fused step (fp32 2-D, not TP-sharded, no uneven or interleaved split, "
+                    "decoupled decay)"
                 )
-            elif groups[id(p)] is not g0 or tuple(p.shape) != shape:
-                problem = f"params must share one param group and shape {shape}"
+            elif (
+                groups[id(p)] is not g0
+                or tuple(p.shape) != shape
+                or self._fused_pieces(p) != self._fused_pieces(params[0])
+            ):
+                problem = f"params must share one param group, shape {shape} and split"
             elif g.shape != p.shape or g.dtype != torch.float32 or not g.is_contiguous():
                 problem = f"gradient must be fp32 contiguous of shape {shape}, got {g.dtype} {tuple(g.shape)}"
             elif id(p) in pending:
@@ -355,7 +362,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 write_buf=False,
             )
             amax = torch._foreach_norm([x], float("inf"))[0]
-            orth, mscale = orthogonalize(x)
+            orth, mscale = orthogonalize(self._as_pieces(params[0], x))
             del x
             done = None
             if side:
@@ -398,7 +405,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
     def _fused_params(self) -> list[torch.Tensor]:
         """Parameters the fused path steps: fp32 contiguous 2-D matrices with an fp32 contiguous gradient, not
-        split, not TP-sharded, in a group with decoupled (or no) weight decay. (`optim.kernels.fused_step` runs
+        TP-sharded, not split (or split as `_fused_pieces` allows), in a group with decoupled (or no) weight decay. (`optim.kernels.fused_step` runs
         its Triton kernels on CUDA tensors and its torch reference otherwise.) The parameter-side conditions are
         evaluated once per parameter set (and group weight decays); the gradient-side ones every step."""
         if not self._fused_available():
@@ -427,7 +434,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 if p.ndim == 2
                 and p.dtype == torch.float32
                 and p.is_contiguous()
-                and id(p) not in self.splits
+                and (id(p) not in self.splits or self._fused_pieces(p) > 1)
                 and id(p) not in self.tp
             }
             self._fused_static = (
@@ -443,6 +450,17 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         assert self._fused_static is not None
         return self._fused_static[2]
 
+    def _fused_pieces(self, p: torch.Tensor) -> int:
+        """How many NS matrices the fused path makes of `p`: 1, or k for a split into k equal contiguous row blocks
+        (`num_groups == 1`, e.g. gate / up of a fused fc1) of a wide matrix (rows <= cols), whose pieces are a free
+        view (k, rows / k, cols) of the packed NS input; 0 for any other split (not fused: its pieces are not
+        contiguous, or a tall matrix's wide orientation interleaves them)."""
+        split = self.splits.get(id(p))
+        if split is None:
+            return 1
+        uniform = split.num_groups == 1 and len(set(split.sizes)) == 1 and len(split.sizes) > 1
+        return len(split.sizes) if uniform and p.size(0) <= p.size(1) else 0
+
     def _buckets_of(self, params: list[torch.Tensor], skipped: set[int]) -> list[_FusedBucket]:
         """(group, shape, device) buckets of `params` less `skipped` ids, momentum state created where missing;
         cached for the common case (nothing skipped) until the parameter list or the state changes (a new state
@@ -451,7 +469,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         if not skipped and self._fused_buckets is not None and self._fused_buckets[0] == key:
             return self._fused_buckets[1]
         ids = set(key) - skipped
-        buckets: dict[tuple[int, tuple[int, ...], torch.device], _FusedBucket] = {}
+        buckets: dict[tuple[int, tuple[int, ...], int, torch.device], _FusedBucket] = {}
         for group in self.param_groups:
             for p in group["params"]:
                 if id(p) not in ids:
@@ -460,9 +478,10 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                 if not st:
                     st["step"] = 0
                     st["momentum_buffer"] = torch.zeros_like(p)
-                b = buckets.get((id(group), tuple(p.shape), p.device))
+                bkey = (id(group), tuple(p.shape), self._fused_pieces(p), p.device)
+                b = buckets.get(bkey)
                 if b is None:
-                    b = buckets[(id(group), tuple(p.shape), p.device)] = _FusedBucket(group, [], [])
+                    b = buckets[bkey] = _FusedBucket(group, [], [])
                 b.params.append(p)
                 b.bufs.append(st["momentum_buffer"])
         out = list(buckets.values())
@@ -549,9 +568,15 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         packed.reverse()
         while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
             group, ps, x = packed.pop()
-            orth, mscale = self._orthogonalize(x)
+            orth, mscale = self._orthogonalize(self._as_pieces(ps[0], x))
             del x
             self._apply_fused_update(group, ps, orth, mscale)
+
+    def _as_pieces(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The packed (B, rows, cols) NS input of a bucket of parameters shaped like `p`, as (B k, rows / k, cols)
+        for a split into k equal row blocks (`_fused_pieces`; a view, nothing copied)."""
+        k = self._fused_pieces(p)
+        return x if k == 1 else x.view(-1, x.size(1) // k, x.size(2))
 
     def _apply_fused_update(
         self, group: dict[str, Any], ps: list[torch.Tensor], orth: torch.Tensor, mscale: torch.Tensor | None
@@ -561,13 +586,15 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
         if mscale is not None:
             orth = orth * mscale.to(orth.dtype).view(-1, 1, 1)
+        rows, cols = ps[0].shape
+        k = self._fused_pieces(ps[0])
         wd = group["weight_decay"] if self.config.weight_decay_method == "decoupled" else 0.0
         fs.apply_update(
             ps,
-            orth,
+            orth.reshape(len(ps), rows, cols) if k > 1 else orth,
             lr=group["lr"],
             weight_decay=wd,
-            scale=self._shape_scale(*ps[0].shape),
+            scale=self._shape_scale(rows // k, cols),  # a split's pieces are scaled by their own shape
             transposed=ps[0].size(0) > ps[0].size(1),
             checked=True,
         )

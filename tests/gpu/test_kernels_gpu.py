@@ -163,24 +163,30 @@ def test_fused_step_kernels(seed: int) -> None:
     assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE
 
 
-@pytest.mark.parametrize("nesterov", [True, False])
-def test_muon_fused_step_matches_unfused_on_cuda(nesterov):
+@pytest.mark.parametrize(("nesterov", "split"), [(True, False), (False, False), (True, True)])
+def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
     """optim.Muon with the fused Triton momentum-pack / update kernels (default on CUDA) vs the multi-tensor torch
     path: same momentum, same updates up to the bf16 rounding of the NS input; bucket sizes and a tall shape of a
-    real MoE layer."""
+    real MoE layer; with `split`, two fused fc1 (1536 x 2048) split into gate / up halves (fused as views)."""
     from optim.configs import MuonConfig
+    from optim.functional.split import RowSplit
     from optim.kernels import fused_step
     from optim.optimizers.muon import Muon
 
-    shapes = [(768, 2048)] * 4 + [(2048, 768)] * 4 + [(1024, 2048), (128, 2048)]
+    shapes = [(768, 2048)] * 4 + [(2048, 768)] * 4 + [(1024, 2048), (128, 2048)] + [(1536, 2048)] * 2 * split
     gen = torch.Generator(device="cuda").manual_seed(0)
     init = [torch.randn(*s, device="cuda", generator=gen) * 0.02 for s in shapes]
     grads = [[torch.randn(*s, device="cuda", generator=gen) for s in shapes] for _ in range(3)]
     runs = {}
     for fused in (False, True):
         ps = [p.clone() for p in init]
-        opt = Muon(ps, MuonConfig(lr=0.02, nesterov=nesterov, weight_decay=0.1, fused_step=fused))
+        halves = RowSplit(num_groups=1, sizes=(768, 768))
+        splits = {p: halves for p in ps if p.shape == (1536, 2048)}
+        opt = Muon(
+            ps, MuonConfig(lr=0.02, nesterov=nesterov, weight_decay=0.1, fused_step=fused), splits=splits
+        )
         assert opt._fused_available() is fused
+        assert len(opt._fused_static_params()) == len(ps)  # every matrix, the split ones too, is fusable
         for gs in grads:
             for p, g in zip(ps, gs, strict=True):
                 p.grad = g

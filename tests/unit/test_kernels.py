@@ -227,6 +227,17 @@ def test_plan_cache_roundtrip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None
     q = Planner()
     q._load()
     assert q.choices["k"]["method"] == "plain_torch"
+    # two planners that loaded the same file (two processes, one per GPU) keep each other's new entries on save
+    a, b = Planner(), Planner()
+    a._load(), b._load()
+    a.choices["only_a"] = {"method": "plain_torch", "times_ms": {"plain_torch": 2.0}}
+    b.choices["only_b"] = {"method": "plain_sym_t128", "times_ms": {"plain_sym_t128": 3.0}}
+    b.choices["k"] = {"method": "plain_sym_t128", "times_ms": {"plain_sym_t128": 0.5}}
+    a._save()
+    b._save()
+    c = Planner()
+    c._load()
+    assert set(c.choices) == {"k", "only_a", "only_b"} and c.choices["k"]["method"] == "plain_sym_t128"
     small = candidate_names(1, 512, 2048, 5, use_gram=True, triton_ok=True)
     big = candidate_names(1, 8192, 8192, 5, use_gram=False, triton_ok=True)
     assert "gram_sym_t128+graph" in small and "plain_torch+graph" in small

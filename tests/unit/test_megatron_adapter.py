@@ -557,6 +557,16 @@ def test_bench_driver_isolates_cases_and_keeps_going(tmp_path, capsys):
     assert "all cases done" in out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_bench_driver_one_case_without_cuda_says_so():
+    """One case runs in this process: on a machine without CUDA the driver stops with a sentence naming the engine
+    and the CPU alternative before it touches NCCL (it raised torch's bare 'no NVIDIA driver' error)."""
+    from bench.engines import megatron_bench
+
+    with pytest.raises(SystemExit, match=r"NVIDIA GPUs only .* Use engine=hf"):
+        megatron_bench.main(["--out", "/nonexistent", "--case", "a", "model=qwen3_moe_tiny"])
+
+
 def test_engine_times_ours_through_the_public_hook():
     """bench.engines.megatron_optim._time_ours finds our optimizer inside Megatron-style wrappers and times every
     NS call with its plain FLOPs (the engine's NS columns), through OrthogonalizedOptimizer.instrument."""

@@ -122,6 +122,59 @@ def test_split_and_3d_and_bf16_params_take_the_unfused_path(monkeypatch):
     assert any(len(c) == 3 and c[0] == 1 for c in calls)
 
 
+def test_equal_contiguous_split_is_fused_as_pieces(monkeypatch):
+    """gate / up of a wide fused fc1 (one group, equal blocks) takes the fused path as a view: each piece is its own
+    NS matrix, scaled by its own shape, and the steps agree with the unfused split path up to the bf16 input
+    rounding; a joint (unsplit) matrix of the same shape is a separate bucket with a different update."""
+    shapes = [(16, 24), (16, 24), (16, 24)]
+    halves = RowSplit(num_groups=1, sizes=(8, 8), labels=("gate", "up"))
+    split = {0: halves, 1: halves}
+    cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1)
+    ref, ref_opt, _ = _run(monkeypatch, False, cfg, shapes=shapes, splits=split)
+    got, opt, calls = _run(monkeypatch, True, cfg, shapes=shapes, splits=split)
+    # step 1: group 0 holds both split matrices -> 4 pieces of 8 x 24 in one call; group 1 the joint 16 x 24
+    assert sorted(calls[:2]) == [(1, 16, 24), (4, 8, 24)]
+    inits = _params(shapes)
+    for i in range(3):
+        assert _rel_update(got[i], ref[i], inits[i]) < 2e-2
+    for q0, q1 in zip(ref_opt.param_groups[0]["params"], opt.param_groups[0]["params"], strict=True):
+        torch.testing.assert_close(opt.state[q1]["momentum_buffer"], ref_opt.state[q0]["momentum_buffer"])
+    # the split really changes the update: the joint run differs by far more than the rounding above
+    joint, _, _ = _run(monkeypatch, True, cfg, shapes=shapes)
+    assert _rel_update(got[0], joint[0], inits[0]) > 0.1
+
+
+def test_split_pieces_formula_and_tall_or_uneven_splits_stay_unfused(monkeypatch):
+    """One fused step of a split matrix: each half is NS(bf16(m_half)) scaled by the half's sqrt(rows / cols), not
+    the whole matrix's; a tall matrix's split and an uneven split take the unfused path."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    cfg = MuonConfig(lr=0.05, momentum=0.8, nesterov=True, weight_decay=0.0, scale_mode="unit_rms_norm")
+    p = torch.randn(48, 20).requires_grad_(True)  # each half 24 x 20 is tall; the matrix is tall too
+    wide = torch.randn(16, 40).requires_grad_(True)
+    uneven = torch.randn(12, 40).requires_grad_(True)
+    opt = Muon(
+        [p, wide, uneven],
+        cfg,
+        splits={
+            p: RowSplit(num_groups=1, sizes=(24, 24)),
+            wide: RowSplit(num_groups=1, sizes=(8, 8)),
+            uneven: RowSplit(num_groups=1, sizes=(4, 8)),
+        },
+    )
+    assert opt._fused_params() == [] and opt._fused_static_params() == [wide]
+    p0 = wide.detach().clone()
+    g = torch.randn(16, 40)
+    for q in (p, wide, uneven):
+        q.grad = torch.randn(q.shape) if q is not wide else g
+    opt.step()
+    m = g + 0.8 * (0.2 * g - g)
+    x = m.to(torch.bfloat16).view(2, 8, 40)
+    orth, _ = Muon([torch.zeros(8, 40)], cfg)._orthogonalize(x)
+    assert opt._shape_scale(8, 40) == pytest.approx(0.2**0.5)
+    want = p0 - 0.05 * opt._shape_scale(8, 40) * orth.reshape(16, 40).float()
+    torch.testing.assert_close(wide.detach(), want, rtol=1e-5, atol=1e-6)
+
+
 def _nan_grads(shapes, step, seed=1):
     gs = _grads(shapes, step, seed)
     if step == 1:
@@ -272,15 +325,17 @@ def test_cached_buckets_follow_a_cleared_state(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ speculative NS (speculate)
-def _spec_pair(monkeypatch, cfg=None):
-    """Two identical fused Muons over SHAPES (group 0: 16x24, 24x16; group 1: 16x24, 8x8, 32x12)."""
+def _spec_pair(monkeypatch, cfg=None, split_third=False):
+    """Two identical fused Muons over SHAPES (group 0: 16x24, 24x16; group 1: 16x24, 8x8, 32x12); with
+    `split_third`, group 1's 16x24 is split into two 8x24 halves (gate / up)."""
     monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
     cfg = cfg or MuonConfig(lr=0.02, momentum=0.9, nesterov=True, weight_decay=0.1)
     out = []
     for _ in range(2):
         ps = [p.clone().requires_grad_(True) for p in _params(SHAPES)]
         groups = [{"params": ps[:2], "lr": 0.02}, {"params": ps[2:], "lr": 0.01, "weight_decay": 0.0}]
-        out.append((ps, Muon(groups, cfg)))
+        splits = {ps[2]: RowSplit(num_groups=1, sizes=(8, 8))} if split_third else None
+        out.append((ps, Muon(groups, cfg, splits=splits)))
     return out
 
 
@@ -289,13 +344,13 @@ def _same(a, b):
         assert torch.equal(p.detach(), q.detach())
 
 
-@pytest.mark.parametrize("nesterov", [True, False])
-def test_speculated_steps_equal_plain_steps(monkeypatch, nesterov):
-    """NS computed ahead (speculate, per (group, shape) unit, transposed ones included), confirmed, then step():
-    weights, momentum and step counts bitwise equal to plain steps, over three steps; the speculation itself
-    leaves the optimizer state untouched."""
+@pytest.mark.parametrize(("nesterov", "split"), [(True, False), (False, False), (True, True)])
+def test_speculated_steps_equal_plain_steps(monkeypatch, nesterov, split):
+    """NS computed ahead (speculate, per (group, shape) unit, transposed and gate / up split ones included),
+    confirmed, then step(): weights, momentum and step counts bitwise equal to plain steps, over three steps; the
+    speculation itself leaves the optimizer state untouched."""
     cfg = MuonConfig(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.1)
-    (ref, ref_opt), (ps, opt) = _spec_pair(monkeypatch, cfg)
+    (ref, ref_opt), (ps, opt) = _spec_pair(monkeypatch, cfg, split_third=split)
     for k in range(3):
         grads = _grads(SHAPES, k)
         for p, q, g in zip(ref, ps, grads, strict=True):
@@ -383,21 +438,26 @@ def test_discard_speculation_and_nonfinite_gradient(monkeypatch):
 
 
 def test_speculate_rejects_what_the_fused_step_does_not_take(monkeypatch):
-    """Errors name the parameter and the reason: a split matrix, mixed shapes, mixed groups, a bf16 gradient, a
-    second speculation of one parameter; and speculation needs the fused path."""
+    """Errors name the parameter and the reason: an interleaved split matrix, mixed shapes, mixed splits, mixed
+    groups, a bf16 gradient, a second speculation of one parameter; and speculation needs the fused path."""
     monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
     ps = [torch.randn(8, 12, requires_grad=True) for _ in range(3)] + [torch.randn(12, 8, requires_grad=True)]
     split = torch.randn(12, 8, requires_grad=True)
+    halves = torch.randn(8, 12, requires_grad=True)
     other = torch.randn(8, 12, requires_grad=True)
     opt = Muon(
-        [{"params": [*ps, split]}, {"params": [other], "lr": 0.5}],
+        [{"params": [*ps, split, halves]}, {"params": [other], "lr": 0.5}],
         MuonConfig(),
-        splits={split: RowSplit(num_groups=2, sizes=(2, 2, 2))},
+        splits={split: RowSplit(num_groups=2, sizes=(2, 2, 2)), halves: RowSplit(num_groups=1, sizes=(4, 4))},
     )
     g = torch.zeros(8, 12)
     with pytest.raises(ValueError, match=r"not a parameter of the fused step"):
         opt.speculate([split], [torch.zeros(12, 8)])
-    with pytest.raises(ValueError, match=r"one param group and shape \(8, 12\)"):
+    with pytest.raises(
+        ValueError, match=r"param5: params must share one param group, shape \(8, 12\) and split"
+    ):
+        opt.speculate([ps[0], halves], [g, g])
+    with pytest.raises(ValueError, match=r"one param group, shape \(8, 12\) and split"):
         opt.speculate([ps[0], ps[3]], [g, torch.zeros(12, 8)])
     with pytest.raises(ValueError, match=r"one param group"):
         opt.speculate([ps[0], other], [g, g])
