@@ -285,8 +285,10 @@ def test_energy_microbatches_and_idle_before_step_recorded(mode):
     finally:
         eng.teardown()
     assert wall >= 0.6
+    # the idle is not in the step: the two steps leave the two 0.3 s idles of the wall time out (the steps' own times
+    # differ, call T measured 0.24 s then ~0.06 s, so each is not compared with half the wall time)
+    assert sum(m.step_s for m in rows) < wall - 0.5
     for m in rows:
-        assert m.step_s < wall / 2 - 0.25  # the idle is not in the step
         e = m.extra
         # NVML's energy counter advances in coarse ticks: the tiny model's ~10 ms optimizer step can read 0 J
         assert e["energy_fwd_bwd_j"] >= 0 and e["energy_optim_j"] >= 0
