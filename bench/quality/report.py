@@ -30,7 +30,13 @@ def write_report(out: Path) -> str:
         w.writerows(rows)
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    colors = {"adamw": "tab:blue", "muon": "tab:red", "mop": "tab:green", "soap_rekls": "tab:purple"}
+    colors = {
+        "adamw": "tab:blue",
+        "muon": "tab:red",
+        "muon_split_gate_up": "tab:orange",
+        "mop": "tab:green",
+        "soap_rekls": "tab:purple",
+    }
     best = {r["optimizer"]: r["best_lr"] for r in rows}
     for t in trials:
         if not t["curve"]:

@@ -11,6 +11,7 @@ Protocol (written at the top of the report):
   two evaluations around the crossing). Wall time and cost the same way.
 
 Usage: `python -m bench.quality [profile=cpu|gpu] [optimizers=adamw,muon,mop,soap_rekls] [steps=N] [out=DIR]`.
+Routing variants (VARIANTS, e.g. `muon_split_gate_up`) are further optimizer names; `adamw` must be among them.
 """
 
 from __future__ import annotations
@@ -72,6 +73,14 @@ LR_GRIDS: dict[str, tuple[float, ...]] = {
     ),  # spectral scale x 0.2 here too (nuclear-norm scale needs per-layer LR retuning)
     "soap_rekls": (1e-3, 3e-3, 1e-2, 3e-2),
 }
+# Named routing variants: entry -> (optimizer it configures, RoutingConfig fields that differ). Same LR grid as
+# the base optimizer, so the sweep stays fair.
+VARIANTS: dict[str, tuple[str, dict[str, bool]]] = {
+    # fused [gate; up] fc1 (HF experts.gate_up_proj) orthogonalized as two halves (Moonlight / HF layout);
+    # plain "muon" keeps the joint matrix (Megatron-core's default).
+    "muon_split_gate_up": ("muon", {"split_gate_up": True}),
+}
+LR_GRIDS |= {name: LR_GRIDS[base] for name, (base, _) in VARIANTS.items()}
 
 
 @dataclass(kw_only=True)
@@ -101,7 +110,7 @@ class QualityConfig:
             raise ValueError(f"profile={self.profile!r}: must be one of {sorted(PROFILES)}")
         for name in self.optimizers:
             if name not in LR_GRIDS:
-                raise ValueError(f"optimizers: {name!r} is not one of {sorted(LR_GRIDS)}")
+                raise ValueError(f"optimizers={name!r} is not one of {sorted(LR_GRIDS)}")
         if self.steps < 2 * self.eval_every:
             raise ValueError(f"steps={self.steps}: must be >= 2 x eval_every ({2 * self.eval_every})")
 
@@ -159,23 +168,27 @@ def build_model(cfg: QualityConfig, vocab_size: int):
 
 
 def build_opt(name: str, model, lr: float, cfg: QualityConfig):
-    """The optimizer under test through the suite's own factory (matrices to `name`, the rest to AdamW)."""
+    """The optimizer under test through the suite's own factory (matrices to `name`, the rest to AdamW).
+
+    A VARIANTS entry builds its base optimizer with the entry's RoutingConfig fields.
+    """
     import optim
     from optim import configs
 
     named = list(model.named_parameters())
+    base, routing = VARIANTS.get(name, (name, {}))
     common = {"lr": lr, "weight_decay": cfg.weight_decay}
-    if name == "adamw":
+    if base == "adamw":
         conf = configs.AdamWConfig(**common, betas=(0.9, 0.95), eps=1e-8)
-    elif name == "muon":
+    elif base == "muon":
         conf = configs.MuonConfig(
             **common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2, ns_precision="fp32"
         )
-    elif name == "mop":
+    elif base == "mop":
         conf = configs.MOPConfig(**common, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2)
     else:
         conf = configs.SOAPConfig(**common, betas=(0.9, 0.95))
-    return optim.build_optimizer(named, conf, naming="hf")
+    return optim.build_optimizer(named, conf, naming="hf", routing=configs.RoutingConfig(**routing))
 
 
 def set_lr(opt, lr: float) -> None:
@@ -308,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     from bench.quality.report import write_report
 
     cfg = parse_cli(sys.argv[1:] if argv is None else argv)
+    # Checked before training, not after it: summarize() needs AdamW's final validation loss as the target.
+    if "adamw" not in cfg.optimizers:
+        names = ",".join(cfg.optimizers)
+        raise ValueError(f"optimizers={names!r} must include 'adamw' (the target optimizer)")
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("profile=gpu needs a CUDA GPU; none is visible (use profile=cpu)")
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -57,8 +57,10 @@ def test_bad_cli_names_key_and_allowed() -> None:
         run.parse_cli(["stepz=3"])
     with pytest.raises(ValueError, match="profile='tpu'"):
         run.parse_cli(["profile=tpu"])
-    with pytest.raises(ValueError, match="'lion'"):
+    with pytest.raises(ValueError, match="optimizers='lion' is not one of .*'muon_split_gate_up'"):
         run.parse_cli(["optimizers=adamw,lion"])
+    with pytest.raises(ValueError, match="optimizers='muon,muon_split_gate_up' must include 'adamw'"):
+        run.main(["optimizers=muon,muon_split_gate_up"])
 
 
 def test_crossing_interpolates() -> None:
@@ -67,7 +69,7 @@ def test_crossing_interpolates() -> None:
     assert run.crossing(curve, 2.0, "step") is None
 
 
-@pytest.mark.parametrize("name", ["adamw", "muon", "mop", "soap_rekls"])
+@pytest.mark.parametrize("name", ["adamw", "muon", "muon_split_gate_up", "mop", "soap_rekls"])
 def test_ten_step_smoke_per_optimizer(name: str, prepared) -> None:
     """10 steps of the proxy with each optimizer: finite losses, a validation point, a loss drop."""
     tok, train, val = prepared
@@ -87,3 +89,45 @@ def test_ten_step_smoke_per_optimizer(name: str, prepared) -> None:
     assert out["status"] == "ok"
     assert [p["step"] for p in out["curve"]] == [5, 10]
     assert out["curve"][-1]["val_loss"] < math.log(tok.get_vocab_size())
+
+
+def test_split_gate_up_variant_splits_fused_fc1_only() -> None:
+    """muon_split_gate_up: Muon's LR grid; every experts.gate_up_proj (and nothing else) is split into equal
+    [gate; up] halves, and its first update differs from joint Muon there only (localises a variant that is
+    silently routed like plain muon, or a split that leaks to other matrices)."""
+    import torch
+
+    from optim.functional.split import RowSplit
+
+    assert run.LR_GRIDS["muon_split_gate_up"] == run.LR_GRIDS["muon"]
+    cfg = run.parse_cli(["steps=10", "eval_every=5", "hidden_size=32", "vocab_size=512", "seq_len=32"])
+    x = torch.randint(0, 512, (2, 32), generator=torch.Generator().manual_seed(0))
+    after = {}
+    for name in ("muon", "muon_split_gate_up"):
+        torch.manual_seed(cfg.seed)
+        model = run.build_model(cfg, 512)
+        opt = run.build_opt(name, model, 1e-2, cfg)
+        matrix = opt.optimizers["matrix"]
+        by_id = {id(p): n for n, p in model.named_parameters()}
+        split_names = {by_id[i]: s for i, s in matrix.splits.items()}
+        fc1 = {n: p for n, p in model.named_parameters() if n.endswith("mlp.experts.gate_up_proj")}
+        assert len(fc1) == cfg.num_layers
+        if name == "muon":
+            assert split_names == {}
+        else:
+            assert set(split_names) == set(fc1)
+            for n, p in fc1.items():
+                rows = p.size(-2)
+                assert split_names[n] == RowSplit(
+                    num_groups=1, sizes=(rows // 2, rows // 2), labels=("gate", "up")
+                )
+            assert {r.name for r in opt.routes if r.split is not None} == set(fc1)
+        model(input_ids=x, labels=x).loss.backward()
+        opt.step()
+        after[name] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for n, joint in after["muon"].items():
+        split = after["muon_split_gate_up"][n]
+        if n.endswith("mlp.experts.gate_up_proj"):
+            assert not torch.allclose(split, joint, rtol=1e-4, atol=1e-6), n
+        else:
+            torch.testing.assert_close(split, joint, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
