@@ -90,6 +90,7 @@ def run_row(rec: dict[str, Any]) -> dict[str, Any]:
             "gpu_name": hw.get("gpu_name"),
             "gpu_count": hw.get("gpu_count"),
             "gpu_driver": hw.get("driver"),
+            "visible_gpus": (rec.get("env") or {}).get("CUDA_VISIBLE_DEVICES"),
             "load_avg_1m": hw.get("load_avg_1m"),
             "start_time": rec.get("start_time"),
             "duration_s": rec.get("duration_s"),

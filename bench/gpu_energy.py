@@ -81,11 +81,17 @@ class EnergyMeter:
         )
 
 
+MIN_WATTS_WINDOW_S = 0.1
+"""Shortest phase given a mean power. NVML's energy counter advances in coarse ticks: on the H200, a ~10 ms optimizer
+step of a tiny model read 0 J in one step and 1,538 W in another (call U); its joules are still recorded."""
+
+
 class PhaseEnergy:
     """Joules and mean watts per phase of one step from readings taken at its boundaries.
 
     `mark(name)` closes the phase `name` that began at the previous mark (or `start()`); `sync` runs before every
-    reading (the engine passes `torch.cuda.synchronize`), so the energy of queued GPU work lands in its phase.
+    reading (the engine passes `torch.cuda.synchronize`), so the energy of queued GPU work lands in its phase. A phase
+    shorter than `MIN_WATTS_WINDOW_S` gets no `watts_<name>` (the counter's tick, not the power).
     """
 
     def __init__(
@@ -109,7 +115,8 @@ class PhaseEnergy:
         joules = r1.energy_j - r0.energy_j
         seconds = max(t1 - t0, 1e-9)
         self.values[f"energy_{name}_j"] = joules
-        self.values[f"watts_{name}"] = joules / seconds
+        if seconds >= MIN_WATTS_WINDOW_S:
+            self.values[f"watts_{name}"] = joules / seconds
         self.values[f"sm_mhz_end_{name}"] = r1.sm_mhz
         self.values[f"power_capped_end_{name}"] = float(bool(r1.reasons & 0x4))
         self._last = (t1, r1)

@@ -153,41 +153,66 @@ def pooled_call_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _visible_gpus(row: dict[str, Any]) -> str | None:
+    """The run's CUDA_VISIBLE_DEVICES as text ("0" read back from a CSV as the number 0 included), or None."""
+    value = row.get("visible_gpus")
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def pooled_across_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per configuration (config hash) run in two or more device calls (clean commits): every run's model-only
     ratio against the mean of its own call's AdamW runs, then their mean, standard deviation and standard error.
     One call's ratio carries that call's drift and its GPU; this is the number to quote, with its uncertainty.
-    Configurations whose hash changed (a schema field added) pool apart."""
-    per_cfg: dict[tuple[Any, ...], list[tuple[str, str, float]]] = {}
+    Configurations whose hash changed (a schema field added) pool apart. Where the calls ran AdamW on several GPUs
+    (`visible_gpus`, a crossover) and every run has AdamW runs on its own GPU in its call, also the same statistics
+    against those (`same_gpu_*`)."""
+    per_cfg: dict[tuple[Any, ...], list[tuple[str, str, float, float | None]]] = {}
     for key, runs in _clean_calls(rows).items():
-        base = [_num(b["model_tflops_per_gpu"]) or 0.0 for b in runs if b["optimizer"] == BASELINE]
+        base = [b for b in runs if b["optimizer"] == BASELINE]
         if not base:
             continue
-        mean_b = statistics.fmean(base)
+        mean_b = statistics.fmean(_num(b["model_tflops_per_gpu"]) or 0.0 for b in base)
+        by_gpu: dict[str, list[float]] = {}
+        for b in base:
+            if (gpu := _visible_gpus(b)) is not None:
+                by_gpu.setdefault(gpu, []).append(_num(b["model_tflops_per_gpu"]) or 0.0)
         for r in runs:
             if r["optimizer"] != BASELINE and r.get("config_hash"):
-                ratio = (_num(r["model_tflops_per_gpu"]) or 0.0) / mean_b
+                tf = _num(r["model_tflops_per_gpu"]) or 0.0
+                gpu = _visible_gpus(r)
+                same = by_gpu.get(gpu) if gpu is not None and len(by_gpu) > 1 else None
                 per_cfg.setdefault((*key[:-1], r["optimizer"], r["config_hash"]), []).append(
-                    (key[-1], r["run_id"], ratio)
+                    (key[-1], r["run_id"], tf / mean_b, tf / statistics.fmean(same) if same else None)
                 )
     out = []
     for (*_, opt, cfg), items in per_cfg.items():
-        shas = sorted({sha for sha, _, _ in items})
+        shas = sorted({sha for sha, _, _, _ in items})
         if len(shas) < 2:
             continue
-        ratios = [x for _, _, x in items]
+        ratios = [x for _, _, x, _ in items]
         sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
-        out.append(
-            {
-                "optimizer": opt,
-                "config_hash": cfg,
-                "runs": [run_id for _, run_id, _ in items],
-                "calls": shas,
-                "mean": statistics.fmean(ratios),
-                "sd": sd,
-                "se": sd / len(ratios) ** 0.5,
+        entry = {
+            "optimizer": opt,
+            "config_hash": cfg,
+            "runs": [run_id for _, run_id, _, _ in items],
+            "calls": shas,
+            "mean": statistics.fmean(ratios),
+            "sd": sd,
+            "se": sd / len(ratios) ** 0.5,
+        }
+        matched = [m for _, _, _, m in items]
+        if all(m is not None for m in matched) and len(matched) > 1:
+            # every run has AdamW runs of its own call on its own GPU (a multi-GPU crossover): the GPU-to-GPU
+            # difference (~1% between the two H200s of one host) is then out of the ratio
+            msd = statistics.stdev(matched)  # type: ignore[arg-type]
+            entry |= {
+                "same_gpu_mean": statistics.fmean(matched),  # type: ignore[arg-type]
+                "same_gpu_sd": msd,
+                "same_gpu_se": msd / len(matched) ** 0.5,
             }
-        )
+        out.append(entry)
     return out
 
 
@@ -492,6 +517,12 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                 f"- {x['optimizer']} (config {x['config_hash']}): **{fmt(x['mean'], '.4f')}** x AdamW, sd "
                 f"{fmt(x['sd'], '.4f')}, s.e. {fmt(x['se'], '.4f')} ({len(x['runs'])} runs in {len(x['calls'])} "
                 f"calls {', '.join(x['calls'])}: {', '.join(x['runs'])})"
+                + (
+                    f"; against the AdamW runs of the same call on the same GPU: **{fmt(x['same_gpu_mean'], '.4f')}**, "
+                    f"sd {fmt(x['same_gpu_sd'], '.4f')}, s.e. {fmt(x['same_gpu_se'], '.4f')}"
+                    if "same_gpu_mean" in x
+                    else ""
+                )
                 for x in across
             ),
         ]

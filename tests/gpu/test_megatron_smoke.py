@@ -292,7 +292,8 @@ def test_energy_microbatches_and_idle_before_step_recorded(mode):
         e = m.extra
         # NVML's energy counter advances in coarse ticks: the tiny model's ~10 ms optimizer step can read 0 J
         assert e["energy_fwd_bwd_j"] >= 0 and e["energy_optim_j"] >= 0
-        assert 0 <= e["watts_fwd_bwd"] < 1500 and 0 <= e["watts_optim"] < 1500
+        # phases shorter than bench.gpu_energy.MIN_WATTS_WINDOW_S get no mean power (call U read 1,538 W over one)
+        assert all(0 <= e[k] < 1500 for k in ("watts_fwd_bwd", "watts_optim") if k in e)
         assert 100 < e["sm_mhz_end_optim"] < 3000 and e["t_wall"] > 1.7e9
         # gbs 4 / mbs 2: two micro-batches, the first one alone in "first"
         assert 0 < e["mb_first_ms"] and 0 < e["mb_rest_ms"] and 100 < e["mb_first_mhz"] < 3000

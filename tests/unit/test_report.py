@@ -172,3 +172,39 @@ def test_pooled_across_calls_gives_mean_and_standard_error():
     assert got["runs"] == ["m_muon", "n_muon", "n_muon2"] and got["calls"] == ["mmm", "nnn"]
     assert got["mean"] == pytest.approx(mean) and got["sd"] == pytest.approx(sd)
     assert got["se"] == pytest.approx(sd / 3**0.5)
+    assert "same_gpu_mean" not in got  # no call ran AdamW on two GPUs
+
+
+def test_pooled_across_calls_matches_gpus_in_a_crossover():
+    """Two crossover calls on two GPUs (GPU "1" runs 1% faster): against the call's AdamW mean the ratios carry the GPU
+    difference; against the AdamW runs of the same call on the same GPU they do not. A configuration with a run whose
+    GPU had no AdamW run in its call gets no GPU-matched numbers."""
+    setup = {c: "x" for c in report.GROUP_COLUMNS}
+
+    def run(run_id, opt, sha, tf, gpu, cfg="c1"):
+        return setup | {
+            "run_id": run_id,
+            "optimizer": opt,
+            "status": "ok",
+            "git_sha": sha,
+            "git_dirty": "",
+            "model_tflops_per_gpu": tf,
+            "config_hash": cfg if opt != "adamw" else "ca",
+            "visible_gpus": gpu,
+        }
+
+    rows = []
+    for sha in ("ttt", "uuu"):
+        rows += [
+            run(f"{sha}_adamw0", "adamw", sha, 300.0, 0.0),  # read back from the CSV as a number
+            run(f"{sha}_adamw1", "adamw", sha, 303.0, "1"),
+            run(f"{sha}_muon0", "muon", sha, 297.0, "0"),
+            run(f"{sha}_muon1", "muon", sha, 299.97, "1"),
+            run(f"{sha}_lone", "muon", sha, 290.0, "2", cfg="c2"),  # no AdamW on GPU 2
+        ]
+    got = {x["config_hash"]: x for x in report.pooled_across_calls(rows)}
+    c1 = got["c1"]
+    assert c1["mean"] == pytest.approx((297.0 + 299.97) / 2 / 301.5)
+    assert c1["sd"] > 0.004  # the GPU difference shows as spread
+    assert c1["same_gpu_mean"] == pytest.approx(0.99) and c1["same_gpu_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert "same_gpu_mean" not in got["c2"]
