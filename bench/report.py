@@ -165,9 +165,9 @@ def pooled_across_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per configuration (config hash) run in two or more device calls (clean commits): every run's model-only
     ratio against the mean of its own call's AdamW runs, then their mean, standard deviation and standard error.
     One call's ratio carries that call's drift and its GPU; this is the number to quote, with its uncertainty.
-    Configurations whose hash changed (a schema field added) pool apart. Where the calls ran AdamW on several GPUs
-    (`visible_gpus`, a crossover) and every run has AdamW runs on its own GPU in its call, also the same statistics
-    against those (`same_gpu_*`)."""
+    Configurations whose hash changed (a schema field added) pool apart. Where calls ran AdamW on several GPUs
+    (`visible_gpus`, a crossover), also the same statistics over the runs that have AdamW runs on their own GPU in
+    their call, against those (`same_gpu_*`)."""
     per_cfg: dict[tuple[Any, ...], list[tuple[str, str, float, float | None]]] = {}
     for key, runs in _clean_calls(rows).items():
         base = [b for b in runs if b["optimizer"] == BASELINE]
@@ -202,13 +202,14 @@ def pooled_across_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "sd": sd,
             "se": sd / len(ratios) ** 0.5,
         }
-        matched = [m for _, _, _, m in items]
-        if all(m is not None for m in matched) and len(matched) > 1:
-            # every run has AdamW runs of its own call on its own GPU (a multi-GPU crossover): the GPU-to-GPU
+        matched = [m for _, _, _, m in items if m is not None]
+        if len(matched) > 1:
+            # runs with AdamW runs of their own call on their own GPU (multi-GPU crossovers): the GPU-to-GPU
             # difference (~1% between the two H200s of one host) is then out of the ratio
-            msd = statistics.stdev(matched)  # type: ignore[arg-type]
+            msd = statistics.stdev(matched)
             entry |= {
-                "same_gpu_mean": statistics.fmean(matched),  # type: ignore[arg-type]
+                "same_gpu_runs": len(matched),
+                "same_gpu_mean": statistics.fmean(matched),
                 "same_gpu_sd": msd,
                 "same_gpu_se": msd / len(matched) ** 0.5,
             }
@@ -518,8 +519,9 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                 f"{fmt(x['sd'], '.4f')}, s.e. {fmt(x['se'], '.4f')} ({len(x['runs'])} runs in {len(x['calls'])} "
                 f"calls {', '.join(x['calls'])}: {', '.join(x['runs'])})"
                 + (
-                    f"; against the AdamW runs of the same call on the same GPU: **{fmt(x['same_gpu_mean'], '.4f')}**, "
-                    f"sd {fmt(x['same_gpu_sd'], '.4f')}, s.e. {fmt(x['same_gpu_se'], '.4f')}"
+                    f"; against the AdamW runs of the same call on the same GPU ({x['same_gpu_runs']} of the runs "
+                    f"have some): **{fmt(x['same_gpu_mean'], '.4f')}**, sd {fmt(x['same_gpu_sd'], '.4f')}, s.e. "
+                    f"{fmt(x['same_gpu_se'], '.4f')}"
                     if "same_gpu_mean" in x
                     else ""
                 )

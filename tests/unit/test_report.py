@@ -177,8 +177,8 @@ def test_pooled_across_calls_gives_mean_and_standard_error():
 
 def test_pooled_across_calls_matches_gpus_in_a_crossover():
     """Two crossover calls on two GPUs (GPU "1" runs 1% faster): against the call's AdamW mean the ratios carry the GPU
-    difference; against the AdamW runs of the same call on the same GPU they do not. A configuration with a run whose
-    GPU had no AdamW run in its call gets no GPU-matched numbers."""
+    difference; against the AdamW runs of the same call on the same GPU they do not. Runs on a GPU without AdamW runs
+    in their call are left out of the GPU-matched numbers (none left: none given)."""
     setup = {c: "x" for c in report.GROUP_COLUMNS}
 
     def run(run_id, opt, sha, tf, gpu, cfg="c1"):
@@ -201,10 +201,12 @@ def test_pooled_across_calls_matches_gpus_in_a_crossover():
             run(f"{sha}_muon0", "muon", sha, 297.0, "0"),
             run(f"{sha}_muon1", "muon", sha, 299.97, "1"),
             run(f"{sha}_lone", "muon", sha, 290.0, "2", cfg="c2"),  # no AdamW on GPU 2
+            run(f"{sha}_c1_gpu2", "muon", sha, 250.0, "2"),  # c1 on GPU 2: in the call mean, not GPU-matched
         ]
     got = {x["config_hash"]: x for x in report.pooled_across_calls(rows)}
     c1 = got["c1"]
-    assert c1["mean"] == pytest.approx((297.0 + 299.97) / 2 / 301.5)
+    assert c1["mean"] == pytest.approx((297.0 + 299.97 + 250.0) / 3 / 301.5)
     assert c1["sd"] > 0.004  # the GPU difference shows as spread
-    assert c1["same_gpu_mean"] == pytest.approx(0.99) and c1["same_gpu_sd"] == pytest.approx(0.0, abs=1e-12)
+    assert c1["same_gpu_runs"] == 4 and c1["same_gpu_mean"] == pytest.approx(0.99)
+    assert c1["same_gpu_sd"] == pytest.approx(0.0, abs=1e-12)
     assert "same_gpu_mean" not in got["c2"]
