@@ -1,5 +1,6 @@
 """TP Newton-Schulz modes and the layer-wise distributed optimizer over NCCL on 2 GPUs equal one-GPU results.
 
+`MUONBENCH_TEST_WORLD=4` (or 8) runs the same checks on that many ranks / GPUs (checked with gloo at 4 on CPU).
 Two ranks are spawned in-process (torch.multiprocessing spawn + FileStore), one GPU each, NVLink multicast off
 (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, as the device README asks).
 Every reference is computed in the same rank process, on the same GPU, by the single-process code path
@@ -47,11 +48,13 @@ from optim.functional.newton_schulz import newton_schulz
 from optim.hybrid import build_optimizer
 
 BACKEND = os.environ.get("MUONBENCH_TEST_BACKEND", "nccl")
-WORLD = 2
+WORLD = int(os.environ.get("MUONBENCH_TEST_WORLD", "2"))
 ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 if BACKEND not in ("nccl", "gloo"):
     raise ValueError(f"MUONBENCH_TEST_BACKEND={BACKEND!r}: must be one of ['nccl', 'gloo']")
+if WORLD not in (2, 4, 8):
+    raise ValueError(f"MUONBENCH_TEST_WORLD={WORLD}: must be one of [2, 4, 8] (processes, one GPU each)")
 pytestmark = [pytest.mark.gpu] if BACKEND == "nccl" else [pytest.mark.dist]
 needs_gpus = pytest.mark.skipif(
     BACKEND == "nccl" and torch.cuda.device_count() < WORLD,
