@@ -13,6 +13,20 @@ def _fmt(x, spec: str) -> str:
     return "n/a" if x is None else format(x, spec)
 
 
+def _command(cfg: dict) -> str:
+    """The CLI that reproduces `cfg`: its profile plus every key whose value differs from that profile's."""
+    base = qrun.parse_cli([f"profile={cfg['profile']}"])
+    args = [f"profile={cfg['profile']}"]
+    for key, value in cfg.items():
+        default = getattr(base, key)
+        if key in ("profile", "lr_grids") or value == (
+            list(default) if isinstance(default, tuple) else default
+        ):
+            continue
+        args.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
+    return "python -m bench.quality " + " ".join(args)
+
+
 def write_report(out: Path) -> str:
     """Write README.md, results.csv and loss_curves.png into `out`; return the markdown table."""
     import matplotlib
@@ -101,7 +115,7 @@ def write_report(out: Path) -> str:
   device {cfg["device"]}; torch {meta["torch"]}; price {cfg["price_per_hour"]}/device-hour.
 - Muon and MOP use the spectral scale x 0.2 (AdamW-matched update RMS), fp32 NS on CPU, quintic NS5 for Muon;
   SOAP-REKLS uses eigh every step with KL-Shampoo factors; non-matrix parameters use AdamW in every run.
-- Command: `python -m bench.quality profile={cfg["profile"]}` (`make quality`).
+- Command: `{_command(cfg)}` (`make quality` runs the cpu profile's defaults).
 
 ## Result (best learning rate per optimizer)
 {table}

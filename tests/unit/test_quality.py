@@ -131,3 +131,28 @@ def test_split_gate_up_variant_splits_fused_fc1_only() -> None:
             assert not torch.allclose(split, joint, rtol=1e-4, atol=1e-6), n
         else:
             torch.testing.assert_close(split, joint, rtol=1e-5, atol=1e-6, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_report_command_reproduces_config() -> None:
+    """The report's Command line re-parses to the same config (it printed `profile=cpu` for every run)."""
+    from dataclasses import asdict
+
+    from bench.quality import report
+
+    args = ["profile=cpu", "seed=7", "steps=60", "optimizers=adamw,muon_split_gate_up", "out=/tmp/q"]
+    stored = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(run.parse_cli(args)).items()}
+    command = report._command(stored)
+    assert command.startswith("python -m bench.quality profile=cpu ")
+    assert run.parse_cli(command.split()[3:]) == run.parse_cli(args)
+    assert (
+        report._command(
+            dict(
+                stored,
+                seed=1234,
+                steps=400,
+                optimizers=["adamw", "muon", "mop", "soap_rekls"],
+                out="reports/quality_cpu_202611",
+            )
+        )
+        == "python -m bench.quality profile=cpu"
+    )
