@@ -175,7 +175,9 @@ def test_committed_h200_golden_rows():
         "callD_qflops_muon_ours_empty1",
     } <= no_golden
     assert {r for r in no_golden if not r.startswith(("callC_", "callD_"))} == {
-        r["run_id"] for r in results if r["run_id"].startswith(tuple(f"call{c}_" for c in "EFGHIJKLMNPQRSTUV"))
+        r["run_id"]
+        for r in results
+        if r["run_id"].startswith(tuple(f"call{c}_" for c in "EFGHIJKLMNPQRSTUV"))
     }
     assert len(no_golden) == 70
 
