@@ -104,7 +104,8 @@ def _all_ranks_true(flag: bool, group: Any, device: torch.device) -> bool:
 
 @dataclass(slots=True)
 class _FusedBucket:
-    """Parameters of one (group, shape, device) stepped together by the fused path, and their momentum buffers."""
+    """Parameters of one (group, shape, split pieces, device) stepped together by the fused path, and their momentum
+    buffers."""
 
     group: dict[str, Any]
     params: list[torch.Tensor]
@@ -405,9 +406,10 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
 
     def _fused_params(self) -> list[torch.Tensor]:
         """Parameters the fused path steps: fp32 contiguous 2-D matrices with an fp32 contiguous gradient, not
-        TP-sharded, not split (or split as `_fused_pieces` allows), in a group with decoupled (or no) weight decay. (`optim.kernels.fused_step` runs
-        its Triton kernels on CUDA tensors and its torch reference otherwise.) The parameter-side conditions are
-        evaluated once per parameter set (and group weight decays); the gradient-side ones every step."""
+        TP-sharded, not split (or split as `_fused_pieces` allows), in a group with decoupled (or no) weight decay.
+        (`optim.kernels.fused_step` runs its Triton kernels on CUDA tensors and its torch reference otherwise.) The
+        parameter-side conditions are evaluated once per parameter set (and group weight decays); the gradient-side
+        ones every step."""
         if not self._fused_available():
             return []
         fp32 = torch.float32
@@ -462,7 +464,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         return len(split.sizes) if uniform and p.size(0) <= p.size(1) else 0
 
     def _buckets_of(self, params: list[torch.Tensor], skipped: set[int]) -> list[_FusedBucket]:
-        """(group, shape, device) buckets of `params` less `skipped` ids, momentum state created where missing;
+        """(group, shape, split pieces, device) buckets of `params` less `skipped` ids, momentum state created where missing;
         cached for the common case (nothing skipped) until the parameter list or the state changes (a new state
         dict, entries added or removed; `load_state_dict` drops the cache itself)."""
         key = (*map(id, params), id(self.state), len(self.state))
