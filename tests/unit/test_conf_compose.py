@@ -136,3 +136,14 @@ def test_hardware_rows_carry_sources() -> None:
         if option != "cpu":
             assert hw.peak_bf16_tflops > 0 and hw.peak_fp8_tflops >= 2 * hw.peak_bf16_tflops * 0.99
     assert load(["hardware=h200"]).hardware.measured_matmul_tflops == 701.0
+
+
+def test_muon_split_gate_up_option_is_muon_with_the_split() -> None:
+    """`optimizer=muon_split_gate_up` composes to exactly `optimizer=muon optimizer.split_gate_up=true`, so the runs
+    of both spellings share a configuration hash (bench.report pools by it)."""
+    from bench.config import config_hash
+
+    short = load(["optimizer=muon_split_gate_up"])
+    long = load(["optimizer=muon", "optimizer.split_gate_up=true"])
+    assert short.optimizer.split_gate_up and short == long
+    assert config_hash(short) == config_hash(long) != config_hash(load(["optimizer=muon"]))
