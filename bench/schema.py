@@ -345,7 +345,9 @@ class BenchConfig:
     moe_load_stats: bool = False
     """megatron, diagnostic: expert load imbalance of the grouped-GEMM experts (steps.jsonl `moe_load_max_mean`: the
     mean over every experts call of the step, all layers and micro-batches, of max / mean tokens per local expert;
-    1.0 = perfectly balanced). Adds two small reductions per call, no host sync."""
+    1.0 = perfectly balanced). Adds two small reductions per call, no host sync. The megatron engine routes with
+    `moe_router_force_load_balancing` (seeded random logits, as NVIDIA's performance runs), so the load does not
+    depend on the weights or the optimizer: it measures the forced routing's balance (1.08 on the Qwen3 slice)."""
 
 
 @dataclass
