@@ -321,6 +321,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         names = None
         g0: dict[str, Any] = groups.get(id(params[0]), {})
         shape = tuple(params[0].shape)
+        pieces = self._fused_pieces(params[0])
         pending = {id(p) for sp in self._spec for p in sp.params}
         for p, g in zip(params, grads, strict=True):
             problem = None
@@ -329,11 +330,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
                     "not a parameter of the fused step (fp32 2-D, not TP-sharded, no uneven or interleaved split, "
                     "decoupled decay)"
                 )
-            elif (
-                groups[id(p)] is not g0
-                or tuple(p.shape) != shape
-                or self._fused_pieces(p) != self._fused_pieces(params[0])
-            ):
+            elif groups[id(p)] is not g0 or tuple(p.shape) != shape or self._fused_pieces(p) != pieces:
                 problem = f"params must share one param group, shape {shape} and split"
             elif g.shape != p.shape or g.dtype != torch.float32 or not g.is_contiguous():
                 problem = f"gradient must be fp32 contiguous of shape {shape}, got {g.dtype} {tuple(g.shape)}"
