@@ -18,6 +18,7 @@ from bench import schema
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 ALLOWED: dict[str, tuple[str | int, ...]] = {
+    "engine.layers": ("auto", "te", "local"),
     "model.family": ("qwen3_moe", "deepseek_v3"),
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),

@@ -283,6 +283,9 @@ class EngineConfig:
     """megatron: Python's threshold GC off during steps, a young-generation collection at the start of each step
     (inside the timed step) and `gc.freeze()` after setup, as Megatron-LM's `--manual-gc`: a full collection over a
     model's millions of objects in the middle of a host-synchronising MoE forward stalls the GPU."""
+    layers: str = "auto"
+    """megatron: layer implementation: auto (Transformer Engine's layer specs where TE imports, else local) | te |
+    local (Megatron-Core's local layers with SDPA attention and grouped-GEMM experts)."""
 
 
 @dataclass

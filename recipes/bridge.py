@@ -145,7 +145,13 @@ def _ours_optimizer_class() -> type:
             algo, routing, adamw = optim_configs(opt)
             chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
             optimizer, _ = build_ours(
-                chunks, algo, adamw, routing, clip_grad=self.clip_grad, tp_mode=opt.tp_mode
+                chunks,
+                algo,
+                adamw,
+                routing,
+                clip_grad=self.clip_grad,
+                tp_mode=opt.tp_mode,
+                layerwise=opt.distributed == "layerwise",
             )
             return optimizer
 
@@ -166,15 +172,61 @@ def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:
     return _ours_optimizer_class()(**values, muonbench_optimizer=dataclasses.asdict(schema_obj))
 
 
-def build_config_container(root: RootConfig, *, ab_mode: str | None = None) -> tuple[Any, BridgePlan]:
+APEX_FUSED_WGRAD = "fused_weight_gradient_mlp_cuda"
+"""APEX's CUDA extension that Megatron-Core's gradient-accumulation fusion needs outside Transformer Engine layers."""
+
+
+def adapt_to_node(cfg: Any) -> dict[str, Any]:
+    """Settings of the built ConfigContainer that this node cannot run, turned off; returns what changed.
+
+    `model.gradient_accumulation_fusion` (on in Bridge's recipes) needs APEX's `fused_weight_gradient_mlp_cuda`,
+    which the NeMo container has and a pip install lacks: Megatron-Core raises at model build. Off, the weight
+    gradients are accumulated by a separate add (slower); the change goes into the run record.
+    """
+    changed: dict[str, Any] = {}
+    if getattr(cfg.model, "gradient_accumulation_fusion", False) and not _importable(APEX_FUSED_WGRAD):
+        cfg.model.gradient_accumulation_fusion = False
+        changed["model.gradient_accumulation_fusion"] = {
+            "recipe": True,
+            "used": False,
+            "why": f"APEX extension {APEX_FUSED_WGRAD} not installed on this node",
+        }
+    return changed
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def build_config_container(
+    root: RootConfig, *, ab_mode: str | None = None, hf_dir: Any = None
+) -> tuple[Any, BridgePlan]:
     """The Megatron-Bridge ConfigContainer of one run, and the plan it was built from.
+
+    `hf_dir`: where the model's Hugging Face config is written for the recipe to read offline
+    (`recipes.hf_config.offline_hub`); None: a temporary directory.
 
     Raises:
         ValueError: Megatron-Bridge is not importable, a field is unknown, or the installed Megatron-Core is too
             old for the requested A/B mode.
     """
     require_bridge()
+    return make_config_container(root, ab_mode=ab_mode, hf_dir=hf_dir)
+
+
+def make_config_container(
+    root: RootConfig, *, ab_mode: str | None = None, hf_dir: Any = None
+) -> tuple[Any, BridgePlan]:
+    """`build_config_container` without the check that this node can run Bridge (Transformer Engine)."""
     plan = build_plan(root, ab_mode=ab_mode or ab_mode_of(root))
+    import tempfile
+
+    from recipes.hf_config import offline_hub
+
+    plan.metadata["hf_offline"] = offline_hub(root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_"))
     import megatron.core
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
@@ -192,4 +244,5 @@ def build_config_container(root: RootConfig, *, ab_mode: str | None = None) -> t
         cfg.optimizer = _ours_optimizer_config(cfg.optimizer, root.optimizer)
     cfg.env_vars = {**cfg.env_vars, **plan.env_vars}
     plan.metadata["legacy_fields"] = renamed
+    plan.metadata["node_adjustments"] = adapt_to_node(cfg)
     return cfg, plan

@@ -55,11 +55,13 @@ KIMI_K2 = ModelRecipe(
     },
 )
 
-# Qwen3-30B-A3B, MB perf_recipes/qwen/gb300/qwen3_moe.py::qwen3_30b_a3b_pretrain_8gpu_gb300_*_config as of the blog
-# (26.02): TE CUDA graphs of router and preprocess, no full-iteration graphs or paged stash (those came later, #4211).
+# Qwen3-30B-A3B, MB 0.6.2 perf_recipes/qwen/gb300/qwen3_moe.py::qwen3_30b_a3b_pretrain_8gpu_gb300_*_config: TE CUDA
+# graphs of router and preprocess, no full-iteration graphs or paged stash. Its base is what perf_recipes/qwen/common.py
+# imports as qwen3_30b_a3b_pretrain_config: recipes/qwen/h100/qwen3_moe.py::qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config
+# (the `recipes.qwen.qwen3_moe` alias of the same name is the 16-GPU recipe, which differs in parallelism and fusions).
 QWEN3_MOE = ModelRecipe(
     family="qwen3_moe",
-    base_recipe="megatron.bridge.recipes.qwen.qwen3_moe:qwen3_30b_a3b_pretrain_config",
+    base_recipe="megatron.bridge.recipes.qwen.h100.qwen3_moe:qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config",
     provider="megatron.bridge.models.gpt_provider:GPTModelProvider",
     published={
         "model": {

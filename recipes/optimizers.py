@@ -4,11 +4,14 @@
 - "megatron": Megatron-Core's own optimizer, named in the `optimizer` section (AdamW -> distributed fused "adam";
   Muon -> "dist_muon", TensorParallelMuon on the layer-wise distributed optimizer, as MB's Kimi recipe; SOAP ->
   "dist_soap"). Knobs that MCore cannot express raise a ValueError naming them instead of being dropped.
-- "ours": the `optim.megatron` adapter (issue 7) builds our optimizer through Bridge's duck-typed
+- "ours": the `optim.megatron` adapter builds our optimizer through Bridge's duck-typed
   `OptimizerConfig.provide()` seam; the `optimizer` section then only carries what the scalar AdamW and the
-  scheduler read. `optim.megatron.build_ours` keeps a replicated optimizer on all-reduced gradients, so DDP runs
-  without the distributed optimizer and there is no parameter all-gather to overlap or to send in FP8; the
-  schema's `distributed` / `grad_sync` / `assignment` are recorded as not applied.
+  scheduler read. DDP runs without Megatron's distributed optimizer. With `distributed="layerwise"` and DP x CP > 1
+  our layer-wise distributed optimizer (`optim.megatron.MegatronLayerWise`) owns whole matrices per rank and
+  replaces DDP's gradient all-reduce by its own reduce-scatter, so DDP must not overlap a gradient reduction
+  (`ddp.overlap_grad_reduce` and `comm_overlap.overlap_grad_reduce` are set False); its parameter all-gather is
+  its own, in bf16. With `distributed="none"` every rank steps everything on DDP's all-reduced gradients.
+  The run metadata records what is applied (`ours_distribution`) and which schema fields the adapter does not read.
 """
 
 from __future__ import annotations
@@ -221,11 +224,10 @@ def apply_optimizer(
     requires = {}
     if ab_mode == "fair" and bridge_impl == "megatron" and not dist_opt:
         requires["megatron-core"] = ">=0.19"  # layer-wise overlapped param gather; MXFP8 param gather (#5707)
-    not_applied = (
-        {k: getattr(opt, k) for k in ("distributed", "grad_sync", "assignment")}
-        if bridge_impl == "ours"
-        else {}
-    )
+    ours: dict[str, Any] = {}
+    not_applied: dict[str, Any] = {}
+    if bridge_impl == "ours":
+        ours, not_applied = _ours_distribution(sections, opt)
     return {
         "optimizer": {
             "name": opt.name,
@@ -233,9 +235,31 @@ def apply_optimizer(
             "bridge_impl": bridge_impl,
             "megatron_optimizer": optimizer["optimizer"],
             "distributed_optimizer": dist_opt,
+            "ours_distribution": ours,
             "not_applied": not_applied,
         },
         "ab_knobs": knobs,
         "ab_replaced": replaced,
         "requires": requires,
     }
+
+
+OURS_LAYERWISE = {"grad_sync": "reduce_scatter", "assignment": "lpt_cost"}
+"""What `optim.megatron.MegatronLayerWise` does (LayerWiseConfig defaults; the adapter does not read the schema's)."""
+
+
+def _ours_distribution(sections: Sections, opt: MatrixOptimizerSchema) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(what our adapter applies, schema fields it does not read) for `optimizer.implementation=ours`.
+
+    Layer-wise: DDP's overlapped gradient reduction is switched off (the layer-wise optimizer reduce-scatters the
+    gradients itself, `optim.megatron.disable_ddp_grad_sync`). At DP x CP = 1 the layer-wise optimizer is the
+    replicated one (one owner), which `build_ours` builds directly.
+    """
+    if opt.distributed == "layerwise":
+        sections.setdefault("ddp", {})["overlap_grad_reduce"] = False
+        sections.setdefault("comm_overlap", {})["overlap_grad_reduce"] = False
+        applied = {"distributed": "layerwise", **OURS_LAYERWISE}
+    else:
+        applied = {"distributed": "none", "grad_sync": "all_reduce", "assignment": None}
+    differs = {k: getattr(opt, k) for k in ("grad_sync", "assignment") if applied[k] not in (None, getattr(opt, k))}
+    return applied, differs

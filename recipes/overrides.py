@@ -107,6 +107,10 @@ def apply_parallelism(
             # HybridEP (the published backend) needs all EP ranks inside one NVLink domain (GB300 NVL72: 72).
             m["moe_token_dispatcher_type"] = "flex"
             m["moe_flex_dispatcher_backend"] = "hybridep" if par.ep <= hardware.nvlink_domain else "deepep"
+        else:
+            # No expert parallelism: nothing to dispatch across ranks. The base recipes' flex dispatcher would
+            # need DeepEP / HybridEP installed for no benefit; Megatron's all-to-all dispatcher is a local permute.
+            m["moe_token_dispatcher_type"] = "alltoall"
     sections.setdefault("train", {}).update(global_batch_size=par.gbs, micro_batch_size=par.mbs)
 
 

@@ -13,7 +13,17 @@ collectives between iterations (logging, exit checks) run only after the release
 No log text is parsed.
 
 `fwd_bwd_s` is the iteration minus the optimizer step: forward, backward, pipeline bubbles and gradient sync.
-`ns_s` and `comm_s` are None: Megatron's optimizers do not expose them.
+Newton-Schulz: the matrix optimizer's orthogonalize calls (ours, or Megatron's TensorParallelMuon) are wrapped as in
+the megatron engine (`bench.engines.megatron_optim`): `ns_s` is their CUDA-event time and `ns_flops` the plain NS
+FLOPs of the shapes this rank orthogonalised (its layer-wise share). `comm_s` is None.
+
+Bridge's own throughput is recorded beside ours: `bridge_model_flops` is Bridge's FLOP count of one step
+(`megatron.bridge.training.utils.flop_utils.num_floating_point_operations`, what its training log divides by its
+interval time), and each step's `bridge_tflops_per_gpu` that count over our step time.
+
+Before Bridge builds anything, the versions and file paths of the imported stack are recorded and checked against
+the release the recipes are written for (`recipes.versions`); after it built the optimizer, its type is checked
+against the one the plan asked for (a Bridge that ignores the `provide()` seam would silently train Adam).
 """
 
 from __future__ import annotations
@@ -60,18 +70,25 @@ class _Lockstep:
                     raise TimeoutError(f"no step from Megatron-Bridge within {timeout_s:.0f} s") from None
 
 
-def _make_callback(lock: _Lockstep, device: Any) -> Any:
+def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> Any:
     """A `megatron.bridge.training.callbacks.Callback` feeding `lock` (built lazily: Bridge imports TE)."""
     import torch
     from megatron.bridge.training.callbacks import Callback
+
+    from bench.timing import PhaseTimer
 
     class StepChannel(Callback):
         def __init__(self) -> None:
             self.t0 = 0.0
             self.opt_s = 0.0
+            self.timer = PhaseTimer(cuda=True)
+            self.bridge_flops = 0.0
 
         def on_train_start(self, context: Any) -> None:
             optimizer = context.optimizer
+            check_optimizer(optimizer, plan.optimizer_impl, cfg.optimizer.name)
+            _instrument_ns(optimizer, self.timer, plan.optimizer_impl, cfg.optimizer)
+            self.bridge_flops = bridge_step_flops(context.state.cfg, cfg.parallelism.gbs)
             inner_step = optimizer.step
 
             def timed_step(*args: Any, **kwargs: Any) -> Any:
@@ -84,18 +101,30 @@ def _make_callback(lock: _Lockstep, device: Any) -> Any:
 
             optimizer.step = timed_step
             params = sum(p.numel() for chunk in context.model for p in chunk.parameters())
-            lock.events.put(("ready", {"params_on_rank": params, "optimizer": type(optimizer).__name__}))
+            lock.events.put(
+                (
+                    "ready",
+                    {
+                        "params_on_rank": params,
+                        "optimizer": type(optimizer).__name__,
+                        "optimizer_parts": optimizer_parts(optimizer),
+                        "bridge_model_flops": self.bridge_flops,
+                    },
+                )
+            )
             lock.park()
 
         def on_train_step_start(self, context: Any) -> None:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
             self.opt_s = 0.0
+            self.timer.reset()
             self.t0 = time.perf_counter()
 
         def on_train_step_end(self, context: Any) -> None:
             torch.cuda.synchronize(device)
             step_s = time.perf_counter() - self.t0
+            phases = self.timer.collect()
             losses = context.loss_dict or {}
             loss = losses.get("lm loss")
             lock.events.put(
@@ -104,6 +133,9 @@ def _make_callback(lock: _Lockstep, device: Any) -> Any:
                     {
                         "step_s": step_s,
                         "optim_s": self.opt_s,
+                        "ns_s": phases.get("ns"),
+                        "ns_flops": float(self.timer.counters.get("ns_flops", 0.0)),
+                        "bridge_flops": self.bridge_flops,
                         "loss": None if loss is None else float(loss),
                         "grad_norm": None if context.grad_norm is None else float(context.grad_norm),
                         "skipped": bool(context.skipped_iter),
@@ -131,11 +163,15 @@ class BridgeEngine(Engine):
         self._timeout_s = 1800.0
         self._world = 1
         self._steps_left = 0
+        self._stack: dict[str, Any] = {}
 
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
-        from recipes.bridge import build_config_container
+        from recipes.bridge import build_config_container, require_bridge
+        from recipes.versions import check_imported_stack
 
-        container, self._plan = build_config_container(cfg)  # raises first when Bridge / TE are missing
+        require_bridge()  # raises first when Bridge / TE are missing
+        self._stack = check_imported_stack()
+        container, self._plan = build_config_container(cfg)
         import torch
         from megatron.bridge.training.gpt_step import forward_step
         from megatron.bridge.training.pretrain import pretrain
@@ -146,7 +182,7 @@ class BridgeEngine(Engine):
         self._timeout_s = float(cfg.bench.timeout_s)
         self._world = rank.world_size
         self._steps_left = cfg.bench.steps  # == train.train_iters (recipes.overrides.benchmark_mode)
-        callback = _make_callback(self._lock, torch.device(self.device))
+        callback = _make_callback(self._lock, torch.device(self.device), cfg, self._plan)
         graphs = container.model.cuda_graph_impl == "transformer_engine"
 
         def train() -> None:
@@ -185,14 +221,19 @@ class BridgeEngine(Engine):
             step_s=row["step_s"],
             fwd_bwd_s=row["step_s"] - row["optim_s"],
             optim_s=row["optim_s"],
-            ns_s=None,
+            ns_s=row.get("ns_s"),
             comm_s=None,
             tokens=self._tokens,
             loss=loss,
             peak_mem_bytes=row["peak_mem_bytes"],
+            ns_flops=row.get("ns_flops", 0.0),
             extra={
                 k: float(v)
-                for k, v in (("grad_norm", row["grad_norm"]), ("skipped", row["skipped"]))
+                for k, v in (
+                    ("grad_norm", row["grad_norm"]),
+                    ("skipped", row["skipped"]),
+                    ("bridge_tflops_per_gpu", bridge_tflops(row.get("bridge_flops", 0.0), row["step_s"], self._world)),
+                )
                 if v is not None
             },
         )
@@ -213,6 +254,7 @@ class BridgeEngine(Engine):
 
         return {
             "bridge_version": bridge_version(),
+            "imported_stack": self._stack,
             "recipe": self._plan.metadata,
             "on_rank": self._ready,
             "overrides": self._plan.overrides,
@@ -228,3 +270,64 @@ class BridgeEngine(Engine):
             self._lock.go.release()
             self._thread.join(timeout=300)
         self._thread = None
+
+
+def bridge_tflops(flops: float, step_s: float, world: int) -> float | None:
+    """Bridge's FLOP count of a step over our step time, per GPU (None when Bridge counted nothing)."""
+    if not flops or step_s <= 0:
+        return None
+    return flops / step_s / world / 1e12
+
+
+def bridge_step_flops(container: Any, global_batch: int) -> float:
+    """Bridge's own FLOP count of one training step (`num_floating_point_operations`), 0.0 where it has none."""
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
+
+    try:
+        return float(num_floating_point_operations(container, batch_size=global_batch))
+    except (AttributeError, TypeError, ValueError):  # a model family Bridge has no formula for
+        return 0.0
+
+
+def optimizer_parts(optimizer: Any) -> list[str]:
+    """`module.Class` of every torch optimizer inside Megatron's wrappers (what actually steps)."""
+    from optim.megatron import _inner_torch_optimizers
+
+    return sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in _inner_torch_optimizers(optimizer)})
+
+
+def check_optimizer(optimizer: Any, impl: str, name: str) -> None:
+    """Stop when the optimizer Bridge built is not the one the plan asked for.
+
+    `ours`: some part must come from our `optim` package (Bridge called `OursOptimizerConfig.provide()`); a Bridge
+    without that seam builds Megatron's optimizer from the same config and would train Adam under our name.
+    `megatron`: no part may be ours, and Megatron's Muon must contain a Muon.
+
+    Raises:
+        RuntimeError: naming what was asked for and what was built.
+    """
+    parts = optimizer_parts(optimizer)
+    ours = [p for p in parts if p.startswith("optim.")]
+    if impl == "ours" and not ours:
+        raise RuntimeError(
+            f"optimizer={name} implementation=ours, but Megatron-Bridge built {parts}: the installed Bridge did not "
+            "call OptimizerConfig.provide() (added in Megatron-Bridge 0.6); use the checked stack "
+            "(Dockerfile build args MCORE_VERSION / BRIDGE_VERSION)"
+        )
+    if impl == "megatron" and ours:
+        raise RuntimeError(f"optimizer={name} implementation=megatron, but our optimizer was built: {ours}")
+    if impl == "megatron" and name.startswith("muon") and not any("Muon" in p for p in parts):
+        raise RuntimeError(f"optimizer={name} implementation=megatron, but Megatron built no Muon: {parts}")
+
+
+def _instrument_ns(optimizer: Any, timer: Any, impl: str, opt: Any) -> None:
+    """Time and count Newton-Schulz inside the optimizer Bridge built (ours or Megatron's Muon)."""
+    from bench.engines.megatron_optim import _time_megatron_muon, _time_ours
+
+    k = getattr(opt, "num_ns_steps", 0)
+    if not k:
+        return
+    if impl == "ours":
+        _time_ours(optimizer, timer, k)
+    elif opt.name.startswith("muon"):
+        _time_megatron_muon(optimizer, timer, k)

@@ -90,7 +90,7 @@ class MegatronEngine(Engine):
         # grouped_mm); the choice is recorded in describe()["experts"].
         grouped = os.environ.get("MUONBENCH_MEGATRON_EXPERTS", "grouped_mm") != "sequential"
         opts = mm.BuildOptions(
-            use_te=mm.te_available(), bf16=cfg.precision.params_dtype == "bf16", grouped_mm_experts=grouped
+            use_te=mm.use_te(cfg.engine.layers), bf16=cfg.precision.params_dtype == "bf16", grouped_mm_experts=grouped
         )
         if cfg.bench.moe_load_stats and (opts.use_te or not opts.grouped_mm_experts):
             raise ValueError(

@@ -26,6 +26,22 @@ def te_available() -> bool:
     return True
 
 
+LAYER_IMPLS = ("auto", "te", "local")
+
+
+def use_te(layers: str) -> bool:
+    """Whether `engine.layers` builds Transformer Engine layers.
+
+    Raises:
+        ValueError: an unknown value, or `te` where Transformer Engine does not import.
+    """
+    if layers not in LAYER_IMPLS:
+        raise ValueError(f"engine.layers={layers!r}: allowed {list(LAYER_IMPLS)}")
+    if layers == "te" and not te_available():
+        raise ValueError("engine.layers='te': Transformer Engine does not import here; use auto or local")
+    return layers == "te" or (layers == "auto" and te_available())
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BuildOptions:
     """How the Megatron model is built (not what it is: that is ModelConfig)."""

@@ -9,7 +9,7 @@ import torch
 
 from optim.configs import AdamWConfig
 from optim.functional.split import RowSplit
-from optim.megatron.config import MatrixConfig, _matrix_optimizer, process_groups
+from optim.megatron.config import MatrixConfig, _matrix_optimizer, megatron_group, process_groups
 from optim.megatron.routing import ParamRoute
 
 
@@ -127,7 +127,10 @@ def _owned_optimizer(
     matrix: MatrixConfig,
     adamw: AdamWConfig,
 ) -> torch.optim.Optimizer:
-    """Matrix optimizer + AdamW over this rank's owned pieces, as one torch optimizer (optim.hybrid)."""
+    """Matrix optimizer + AdamW over this rank's owned pieces, as one torch optimizer (optim.hybrid).
+
+    Groups carry every key Megatron's scheduler and checkpoint loader and Megatron-Bridge's training log read
+    (`megatron_group`), as the replicated path's do."""
     from optim.hybrid import HybridOptimizer
 
     mat = [(n, t) for n, t in owned if routes[n].optimizer == "matrix"]
@@ -139,15 +142,18 @@ def _owned_optimizer(
             split = routes[n].split
             if split is not None:
                 splits[t] = split
-        opts["matrix"] = _matrix_optimizer(
-            [{"params": [t for _, t in mat], "param_names": [n for n, _ in mat]}], matrix, splits
+        group = megatron_group(
+            [t for _, t in mat], [n for n, _ in mat], lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
         )
+        opts["matrix"] = _matrix_optimizer([group], matrix, splits)
     if rest:
+        decay = [(n, t) for n, t in rest if routes[n].weight_decay]
+        no_decay = [(n, t) for n, t in rest if not routes[n].weight_decay]
         groups = [
-            {"params": [t for n, t in rest if routes[n].weight_decay], "weight_decay": adamw.weight_decay},
-            {"params": [t for n, t in rest if not routes[n].weight_decay], "weight_decay": 0.0},
+            megatron_group([t for _, t in ps], [n for n, _ in ps], lr=adamw.lr, weight_decay=wd, wd_mult=mult)
+            for ps, wd, mult in ((decay, adamw.weight_decay, 1.0), (no_decay, 0.0, 0.0))
+            if ps
         ]
-        groups = [g for g in groups if g["params"]]
         fused = all(t.is_cuda for _, t in rest) if adamw.fused is None else adamw.fused
         opts["adamw"] = torch.optim.AdamW(
             groups,

@@ -133,6 +133,7 @@ def test_proxy_models_on_one_gpu(model: str) -> None:
         root.model.num_experts,
     )
     assert m["expert_model_parallel_size"] == 1 and "moe_flex_dispatcher_backend" not in m
+    assert m["moe_token_dispatcher_type"] == "alltoall"  # the recipe's flex dispatcher needs DeepEP / HybridEP
     assert (
         plan.precision_preset == "bf16_mixed" and "fp8_param_gather" not in plan.overrides["mixed_precision"]
     )
@@ -269,13 +270,19 @@ def _ab_values(plan: Any) -> dict[tuple[str, str], Any]:
     return {(s, k): plan.overrides[s][k] for s, k in _AB}
 
 
-@pytest.mark.parametrize("model", ["kimi_k2", "qwen3_30b_a3b"])
-def test_published_ab_differs_and_fair_ab_is_equal(model: str) -> None:
-    """Published: AdamW has param-gather overlap and MXFP8 param gather, Muon neither. Fair: both the same."""
+@pytest.mark.parametrize(("model", "adam_fp8_gather"), [("kimi_k2", False), ("qwen3_30b_a3b", True)])
+def test_published_ab_differs_and_fair_ab_is_equal(model: str, adam_fp8_gather: bool) -> None:
+    """Published (MB 0.6.2 GB300 perf recipes): AdamW overlaps its param gather and gathers in MXFP8 where its recipe
+    does (Qwen3-30B-A3B: the MXFP8 preset's default; Kimi K2: its recipe sets it off); Muon does neither. Fair: one
+    profile for both."""
     adam_pub, muon_pub = (_plan(f"experiment=gb300/{model}_{o}") for o in ("adamw", "muon"))
     adam_fair, muon_fair = (_plan(f"experiment=gb300/{model}_{o}", ab_mode="fair") for o in ("adamw", "muon"))
-    assert all(_ab_values(adam_pub).values()) and not any(_ab_values(muon_pub).values())
-    assert _ab_values(adam_fair) == _ab_values(muon_fair) == _ab_values(adam_pub)
+    pub = _ab_values(adam_pub)
+    assert pub[("ddp", "overlap_param_gather")] is True
+    assert pub[("mixed_precision", "fp8_param_gather")] is adam_fp8_gather
+    assert pub[("mixed_precision", "reuse_grad_buf_for_mxfp8_param_ag")] is adam_fp8_gather
+    assert not any(_ab_values(muon_pub).values())
+    assert _ab_values(adam_fair) == _ab_values(muon_fair) and all(_ab_values(muon_fair).values())
     assert muon_fair.metadata["ab_replaced"] == {"overlap_param_gather": False, "fp8_param_gather": False}
     assert muon_fair.metadata["requires"] == {"megatron-core": ">=0.19"}
     # Each optimizer keeps its own state sharding in both modes.
@@ -284,10 +291,28 @@ def test_published_ab_differs_and_fair_ab_is_equal(model: str) -> None:
 
 
 def test_ours_goes_through_the_adapter_without_param_gather() -> None:
+    """Ours at DP 64: the layer-wise optimizer reduce-scatters gradients itself, so DDP's overlapped grad reduce
+    (on in the Kimi K2 recipe) is switched off, and the metadata says what is applied."""
     plan = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", ab_mode="fair")
     assert plan.optimizer_impl == "ours" and plan.overrides["optimizer"]["optimizer"] == "adam"
     assert not any(_ab_values(plan).values()) and plan.overrides["ddp"]["use_distributed_optimizer"] is False
-    assert plan.metadata["optimizer"]["not_applied"]["grad_sync"] == "reduce_scatter"
+    assert plan.overrides["ddp"]["overlap_grad_reduce"] is False
+    assert plan.overrides["comm_overlap"]["overlap_grad_reduce"] is False
+    meta = plan.metadata["optimizer"]
+    assert meta["ours_distribution"] == {"distributed": "layerwise", "grad_sync": "reduce_scatter", "assignment": "lpt_cost"}
+    assert meta["not_applied"] == {}
+    other = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "optimizer.assignment=round_robin")
+    assert other.metadata["optimizer"]["not_applied"] == {"assignment": "round_robin"}
+    replicated = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "optimizer.distributed=none")
+    assert replicated.overrides["ddp"]["overlap_grad_reduce"] is True  # the recipe's, kept: DDP all-reduces
+
+
+def test_one_gpu_proxy_uses_the_all_to_all_dispatcher() -> None:
+    """EP = 1: no flex / HybridEP dispatcher (it needs DeepEP or HybridEP installed, for nothing to dispatch)."""
+    plan = _plan("model=qwen3_moe_tiny", "parallelism=single_gpu", "optimizer=muon")
+    assert plan.overrides["model"]["moe_token_dispatcher_type"] == "alltoall"
+    assert "moe_flex_dispatcher_backend" not in plan.overrides["model"]
+    assert "moe_hybridep_num_sms" not in plan.overrides["model"]
 
 
 @pytest.mark.parametrize(

@@ -52,9 +52,9 @@ def test_ours_config_keeps_fields_pickles_and_provides_our_optimizer(bridge_conf
 
     seen = {}
 
-    def fake_build_ours(chunks, matrix, adamw, routing, *, clip_grad, tp_mode):
+    def fake_build_ours(chunks, matrix, adamw, routing, *, clip_grad, tp_mode, layerwise):
         seen.update(
-            chunks=chunks, matrix=matrix, adamw=adamw, routing=routing, clip_grad=clip_grad, tp_mode=tp_mode
+            chunks=chunks, matrix=matrix, adamw=adamw, routing=routing, clip_grad=clip_grad, tp_mode=tp_mode, layerwise=layerwise
         )
         return "optimizer", []
 
