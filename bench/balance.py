@@ -4,7 +4,7 @@
         lpt_cost] [format=text|json] [cost_table=<json, or a bench.ns_kernels results.csv>] [cost_impl=ours_gram]
         [grad_bytes=4] [param_bytes=2] [ranks=summary|all]
 
-Every other `key=value` is a Hydra override of the config tree (`bench.config.load`).
+Every other `key=value` is a Hydra override of the config tree (`config.load`).
 
 Model of a step (one matrix = one owner, `optim.distributed.assignment`):
 - Pipeline stages come from `parallelism.pipeline_layout` (Megatron syntax, e.g. `Et*4|(t*4|)*14tL`; chunk i runs
@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, choices in allowed.items():
         if opts[key] not in choices:
             raise ValueError(f"{key}={opts[key]!r}: must be one of {list(choices)}")
-    from bench.config import load
-    from bench.schema import MatrixOptimizerSchema
+    from config import load
+    from config.schema import MatrixOptimizerSchema
     from optim.distributed.assignment import CostModel
 
     cfg = load(overrides)
@@ -294,6 +294,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     try:
         raise SystemExit(main())
-    except ValueError as exc:  # user and config errors (bench.config.ConfigError is one): one line, exit 2
+    except ValueError as exc:  # user and config errors (config.ConfigError is one): one line, exit 2
         print(f"bench.balance: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.schema import ModelConfig, ParallelismConfig
+from config.schema import ModelConfig, ParallelismConfig
 
 CONVENTIONS: tuple[str, ...] = ("plain", "syrk", "gram")
 FORMULAS: dict[str, str] = {

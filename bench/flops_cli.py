@@ -1,6 +1,6 @@
 """CLI and summary of `bench.flops`: `python -m bench.flops model=... parallelism=... [format=json]`.
 
-Hydra-style overrides compose the config tree (`bench.config.load`); the optimizer group supplies the NS options
+Hydra-style overrides compose the config tree (`config.load`); the optimizer group supplies the NS options
 (num_ns_steps, split_qkv, split_mla, split_gate_up, router_to_matrix_optimizer, distributed, tp_mode), so e.g.
 `optimizer.split_mla=true` changes the enumeration. `format=json` (CLI only) prints one JSON object.
 """
@@ -20,7 +20,7 @@ from bench.flops import (
     ns_flops_per_step,
     ns_load_per_gpu,
 )
-from bench.schema import ModelConfig, ParallelismConfig
+from config.schema import ModelConfig, ParallelismConfig
 
 _TP_MODE_COST = {"distributed_gram": "distributed", "auto": "blockwise"}
 """Optimizer tp_mode values that cost like one of bench.flops.TP_MODES."""
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
     import sys
 
-    from bench.config import load
+    from config import load
 
     args = list(sys.argv[1:] if argv is None else argv)
     fmt = "text"
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary_from(root: Any) -> dict[str, Any]:
     """NS options from the optimizer group; optimizers without them (AdamW) get MCore's Muon defaults."""
-    from bench.schema import MatrixOptimizerSchema, MOPSchema, MuonSchema
+    from config.schema import MatrixOptimizerSchema, MOPSchema, MuonSchema
 
     opt = root.optimizer
     opts: dict[str, Any] = {}

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 WORKER_MODULE = "bench.worker"
 
@@ -241,7 +241,8 @@ def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
         case "local":
             check_device(cfg)
             if needs_prewarm(cfg):
-                from bench import config, record
+                import config
+                from bench import record
 
                 print("== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr)
                 record.update_run_json(run_dir, prewarm=prewarm_local(config.as_dict(cfg), cfg))

@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from bench.config import load
+    from config import load
 
     model = load([f"model={opts['model']}"]).model
     device, group, rank, world = _init_dist()

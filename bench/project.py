@@ -6,7 +6,7 @@
     python -m bench.project report=reports/perfmodel_202611      # calibration + sweeps, README, CSV and PNGs
 
 Everything except the CLI-only keys `profile`, `format` and `report` is a Hydra override composed by
-`bench.config.load`. With TP > 1 the text output lists, per TP-sharded matrix, the predicted milliseconds of
+`config.load`. With TP > 1 the text output lists, per TP-sharded matrix, the predicted milliseconds of
 duplicated and distributed Newton-Schulz and the `tp_mode=auto` choice. Imports no torch.
 """
 
@@ -37,7 +37,7 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     """Prediction of one composed configuration as a plain dict (the json output)."""
-    from bench.config import load
+    from config import load
     from bench.perfmodel.model import predict, tp_mode_table
 
     cfg = load(overrides)

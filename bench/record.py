@@ -362,7 +362,7 @@ def summarize(
 
 def config_from_dict(d: dict[str, Any]) -> Any:
     """Rebuild the typed `RootConfig` from the plain dict stored in run.json (optimizer schema chosen by name)."""
-    from bench import schema
+    from config import schema
 
     parts = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
     opt = d["optimizer"]

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

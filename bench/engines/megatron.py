@@ -19,7 +19,7 @@ import time
 from typing import Any, ClassVar
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 
 def _init_distributed(rank: RankInfo, backend: str) -> bool:

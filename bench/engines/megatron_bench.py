@@ -4,7 +4,7 @@
         --case qwen_adamw experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu \
         --case qwen_muon experiment=h200/qwen3_30b_a3b_slice_muon_1gpu
 
-Each `--case NAME OVERRIDES...` is composed with `bench.config.load`, run through `MegatronEngine` (setup, steps,
+Each `--case NAME OVERRIDES...` is composed with `config.load`, run through `MegatronEngine` (setup, steps,
 teardown), and recorded with `bench.record` exactly as `bench.worker` records a run (same schema, same summary).
 With several cases each runs in its own child process (memory of one case cannot leak into the next: measured, an
 in-process second case ran out of memory at 130 GiB); a failing case (OOM, error) gets its record with the status
@@ -98,7 +98,7 @@ def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[st
     AdamW); one process that found the kernels compiled but re-measured the plan was not slower either. The first
     step is excluded from the timings either way; the after-effect was not. A prewarm child takes that first step
     for the timed one. AdamW and Megatron's built-in compile nothing of ours."""
-    from bench import config
+    import config
 
     seen: set[str] = set()
     out = []
@@ -117,7 +117,8 @@ def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[st
 def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = False) -> dict[str, Any]:
     """One run: compose, record, setup, steps (plus one profiled step with `profile`), finalize. Returns the final
     run.json."""
-    from bench import config, record
+    import config
+    from bench import record
     from bench.engines.base import RankInfo
     from bench.engines.megatron import MegatronEngine
     from bench.worker import reduce_metrics  # the same steps.jsonl row as a bench.worker run

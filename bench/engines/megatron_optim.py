@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
     "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
@@ -46,9 +46,9 @@ class BuiltOptimizer:
 
 
 def optim_configs(opt: Any) -> tuple[Any, Any, Any]:
-    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of bench.schema, converted in
-    the one place that does it (`bench.engines.optimizer_factory.convert`)."""
-    from bench.engines.optimizer_factory import convert
+    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of config.schema, converted in
+    the one place that does it (`config.convert.convert`)."""
+    from config.convert import convert
     from optim.configs import RoutingConfig
 
     algo, routing, adamw = convert(opt)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from bench.perfmodel import constants as C
 from bench.perfmodel.model import predict
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,7 +44,7 @@ TOLERANCE = 0.03
 
 
 def load_row(row: PublishedRow, extra: list[str] | None = None) -> RootConfig:
-    from bench.config import load
+    from config import load
 
     return load([f"experiment={row.experiment}", *(extra or [])])
 

@@ -23,7 +23,7 @@ from math import comb
 from bench import flops
 from bench.perfmodel import constants as C
 from bench.perfmodel import links
-from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
+from config.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 
 BF16 = 2.0
 FP32 = 4.0

@@ -43,7 +43,7 @@ def _typed(cfg: dict[str, Any]) -> Any:
     """RootConfig from a run record's resolved config dict (unknown keys dropped)."""
     from dataclasses import fields
 
-    from bench import schema
+    from config import schema
 
     def build(cls: type, d: dict[str, Any]) -> Any:
         names = {f.name for f in fields(cls)}
@@ -126,7 +126,7 @@ def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
 def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
     """One dict per successful H200 run: measured and predicted step / optimizer seconds (run records first,
     else the results.csv rows re-composed from their experiment and batch columns)."""
-    from bench.config import load
+    from config import load
 
     records = record_comparisons(path)
     if records:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.perfmodel import constants as C
-from bench.schema import HardwareConfig
+from config.schema import HardwareConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -9,7 +9,7 @@ from typing import Any
 from bench import flops
 from bench.perfmodel import compute, nscost
 from bench.perfmodel import optimizer as opt
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 
 @dataclass(kw_only=True, slots=True)

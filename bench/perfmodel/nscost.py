@@ -19,7 +19,7 @@ from typing import Any
 from bench import flops
 from bench.perfmodel import constants as C
 from bench.perfmodel import links
-from bench.schema import HardwareConfig
+from config.schema import HardwareConfig
 from optim.distributed.assignment import CostModel, canonical
 
 KERNEL_RESULTS = Path(__file__).resolve().parents[2] / "reports" / "ns_kernels_h200_202611" / "results.json"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from bench import flops
 from bench.perfmodel import constants as C
 from bench.perfmodel import links, nscost
-from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
+from config.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 from optim.distributed.assignment import CostModel, assign, canonical
 
 PROFILES = ("published", "ours")

@@ -12,11 +12,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from bench.config import validate
+from config import validate
 from bench.perfmodel import calibrate, nscost
 from bench.perfmodel import constants as C
 from bench.perfmodel.model import predict, tp_mode_table
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 COMMAND = "python -m bench.project report=reports/perfmodel_202611"
 

@@ -17,7 +17,7 @@ from bench.perfmodel import constants as C
 from bench.perfmodel import nscost
 from bench.perfmodel import optimizer as opt
 from bench.perfmodel.calibrate import hbm_fraction
-from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig
+from config.schema import HardwareConfig, ModelConfig, ParallelismConfig
 
 LAYERS: dict[str, tuple[str, int, bool]] = {
     "qwen3_30b_a3b_layer": ("qwen3_30b_a3b", 1, False),
@@ -71,7 +71,7 @@ def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, 
     """Measured vs predicted standalone optimizer steps on H200: the kernel benchmark's layer steps (when its
     results exist) and the anchors' layer steps, at the standalone fused-AdamW bandwidth (HBM_EFFICIENCY); the
     in-engine steps are in `h200` (Megatron runs)."""
-    from bench.config import load
+    from config import load
 
     steps = json.loads(path.read_text()).get("steps", {}) if path.exists() else {}
     hw = nscost.load_hardware("h200")

@@ -153,7 +153,7 @@ def lr_at(step: int, cfg: QualityConfig, peak: float) -> float:
 
 def build_model(cfg: QualityConfig, vocab_size: int):
     """The proxy from conf/model/<cfg.model>, widened/deepened per profile, as a transformers model."""
-    from bench.config import load
+    from config import load
     from bench.models.hf_build import build_model as build_hf_model
 
     model_cfg = load([f"model={cfg.model}"]).model

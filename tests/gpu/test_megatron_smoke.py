@@ -28,7 +28,7 @@ TINY = [
 
 
 def _engine(overrides: list[str]):
-    from bench import config
+    import config
     from bench.engines.base import RankInfo
     from bench.engines.megatron import MegatronEngine
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.balance import _segments_bytes, analyse, main, stage_matrices
-from bench.config import load
+from config import load
 
 KIMI = ["model=kimi_k2", "parallelism=pp4_dp64_ep64"]
 QWEN = ["model=qwen3_30b_a3b", "parallelism=dp8_ep8"]

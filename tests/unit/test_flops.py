@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bench import flops
-from bench.config import ConfigError, load
-from bench.schema import ModelConfig, ParallelismConfig
+from config import ConfigError, load
+from config.schema import ModelConfig, ParallelismConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from bench import config, launch, run
+import config
+from bench import launch, run
 
 
 def _cfg(*overrides: str):
@@ -151,7 +152,7 @@ def test_cli_unknown_option_lists_the_available_ones(tmp_path):
 
 def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_path):
     """Localises a hung run that blocks the sweep, or a timed-out run recorded as ok/error."""
-    from bench import config as cfgmod
+    import config as cfgmod
     from bench import record
 
     cfg = _cfg("bench.timeout_s=1")

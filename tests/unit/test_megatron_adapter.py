@@ -17,7 +17,7 @@ pytest.importorskip("megatron.core")
 
 from bench.engines import megatron_data as md
 from bench.engines import megatron_model as mm
-from bench.schema import ModelConfig, ParallelismConfig
+from config.schema import ModelConfig, ParallelismConfig
 from optim import megatron as om
 from optim.configs import AdamWConfig, MuonConfig, RoutingConfig
 
@@ -608,7 +608,7 @@ def test_bench_driver_prewarm_selects_each_ours_workload_once():
     got = prewarm_cases(cases)
     assert [n for n, _ in got] == ["prewarm_ours", "prewarm_ours_ns1"]
     assert got[0][1] == [*base, "optimizer=muon", *PREWARM_OVERRIDES]
-    from bench import config
+    import config
 
     cfg = config.load(got[1][1])  # the prewarm overrides compose: one step, no warm-up, no diagnostics
     assert cfg.bench.steps == 1 and cfg.bench.warmup_steps == 0 and cfg.optimizer.num_ns_steps == 1

@@ -13,7 +13,7 @@ from bench.optim_scaling import layer_params, main, parse_args, scaling_summary
 
 @pytest.fixture(scope="module")
 def qwen3() -> object:
-    from bench.config import load
+    from config import load
 
     return load(["model=qwen3_30b_a3b"]).model
 

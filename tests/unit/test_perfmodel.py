@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from bench.config import load
+from config import load
 from bench.perfmodel import calibrate, compute, links, nscost
 from bench.perfmodel import constants as C
 from bench.perfmodel.model import predict
-from bench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
+from config.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +320,7 @@ def test_layer_step_hand_checked() -> None:
 
 def test_h200_comparison_reads_run_records(tmp_path) -> None:
     """Run records (run.json with the resolved config and a summary) are predicted from their own config."""
-    from bench.config import as_dict
+    from config import as_dict
     from bench.perfmodel import h200
 
     cfg = load(["experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import ConfigError, config_hash, load
+from config import ConfigError, config_hash, load
 
 
 def test_default_composes_typed() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import load
+from config import load
 from bench.slurm import ENV_DOCS, submit, write_sbatch
 
 pytestmark = pytest.mark.filterwarnings("ignore")

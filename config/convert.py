@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from bench import schema as S
+from config import schema as S
 
 
 def optim_configs(opt: S.OptimizerSchemaBase) -> tuple[Any, Any, Any]:

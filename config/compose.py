@@ -13,7 +13,7 @@ from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import schema
+from config import schema
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
