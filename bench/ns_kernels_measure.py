@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from optim import cost
 from optim.functional.newton_schulz import ns_coefficients
 from optim.kernels import orthogonalize, plan_for
 from optim.kernels.fused_step import apply_update, momentum_pack
@@ -283,7 +284,7 @@ def optimizers(dev: str) -> dict[str, Callable[[list], Any]]:
 
 
 def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Callable) -> dict[str, Any]:
-    flops = sum(n * 5 * (4.0 * min(r, c) ** 2 * max(r, c) + 2.0 * min(r, c) ** 3) for r, c, n in spec)
+    flops = sum(n * cost.ns_flops(r, c, 5) for r, c, n in spec)
     d: dict[str, Any] = {"ns_plain_flops": flops, "params": sum(r * c * n for r, c, n in spec), "impls": {}}
     deltas: dict[str, list[torch.Tensor]] = {}
     for impl, mk in optimizers(dev).items():

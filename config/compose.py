@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from config import schema
+from config.pipeline import parse_pipeline_layout
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
@@ -170,8 +171,6 @@ def validate(root: schema.RootConfig) -> None:
     if p.vp > 1 and p.pp == 1:
         _fail("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1")
     if p.pipeline_layout:
-        from bench.flops import parse_pipeline_layout
-
         try:
             chunks = parse_pipeline_layout(p.pipeline_layout)
         except ValueError as exc:

@@ -104,13 +104,23 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
 
 
 def tp_mode_fn(cfg: RootConfig) -> Any:
-    """`tp_mode=auto`: the performance model's per-matrix choice on `cfg.hardware` (bench.perfmodel)."""
-    from bench.perfmodel import choose_tp_mode
+    """`tp_mode=auto`: the optimizer cost model's per-matrix choice (`optim.cost.choose_tp_mode`) on
+    `cfg.hardware`'s bf16 peak and TP links."""
+    from optim import cost
 
-    hardware = cfg.hardware
+    hw = cfg.hardware
+    rate = hw.peak_bf16_tflops * 1e12 * cost.GEMM_CEILING_FRACTION
 
     def pick(rows: int, cols: int, tp: int, partition_dim: int) -> str:
-        return choose_tp_mode(rows, cols, tp, hardware, partition_dim=partition_dim)
+        link = cost.group_link(
+            tp,
+            nvlink_gbps=hw.nvlink_gbps,
+            nvlink_domain=hw.nvlink_domain,
+            network_gbps=hw.network_gbps,
+            nvlink_latency_us=hw.nvlink_latency_us,
+            network_latency_us=hw.network_latency_us,
+        )
+        return cost.choose_tp_mode(rows, cols, tp, flops_per_s=rate, link=link, partition_dim=partition_dim)
 
     return pick
 

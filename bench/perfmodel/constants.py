@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optim import cost
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Sourced:
@@ -65,12 +67,12 @@ ATTENTION_EFFICIENCY = Sourced(
     "so 0.5 of the dense bf16 peak for forward + backward, causal",
 )
 NVLINK_EFFICIENCY = Sourced(
-    value=0.9,
+    value=cost.LINK_EFFICIENCY,
     source="nccl-tests on GB200 MNNVL, 2 nodes x 4 GPUs: 811 GB/s bus bandwidth of 900 GB/s per direction "
     "(lixueduan.com/posts/ai/13-gb200-mnnvl-nccl-test)",
 )
 NETWORK_EFFICIENCY = Sourced(
-    value=0.9,
+    value=cost.LINK_EFFICIENCY,
     source="nccl-tests bus bandwidth of RDMA NICs at large messages: ~90% of line rate (same source family "
     "as NVLINK_EFFICIENCY)",
 )
@@ -80,9 +82,11 @@ A2A_EFFICIENCY = Sourced(
     "~160 GB/s on H800; HybridEP is the same design for NVL72; we keep 0.9 like NCCL",
 )
 NVLINK_LATENCY_US = Sourced(
-    value=3.0, source="NVLink 5 small-message collective latency, a few us (nccl-tests)"
+    value=cost.NVLINK_LATENCY_US, source="NVLink 5 small-message collective latency, a few us (nccl-tests)"
 )
-NETWORK_LATENCY_US = Sourced(value=8.0, source="RDMA all-reduce latency across nodes, ~5-10 us (nccl-tests)")
+NETWORK_LATENCY_US = Sourced(
+    value=cost.NETWORK_LATENCY_US, source="RDMA all-reduce latency across nodes, ~5-10 us (nccl-tests)"
+)
 BUCKET_ELEMENTS = Sourced(
     value=40e6, source="MCore DistributedDataParallelConfig.bucket_size default: max(40M, 1M x DP) elements"
 )

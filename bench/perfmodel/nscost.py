@@ -16,14 +16,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from bench import flops
 from bench.perfmodel import constants as C
 from bench.perfmodel import links
 from config.schema import HardwareConfig
+from optim import cost
+from optim.cost import TPCost
 from optim.distributed.assignment import CostModel, canonical
 
 KERNEL_RESULTS = Path(__file__).resolve().parents[2] / "reports" / "ns_kernels_h200_202611" / "results.json"
-TP_MODES = ("duplicated", "distributed", "distributed_gram", "blockwise")
+TP_MODES = cost.TP_MODES
 HALF_EFF_DIM = (
     CostModel().half_eff_dim
 )  # short side at half the ceiling, fitted to anchors.md f (assignment.py)
@@ -86,7 +87,7 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
         if not times:
             continue
         batch, key = int(sh.get("batch", 1)), canonical((int(sh["rows"]), int(sh["cols"])))
-        floor = flops.ns_flops(key[0], key[1]) / (ceiling * 1e12) * 1e3
+        floor = cost.ns_flops(key[0], key[1]) / (ceiling * 1e12) * 1e3
         per = max(
             (min(times) - host) / batch, floor
         )  # GPU part per matrix; the host cost is charged per call
@@ -126,27 +127,17 @@ def gpu_ms(
     convention: str = "plain",
     table: dict[tuple[int, int], float] | None = None,
 ) -> float:
-    """GPU milliseconds of NS on one rows x cols matrix (short side m, Gram m x m): a measured shape (its kernel's
-    own method, scaled by FLOPs for other step counts) or the curve m / (m + 600) of the GEMM ceiling."""
-    m, n = min(rows, cols), max(rows, cols)
-    key = (int(m), int(n))
-    if table and key in table:
-        scale = flops.ns_flops(key[0], key[1], num_steps) / flops.ns_flops(key[0], key[1], 5)
-        return table[key] * scale * C.H200_GEMM_CEILING_TFLOPS.value * 1e12 / ns_rate(hw)
-    flop = flops.ns_flops(max(1, int(m)), max(1, int(n)), num_steps, convention)
-    return flop / (ns_rate(hw) * m / (m + HALF_EFF_DIM)) * 1e3
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TPCost:
-    """Milliseconds one TP rank spends on its shard of a matrix: GPU compute and communication."""
-
-    compute_ms: float
-    comm_ms: float
-
-    @property
-    def total_ms(self) -> float:
-        return self.compute_ms + self.comm_ms
+    """GPU milliseconds of NS on one rows x cols matrix on a hardware row (`optim.cost.gpu_ms`): a measured shape
+    (normalised to the H200 GEMM ceiling) or the curve m / (m + 600) of the GEMM ceiling."""
+    return cost.gpu_ms(
+        rows,
+        cols,
+        flops_per_s=ns_rate(hw),
+        num_steps=num_steps,
+        convention=convention,
+        table=table,
+        table_flops_per_s=C.H200_GEMM_CEILING_TFLOPS.value * 1e12,
+    )
 
 
 def tp_cost(
@@ -162,56 +153,36 @@ def tp_cost(
     triangular: bool = False,
     table: dict[tuple[int, int], float] | None = None,
 ) -> TPCost:
-    """NS cost of one TP-sharded matrix under `mode` (optim.distributed.tp_orthogonalize.TPMode semantics).
-
-    duplicated: all-gather of the fp32 shards, full NS on every rank. distributed: the sharded dim is contracted;
-    k all-reduces of the unsharded-side Gram (bf16; half the bytes when `triangular`) plus one for the norm, A^2
-    redundant on every rank; if the short side is sharded, NS runs on the long side. distributed_gram: the same with
-    Gram-NS, 1 + restarts all-reduces. blockwise: each shard alone.
-    """
-    if mode not in TP_MODES:
-        raise ValueError(f"tp_mode={mode!r}: must be one of {list(TP_MODES)}")
-    if tp <= 1 or partition_dim < 0:
-        return TPCost(
-            compute_ms=gpu_ms(rows, cols, hw, num_steps=num_steps, convention=convention, table=table),
-            comm_ms=0.0,
-        )
-    link = links.group_link(hw, tp)
-    split, other = (rows, cols) if partition_dim == 0 else (cols, rows)
-    if mode == "blockwise":
-        return TPCost(
-            compute_ms=gpu_ms(split / tp, other, hw, num_steps=num_steps, convention=convention, table=table),
-            comm_ms=0.0,
-        )
-    if mode == "duplicated":
-        comm = links.all_gather(rows * cols * 4.0, tp, link) * 1e3
-        return TPCost(
-            compute_ms=gpu_ms(rows, cols, hw, num_steps=num_steps, convention=convention, table=table),
-            comm_ms=comm,
-        )
-    conv = "gram" if mode == "distributed_gram" else convention
-    flop = flops._ns_flops_mn(other, split / tp, num_steps, conv, (2,))
-    m_eff = min(other, split / tp)
-    compute = flop / (ns_rate(hw) * m_eff / (m_eff + HALF_EFF_DIM)) * 1e3
-    gram_bytes = other * other * 2.0 * (0.5 if triangular else 1.0)
-    if mode == "distributed_gram":  # R_0 once and one re-formed Gram at the restart; norm from trace(R_0)
-        comm = 2 * links.all_reduce(gram_bytes, tp, link)
-    else:  # one Gram all-reduce per step plus the scalar norm
-        comm = num_steps * links.all_reduce(gram_bytes, tp, link) + links.all_reduce(4.0, tp, link)
-    comm *= 1e3
-    return TPCost(compute_ms=compute, comm_ms=comm)
+    """NS cost of one TP-sharded matrix under `mode` on a hardware row (`optim.cost.tp_cost`, TP group link)."""
+    return cost.tp_cost(
+        rows,
+        cols,
+        tp,
+        mode,
+        flops_per_s=ns_rate(hw),
+        link=links.group_link(hw, tp),
+        partition_dim=partition_dim,
+        num_steps=num_steps,
+        convention=convention,
+        triangular=triangular,
+        table=table,
+        table_flops_per_s=C.H200_GEMM_CEILING_TFLOPS.value * 1e12,
+    )
 
 
 def tp_mode_times(
     rows: int, cols: int, tp: int, hardware: HardwareConfig, *, partition_dim: int = 0, num_steps: int = 5
 ) -> dict[str, float]:
     """Predicted milliseconds of duplicated and distributed NS (compute + communication) for one matrix."""
-    return {
-        mode: tp_cost(
-            rows, cols, tp, hardware, mode, partition_dim=partition_dim, num_steps=num_steps
-        ).total_ms
-        for mode in ("duplicated", "distributed")
-    }
+    return cost.tp_mode_times(
+        rows,
+        cols,
+        tp,
+        flops_per_s=ns_rate(hardware),
+        link=links.group_link(hardware, tp),
+        partition_dim=partition_dim,
+        num_steps=num_steps,
+    )
 
 
 def choose_tp_mode(
@@ -223,14 +194,18 @@ def choose_tp_mode(
     partition_dim: int = 0,
     num_steps: int = 5,
 ) -> str:
-    """`tp_mode=auto`: "duplicated" or "distributed" for one TP-sharded rows x cols weight, whichever the model
-    predicts faster (duplicated when the per-step Gram all-reduce latency dominates, distributed when the
-    duplicated compute does). Ties and tp = 1 give "duplicated" (one collective, bitwise single-GPU result)."""
+    """`optim.cost.choose_tp_mode` on a hardware row (or its name): the choice the optimizer makes at
+    `tp_mode=auto`."""
     hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
-    if tp <= 1 or partition_dim < 0:
-        return "duplicated"
-    t = tp_mode_times(rows, cols, tp, hw, partition_dim=partition_dim, num_steps=num_steps)
-    return "distributed" if t["distributed"] < t["duplicated"] else "duplicated"
+    return cost.choose_tp_mode(
+        rows,
+        cols,
+        tp,
+        flops_per_s=ns_rate(hw),
+        link=links.group_link(hw, tp),
+        partition_dim=partition_dim,
+        num_steps=num_steps,
+    )
 
 
 def load_hardware(name: str) -> HardwareConfig:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from optim import cost
+
 Shape = tuple[int, int]
 
 
@@ -39,9 +41,8 @@ def canonical(shape: Sequence[int]) -> Shape:
 
 
 def ns_flops(shape: Sequence[int], num_steps: int = 5) -> float:
-    """Plain NS FLOPs of one m x n matrix (m <= n): num_steps * (4 m^2 n + 2 m^3) (anchors.md section d)."""
-    m, n = canonical(shape)
-    return float(num_steps) * (4.0 * m * m * n + 2.0 * m**3)
+    """Plain NS FLOPs of one matrix of this shape (`optim.cost.ns_flops`)."""
+    return cost.ns_flops(*canonical(shape), num_steps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

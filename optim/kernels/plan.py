@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from optim import cost
 from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
 
 # Problems with fewer plain FLOPs than this are also tried under CUDA graph replay (~0.3 ms at 700 TF/s).
@@ -76,8 +77,7 @@ def plan_key(
 
 def plain_flops(batch: int, m: int, n: int, num_steps: int) -> float:
     """Plain-count NS FLOPs, short side m: k (4 m^2 n + 2 m^3) per matrix."""
-    m, n = min(m, n), max(m, n)
-    return batch * num_steps * (4.0 * m * m * n + 2.0 * m**3)
+    return batch * cost.ns_flops(m, n, num_steps)
 
 
 def _ops(name: str) -> MatOps:
