@@ -14,6 +14,12 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+
+# One set of defaults: every optimizer field that `optim` also has takes `optim`'s default (emerging-optimizers
+# 0.3.0); the YAML files of conf/optimizer/ state the recipe values that differ (e.g. Nesterov, weight decay 0.033).
+_ADAMW, _MUON, _MOP, _SOAP, _ROUTING = AdamWConfig(), MuonConfig(), MOPConfig(), SOAPConfig(), RoutingConfig()
+
 
 # --------------------------------------------------------------------------------------------------------------
 # model
@@ -129,16 +135,16 @@ class ParallelismConfig:
 class OptimizerSchemaBase:
     name: str = MISSING
     """adamw | muon | mop | soap_rekls."""
-    lr: float = 3e-4
+    lr: float = _ADAMW.lr
     min_lr: float = 3e-5
     lr_warmup_steps: int = 2000
     lr_decay: str = "cosine"
-    weight_decay: float = 0.033
+    weight_decay: float = _ADAMW.weight_decay
     clip_grad: float = 1.0
     # The AdamW that handles non-matrix parameters (embeddings, output, norms, biases) and the AdamW baseline.
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
-    adam_eps: float = 1e-8
+    adam_beta1: float = _ADAMW.betas[0]
+    adam_beta2: float = _ADAMW.betas[1]
+    adam_eps: float = _ADAMW.eps
     implementation: str = "ours"
     """ours | megatron (Megatron's built-in TensorParallelMuon + LayerWiseDistributedOptimizer) | eo | torch."""
 
@@ -153,10 +159,10 @@ class AdamWSchema(OptimizerSchemaBase):
 class MatrixOptimizerSchema(OptimizerSchemaBase):
     """Fields shared by the matrix optimizers (routing, splitting, distribution)."""
 
-    split_qkv: bool = True
-    split_mla: bool = False
-    split_gate_up: bool = False
-    router_to_matrix_optimizer: bool = True
+    split_qkv: bool = _ROUTING.split_qkv
+    split_mla: bool = _ROUTING.split_mla_kv_down
+    split_gate_up: bool = _ROUTING.split_gate_up
+    router_to_matrix_optimizer: bool = _ROUTING.router_to_matrix
     """MCore routes the MoE router weight to Muon; set False to send it to AdamW."""
     tp_mode: str = "blockwise"
     """duplicated | distributed | distributed_gram | blockwise | auto (moot at TP=1)."""
@@ -173,27 +179,27 @@ class MatrixOptimizerSchema(OptimizerSchemaBase):
     """Elements per gradient/parameter bucket of the layer-wise optimizer."""
     collective: str = "auto"
     """auto | padded (one all_gather_into_tensor) | per_owner (one broadcast per owner): how all_gatherv moves."""
-    nonfinite_policy: str = "skip"
+    nonfinite_policy: str = _MUON.nonfinite_policy
     """skip | raise: what to do with a NaN/Inf gradient or momentum."""
 
 
 @dataclass
 class MuonSchema(MatrixOptimizerSchema):
     name: str = "muon"
-    momentum: float = 0.95
-    nesterov: bool = True
-    scale_mode: str = "spectral"
+    momentum: float = _MUON.momentum
+    nesterov: bool = _MUON.nesterov
+    scale_mode: str = _MUON.scale_mode
     """spectral | shape_scaling | unit_rms_norm."""
-    extra_scale_factor: float = 1.0
-    coefficient_type: str = "quintic"
+    extra_scale_factor: float = _MUON.extra_scale_factor
+    coefficient_type: str = _MUON.coefficient_type
     """simple | quintic | polar_express | aol | cans | deepseekv4 | custom."""
     custom_coefficients: list[list[float]] = field(default_factory=list)
-    num_ns_steps: int = 5
-    ns_precision: str = "bf16"
+    num_ns_steps: int = _MUON.num_ns_steps
+    ns_precision: str = _MUON.ns_precision
     """bf16 (MCore fp32_matmul_prec "medium") | fp16 (ours only: ~8x more accurate at the same GEMM rate, a I folded
     into the NS polynomial) | fp32 ("highest")."""
-    use_gram_ns: bool = False
-    fused_step: bool = True
+    use_gram_ns: bool = _MUON.use_gram_ns
+    fused_step: bool = _MUON.fused_step
     """CUDA: fused momentum/update kernels for whole fp32 matrices (optim.configs.MuonConfig.fused_step)."""
     ns_overlap: bool = False
     """engine=megatron, implementation=ours, DP x CP = 1: start each layer's NS in the last micro-batch's backward
@@ -203,27 +209,27 @@ class MuonSchema(MatrixOptimizerSchema):
 @dataclass
 class MOPSchema(MatrixOptimizerSchema):
     name: str = "mop"
-    momentum: float = 0.95
-    nesterov: bool = True
-    scale_mode: str = "nuclear_norm"
+    momentum: float = _MOP.momentum
+    nesterov: bool = _MOP.nesterov
+    scale_mode: str = _MOP.scale_mode
     """nuclear_norm | spectral | shape_scaling | unit_rms_norm."""
-    extra_scale_factor: float = 1.0
-    polar_method: str = "svd"
+    extra_scale_factor: float = _MOP.extra_scale_factor
+    polar_method: str = _MOP.polar_method
     """svd (exact) | polar_express (NS iterations)."""
-    num_ns_steps: int = 8
+    num_ns_steps: int = _MOP.num_ns_steps
 
 
 @dataclass
 class SOAPSchema(MatrixOptimizerSchema):
     name: str = "soap_rekls"
-    shampoo_beta: float = 0.95
-    use_eigh: bool = True
+    shampoo_beta: float = _SOAP.shampoo_beta
+    use_eigh: bool = _SOAP.use_eigh
     """True: REKLS, eigh every step; False: SOAP, QR power step every precondition_frequency."""
-    use_kl_shampoo: bool = True
-    precondition_frequency: int = 1
-    max_precond_dim: int = 8192
+    use_kl_shampoo: bool = _SOAP.use_kl_shampoo
+    precondition_frequency: int = _SOAP.precondition_frequency
+    max_precond_dim: int = _SOAP.max_precond_dim
     """Sides larger than this stay unpreconditioned."""
-    eps_eigenvalue: float = 1e-8
+    eps_eigenvalue: float = _SOAP.eps_eigenvalue
 
 
 # --------------------------------------------------------------------------------------------------------------

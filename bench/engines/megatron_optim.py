@@ -45,18 +45,6 @@ class BuiltOptimizer:
         return out
 
 
-def optim_configs(opt: Any) -> tuple[Any, Any, Any]:
-    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of config.schema, converted in
-    the one place that does it (`config.convert.convert`)."""
-    from config.convert import convert
-    from optim.configs import RoutingConfig
-
-    algo, routing, adamw = convert(opt)
-    if opt.name == "adamw":
-        return None, adamw, RoutingConfig()
-    return algo, adamw, routing
-
-
 def implementation(cfg: RootConfig) -> str:
     """adamw | ours | megatron, validated against what the engine can build."""
     opt = cfg.optimizer
@@ -76,7 +64,9 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     from optim import megatron as om
 
     kind = implementation(cfg)
-    matrix, adamw, routing = optim_configs(cfg.optimizer)
+    from config.convert import convert
+
+    matrix, routing, adamw = convert(cfg.optimizer)
     clip = cfg.optimizer.clip_grad
     if kind == "adamw":
         opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=True)

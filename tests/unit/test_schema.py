@@ -83,3 +83,22 @@ def test_pipeline_layout_must_hold_the_model() -> None:
 def test_router_score_function_allowed_set() -> None:
     with pytest.raises(ConfigError, match=r"model.moe_router_score_function='tanh'.*softmax"):
         load(["model.moe_router_score_function=tanh"])
+
+
+def test_schema_defaults_are_optim_defaults() -> None:
+    """One set of defaults: a default optimizer schema converts to the default `optim` config, so the Hydra tree
+    and a plain PyTorch user of `optim` start from the same values (the YAMLs state the recipe values)."""
+    from config import schema as S
+    from config.convert import convert
+    from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+
+    for sch, want in (
+        (S.MuonSchema(), MuonConfig()),
+        (S.MOPSchema(), MOPConfig()),
+        (S.SOAPSchema(), SOAPConfig()),
+    ):
+        algo, routing, adamw = convert(sch)
+        assert algo == want, type(sch).__name__
+        assert routing == RoutingConfig()
+        assert adamw == AdamWConfig()
+    assert convert(S.AdamWSchema())[0] == AdamWConfig()
