@@ -11,8 +11,8 @@ matrix the matrix optimizer orthogonalizes, for one m x n matrix with m the shor
   symmetric products; k = 5 with a restart after step 2 gives 6 m^2 n + 14 m^3)
 
 Norms, casts, momentum and scaling are memory-bound and not counted. Imports no torch (a login node can run it):
-`python -m bench.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (CLI and summary in
-`bench/flops_cli.py`).
+CLI: `python -m tools.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (summary in
+`tools/flops.py`).
 """
 
 from __future__ import annotations
@@ -426,8 +426,3 @@ def ns_flops_per_step(
         )
     )
 
-
-if __name__ == "__main__":
-    from bench.flops_cli import main
-
-    raise SystemExit(main())

@@ -328,7 +328,7 @@ class BenchConfig:
     log_every: int = 1
     progress: bool = True
     energy: bool = False
-    """megatron: GPU energy (J), mean power (W), SM clock and power-cap state per phase from NVML (`bench.gpu_energy`),
+    """megatron: GPU energy (J), mean power (W), SM clock and power-cap state per phase from NVML (`experiments.gpu_energy.gpu_energy`),
     recorded in each step's extra fields; adds a device sync between forward-backward and the optimizer step."""
     idle_before_step_s: float = 0.0
     """megatron, diagnostic: the GPU idles this long before each step (after a sync, outside the timed step), which

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from config import convert
 from bench.engines.base import Engine, RankInfo, StepMetrics
 from bench.models.hf_build import build_model, padded_vocab_size
-from config.schema import MatrixOptimizerSchema, RootConfig
 from bench.timing import PhaseTimer, ns_flops_plain
+from config import convert
+from config.schema import MatrixOptimizerSchema, RootConfig
 
 
 class TokenStream:

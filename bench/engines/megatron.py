@@ -125,7 +125,7 @@ class MegatronEngine(Engine):
         }
         meter = None
         if cfg.bench.energy:
-            from bench.gpu_energy import EnergyMeter, PhaseEnergy
+            from experiments.gpu_energy.gpu_energy import EnergyMeter, PhaseEnergy
 
             meter = EnergyMeter(rank.local_rank)
             self._energy = PhaseEnergy(meter.read, torch.cuda.synchronize, time.perf_counter)
@@ -218,7 +218,7 @@ class MegatronEngine(Engine):
     def step(self) -> StepMetrics:
         import torch
 
-        from bench.step_profile import phase_range
+        from experiments.step_profile.step_profile import phase_range
 
         t = self.ptimer
         t.reset()

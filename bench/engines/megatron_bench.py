@@ -53,7 +53,7 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
         "--profile",
         action="store_true",
         help="after the recorded steps, run one more under torch.profiler and write profile_step<k>.json "
-        "(per-phase kernel time vs wall time, top kernels; bench/step_profile.py); not in steps.jsonl",
+        "(per-phase kernel time vs wall time, top kernels; experiments/step_profile/step_profile.py); not in steps.jsonl",
     )
     head, cases, cur = [], [], None
     for tok in argv:
@@ -153,7 +153,7 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
             )
         log.close()
         if profile:
-            from bench import step_profile
+            from experiments.step_profile import step_profile
 
             m, prof = step_profile.profile_step(engine.step, cuda=True)
             summary = step_profile.summarize(prof.events(), {"fwd_bwd": m.fwd_bwd_s, "optim": m.optim_s})

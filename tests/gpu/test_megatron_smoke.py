@@ -292,7 +292,7 @@ def test_energy_microbatches_and_idle_before_step_recorded(mode):
         e = m.extra
         # NVML's energy counter advances in coarse ticks: the tiny model's ~10 ms optimizer step can read 0 J
         assert e["energy_fwd_bwd_j"] >= 0 and e["energy_optim_j"] >= 0
-        # phases shorter than bench.gpu_energy.MIN_WATTS_WINDOW_S get no mean power (call U read 1,538 W over one)
+        # phases shorter than experiments.gpu_energy.gpu_energy.MIN_WATTS_WINDOW_S get no mean power (call U read 1,538 W over one)
         assert all(0 <= e[k] < 1500 for k in ("watts_fwd_bwd", "watts_optim") if k in e)
         assert 100 < e["sm_mhz_end_optim"] < 3000 and e["t_wall"] > 1.7e9
         # gbs 4 / mbs 2: two micro-batches, the first one alone in "first"

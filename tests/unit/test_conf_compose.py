@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config import schema
-from config import CONF_DIR, load
+from config import CONF_DIR, load, schema
 
 GROUPS = ("model", "parallelism", "optimizer", "hardware", "precision", "engine", "launcher")
 # Options that only validate next to a matching model (experts divisible by EP, layers matching the layout).

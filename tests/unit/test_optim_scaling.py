@@ -1,4 +1,4 @@
-"""bench.optim_scaling on CPU in one process: parameters as the Megatron adapter sees them, rows in JSON."""
+"""tools.optim_scaling on CPU in one process: parameters as the Megatron adapter sees them, rows in JSON."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from bench.optim_scaling import layer_params, main, parse_args, scaling_summary
+from tools.optim_scaling import layer_params, main, parse_args, scaling_summary
 
 
 @pytest.fixture(scope="module")
