@@ -425,4 +425,3 @@ def ns_flops_per_step(
             for m in mats
         )
     )
-

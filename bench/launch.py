@@ -146,13 +146,10 @@ PREWARM_BENCH: dict[str, Any] = {
     "steps": 1,
     "warmup_steps": 0,
     "progress": False,
-    "energy": False,
-    "microbatch_times": False,
-    "idle_before_step_s": 0.0,
-    "malloc_trim": False,
+    "probes": [],
     "prewarm": False,
 }
-"""The bench settings of a prewarm launch: one untimed step, no diagnostics (also `megatron_bench --prewarm`)."""
+"""The bench settings of a prewarm launch: one untimed step, no probes."""
 
 
 def runs_our_kernels(cfg: RootConfig) -> bool:

@@ -49,7 +49,6 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.backend": ("gloo", "nccl"),
     "engine.ab_mode": ("published", "fair"),
     "engine.empty_unused_memory_level": (0, 1, 2),
-    "bench.idle_before_step_mode": ("sleep", "gpu_spin"),
     "launcher.name": ("local", "slurm"),
 }
 
@@ -242,19 +241,15 @@ def validate(root: schema.RootConfig) -> None:
                 root.engine.empty_unused_memory_level,
                 f"only the megatron engine has it (engine.name={root.engine.name!r})",
             )
-        for name, value in (
-            ("energy", root.bench.energy),
-            ("idle_before_step_s", root.bench.idle_before_step_s),
-            ("microbatch_times", root.bench.microbatch_times),
-            ("malloc_trim", root.bench.malloc_trim),
-        ):
-            if value:
-                _fail(
-                    f"bench.{name}",
-                    value,
-                    f"only the megatron engine has it (engine.name={root.engine.name!r})",
-                )
-    if root.bench.idle_before_step_s < 0:
-        _fail("bench.idle_before_step_s", root.bench.idle_before_step_s, "must be >= 0")
+        if root.bench.probes:
+            _fail(
+                "bench.probes",
+                root.bench.probes,
+                f"only the megatron engine runs probes (engine.name={root.engine.name!r})",
+            )
+    probes = sorted(p.parent.name for p in (CONF_DIR.parent / "experiments").glob("*/probe.py"))
+    for spec in root.bench.probes:
+        if spec.partition(":")[0].strip() not in probes:
+            _fail("bench.probes", spec, f"no such probe; allowed: {probes}")
     if root.bench.warmup_steps >= root.bench.steps:
         _fail("bench.warmup_steps", root.bench.warmup_steps, f"must be < bench.steps={root.bench.steps}")

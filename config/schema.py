@@ -327,33 +327,14 @@ class BenchConfig:
     """mock | indexed:<path prefix> (Megatron indexed dataset) | text:<path>."""
     log_every: int = 1
     progress: bool = True
-    energy: bool = False
-    """megatron: GPU energy (J), mean power (W), SM clock and power-cap state per phase from NVML (`experiments.gpu_energy.gpu_energy`),
-    recorded in each step's extra fields; adds a device sync between forward-backward and the optimizer step."""
-    idle_before_step_s: float = 0.0
-    """megatron, diagnostic: the GPU idles this long before each step (after a sync, outside the timed step), which
-    separates an after-effect of the previous step (clock held down by a power cap) from the step's own work."""
-    idle_before_step_mode: str = "sleep"
-    """sleep (host sleeps, GPU idle) | gpu_spin (a low-power one-block spin kernel holds the GPU busy while the host
-    waits on it): which of host and GPU must rest to remove such an after-effect."""
     prewarm: bool = True
     """megatron + our matrix optimizer, local launcher: before the timed run, the same launch for one untimed step
     in a scratch directory, so the timed processes find our Triton kernels compiled and the NS plan measured on
     disk (a process that compiled them itself ran ~0.5% slower for its whole life on the H200: see
     reports/megatron_h200_flops_202611, session 4). Costs one setup and one first step."""
-    malloc_trim: bool = False
-    """megatron, diagnostic: glibc `malloc_trim(0)` after each warm-up step (outside the timed step): hands back and
-    consolidates a host heap that a first-step compile (Triton / LLVM) or NS plan measurement left fragmented."""
-    microbatch_times: bool = False
-    """megatron, diagnostic: CUDA events at every micro-batch (steps.jsonl `mb_first_ms` / `mb_rest_ms`: the first 4
-    micro-batches after the optimizer step vs the rest; with `energy` also the SM clock at each); the per-micro-batch
-    list is printed each step."""
-    moe_load_stats: bool = False
-    """megatron, diagnostic: expert load imbalance of the grouped-GEMM experts (steps.jsonl `moe_load_max_mean`: the
-    mean over every experts call of the step, all layers and micro-batches, of max / mean tokens per local expert;
-    1.0 = perfectly balanced). Adds two small reductions per call, no host sync. The megatron engine routes with
-    `moe_router_force_load_balancing` (seeded random logits, as NVIDIA's performance runs), so the load does not
-    depend on the weights or the optimizer: it measures the forced routing's balance (1.08 on the Qwen3 slice)."""
+    probes: list[str] = field(default_factory=list)
+    """megatron: diagnostics hooked into each step, by name (`experiments/<name>/probe.py`), with optional
+    arguments: `[gpu_energy, "idle_before_step:seconds=0.3,mode=gpu_spin"]` (bench.probes)."""
 
 
 @dataclass

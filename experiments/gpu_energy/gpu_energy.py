@@ -1,4 +1,4 @@
-"""GPU energy and clock per step phase, read from NVML (`bench.energy=true`).
+"""GPU energy and clock per step phase, read from NVML (probe `gpu_energy`: `bench.probes=[gpu_energy]`).
 
 A power-capped GPU turns energy into time: at its cap, a phase that draws more power slows the phases after it
 (the clock controller lowers the SM clock to hold the average). `EnergyMeter` reads the device's cumulative energy
@@ -50,8 +50,8 @@ class EnergyMeter:
                 import pynvml as nvml
             except ImportError as e:
                 raise ValueError(
-                    "bench.energy=true reads the GPU's energy counter through NVML and needs the nvidia-ml-py "
-                    "package (`import pynvml`); install it or leave bench.energy=false"
+                    "probe gpu_energy reads the GPU energy counter through NVML and needs the nvidia-ml-py "
+                    "package (`import pynvml`); install it or drop the probe"
                 ) from e
         self.nvml = nvml
         nvml.nvmlInit()

@@ -85,55 +85,16 @@ def test_meter_without_pynvml_names_the_setting(monkeypatch: pytest.MonkeyPatch)
         return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(builtins, "__import__", no_pynvml)
-    with pytest.raises(ValueError, match="bench.energy=true .* nvidia-ml-py"):
+    with pytest.raises(ValueError, match="gpu_energy reads .* nvidia-ml-py"):
         EnergyMeter(0)
-
-
-class _Ev:
-    def __init__(self, t_ms: float) -> None:
-        self.t = t_ms
-
-    def elapsed_time(self, other: _Ev) -> float:
-        return other.t - self.t
-
-
-def test_microbatch_clock_splits_first_from_rest() -> None:
-    from bench.timing import MicrobatchClock
-
-    mb = MicrobatchClock(first=2)
-    starts = [0.0, 300.0, 550.0, 750.0, 950.0, 1150.0]  # 5 micro-batches and the end mark
-    mb.events = [_Ev(t) for t in starts]
-    mb.mhz = [1600.0, 1700.0, 1900.0, 1900.0, 1900.0, 1950.0]
-    assert mb.times_ms() == [300.0, 250.0, 200.0, 200.0, 200.0]
-    s = mb.summary()
-    assert s["mb_first_ms"] == 275.0 and s["mb_rest_ms"] == 200.0
-    assert s["mb_first_mhz"] == 1650.0 and s["mb_rest_mhz"] == 1900.0
-    mb.mhz = []  # no clock reader: times only
-    assert set(mb.summary()) == {"mb_first_ms", "mb_rest_ms"}
-    mb.events = mb.events[:1]
-    assert mb.summary() == {}
-
-
-def test_microbatch_clock_wrap_marks_each_call(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bench.timing import MicrobatchClock
-
-    clock = iter([1500.0, 1800.0])
-    mb = MicrobatchClock(clock_mhz=lambda: next(clock))
-    marks: list[int] = []
-    monkeypatch.setattr(
-        MicrobatchClock, "_mark", lambda self: (marks.append(1), self.mhz.append(self.clock_mhz()))
-    )
-    f = mb.wrap(lambda a, b=0: a + b)
-    assert f(1, b=2) == 3 and f(4) == 4
-    assert len(marks) == 2 and mb.mhz == [1500.0, 1800.0]
 
 
 def test_step_log_keeps_diagnostics_only_when_measured(tmp_path) -> None:
     import json
 
-    from bench import record
+    from bench import probes, record
 
-    log = record.StepLog(tmp_path)
+    log = record.StepLog(tmp_path, extra_keys=probes.keys(["gpu_energy", "microbatch_times"]))
     base = {k: None for k in record.STEP_KEYS} | {"step": 0}
     log.write(base)
     log.write(base | {"step": 1, "energy_fwd_bwd_j": 13800.5, "mb_first_ms": 260.0})
@@ -146,13 +107,18 @@ def test_step_log_keeps_diagnostics_only_when_measured(tmp_path) -> None:
     assert "watts_optim" not in rows[1]
 
 
-def test_malloc_trim_runs_on_glibc() -> None:
-    """bench.malloc_trim's helper: glibc's malloc_trim(0) returns 0 or 1 (this CPU machine runs glibc)."""
-    import gc
+def test_probe_keys_cover_what_phase_energy_writes() -> None:
+    """The probe's declared steps.jsonl keys are exactly what PhaseEnergy produces for the engine's two phases
+    (a key missing from the declaration would make the step log reject the step)."""
+    from experiments.gpu_energy.gpu_energy import PhaseEnergy, Reading
+    from experiments.gpu_energy.probe import Probe
 
-    from bench.engines.megatron import malloc_trim
-
-    junk = [bytearray(1000) for _ in range(20000)]  # 20 MB of small blocks, then freed: something to trim
-    del junk
-    gc.collect()
-    assert malloc_trim() in (0, 1)
+    readings = iter(
+        Reading(energy_j=e, sm_mhz=1900.0, power_w=600.0, temp_c=50.0, reasons=0) for e in (0, 8, 10)
+    )
+    clock = iter((0.0, 1.0, 2.0))  # phases longer than MIN_WATTS_WINDOW_S: watts written too
+    pe = PhaseEnergy(lambda: next(readings), lambda: None, lambda: next(clock))
+    pe.start()
+    pe.mark("fwd_bwd")
+    pe.mark("optim")
+    assert set(pe.values) | {"t_wall"} == set(Probe.keys)

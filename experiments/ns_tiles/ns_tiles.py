@@ -230,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     if not problems:
         raise SystemExit(f"plan={args['plan']}: no plain bf16 NS problem among its {len(keys)} keys")
     res: dict[str, Any] = {
-        "command": "python -m experiments.ns_tiles.ns_tiles " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m experiments.ns_tiles.ns_tiles "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "gpu": torch.cuda.get_device_name(),
         "versions": f"torch {torch.__version__}, triton {triton.__version__}",
         "products": [],

@@ -1,7 +1,7 @@
 """Where one training step's GPU time goes: a torch.profiler capture of one step, summarised per phase.
 
 The engines mark their phases with `torch.profiler.record_function` ranges named `muonbench/<phase>` (`fwd_bwd`,
-`optim`; `phase_range` below). `profile_step(fn)` runs `fn()` (one engine step) under the profiler and returns its
+`optim`; `bench.timing.phase_range`). `profile_step(fn)` runs `fn()` (one engine step) under the profiler and returns its
 result and the capture; `summarize(events, phase_wall_s)` turns the capture's events into:
 
 - per phase: kernel time (device time of every kernel launched inside the phase's range, children included) next to
@@ -25,21 +25,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
-PREFIX = "muonbench/"
+from bench.timing import PHASE_PREFIX, phase_range
+
+__all__ = ["phase_range", "profile_step", "summarize", "write"]
+
+PREFIX = PHASE_PREFIX
 TOP_KERNELS = 40
-
-
-def phase_range(name: str) -> AbstractContextManager[Any]:
-    """`record_function("muonbench/<name>")` (a no-op outside a profiler capture, cheap inside)."""
-    try:
-        from torch.profiler import record_function
-    except ImportError:  # pragma: no cover - torch always has it
-        return nullcontext()
-    return record_function(PREFIX + name)
 
 
 def profile_step[T](fn: Callable[[], T], *, cuda: bool) -> tuple[T, Any]:

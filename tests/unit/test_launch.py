@@ -189,7 +189,7 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     from bench import record
 
     cfg = config.load(
-        ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.energy=true"]
+        ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.probes=[gpu_energy]"]
     )
     seen = {}
 
@@ -201,6 +201,6 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     monkeypatch.setattr(launch, "run_local", fake_run_local)
     out = launch.prewarm_local(config.as_dict(cfg), cfg)
     w = seen["cfg"]
-    assert (w.bench.steps, w.bench.warmup_steps, w.bench.energy, w.bench.prewarm) == (1, 0, False, False)
+    assert (w.bench.steps, w.bench.warmup_steps, w.bench.probes, w.bench.prewarm) == (1, 0, [], False)
     assert w.optimizer == cfg.optimizer and w.model == cfg.model and not seen["echo"]
     assert not seen["dir"].exists() and out["returncode"] == 0 and out["seconds"] >= 0

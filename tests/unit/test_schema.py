@@ -42,15 +42,9 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine.device=cuda"], "engine.backend"),
         (["engine.manual_gc=true"], "engine.manual_gc"),
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
-        (["bench.energy=true"], "bench.energy"),
-        (["engine=megatron", "hardware=h200", "bench.idle_before_step_s=-1"], "bench.idle_before_step_s"),
-        (["bench.microbatch_times=true"], "bench.microbatch_times"),
-        (["bench.malloc_trim=true"], "bench.malloc_trim"),
+        (["bench.probes=[gpu_energy]"], "bench.probes"),
+        (["engine=megatron", "hardware=h200", "bench.probes=[no_such_probe]"], "bench.probes"),
         (["optimizer=muon_megatron", "optimizer.ns_precision=fp16"], "optimizer.ns_precision"),
-        (
-            ["engine=megatron", "hardware=h200", "bench.idle_before_step_mode=nap"],
-            "bench.idle_before_step_mode",
-        ),
         (
             ["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"],
             "engine.empty_unused_memory_level",
