@@ -109,6 +109,7 @@ def run(run_dir: Path) -> None:
     if rank.world_size > 1:
         dist.init_process_group(backend=cfg.engine.backend)
     engine = engine_class(cfg.engine.name)()
+    engine.run_dir = str(run_dir)
     optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))
     log = record.StepLog(run_dir, extra_keys=optional) if rank.rank == 0 else None
     try:

@@ -61,6 +61,8 @@ class Engine(ABC):
     """How `step_s` is measured: `cuda_events` or `perf_counter` (wall) - printed in every report."""
     device: str = "cpu"
     """Device of this rank's collectives (`cuda:<local_rank>` with NCCL); engines set it in `setup`."""
+    run_dir: str = ""
+    """The run directory (set by the caller before `setup`), where probes write their files."""
 
     @abstractmethod
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:

@@ -221,7 +221,7 @@ class MegatronEngine(Engine):
                     torch.cuda.empty_cache()
         for probe in self.probes:
             probe.mark("optim")
-        phases = t.collect()
+        phases = self.last_phases = t.collect()
         probed: dict[str, float] = {}
         for probe in self.probes:
             probed |= probe.after_step()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from experiments.step_profile import step_profile as sp
@@ -114,3 +115,32 @@ def test_timeline_counts_a_window_annotated_on_two_streams_once():
         and abs(fb["idle_s"] - 200e-6) < 1e-12
     )
     assert fb["top_kernels"][0]["calls"] == 1
+
+
+def test_probe_profiles_the_last_warmup_step_into_the_run_dir(tmp_path):
+    """The probe starts torch.profiler before its step and writes profile_step<k>.json after it (CPU: the CUDA
+    activity is simply empty); other steps are untouched."""
+    import json
+    from types import SimpleNamespace
+
+    from bench.timing import phase_range
+    from experiments.step_profile import probe as probe_mod
+
+    cfg = SimpleNamespace(bench=SimpleNamespace(steps=4, warmup_steps=2))
+    engine = SimpleNamespace(cfg=cfg, run_dir=str(tmp_path), last_phases={})
+    p = probe_mod.Probe()
+    p.setup(engine)
+    assert p.step == 1
+    for _ in range(cfg.bench.steps):
+        p.before_step()
+        with phase_range("fwd_bwd"):
+            sum(range(1000))
+        with phase_range("optim"):
+            sum(range(1000))
+        engine.last_phases = {"step": 0.002, "fwd_bwd": 0.001, "optim": 0.001}
+        assert p.after_step() == {}
+    assert [f.name for f in tmp_path.iterdir()] == ["profile_step1.json"]
+    summary = json.loads((tmp_path / "profile_step1.json").read_text())
+    assert summary["step_s"] == 0.002 and {"fwd_bwd", "optim"} <= set(summary["phases"])
+    with pytest.raises(ValueError, match="step=9"):
+        probe_mod.Probe(step="9").setup(engine)
