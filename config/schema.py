@@ -69,7 +69,7 @@ class ModelConfig:
     rotary_base: float = 10000.0
     tie_embeddings: bool = False
     moe_aux_loss_coeff: float = 1e-3
-    # -- appended by conf+flops (issue 2): router and rope details the HF / Megatron builders need, and proxy info.
+    # Router and rope details the HF / Megatron builders need, and proxy info.
     moe_router_score_function: str = "softmax"
     """`softmax` (Qwen3) or `sigmoid` (Kimi K2 / DeepSeek-V3)."""
     moe_router_topk_scaling_factor: float = 1.0
@@ -331,7 +331,7 @@ class BenchConfig:
     """megatron + our matrix optimizer, local launcher: before the timed run, the same launch for one untimed step
     in a scratch directory, so the timed processes find our Triton kernels compiled and the NS plan measured on
     disk (a process that compiled them itself ran ~0.5% slower for its whole life on the H200: see
-    reports/megatron_h200_flops_202611, session 4). Costs one setup and one first step."""
+    reports/megatron_h200_flops_202611). Costs one setup and one first step."""
     probes: list[str] = field(default_factory=list)
     """megatron: diagnostics hooked into each step, by name (`experiments/<name>/probe.py`), with optional
     arguments: `[gpu_energy, "idle_before_step:seconds=0.3,mode=gpu_spin"]` (bench.probes)."""

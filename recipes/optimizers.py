@@ -4,7 +4,7 @@
 - "megatron": Megatron-Core's own optimizer, named in the `optimizer` section (AdamW -> distributed fused "adam";
   Muon -> "dist_muon", TensorParallelMuon on the layer-wise distributed optimizer, as MB's Kimi recipe; SOAP ->
   "dist_soap"). Knobs that MCore cannot express raise a ValueError naming them instead of being dropped.
-- "ours": the `optim.megatron` adapter (issue 7) builds our optimizer through Bridge's duck-typed
+- "ours": the `optim.megatron` adapter builds our optimizer through Bridge's duck-typed
   `OptimizerConfig.provide()` seam; the `optimizer` section then only carries what the scalar AdamW and the
   scheduler read. `optim.megatron.build_ours` keeps a replicated optimizer on all-reduced gradients, so DDP runs
   without the distributed optimizer and there is no parameter all-gather to overlap or to send in FP8; the

@@ -92,7 +92,7 @@ PREWARM_OVERRIDES = tuple(_override(k, v) for k, v in launch.PREWARM_BENCH.items
 def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
     """One untimed one-step case per distinct workload (config hash) run with our matrix optimizer.
 
-    Why: on the H200 (session 4, reports/megatron_h200_flops_202611) a process that compiled our Triton kernels (and
+    Why: on the H200 (reports/megatron_h200_flops_202611) a process that compiled our Triton kernels (and
     measured the NS plan) in its own first step ran every later forward-backward ~0.5% slower (+0.10 to +0.20 s per
     20.5 s step, every call) than a process started after those caches were on disk (within +0.00 to +0.05 s of
     AdamW); one process that found the kernels compiled but re-measured the plan was not slower either. The first

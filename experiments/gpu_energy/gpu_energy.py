@@ -83,7 +83,7 @@ class EnergyMeter:
 
 MIN_WATTS_WINDOW_S = 0.1
 """Shortest phase given a mean power. NVML's energy counter advances in coarse ticks: on the H200, a ~10 ms optimizer
-step of a tiny model read 0 J in one step and 1,538 W in another (call U); its joules are still recorded."""
+step of a tiny model read 0 J in one step and 1,538 W in another; its joules are still recorded."""
 
 
 class PhaseEnergy:

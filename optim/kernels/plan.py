@@ -230,7 +230,7 @@ class Planner:
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
-        # cached in the allocator: hand them back. (Measured on the H200, session 4: a Megatron process that planned
+        # cached in the allocator: hand them back. (Measured on the H200: a Megatron process that planned
         # and compiled our Triton kernels in its first step ran its later forward-backwards ~0.5% slower than one
         # that found both caches warm; this release alone did not remove that. Cause open; the remedy used is a
         # warm-up process, `megatron_bench --prewarm`. reports/megatron_h200_flops_202611/README.md.)

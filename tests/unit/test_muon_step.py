@@ -187,7 +187,7 @@ def test_one_host_sync_per_step_and_exact_fallback(monkeypatch: pytest.MonkeyPat
 
 
 def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    """tools.optim_step (the script the next GPU session runs unchanged) works end to end on CPU."""
+    """tools.optim_step (the script the GPU runs unchanged) works end to end on CPU."""
     import json
 
     from tools import optim_step

@@ -168,7 +168,7 @@ def test_choose_tp_mode() -> None:
 
 
 def test_ns_curve_matches_h200_measurements() -> None:
-    """The per-shape NS curve reproduces the GPU-bound H200 anchor points (anchors.md f) within 10%."""
+    """The per-shape NS curve reproduces the GPU-bound H200 anchor points (docs/references.md: H200 measurements within 10%."""
     h200 = nscost.load_hardware("h200")
     for (rows, cols), ms in {
         (4096, 2048): 0.822,
@@ -265,7 +265,7 @@ def test_kernel_results_parsing(tmp_path) -> None:
     assert ours.table[(1536, 2048)] == pytest.approx((2.6 - 0.1) / 10 * 2.0)  # 1402 / 701 = 2
     assert ours.table[(2048, 4096)] == pytest.approx(((1.1 - 0.1) + (0.9 - 0.1)) / 2 * 2.0)
     eo = nscost.ns_data("published", path)
-    assert eo.host_ms == pytest.approx(C.NS_CALL_HOST_MS.value)  # anchors' 0.330 ms is lower than 0.5
+    assert eo.host_ms == pytest.approx(C.NS_CALL_HOST_MS.value)  # the measured 0.330 ms is lower than 0.5
     assert eo.table[(1536, 2048)] == pytest.approx((4.0 - 0.33) / 10 * 2.0)
     h200 = nscost.load_hardware("h200")
     assert nscost.gpu_ms(2048, 1536, h200, table=ours.table) == pytest.approx(0.5)

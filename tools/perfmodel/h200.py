@@ -1,4 +1,4 @@
-"""Prediction of the single-H200 Megatron measurements (issue 7), when their report exists.
+"""Prediction of the single-H200 Megatron measurements, when their report exists.
 
 Reads `reports/megatron_h200_202611/results.csv` (bench.collect format: one row per run with `experiment`,
 `status`, `step_s_median`, `optim_s_median`, ...), re-composes each run's config from its experiment and batch
@@ -15,7 +15,7 @@ from typing import Any
 
 MEGATRON_REPORT = Path(__file__).resolve().parents[2] / "reports" / "megatron_h200_202611"
 FLOPS_REPORT = Path(__file__).resolve().parents[2] / "reports" / "megatron_h200_flops_202611"
-"""Session 2's FLOP-matched Qwen3 slice runs: out of sample (no constant is refitted on them)."""
+"""The FLOP-matched Qwen3 slice runs: out of sample (no constant is refitted on them)."""
 TOLERANCE = 0.10
 
 

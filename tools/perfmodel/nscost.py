@@ -2,7 +2,7 @@
 
 GPU time comes from a per-shape efficiency curve measured on our H200 and scaled by the hardware's bf16 GEMM
 rate (NS runs bf16 GEMMs under MCore's fp32_matmul_prec "medium"): `optim.distributed.assignment.CostModel`, whose
-analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (anchors.md f). When the kernel
+analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md: H200 measurements. When the kernel
 benchmark has written `reports/ns_kernels_h200_202611/results.json`, its per-shape milliseconds replace the curve
 (`ns_data`: EO's NS for `published`, our kernels for `ours`), scaled by the ratio of GEMM rates. Host time of one
 call is measured (constants; for our kernels, from the same results).
@@ -27,7 +27,7 @@ KERNEL_RESULTS = Path(__file__).resolve().parents[2] / "reports" / "ns_kernels_h
 TP_MODES = cost.TP_MODES
 HALF_EFF_DIM = (
     CostModel().half_eff_dim
-)  # short side at half the ceiling, fitted to anchors.md f (assignment.py)
+)  # short side at half the ceiling, fitted to docs/references.md: H200 measurements (assignment.py)
 
 
 def ns_rate(hw: HardwareConfig) -> float:
@@ -67,7 +67,7 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
     """
     anchor_host = C.NS_CALL_HOST_MS.value
     if not path.exists():
-        return NSData(table={}, host_ms=anchor_host, source="anchors.md f curve (no kernel results yet)")
+        return NSData(table={}, host_ms=anchor_host, source="docs/references.md: H200 measurements curve (no kernel results yet)")
     data: Any = json.loads(path.read_text())
     ceiling = float(data.get("ceiling_tflops", C.H200_GEMM_CEILING_TFLOPS.value))
     to_anchor = ceiling / C.H200_GEMM_CEILING_TFLOPS.value
@@ -77,7 +77,7 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
         for sh in data.get("shapes", [])
         if int(sh.get("batch", 1)) == 1 and any("ms" in sh["impls"].get(i, {}) for i in impls)
     ]
-    # EO: the lowest host cost measured (anchors: 0.330 and 0.475 ms; kernel run: its smallest single call)
+    # EO: the lowest host cost measured (H200 measurements: 0.330 and 0.475 ms; kernel run: its smallest single call)
     host = (
         min([anchor_host, *singles]) if profile == "published" else (min(singles) if singles else anchor_host)
     )

@@ -262,9 +262,9 @@ def render(
             "The H200 row's one fitted value is the bandwidth fraction of memory-bound kernels in "
             f"this TE-free engine ({C.H200_HBM_FIT}, fitted on one run); everything else (GEMM ceiling, NS "
             "kernel times, host costs) is measured. The other runs - two models, three optimizers - are "
-            "predictions. The optimizer-step column runs 40-77% high on the runs since session 4 (calls K-V, "
+            "predictions. The optimizer-step column runs 40-77% high on the later runs ("
             "AdamW and ours alike; the earlier runs' steps were slower and land near it), 77-93% on ours with "
-            "`optimizer.split_gate_up` (calls T-V; not itemised further): the step's element-wise kernels are "
+            "`optimizer.split_gate_up` (not itemised further): the step's element-wise kernels are "
             "charged at that fitted fraction, while the fused "
             f"optimizer kernels reach about {C.HBM_EFFICIENCY.value} (standalone measurement below) and the real "
             "step adds fixed host costs the model does not itemise; for ours the NS table is also the first kernel "
@@ -274,7 +274,7 @@ def render(
         ),
         "",
         (
-            "### Standalone optimizer steps (kernel benchmark and anchors, at the standalone fused-AdamW bandwidth "
+            "### Standalone optimizer steps (kernel benchmark and H200 measurements, at the standalone fused-AdamW bandwidth "
             f"{C.HBM_EFFICIENCY.value})"
         ),
         "",
@@ -308,8 +308,8 @@ def render(
             (
                 "Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO loop "
                 "(Qwen3 layer: 260 small matrices) is dominated by the host: the same code measured 0.49 and 0.755 "
-                "ms per matrix in two H200 sessions (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
-                "over-predicted by ~17%: the H200 row's GEMM ceiling is 701 TF/s (anchors) while the kernel run "
+                "ms per matrix in two H200 measurements (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
+                "over-predicted by ~17%: the H200 row's GEMM ceiling is 701 TF/s (H200 measurements) while the kernel run "
                 "measured 782 TF/s, and its times are scaled by 782/701 = 1.12 before use."
             ),
         ]

@@ -250,7 +250,7 @@ def h200_check() -> str:
     if FLOPS_REPORT.exists():
         text += (
             "\n\n#### Out of sample: the FLOP-matched Qwen3-30B-A3B slice (reports/megatron_h200_flops_202611)\n\n"
-            "328 x 4096 tokens per step, measured in a later session; no constant was refitted on these runs "
+            "328 x 4096 tokens per step, measured later; no constant was refitted on these runs "
             "(`engine.manual_gc` and `empty_unused_memory_level` have no model term).\n\n"
             + compare(FLOPS_REPORT)
         )

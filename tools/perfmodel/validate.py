@@ -26,8 +26,8 @@ LAYERS: dict[str, tuple[str, int, bool]] = {
 """results.json step name -> (model config, EP size, router included)."""
 IMPLS = {"eo_muon": ("muon", "published"), "ours": ("muon", "ours"), "adamw_fused": ("adamw", "published")}
 TRANSCRIBED: tuple[tuple[str, str, float, str], ...] = (
-    ("qwen3_30b_a3b_layer", "eo_muon", 196.4, "anchors.md f (first H200 run)"),
-    ("qwen3_30b_a3b_layer", "adamw_fused", 5.01, "anchors.md f (first H200 run)"),
+    ("qwen3_30b_a3b_layer", "eo_muon", 196.4, "docs/references.md: H200 measurements (first H200 run)"),
+    ("qwen3_30b_a3b_layer", "adamw_fused", 5.01, "docs/references.md: H200 measurements (first H200 run)"),
 )
 """Layer steps measured in other runs: (layer, impl, ms, source)."""
 
@@ -69,7 +69,7 @@ def predict_layer_ms(
 
 def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, Any]]:
     """Measured vs predicted standalone optimizer steps on H200: the kernel benchmark's layer steps (when its
-    results exist) and the anchors' layer steps, at the standalone fused-AdamW bandwidth (HBM_EFFICIENCY); the
+    results exist) and the measured layer steps, at the standalone fused-AdamW bandwidth (HBM_EFFICIENCY); the
     in-engine steps are in `h200` (Megatron runs)."""
     from config import load
 
