@@ -1,4 +1,4 @@
-"""Composition and cross-group validation of the config tree (bench/config.py)."""
+"""Composition and cross-group validation of the config tree (config/compose.py)."""
 
 from __future__ import annotations
 
