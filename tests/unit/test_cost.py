@@ -34,6 +34,7 @@ def test_engine_choice_equals_performance_model_on_every_hardware_row() -> None:
             for tp in (2, 4, 8):
                 for dim in (0, 1):
                     got = pick(rows, cols, tp, dim)
-                    assert got == choose_tp_mode(rows, cols, tp, hw, partition_dim=dim), (name, rows, cols, tp)
+                    want = choose_tp_mode(rows, cols, tp, hw, partition_dim=dim)
+                    assert got == want, (name, rows, cols, tp, dim)
                     seen.add(got)
     assert seen == {"duplicated", "distributed"}

@@ -26,7 +26,8 @@ class Sourced:
 # --------------------------------------------------------------------------------------------------------------
 H200_PEAK_BF16_TFLOPS = 989.0  # datasheet dense bf16 (conf/hardware/h200.yaml)
 H200_GEMM_CEILING_TFLOPS = Sourced(
-    value=701.0, source="our H200 bf16 GEMM 8192^3, torch 2.11.0+cu130 (docs/references.md: H200 measurements; 714 in a repeat)"
+    value=701.0,
+    source="our H200 bf16 GEMM 8192^3, torch 2.11.0+cu130 (docs/references.md: H200 measurements; 714 in a repeat)",
 )
 HBM_EFFICIENCY = Sourced(
     value=0.72,

@@ -67,7 +67,11 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
     """
     anchor_host = C.NS_CALL_HOST_MS.value
     if not path.exists():
-        return NSData(table={}, host_ms=anchor_host, source="docs/references.md: H200 measurements curve (no kernel results yet)")
+        return NSData(
+            table={},
+            host_ms=anchor_host,
+            source="docs/references.md: H200 measurements curve (no kernel results yet)",
+        )
     data: Any = json.loads(path.read_text())
     ceiling = float(data.get("ceiling_tflops", C.H200_GEMM_CEILING_TFLOPS.value))
     to_anchor = ceiling / C.H200_GEMM_CEILING_TFLOPS.value
