@@ -23,10 +23,10 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
 
 test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests experiments
 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
-	$(PY) -m pytest -q -m gpu tests
+	$(PY) -m pytest -q -m gpu tests experiments
 
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
