@@ -248,7 +248,7 @@ def test_ns_per_gpu_options(cfgs) -> None:
 # ------------------------------------------------------------------------------------------------ CLI and errors
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "bench.flops", *args],
+        [sys.executable, "-m", "tools.flops", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
