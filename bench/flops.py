@@ -1,16 +1,11 @@
 """Model FLOPs as Megatron counts them, and Newton-Schulz (NS) FLOPs per step and per GPU.
 
 Model FLOPs follow MCore `megatron/training/training.py::num_floating_point_operations` (= MB
-`training/utils/flop_utils.py`) for dense-sequence (BSHD) batches. NS FLOPs count the matmuls of k NS steps on every
-matrix the matrix optimizer orthogonalizes, for one m x n matrix with m the short side:
+`training/utils/flop_utils.py`) for dense-sequence (BSHD) batches. NS FLOPs per matrix are `optim.cost.ns_flops`
+(plain k (4 m^2 n + 2 m^3), syrk and gram conventions); this module counts them over every matrix the matrix
+optimizer orthogonalizes, per step and per GPU under a parallel layout.
 
-- plain: k * (4 m^2 n + 2 m^3)   (A = X X^T: 2 m^2 n; B = bA + cA^2: 2 m^3; X <- aX + BX: 2 m^2 n)
-- syrk:  k * (3 m^2 n + m^3)     (one triangle of the symmetric products X X^T and A A)
-- gram:  3 s m^2 n + (4 k - 3 s) m^3   (Gram-NS: iterate on the m x m Gram matrix; s = 1 + restarts segments,
-  each costing one SYRK Gram m^2 n and one Q X product 2 m^2 n, a segment of L steps costs (4 L - 3) m^3 with
-  symmetric products; k = 5 with a restart after step 2 gives 6 m^2 n + 14 m^3)
-
-Norms, casts, momentum and scaling are memory-bound and not counted. Imports no torch (a login node can run it):
+Imports no torch (a login node can run it):
 CLI: `python -m tools.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (summary in
 `tools/flops.py`).
 """

@@ -21,13 +21,9 @@ from typing import Any
 
 
 def ns_flops_plain(rows: int, cols: int, num_steps: int, *, batch: int = 1) -> float:
-    """FLOPs of `num_steps` Newton-Schulz iterations on `batch` matrices of rows x cols (plain count).
-
-    One iteration on the short-side-first iterate X (m x n, m <= n): A = X X^T (2 m^2 n), B = bA + cA^2 (2 m^3),
-    X <- aX + BX (2 m^2 n), so k (4 m^2 n + 2 m^3) per matrix (docs/references.md: Newton-Schulz FLOP count; the same as `bench.flops.ns_flops`
-    with convention "plain").
-    """
-    from bench.flops import ns_flops
+    """FLOPs of `num_steps` Newton-Schulz iterations on `batch` matrices of rows x cols (`optim.cost.ns_flops`,
+    plain count k (4 m^2 n + 2 m^3) per matrix)."""
+    from optim.cost import ns_flops
 
     return float(batch * ns_flops(rows, cols, num_steps, "plain"))
 
