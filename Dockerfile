@@ -30,8 +30,11 @@ RUN pip list --format=freeze | grep -v -i -E '^(emerging[-_]optimizers|muonbench
 
 # Sources last; editable so conf/ next to the code is found; no dependency resolution.
 COPY optim ./optim
+COPY config ./config
 COPY bench ./bench
 COPY recipes ./recipes
+COPY tools ./tools
+COPY experiments ./experiments
 COPY conf ./conf
 COPY Makefile README.md ./
 RUN pip install --no-cache-dir --no-deps --no-build-isolation -e . \

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project collect report regress quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -23,26 +23,36 @@ $(STAMP): pyproject.toml
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
 
 test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests experiments
 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
-	$(PY) -m pytest -q -m gpu tests
+	$(PY) -m pytest -q -m gpu tests experiments
 
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
 	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
-	$(PY) -m bench.ns_kernels $(ARGS)
+	$(PY) -m tools.ns_kernels $(ARGS)
 
 flops: $(STAMP) ## Model and Newton-Schulz FLOPs: make flops ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64"
-	$(PY) -m bench.flops $(ARGS)
+	$(PY) -m tools.flops $(ARGS)
 
 balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model=qwen3_30b_a3b parallelism=dp8_ep8"
-	$(PY) -m bench.balance $(ARGS)
+	$(PY) -m tools.balance $(ARGS)
 
 project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
-	$(PY) -m bench.project $(ARGS)
+	$(PY) -m tools.project $(ARGS)
+
+perfmodel: $(STAMP) ## Performance model calibration and sweeps: README, CSV and plots under reports/perfmodel_202611
+	$(PY) -m tools.project report=reports/perfmodel_202611
+
+optim-step: $(STAMP) ## Time one optimizer step on a Qwen3-30B-A3B layer: make optim-step ARGS="device=cuda"
+	$(PY) -m tools.optim_step $(ARGS)
+
+NPROC ?= 2
+optim-scaling: $(STAMP) ## Layer-wise optimizer step strong scaling on NPROC ranks: make optim-scaling NPROC=8 ARGS="out=DIR"
+	$(PY) -m torch.distributed.run --nproc_per_node=$(NPROC) -m tools.optim_scaling $(ARGS)
 
 collect: $(STAMP) ## Gather run directories into results.csv
 	$(PY) -m bench.collect $(ARGS)
@@ -66,7 +76,7 @@ docker-shell: ## Shell in the image with this checkout mounted
 	docker run --rm -it --gpus all --ipc=host -v $(CURDIR):/opt/muonbench -w /opt/muonbench muonbench:26.02 bash
 
 quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
-	$(PY) -m bench.quality profile=cpu
+	$(PY) -m tools.quality profile=cpu
 
 DEV_STAMP := $(VENV)/.installed-dev
 $(DEV_STAMP): $(STAMP)
@@ -74,7 +84,7 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 lint: $(DEV_STAMP) ## ruff lint
-	$(PY) -m ruff check optim bench recipes tests
+	$(PY) -m ruff check optim config bench recipes tools experiments tests
 
 typecheck: $(DEV_STAMP) ## mypy strict on optim/
 	$(PY) -m mypy

@@ -1,37 +1,29 @@
 """Model FLOPs as Megatron counts them, and Newton-Schulz (NS) FLOPs per step and per GPU.
 
 Model FLOPs follow MCore `megatron/training/training.py::num_floating_point_operations` (= MB
-`training/utils/flop_utils.py`) for dense-sequence (BSHD) batches. NS FLOPs count the matmuls of k NS steps on every
-matrix the matrix optimizer orthogonalizes, for one m x n matrix with m the short side:
+`training/utils/flop_utils.py`) for dense-sequence (BSHD) batches. NS FLOPs per matrix are `optim.cost.ns_flops`
+(plain k (4 m^2 n + 2 m^3), syrk and gram conventions); this module counts them over every matrix the matrix
+optimizer orthogonalizes, per step and per GPU under a parallel layout.
 
-- plain: k * (4 m^2 n + 2 m^3)   (A = X X^T: 2 m^2 n; B = bA + cA^2: 2 m^3; X <- aX + BX: 2 m^2 n)
-- syrk:  k * (3 m^2 n + m^3)     (one triangle of the symmetric products X X^T and A A)
-- gram:  3 s m^2 n + (4 k - 3 s) m^3   (Gram-NS: iterate on the m x m Gram matrix; s = 1 + restarts segments,
-  each costing one SYRK Gram m^2 n and one Q X product 2 m^2 n, a segment of L steps costs (4 L - 3) m^3 with
-  symmetric products; k = 5 with a restart after step 2 gives 6 m^2 n + 14 m^3)
-
-Norms, casts, momentum and scaling are memory-bound and not counted. Imports no torch (a login node can run it):
-`python -m bench.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (CLI and summary in
-`bench/flops_cli.py`).
+Imports no torch (a login node can run it):
+CLI: `python -m tools.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (summary in
+`tools/flops.py`).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.schema import ModelConfig, ParallelismConfig
+from config.pipeline import parse_pipeline_layout, stage_layers
+from config.schema import ModelConfig, ParallelismConfig
+from optim.cost import CONVENTIONS, FORMULAS, ns_flops, ns_flops_mn
 
-CONVENTIONS: tuple[str, ...] = ("plain", "syrk", "gram")
-FORMULAS: dict[str, str] = {
-    "plain": "k*(4*m^2*n + 2*m^3)",
-    "syrk": "k*(3*m^2*n + m^3)",
-    "gram": "3*s*m^2*n + (4*k - 3*s)*m^3, s = 1 + restarts (k=5, restart after step 2: 6*m^2*n + 14*m^3)",
-}
+__all__ = ["CONVENTIONS", "FORMULAS", "ns_flops", "parse_pipeline_layout", "stage_layers"]
+
 TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise")
 DISTRIBUTIONS: tuple[str, ...] = ("layerwise", "none")
 
@@ -126,37 +118,6 @@ def model_flops_per_step(model: ModelConfig, par: ParallelismConfig) -> float:
 # --------------------------------------------------------------------------------------------------------------
 # NS FLOPs per matrix
 # --------------------------------------------------------------------------------------------------------------
-def _ns_flops_mn(
-    m: float, n: float, num_steps: int, convention: str, restart_iterations: tuple[int, ...]
-) -> float:
-    """NS FLOPs with the Gram side m given explicitly (m x m Gram, contracted over n)."""
-    k, m, n = num_steps, float(m), float(n)
-    if convention == "plain":
-        return k * (4 * m * m * n + 2 * m**3)
-    if convention == "syrk":
-        return k * (3 * m * m * n + m**3)
-    if convention == "gram":
-        segments = 1 + sum(1 for r in set(restart_iterations) if 0 < r < k)
-        return 3 * segments * m * m * n + (4 * k - 3 * segments) * m**3
-    raise ValueError(f"convention={convention!r}: must be one of {list(CONVENTIONS)}")
-
-
-def ns_flops(
-    rows: int,
-    cols: int,
-    num_steps: int = 5,
-    convention: str = "plain",
-    *,
-    restart_iterations: tuple[int, ...] = (2,),
-) -> float:
-    """FLOPs of `num_steps` NS steps on one rows x cols matrix (transposed so that m = min side); see module doc."""
-    if rows < 1 or cols < 1:
-        raise ValueError(f"rows x cols={rows}x{cols}: both sides must be >= 1")
-    if num_steps < 1:
-        raise ValueError(f"num_steps={num_steps}: must be >= 1")
-    return _ns_flops_mn(min(rows, cols), max(rows, cols), num_steps, convention, restart_iterations)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The matrices a matrix optimizer orthogonalizes
 # --------------------------------------------------------------------------------------------------------------
@@ -315,47 +276,6 @@ def enumerate_ns_matrices(
 # --------------------------------------------------------------------------------------------------------------
 # Per-GPU load under a parallel layout
 # --------------------------------------------------------------------------------------------------------------
-def parse_pipeline_layout(layout: str) -> list[str]:
-    """Megatron layout string -> one string per virtual stage, unrolled: "Et*2|(t|)*2L" -> ["Ett", "t", "t", "L"].
-
-    E = embedding, t = decoder layer, m = MTP layer, L = loss; stage i runs on pipeline rank i % pp.
-    """
-    text = layout.replace(",", "")  # commas are cosmetic
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):  # unroll (..)*n, then x*n, as Megatron does
-        text = re.sub(pattern, lambda mt: mt.group(1) * int(mt.group(2)), text)
-    if set(text) - set("EtmL|"):
-        raise ValueError(
-            f"parallelism.pipeline_layout={layout!r}: only E, t, m, L, |, (...)*n and x*n are allowed"
-        )
-    return text.split("|")
-
-
-def stage_layers(model: ModelConfig, par: ParallelismConfig) -> list[list[int]]:
-    """Decoder layer indices per pipeline rank (Megatron layout string, or an even split into pp x vp chunks)."""
-    pp, n = par.pp, model.num_layers
-    if par.pipeline_layout:
-        chunks = parse_pipeline_layout(par.pipeline_layout)
-        if len(chunks) % pp:
-            raise ValueError(
-                f"parallelism.pipeline_layout={par.pipeline_layout!r}: {len(chunks)} stages, not a "
-                f"multiple of pp={pp}"
-            )
-        sizes = [c.count("t") for c in chunks]
-    else:
-        sizes = [n // (pp * par.vp)] * (pp * par.vp)
-    if sum(sizes) != n:
-        raise ValueError(
-            f"parallelism.pipeline_layout={par.pipeline_layout!r}: holds {sum(sizes)} decoder layers, "
-            f"model.num_layers={n}"
-        )
-    out: list[list[int]] = [[] for _ in range(pp)]
-    start = 0
-    for i, size in enumerate(sizes):  # chunk i runs on pipeline rank i % pp (virtual stage i // pp)
-        out[i % pp].extend(range(start, start + size))
-        start += size
-    return out
-
-
 def _shard_cost(mat: NSMatrix, tp: int, tp_mode: str, k: int, restarts: tuple[int, ...]) -> dict[str, float]:
     """NS FLOPs one GPU spends on its part of `mat` when the weight is split over `tp` ranks."""
     if tp == 1 or mat.tp_partition_dim < 0 or tp_mode == "duplicated":  # full NS on every TP rank
@@ -364,7 +284,7 @@ def _shard_cost(mat: NSMatrix, tp: int, tp_mode: str, k: int, restarts: tuple[in
     if tp_mode == "blockwise":  # each shard orthogonalized alone
         return {c: ns_flops(split // tp, other, k, c, restart_iterations=restarts) for c in CONVENTIONS}
     # distributed: the split dim is contracted (Gram of the other side, all-reduced); A^2 redundant on every rank
-    return {c: _ns_flops_mn(other, split / tp, k, c, restarts) for c in CONVENTIONS}
+    return {c: ns_flops_mn(other, split / tp, k, c, restarts) for c in CONVENTIONS}
 
 
 @dataclass(slots=True)
@@ -500,9 +420,3 @@ def ns_flops_per_step(
             for m in mats
         )
     )
-
-
-if __name__ == "__main__":
-    from bench.flops_cli import main
-
-    raise SystemExit(main())

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 WORKER_MODULE = "bench.worker"
 
@@ -146,13 +146,10 @@ PREWARM_BENCH: dict[str, Any] = {
     "steps": 1,
     "warmup_steps": 0,
     "progress": False,
-    "energy": False,
-    "microbatch_times": False,
-    "idle_before_step_s": 0.0,
-    "malloc_trim": False,
+    "probes": [],
     "prewarm": False,
 }
-"""The bench settings of a prewarm launch: one untimed step, no diagnostics (also `megatron_bench --prewarm`)."""
+"""The bench settings of a prewarm launch: one untimed step, no probes."""
 
 
 def runs_our_kernels(cfg: RootConfig) -> bool:
@@ -241,7 +238,8 @@ def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
         case "local":
             check_device(cfg)
             if needs_prewarm(cfg):
-                from bench import config, record
+                import config
+                from bench import record
 
                 print("== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr)
                 record.update_run_json(run_dir, prewarm=prewarm_local(config.as_dict(cfg), cfg))

@@ -44,27 +44,9 @@ STEP_KEYS = (
     "alloc_retries",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
-DIAG_KEYS = (
-    "t_wall",
-    "energy_fwd_bwd_j",
-    "energy_optim_j",
-    "watts_fwd_bwd",
-    "watts_optim",
-    "sm_mhz_end_fwd_bwd",
-    "sm_mhz_end_optim",
-    "power_capped_end_fwd_bwd",
-    "power_capped_end_optim",
-    "mb_first_ms",
-    "mb_rest_ms",
-    "mb_first_mhz",
-    "mb_rest_mhz",
-    "ns_overlap_s",
-    "spec_used",
-    "spec_discarded",
-    "moe_load_max_mean",
-)
-"""Optional diagnostic fields of a steps.jsonl line (`bench.energy`, `bench.microbatch_times`,
-`optimizer.ns_overlap`), written only when measured; `bench.collect` keeps to `STEP_KEYS`."""
+OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded")
+"""Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`); the probes of `bench.probes`
+add their own (`bench.probes.keys`). `bench.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
     "megatron-core",
@@ -128,15 +110,18 @@ def update_run_json(run_dir: str | Path, **fields: Any) -> dict[str, Any]:
 class StepLog:
     """Appends one JSON line per step; each line is flushed and fsynced, so a crash loses at most the current step."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, *, extra_keys: tuple[str, ...] = ()) -> None:
+        self.optional = (*OPTIONAL_KEYS, *extra_keys)
         self.path = Path(run_dir) / "steps.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "w")  # noqa: SIM115 - held open across steps; closed by close()
 
     def write(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(STEP_KEYS) - set(DIAG_KEYS)
+        unknown = set(row) - set(STEP_KEYS) - set(self.optional)
         assert not unknown, f"steps.jsonl keys outside the vocabulary: {sorted(unknown)}"
-        line = {k: row.get(k) for k in STEP_KEYS} | {k: row[k] for k in DIAG_KEYS if row.get(k) is not None}
+        line = {k: row.get(k) for k in STEP_KEYS} | {
+            k: row[k] for k in self.optional if row.get(k) is not None
+        }
         self._f.write(json.dumps(line) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
@@ -362,7 +347,7 @@ def summarize(
 
 def config_from_dict(d: dict[str, Any]) -> Any:
     """Rebuild the typed `RootConfig` from the plain dict stored in run.json (optimizer schema chosen by name)."""
-    from bench import schema
+    from config import schema
 
     parts = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
     opt = d["optimizer"]

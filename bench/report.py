@@ -7,7 +7,7 @@ Reads `reports/<name>/results.csv` and `steps.csv` (written by `bench.collect`) 
 `tflops.png` (stacked model / NS TFLOP/s per GPU), `step_breakdown.png`, `step_time.png` and `loss.png` next to
 them. The Table-1 style table shows the published "total = model + NS" form AND the model-only figures, and the
 model-only ratio of each optimizer against the AdamW run of the same setup (from the same commit, i.e. the same
-device call, when there is one; of those the one started nearest in time). The tables are printed too.
+measurement batch, when there is one; of those the one started nearest in time). The tables are printed too.
 No torch import; matplotlib runs with the Agg backend.
 """
 
@@ -53,7 +53,7 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def _nearest_baseline(r: dict[str, Any], base: list[dict[str, Any]]) -> dict[str, Any]:
-    """The AdamW run to compare `r` with: same git SHA if any (runs of one device call share a machine and its
+    """The AdamW run to compare `r` with: same git SHA if any (runs of one measurement batch share a machine and its
     thermal / host state, runs of different calls do not), then nearest start time; else the last one."""
     from datetime import datetime
 
@@ -113,8 +113,8 @@ def _num_key(text: str) -> tuple[float, str]:
 
 
 def _clean_calls(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[str, Any]]]:
-    """Ok runs with a model TFLOP/s, grouped by (setup columns..., commit): one device call each. Runs recorded from
-    a dirty tree are left out: their commit does not pin the code, so it cannot stand for one device call."""
+    """Ok runs with a model TFLOP/s, grouped by (setup columns..., commit): one measurement batch each. Runs recorded from
+    a dirty tree are left out: their commit does not pin the code, so it cannot stand for one measurement batch."""
     calls: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     for r in rows:
         dirty = str(r.get("git_dirty") or "").lower() in ("true", "1")
@@ -124,10 +124,10 @@ def _clean_calls(rows: list[dict[str, Any]]) -> dict[tuple[Any, ...], list[dict[
 
 
 def pooled_call_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per device call (same setup and commit) with more than one run of a side: the mean model TFLOP/s of the runs
+    """Per measurement batch (same setup and commit) with more than one run of a side: the mean model TFLOP/s of the runs
     of one configuration (config hash) over the mean of that call's AdamW runs. Repeated runs in one call (A B A, B A B
     A) then give one number instead of several nearest-in-time pairs that drift apart. Runs recorded from a dirty
-    tree are left out: their commit does not pin the code, so it cannot stand for one device call."""
+    tree are left out: their commit does not pin the code, so it cannot stand for one measurement batch."""
     out = []
     for key, runs in _clean_calls(rows).items():
         base = [r for r in runs if r["optimizer"] == BASELINE]
@@ -162,7 +162,7 @@ def _visible_gpus(row: dict[str, Any]) -> str | None:
 
 
 def pooled_across_calls(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per configuration (config hash) run in two or more device calls (clean commits): every run's model-only
+    """Per configuration (config hash) run in two or more measurement batches (clean commits): every run's model-only
     ratio against the mean of its own call's AdamW runs, then their mean, standard deviation and standard error.
     One call's ratio carries that call's drift and its GPU; this is the number to quote, with its uncertainty.
     Configurations whose hash changed (a schema field added) pool apart. Where calls ran AdamW on several GPUs
@@ -482,7 +482,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
             + (
                 ""
                 if x["same_call"]
-                else " (no AdamW run of the same commit / device call: compared with one of another call, "
+                else " (no AdamW run of the same commit / measurement batch: compared with one of another batch, "
                 "which may have run on another machine)"
             )
             for x in ratios
@@ -498,7 +498,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     if pooled:
         parts += [
             (
-                "Pooled per device call (same clean commit; mean model TFLOP/s of a configuration's runs over the "
+                "Pooled per measurement batch (same clean commit; mean model TFLOP/s of a configuration's runs over the "
                 "mean of the call's AdamW runs):"
             ),
             "\n".join(
@@ -511,7 +511,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     if across:
         parts += [
             (
-                "Pooled across device calls (one configuration hash, clean commits; each run's model-only ratio "
+                "Pooled across measurement batches (one configuration hash, clean commits; each run's model-only ratio "
                 "against the mean of its own call's AdamW runs; mean, standard deviation, standard error):"
             ),
             "\n".join(

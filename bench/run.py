@@ -20,7 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import config, launch, record, schema
+import config
+from bench import launch, record
+from config import schema
 
 HYDRA_DEFAULTS = {
     "hydra.run.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}_${optimizer.name}",

@@ -5,7 +5,7 @@ inside another is also booked as `<outer>/<inner>` (e.g. `optim/comm`: communica
 callers can report exclusive times. `collect()` returns seconds per phase (on CUDA it synchronises once, at the end of the step, so the timing itself does not serialise
 the phases). `wrap(fn, phase)` times every call of a function under a phase and is how Newton-Schulz is timed: the
 optimizer's orthogonalize calls are wrapped, and `ns_flops_plain` counts the FLOPs of each call from its shape.
-`MicrobatchClock` (megatron engine, `bench.microbatch_times`) times every micro-batch of a step with CUDA events.
+`phase_range(name)` labels a phase for torch.profiler (`muonbench/<name>`), so a profile can be cut by phase.
 
 torch is imported only inside CUDA code paths; the CPU timer is plain Python.
 """
@@ -16,18 +16,14 @@ import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 
 def ns_flops_plain(rows: int, cols: int, num_steps: int, *, batch: int = 1) -> float:
-    """FLOPs of `num_steps` Newton-Schulz iterations on `batch` matrices of rows x cols (plain count).
-
-    One iteration on the short-side-first iterate X (m x n, m <= n): A = X X^T (2 m^2 n), B = bA + cA^2 (2 m^3),
-    X <- aX + BX (2 m^2 n), so k (4 m^2 n + 2 m^3) per matrix (anchors (d); the same as `bench.flops.ns_flops`
-    with convention "plain").
-    """
-    from bench.flops import ns_flops
+    """FLOPs of `num_steps` Newton-Schulz iterations on `batch` matrices of rows x cols (`optim.cost.ns_flops`,
+    plain count k (4 m^2 n + 2 m^3) per matrix)."""
+    from optim.cost import ns_flops
 
     return float(batch * ns_flops(rows, cols, num_steps, "plain"))
 
@@ -103,50 +99,14 @@ class PhaseTimer:
         return out
 
 
-class MicrobatchClock:
-    """CUDA events at the start of every micro-batch's forward (wrapped `forward_step_func`) and at the end of the
-    forward-backward: per-micro-batch times (forward + backward, in issue order), and optionally the SM clock read
-    from the host at each start. `summary()` after the device synchronised; the first `first` micro-batches are
-    averaged apart from the rest, to show an after-effect of the previous optimizer step."""
+PHASE_PREFIX = "muonbench/"
+"""Name prefix of the torch.profiler ranges of a step's phases."""
 
-    def __init__(self, *, clock_mhz: Callable[[], float] | None = None, first: int = 4) -> None:
-        self.clock_mhz, self.first = clock_mhz, first
-        self.events: list[Any] = []
-        self.mhz: list[float] = []
 
-    def reset(self) -> None:
-        self.events, self.mhz = [], []
-
-    def _mark(self) -> None:
-        import torch
-
-        ev = torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self.events.append(ev)
-        if self.clock_mhz is not None:
-            self.mhz.append(self.clock_mhz())
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            self._mark()
-            return fn(*args, **kwargs)
-
-        return timed
-
-    def end(self) -> None:
-        """Close the last micro-batch (call right after the forward-backward)."""
-        self._mark()
-
-    def times_ms(self) -> list[float]:
-        return [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
-
-    def summary(self) -> dict[str, float]:
-        ms = self.times_ms()
-        k = min(self.first, len(ms) - 1)
-        if k < 1:
-            return {}
-        out = {"mb_first_ms": sum(ms[:k]) / k, "mb_rest_ms": sum(ms[k:]) / len(ms[k:])}
-        mhz = self.mhz[: len(ms)]
-        if len(mhz) == len(ms):
-            out |= {"mb_first_mhz": sum(mhz[:k]) / k, "mb_rest_mhz": sum(mhz[k:]) / len(mhz[k:])}
-        return out
+def phase_range(name: str) -> AbstractContextManager[Any]:
+    """`record_function("muonbench/<name>")` (a no-op outside a profiler capture, cheap inside)."""
+    try:
+        from torch.profiler import record_function
+    except ImportError:  # pragma: no cover - torch always has it
+        return nullcontext()
+    return record_function(PHASE_PREFIX + name)

@@ -15,7 +15,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench import probes, record
 from bench.engines import RankInfo, StepMetrics, engine_class
 
 _FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")
@@ -32,7 +32,9 @@ def rank_info() -> RankInfo:
     )
 
 
-def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any]:
+def reduce_metrics(
+    m: StepMetrics, rank: RankInfo, device: Any, optional: tuple[str, ...] = record.OPTIONAL_KEYS
+) -> dict[str, Any]:
     """Times, memory, NS FLOPs, grad norm: max over ranks; loss: mean over the ranks that report a finite loss
     (with pipeline parallelism only the last stage has one). Unmeasured (None) values stay None."""
     import math
@@ -41,9 +43,7 @@ def reduce_metrics(m: StepMetrics, rank: RankInfo, device: Any) -> dict[str, Any
     import torch.distributed as dist
 
     values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
-    values |= {
-        k: m.extra[k] for k in record.DIAG_KEYS if k in m.extra
-    }  # same keys on every rank (same config)
+    values |= {k: m.extra[k] for k in optional if k in m.extra}  # same keys on every rank (same config)
     has_loss = m.loss is not None and math.isfinite(m.loss)
     if rank.world_size > 1:
         maxes = torch.tensor(
@@ -109,7 +109,9 @@ def run(run_dir: Path) -> None:
     if rank.world_size > 1:
         dist.init_process_group(backend=cfg.engine.backend)
     engine = engine_class(cfg.engine.name)()
-    log = record.StepLog(run_dir) if rank.rank == 0 else None
+    engine.run_dir = str(run_dir)
+    optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))
+    log = record.StepLog(run_dir, extra_keys=optional) if rank.rank == 0 else None
     try:
         engine.setup(cfg, rank)
         if rank.rank == 0:
@@ -130,7 +132,7 @@ def run(run_dir: Path) -> None:
                 mininterval=0.5,
             )
         for i in range(cfg.bench.steps):
-            row = reduce_metrics(engine.step(), rank, engine.device)
+            row = reduce_metrics(engine.step(), rank, engine.device, optional)
             if log is not None:
                 log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
             if bar is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from bench.config import load
+from config import load
 from recipes.fields import bridge_version
 from recipes.overrides import AB_MODES, build_plan, unknown_fields
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.schema import (
+from config.schema import (
     AdamWSchema,
     MatrixOptimizerSchema,
     MOPSchema,

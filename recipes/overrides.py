@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.schema import (
+from config.schema import (
     BenchConfig,
     HardwareConfig,
     ModelConfig,

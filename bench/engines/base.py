@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,6 +61,8 @@ class Engine(ABC):
     """How `step_s` is measured: `cuda_events` or `perf_counter` (wall) - printed in every report."""
     device: str = "cpu"
     """Device of this rank's collectives (`cuda:<local_rank>` with NCCL); engines set it in `setup`."""
+    run_dir: str = ""
+    """The run directory (set by the caller before `setup`), where probes write their files."""
 
     @abstractmethod
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:

@@ -24,11 +24,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.engines import optimizer_factory
 from bench.engines.base import Engine, RankInfo, StepMetrics
 from bench.models.hf_build import build_model, padded_vocab_size
-from bench.schema import MatrixOptimizerSchema, RootConfig
 from bench.timing import PhaseTimer, ns_flops_plain
+from config import convert
+from config.schema import MatrixOptimizerSchema, RootConfig
 
 
 class TokenStream:
@@ -144,7 +144,7 @@ class HFEngine(Engine):
         named = list(self.model.named_parameters())
         distributed = opt.distributed if isinstance(opt, MatrixOptimizerSchema) else "none"
         if distributed == "none" or world == 1:
-            self.inner = optimizer_factory.build(named, opt, naming="hf", layout=layout)
+            self.inner = convert.build(named, opt, naming="hf", layout=layout)
             self.distribution = "replicated: every rank steps every parameter after one gradient all-reduce"
         else:
             from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
@@ -160,8 +160,8 @@ class HFEngine(Engine):
             )
             self.layerwise = LayerWiseDistributedOptimizer(
                 named,
-                lambda owned: optimizer_factory.build(owned, opt, naming="hf", layout=layout),
-                is_matrix=optimizer_factory.is_matrix(named, opt, naming="hf", layout=layout),
+                lambda owned: convert.build(owned, opt, naming="hf", layout=layout),
+                is_matrix=convert.is_matrix(named, opt, naming="hf", layout=layout),
                 dp_group=dist.group.WORLD,
                 config=lw_cfg,
             )

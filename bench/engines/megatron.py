@@ -15,11 +15,10 @@ from __future__ import annotations
 import gc
 import os
 import random
-import time
 from typing import Any, ClassVar
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 
 def _init_distributed(rank: RankInfo, backend: str) -> bool:
@@ -46,11 +45,8 @@ class MegatronEngine(Engine):
         self._facts: dict[str, Any] = {}
         self._owns_pg = False
         self._gc_disabled = False
-        self._energy: Any = None
-        self._mb: Any = None
         self._overlap: Any = None
-        self._load: Any = None
-        self._steps_done = 0
+        self.probes: list[Any] = []
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
@@ -92,11 +88,6 @@ class MegatronEngine(Engine):
         opts = mm.BuildOptions(
             use_te=mm.use_te(cfg.engine.layers), bf16=cfg.precision.params_dtype == "bf16", grouped_mm_experts=grouped
         )
-        if cfg.bench.moe_load_stats and (opts.use_te or not opts.grouped_mm_experts):
-            raise ValueError(
-                "bench.moe_load_stats=true counts tokens in the grouped-GEMM experts: needs no Transformer Engine "
-                "and MUONBENCH_MEGATRON_EXPERTS unset"
-            )
         self.tconfig = mm.transformer_config(model, par, opts)
         self.model_chunks = self._build_model(mm, opts)
         self.ptimer = PhaseTimer(cuda=True)
@@ -123,22 +114,11 @@ class MegatronEngine(Engine):
             "ns_backend": _ns_backend(built.kind),
             "ns_overlap": self._overlap.describe() if self._overlap is not None else None,
         }
-        meter = None
-        if cfg.bench.energy:
-            from bench.gpu_energy import EnergyMeter, PhaseEnergy
+        from bench import probes
 
-            meter = EnergyMeter(rank.local_rank)
-            self._energy = PhaseEnergy(meter.read, torch.cuda.synchronize, time.perf_counter)
-        if cfg.bench.malloc_trim:
-            malloc_trim()  # fails here, not after the first step, where glibc is missing
-        if cfg.bench.moe_load_stats:
-            from bench.engines import megatron_experts
-
-            megatron_experts.LOAD = self._load = megatron_experts.ExpertLoad()
-        if cfg.bench.microbatch_times:
-            from bench.timing import MicrobatchClock
-
-            self._mb = MicrobatchClock(clock_mhz=meter.sm_mhz if meter is not None else None)
+        self.probes = probes.load(cfg.bench.probes)
+        for probe in self.probes:
+            probe.setup(self)
         torch.cuda.reset_peak_memory_stats()
         if cfg.engine.manual_gc:
             gc.collect()
@@ -218,15 +198,13 @@ class MegatronEngine(Engine):
     def step(self) -> StepMetrics:
         import torch
 
-        from bench.step_profile import phase_range
+        from bench.timing import phase_range
 
         t = self.ptimer
         t.reset()
         m, p = self.cfg.model, self.cfg.parallelism
-        _idle(self.cfg.bench.idle_before_step_s, self.cfg.bench.idle_before_step_mode)
-        energy, t_wall = self._energy, time.time()
-        if energy is not None:
-            energy.start()
+        for probe in self.probes:
+            probe.before_step()
         with t.phase("step"):
             if self._gc_disabled:
                 gc.collect(1)  # the young generations only; timed as part of the step
@@ -235,23 +213,19 @@ class MegatronEngine(Engine):
                 losses = self.forward_backward()
                 if level >= 2:
                     torch.cuda.empty_cache()
-            if energy is not None:
-                energy.mark("fwd_bwd")
+            for probe in self.probes:
+                probe.mark("fwd_bwd")
             with t.phase("optim"), phase_range("optim"):
                 ok, grad_norm = self.optimizer_step()
                 if level >= 1:
                     torch.cuda.empty_cache()
-        if energy is not None:
-            energy.mark("optim")
-        phases = t.collect()
-        self._steps_done += 1
-        if self.cfg.bench.malloc_trim and self._steps_done <= self.cfg.bench.warmup_steps:
-            malloc_trim()
+        for probe in self.probes:
+            probe.mark("optim")
+        phases = self.last_phases = t.collect()
+        probed: dict[str, float] = {}
+        for probe in self.probes:
+            probed |= probe.after_step()
         loss = _mean_loss(losses)
-        mb = {}
-        if self._mb is not None:
-            mb = self._mb.summary()
-            print("microbatch ms:", " ".join(f"{x:.1f}" for x in self._mb.times_ms()), flush=True)
         return StepMetrics(
             step_s=phases["step"],
             fwd_bwd_s=phases["fwd_bwd"],
@@ -269,18 +243,9 @@ class MegatronEngine(Engine):
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),
                 **self._overlap_metrics(phases),
-                **self._load_metrics(),
-                **({"t_wall": t_wall, **energy.values} if energy is not None else {}),
-                **mb,
+                **probed,
             },
         )
-
-    def _load_metrics(self) -> dict[str, float]:
-        """`bench.moe_load_stats`: the step's mean max / mean tokens per expert (see megatron_experts.ExpertLoad)."""
-        if self._load is None:
-            return {}
-        value = self._load.take()
-        return {} if value is None else {"moe_load_max_mean": value}
 
     def _overlap_metrics(self, phases: dict[str, float]) -> dict[str, float]:
         """With `optimizer.ns_overlap`: GPU time of the speculative NS on its side stream (inside fwd_bwd,
@@ -307,9 +272,8 @@ class MegatronEngine(Engine):
         if self._overlap is not None:
             self._overlap.begin()
         step_func = _forward_step
-        if self._mb is not None:
-            self._mb.reset()
-            step_func = self._mb.wrap(_forward_step)
+        for probe in self.probes:
+            step_func = probe.wrap_forward_step(step_func)
         if self._overlap is not None:
             step_func = _arm_before_last(step_func, self._overlap.arm, self.num_microbatches)
         out = list(
@@ -323,8 +287,6 @@ class MegatronEngine(Engine):
                 forward_only=False,
             )
         )
-        if self._mb is not None:
-            self._mb.end()
         return out
 
     def optimizer_step(self) -> tuple[bool, Any]:
@@ -367,10 +329,9 @@ class MegatronEngine(Engine):
         if self._overlap is not None:
             self._overlap.remove()
             self._overlap = None
-        if self._load is not None:
-            from bench.engines import megatron_experts
-
-            megatron_experts.LOAD = self._load = None
+        for probe in self.probes:
+            probe.teardown()
+        self.probes = []
         if self._gc_disabled:
             gc.enable()
             gc.unfreeze()
@@ -383,34 +344,6 @@ class MegatronEngine(Engine):
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_pg = False
-
-
-def malloc_trim() -> int:
-    """glibc `malloc_trim(0)`: return free heap memory to the OS and consolidate the free lists (1 if memory was
-    released). ValueError off glibc, where `bench.malloc_trim` has no meaning."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        fn = ctypes.CDLL(name or "libc.so.6").malloc_trim
-    except (OSError, AttributeError) as e:
-        raise ValueError(f"bench.malloc_trim=true needs glibc's malloc_trim (libc: {name!r}): {e}") from e
-    return int(fn(0))
-
-
-def _idle(seconds: float, mode: str) -> None:
-    """`bench.idle_before_step_s`: let the GPU (sleep: and the host) rest before a step, outside its timing."""
-    import torch
-
-    if seconds <= 0:
-        return
-    torch.cuda.synchronize()
-    if mode == "gpu_spin":  # one block spinning on the SM clock: the GPU stays busy at low power
-        torch.cuda._sleep(int(seconds * 1.98e9))
-        torch.cuda.synchronize()
-    else:
-        time.sleep(seconds)
 
 
 def _ours_layerwise(cfg: RootConfig) -> bool:

@@ -4,7 +4,7 @@
         --case qwen_adamw experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu \
         --case qwen_muon experiment=h200/qwen3_30b_a3b_slice_muon_1gpu
 
-Each `--case NAME OVERRIDES...` is composed with `bench.config.load`, run through `MegatronEngine` (setup, steps,
+Each `--case NAME OVERRIDES...` is composed with `config.load`, run through `MegatronEngine` (setup, steps,
 teardown), and recorded with `bench.record` exactly as `bench.worker` records a run (same schema, same summary).
 With several cases each runs in its own child process (memory of one case cannot leak into the next: measured, an
 in-process second case ran out of memory at 130 GiB); a failing case (OOM, error) gets its record with the status
@@ -15,7 +15,6 @@ are recorded as skipped (status error, message "skipped: time budget").
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import traceback
@@ -52,8 +51,8 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
     ap.add_argument(
         "--profile",
         action="store_true",
-        help="after the recorded steps, run one more under torch.profiler and write profile_step<k>.json "
-        "(per-phase kernel time vs wall time, top kernels; bench/step_profile.py); not in steps.jsonl",
+        help="profile the last warm-up step under torch.profiler and write profile_step<k>.json (per-phase "
+        "kernel time vs wall time, top kernels): the same as the override bench.probes=[step_profile]",
     )
     head, cases, cur = [], [], None
     for tok in argv:
@@ -75,7 +74,8 @@ def parse_cases(argv: list[str]) -> tuple[argparse.Namespace, list[tuple[str, li
                 f"--case {c[0]}: {opts} after a case; put options before the first --case (cases take only "
                 "Hydra overrides)"
             )
-        out.append((c[0], c[1:] + list(args.common)))
+        profile = ["bench.probes=[step_profile]"] if args.profile else []
+        out.append((c[0], c[1:] + list(args.common) + profile))
     names = [n for n, _ in out]
     if len(set(names)) != len(names):
         raise ValueError(f"case names must be unique, got {names}")
@@ -92,13 +92,13 @@ PREWARM_OVERRIDES = tuple(_override(k, v) for k, v in launch.PREWARM_BENCH.items
 def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
     """One untimed one-step case per distinct workload (config hash) run with our matrix optimizer.
 
-    Why: on the H200 (session 4, reports/megatron_h200_flops_202611) a process that compiled our Triton kernels (and
+    Why: on the H200 (reports/megatron_h200_flops_202611) a process that compiled our Triton kernels (and
     measured the NS plan) in its own first step ran every later forward-backward ~0.5% slower (+0.10 to +0.20 s per
     20.5 s step, every call) than a process started after those caches were on disk (within +0.00 to +0.05 s of
     AdamW); one process that found the kernels compiled but re-measured the plan was not slower either. The first
     step is excluded from the timings either way; the after-effect was not. A prewarm child takes that first step
     for the timed one. AdamW and Megatron's built-in compile nothing of ours."""
-    from bench import config
+    import config
 
     seen: set[str] = set()
     out = []
@@ -114,10 +114,10 @@ def prewarm_cases(cases: list[tuple[str, list[str]]]) -> list[tuple[str, list[st
     return out
 
 
-def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = False) -> dict[str, Any]:
-    """One run: compose, record, setup, steps (plus one profiled step with `profile`), finalize. Returns the final
-    run.json."""
-    from bench import config, record
+def run_case(name: str, overrides: list[str], root: Path) -> dict[str, Any]:
+    """One run: compose, record, setup, steps, finalize. Returns the final run.json."""
+    import config
+    from bench import probes, record
     from bench.engines.base import RankInfo
     from bench.engines.megatron import MegatronEngine
     from bench.worker import reduce_metrics  # the same steps.jsonl row as a bench.worker run
@@ -133,8 +133,9 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
         command=[sys.executable, "-m", "bench.engines.megatron_bench", "--case", name, *overrides],
     )
     record.write_json_atomic(run_dir / "run.json", rec)
-    log = record.StepLog(run_dir)
+    log = record.StepLog(run_dir, extra_keys=(*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes)))
     engine = MegatronEngine()
+    engine.run_dir = str(run_dir)
     try:
         rank = RankInfo(rank=0, world_size=1, local_rank=0)
         engine.setup(cfg, rank)
@@ -143,7 +144,8 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
         )
         for i in range(cfg.bench.steps):
             m = engine.step()
-            row = {"step": i, "warmup": i < cfg.bench.warmup_steps, **reduce_metrics(m, rank, None)}
+            optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))
+            row = {"step": i, "warmup": i < cfg.bench.warmup_steps, **reduce_metrics(m, rank, None, optional)}
             log.write(row)
             print(
                 f"[{name}] step {i} {m.step_s * 1e3:.0f} ms (fb {m.fwd_bwd_s * 1e3:.0f}, opt {m.optim_s * 1e3:.0f},"
@@ -151,19 +153,6 @@ def run_case(name: str, overrides: list[str], root: Path, *, profile: bool = Fal
                 flush=True,
             )
         log.close()
-        if profile:
-            from bench import step_profile
-
-            m, prof = step_profile.profile_step(engine.step, cuda=True)
-            summary = step_profile.summarize(prof.events(), {"fwd_bwd": m.fwd_bwd_s, "optim": m.optim_s})
-            summary["step_s"] = m.step_s
-            step_profile.write(run_dir, cfg.bench.steps, summary)
-            # MUONBENCH_PROFILE_TRACE=1: also the whole capture, for chrome://tracing / Perfetto
-            if os.environ.get("MUONBENCH_PROFILE_TRACE"):
-                prof.export_chrome_trace(str(Path(run_dir) / f"trace_step{cfg.bench.steps}.json"))
-            print(
-                f"[{name}] profiled step {cfg.bench.steps}:\n{step_profile.main_table(summary)}", flush=True
-            )
         record.update_run_json(
             run_dir, tp_modes=engine.describe().get("tp_modes", {})
         )  # auto resolved by now
@@ -273,7 +262,6 @@ def main(argv: list[str] | None = None) -> None:
                 "bench.engines.megatron_bench",
                 "--out",
                 str(root),
-                *(["--profile"] if args.profile else []),
                 "--case",
                 name,
                 *overrides,
@@ -292,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
                 else {"status": "error", "summary": None}
             )
         else:
-            rec = run_case(name, overrides, root, profile=args.profile)
+            rec = run_case(name, overrides, root)
         s = rec.get("summary") or {}
         print(
             f"[{name}] {rec['status']}: step {s.get('step_s_median')} s, model TF/GPU {s.get('model_tflops_per_gpu')},"

@@ -60,33 +60,6 @@ class _ExpertWeights(torch.nn.Module):
         return [getattr(self, f"weight{e}") for e in range(self.num)]
 
 
-class ExpertLoad:
-    """Accumulates, on the device, max / mean tokens per local expert over `GroupedMMExperts` calls (diagnostic:
-    a model whose routing grew less balanced runs its grouped GEMMs longer for the same FLOPs)."""
-
-    def __init__(self) -> None:
-        self.total: torch.Tensor | None = None
-        self.calls = 0
-
-    def add(self, tokens_per_expert: torch.Tensor) -> None:
-        t = tokens_per_expert.detach().float()
-        ratio = t.max() / t.mean().clamp_min(1e-9)
-        self.total = ratio if self.total is None else self.total + ratio
-        self.calls += 1
-
-    def take(self) -> float | None:
-        """Mean ratio since the last take (one host read), or None without calls; resets."""
-        if self.total is None:
-            return None
-        out = float(self.total) / self.calls
-        self.total, self.calls = None, 0
-        return out
-
-
-LOAD: ExpertLoad | None = None
-"""Set by the megatron engine with `bench.moe_load_stats`; every GroupedMMExperts forward then adds to it."""
-
-
 class GroupedMMExperts(MegatronModule):
     """Megatron experts module (builder signature of SequentialMLP) running on `F.grouped_mm`."""
 
@@ -133,8 +106,6 @@ class GroupedMMExperts(MegatronModule):
             raise RuntimeError(
                 "torch.nn.functional.grouped_mm is missing: GroupedMMExperts needs torch >= 2.8"
             )
-        if LOAD is not None:
-            LOAD.add(tokens_per_expert)
         offs = torch.cumsum(tokens_per_expert.to(hidden.device), 0, dtype=torch.int32)
         w1 = torch.stack(self.linear_fc1.weights()).transpose(1, 2)
         w2 = torch.stack(self.linear_fc2.weights()).transpose(1, 2)

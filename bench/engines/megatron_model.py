@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from bench.schema import ModelConfig, ParallelismConfig
+from config.schema import ModelConfig, ParallelismConfig
 
 
 def te_available() -> bool:

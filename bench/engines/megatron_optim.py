@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.schema import RootConfig
+from config.schema import RootConfig
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
     "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
@@ -45,18 +45,6 @@ class BuiltOptimizer:
         return out
 
 
-def optim_configs(opt: Any) -> tuple[Any, Any, Any]:
-    """(matrix config or None, AdamWConfig, RoutingConfig) from an optimizer schema of bench.schema, converted in
-    the one place that does it (`bench.engines.optimizer_factory.convert`)."""
-    from bench.engines.optimizer_factory import convert
-    from optim.configs import RoutingConfig
-
-    algo, routing, adamw = convert(opt)
-    if opt.name == "adamw":
-        return None, adamw, RoutingConfig()
-    return algo, adamw, routing
-
-
 def implementation(cfg: RootConfig) -> str:
     """adamw | ours | megatron, validated against what the engine can build."""
     opt = cfg.optimizer
@@ -76,7 +64,9 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     from optim import megatron as om
 
     kind = implementation(cfg)
-    matrix, adamw, routing = optim_configs(cfg.optimizer)
+    from config.convert import convert
+
+    matrix, routing, adamw = convert(cfg.optimizer)
     clip = cfg.optimizer.clip_grad
     if kind == "adamw":
         opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=True)
@@ -104,13 +94,23 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
 
 
 def tp_mode_fn(cfg: RootConfig) -> Any:
-    """`tp_mode=auto`: the performance model's per-matrix choice on `cfg.hardware` (bench.perfmodel)."""
-    from bench.perfmodel import choose_tp_mode
+    """`tp_mode=auto`: the optimizer cost model's per-matrix choice (`optim.cost.choose_tp_mode`) on
+    `cfg.hardware`'s bf16 peak and TP links."""
+    from optim import cost
 
-    hardware = cfg.hardware
+    hw = cfg.hardware
+    rate = hw.peak_bf16_tflops * 1e12 * cost.GEMM_CEILING_FRACTION
 
     def pick(rows: int, cols: int, tp: int, partition_dim: int) -> str:
-        return choose_tp_mode(rows, cols, tp, hardware, partition_dim=partition_dim)
+        link = cost.group_link(
+            tp,
+            nvlink_gbps=hw.nvlink_gbps,
+            nvlink_domain=hw.nvlink_domain,
+            network_gbps=hw.network_gbps,
+            nvlink_latency_us=hw.nvlink_latency_us,
+            network_latency_us=hw.network_latency_us,
+        )
+        return cost.choose_tp_mode(rows, cols, tp, flops_per_s=rate, link=link, partition_dim=partition_dim)
 
     return pick
 

@@ -10,7 +10,7 @@ on it alone; the step time is the slowest rank's. Three strategies, selectable b
   matrices on one rank run as one batched call (one fixed launch cost per shape and rank, then a per-matrix cost),
   so the greedy prefers co-locating equal shapes. A measured per-shape table replaces the analytic model.
 
-No torch, no torch.distributed: `bench.balance` and the performance model call these from shapes alone.
+No torch, no torch.distributed: `tools.balance` and the performance model call these from shapes alone.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+
+from optim import cost
 
 Shape = tuple[int, int]
 
@@ -39,16 +41,15 @@ def canonical(shape: Sequence[int]) -> Shape:
 
 
 def ns_flops(shape: Sequence[int], num_steps: int = 5) -> float:
-    """Plain NS FLOPs of one m x n matrix (m <= n): num_steps * (4 m^2 n + 2 m^3) (anchors.md section d)."""
-    m, n = canonical(shape)
-    return float(num_steps) * (4.0 * m * m * n + 2.0 * m**3)
+    """Plain NS FLOPs of one matrix of this shape (`optim.cost.ns_flops`)."""
+    return cost.ns_flops(*canonical(shape), num_steps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CostModel:
     """NS milliseconds of `count` same-shape matrices batched on one rank: `fixed_ms + count * per_matrix_ms`.
 
-    Analytic default, fitted to the H200 measurements of anchors.md section (f): a call costs a near-fixed ~0.3 ms
+    Analytic default, fitted to the H200 measurements of docs/references.md: H200 measurements: a call costs a near-fixed ~0.3 ms
     below a short side of ~1000 (about 15 GEMM launches plus norm and casts), and the GEMM efficiency of the
     batched call grows with the short side m as m / (m + half_eff_dim) of `peak_tflops` (fits 768 -> 54%, 1536 ->
     74%, 2048 -> 81%, 7168 -> 95% of the 701 TF/s bf16 ceiling within ~5 points).
@@ -58,7 +59,7 @@ class CostModel:
     fixed_ms: float = 0.3
     """Per batched NS call (per distinct shape on a rank)."""
     peak_tflops: float = 701.0
-    """Dense bf16 GEMM ceiling (measured H200, anchors.md section f)."""
+    """Dense bf16 GEMM ceiling (measured H200, docs/references.md: H200 measurements."""
     half_eff_dim: float = 600.0
     """Short side at which the batched call reaches half of `peak_tflops`."""
     num_steps: int = 5

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from optim import cost
 from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
 
 # Problems with fewer plain FLOPs than this are also tried under CUDA graph replay (~0.3 ms at 700 TF/s).
@@ -76,8 +77,7 @@ def plan_key(
 
 def plain_flops(batch: int, m: int, n: int, num_steps: int) -> float:
     """Plain-count NS FLOPs, short side m: k (4 m^2 n + 2 m^3) per matrix."""
-    m, n = min(m, n), max(m, n)
-    return batch * num_steps * (4.0 * m * m * n + 2.0 * m**3)
+    return batch * cost.ns_flops(m, n, num_steps)
 
 
 def _ops(name: str) -> MatOps:
@@ -230,7 +230,7 @@ class Planner:
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
-        # cached in the allocator: hand them back. (Measured on the H200, session 4: a Megatron process that planned
+        # cached in the allocator: hand them back. (Measured on the H200: a Megatron process that planned
         # and compiled our Triton kernels in its first step ran its later forward-backwards ~0.5% slower than one
         # that found both caches warm; this release alone did not remove that. Cause open; the remedy used is a
         # warm-up process, `megatron_bench --prewarm`. reports/megatron_h200_flops_202611/README.md.)

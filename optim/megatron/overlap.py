@@ -9,10 +9,10 @@ matrix's gradient accumulator (registered after DDP's, so `main_grad` already ho
 every matrix of a unit (one layer's matrices of one shape and param group) is, `OrthogonalizedOptimizer.speculate`
 computes that unit's NS input and orthogonalization on the side stream while the backward of the layers below
 goes on. Nothing of the optimizer state changes then. The hooks exist only during that last backward: on the H200
-(calls P, Q), hooks left on for every micro-batch added ~1 ms per micro-batch (1,548 Python calls; the MoE layers'
+hooks left on for every micro-batch added ~1 ms per micro-batch (1,548 Python calls; the MoE layers'
 host syncs keep the CPU from running far ahead), armed once per step ~0.3 ms.
 
-Measured on one H200 (FLOP-matched Qwen3 slice, calls P / Q): the optimizer step drops to AdamW's (0.06-0.07 s), but
+Measured on one H200 (FLOP-matched Qwen3 slice): the optimizer step drops to AdamW's (0.06-0.07 s), but
 the last micro-batch grows by the NS time (~252 -> ~445 ms): the backward already keeps the GPU busy at its power
 limit, so the overlap hides nothing there. It can only pay where the backward leaves the GPU idle.
 

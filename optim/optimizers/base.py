@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -78,3 +78,20 @@ def keep_state_dtypes(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) ->
         for key, value in state_dict["state"].get(pid, {}).items():
             if torch.is_tensor(value) and value.is_floating_point():
                 opt.state[p][key] = value.to(device=p.device, copy=True)
+
+
+class Entry(NamedTuple):
+    """One parameter's step: its group, the new momentum and the orthogonalization input."""
+
+    p: torch.Tensor
+    group: dict[str, Any]
+    new_buf: torch.Tensor
+    m: torch.Tensor
+
+
+def bucket[T](items: Iterable[T], key: Callable[[T], Hashable]) -> list[list[T]]:
+    """Items grouped by key, groups in first-seen order, items in input order."""
+    out: dict[Hashable, list[T]] = {}
+    for it in items:
+        out.setdefault(key(it), []).append(it)
+    return list(out.values())

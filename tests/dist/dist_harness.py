@@ -2,7 +2,7 @@
 
 Workers are module-level functions `fn(rank, world_size, *args)`; an exception on any rank fails the test with that
 rank's traceback. Each spawn costs a torch import per process (more than the checks), so `run_suite` runs the
-workers of every module in SUITE in one spawn per world size, once per pytest session, and each module's test
+workers of every module in SUITE in one spawn per world size, once per pytest run, and each module's test
 asserts that the shared run passed.
 """
 
@@ -71,7 +71,7 @@ def _suite_entry(rank: int, world_size: int, tmp: str, suite: tuple[tuple[str, s
 
 
 def run_suite(world_size: int) -> str | None:
-    """Run every SUITE worker in one spawn of `world_size` ranks (once per session); None, or the failure text
+    """Run every SUITE worker in one spawn of `world_size` ranks (once per pytest run); None, or the failure text
     (the failing rank's traceback names the worker). A failure stops the spawn, so later workers did not run."""
     if world_size not in _RESULTS:
         with tempfile.TemporaryDirectory() as tmp:

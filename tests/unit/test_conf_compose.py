@@ -1,4 +1,4 @@
-"""Every YAML of the config tree composes, is typed by its group's schema, and validates (bench.config.load)."""
+"""Every YAML of the config tree composes, is typed by its group's schema, and validates (config.load)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench import schema
-from bench.config import CONF_DIR, load
+from config import CONF_DIR, load, schema
 
 GROUPS = ("model", "parallelism", "optimizer", "hardware", "precision", "engine", "launcher")
 # Options that only validate next to a matching model (experts divisible by EP, layers matching the layout).
@@ -92,7 +91,7 @@ def test_experiment_composes(name: str) -> None:
 
 
 def test_published_experiments_match_the_blog_setups() -> None:
-    """The numbers behind NVIDIA's Table 1 (anchors (a)): layouts, batch, precision, optimizer path."""
+    """The numbers behind NVIDIA's Table 1 (docs/references.md: NVIDIA Muon blog and Megatron-Bridge recipes: layouts, batch, precision, optimizer path."""
     kimi = load(["experiment=gb300/kimi_k2_muon"])
     p = kimi.parallelism
     assert (p.world_size, p.tp, p.pp, p.vp, p.ep, p.dp, p.expert_dp, p.mbs, p.gbs) == (
@@ -141,7 +140,7 @@ def test_hardware_rows_carry_sources() -> None:
 def test_muon_split_gate_up_option_is_muon_with_the_split() -> None:
     """`optimizer=muon_split_gate_up` composes to exactly `optimizer=muon optimizer.split_gate_up=true`, so the runs
     of both spellings share a configuration hash (bench.report pools by it)."""
-    from bench.config import config_hash
+    from config import config_hash
 
     short = load(["optimizer=muon_split_gate_up"])
     long = load(["optimizer=muon", "optimizer.split_gate_up=true"])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import config, flops
+import config
+from bench import flops
 from bench.engines import RankInfo, engine_class
 
 ONE_RANK = RankInfo(rank=0, world_size=1, local_rank=0)

@@ -1,5 +1,5 @@
 """CPU tests of optim.kernels: torch fallback vs the reference NS, the Triton symmetric kernel under the
-interpreter, the fused-step references, the plan cache file, and bench.ns_kernels' table/JSON path."""
+interpreter, the fused-step references, the plan cache file, and tools.ns_kernels' table/JSON path."""
 
 from __future__ import annotations
 
@@ -249,8 +249,8 @@ def test_plan_cache_roundtrip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_bench_cpu_smoke(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    """bench.ns_kernels device=cpu runs every implementation on tiny shapes and writes json/csv/md/png."""
-    from bench import ns_kernels
+    """tools.ns_kernels device=cpu runs every implementation on tiny shapes and writes json/csv/md/png."""
+    from tools import ns_kernels
 
     monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path / "cache"))
     assert ns_kernels.main(["device=cpu", f"out={tmp_path}", "format=json"]) == 0
@@ -370,39 +370,6 @@ def test_plan_key_names_the_fp16_iterate_and_keeps_bf16_keys() -> None:
     assert plan_key("H200|torch|triton", x, coeffs, 1e-7, False, frozenset({2}), torch.float16) == (
         bf16 + "|iterate=torch.float16"
     )
-
-
-def test_ns_tiles_reads_the_problems_of_a_plan_file() -> None:
-    """bench.ns_tiles takes its NS problems from a plan file's keys (plain, bf16 input and iterate), distinct."""
-    from bench.ns_tiles import parse_args, problems_from_plan
-    from optim.kernels.plan import plan_key
-
-    env = "NVIDIA H200|torch 2.11.0+cu130|triton 3.6.0"
-    coeffs = [(3.4445, -4.775, 2.0315)] * 5
-    x = torch.empty(768, 1536, 2048, dtype=torch.bfloat16, device="meta")
-    keys = [
-        plan_key(env, x, coeffs, 1e-7, False, frozenset()),
-        plan_key(env, x, coeffs, 1e-7, False, frozenset(), torch.float16),  # fp16 iterate: same problem
-        plan_key(env, x, coeffs, 1e-7, True, frozenset({2})),  # Gram-NS: not a plain problem
-        plan_key(env, x.float(), coeffs, 1e-7, False, frozenset()),  # fp32 input
-        plan_key(
-            env,
-            torch.empty(6, 128, 2048, dtype=torch.bfloat16, device="meta"),
-            coeffs,
-            1e-7,
-            False,
-            frozenset(),
-        ),
-    ]
-    probs = problems_from_plan(keys)
-    assert [(p["batch"], p["rows"], p["cols"]) for p in probs] == [(768, 1536, 2048), (6, 128, 2048)]
-    assert probs[0]["coeffs"] == tuple(coeffs) and probs[0]["eps"] == 1e-7
-    # the parsed problem gives back its key (so the bench measures exactly the plan's entry)
-    assert plan_key(env, x, probs[0]["coeffs"], probs[0]["eps"], False, frozenset()) == keys[0]
-    with pytest.raises(ValueError, match="plan=FILE"):
-        parse_args([])
-    with pytest.raises(ValueError, match="allowed|key in"):
-        parse_args(["plan=a", "shape=1"])
 
 
 def test_ns_skip_env_drops_tile_configs(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-from bench import config, launch, run
+import config
+from bench import launch, run
 
 
 def _cfg(*overrides: str):
@@ -151,7 +152,7 @@ def test_cli_unknown_option_lists_the_available_ones(tmp_path):
 
 def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_path):
     """Localises a hung run that blocks the sweep, or a timed-out run recorded as ok/error."""
-    from bench import config as cfgmod
+    import config as cfgmod
     from bench import record
 
     cfg = _cfg("bench.timeout_s=1")
@@ -188,7 +189,7 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     from bench import record
 
     cfg = config.load(
-        ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.energy=true"]
+        ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.probes=[gpu_energy]"]
     )
     seen = {}
 
@@ -200,6 +201,6 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     monkeypatch.setattr(launch, "run_local", fake_run_local)
     out = launch.prewarm_local(config.as_dict(cfg), cfg)
     w = seen["cfg"]
-    assert (w.bench.steps, w.bench.warmup_steps, w.bench.energy, w.bench.prewarm) == (1, 0, False, False)
+    assert (w.bench.steps, w.bench.warmup_steps, w.bench.probes, w.bench.prewarm) == (1, 0, [], False)
     assert w.optimizer == cfg.optimizer and w.model == cfg.model and not seen["echo"]
     assert not seen["dir"].exists() and out["returncode"] == 0 and out["seconds"] >= 0

@@ -187,10 +187,10 @@ def test_one_host_sync_per_step_and_exact_fallback(monkeypatch: pytest.MonkeyPat
 
 
 def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    """bench.optim_step (the script the next GPU session runs unchanged) works end to end on CPU."""
+    """tools.optim_step (the script the GPU runs unchanged) works end to end on CPU."""
     import json
 
-    from bench import optim_step
+    from tools import optim_step
 
     assert (
         optim_step.main(["scale=0.004", "repeats=2", "format=json", "impls=adamw_foreach,optim_muon_no_ns"])

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.quality import data, run
+from tools.quality import data, run
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +137,12 @@ def test_report_command_reproduces_config() -> None:
     """The report's Command line re-parses to the same config (it printed `profile=cpu` for every run)."""
     from dataclasses import asdict
 
-    from bench.quality import report
+    from tools.quality import report
 
     args = ["profile=cpu", "seed=7", "steps=60", "optimizers=adamw,muon_split_gate_up", "out=/tmp/q"]
     stored = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(run.parse_cli(args)).items()}
     command = report._command(stored)
-    assert command.startswith("python -m bench.quality profile=cpu ")
+    assert command.startswith("python -m tools.quality profile=cpu ")
     assert run.parse_cli(command.split()[3:]) == run.parse_cli(args)
     assert (
         report._command(
@@ -154,5 +154,5 @@ def test_report_command_reproduces_config() -> None:
                 out="reports/quality_cpu_202611",
             )
         )
-        == "python -m bench.quality profile=cpu"
+        == "python -m tools.quality profile=cpu"
     )

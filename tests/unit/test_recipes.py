@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bench.config import CONF_DIR, load
+from config import CONF_DIR, load
 from recipes import fields as F
 from recipes.models import MODEL_RECIPES
 from recipes.overrides import PRECISION_PRESETS, SECTION_CLASSES, build_plan, unknown_fields
@@ -210,7 +210,7 @@ def test_qwen3_layout_matches_published() -> None:
 # Published settings, benchmark policy, A/B modes
 # --------------------------------------------------------------------------------------------------------------
 def test_kimi_published_model_and_muon_settings() -> None:
-    """anchors.md (a): recompute mla_up_proj, flex/hybridep, forced balance, and MB's dist_muon branch."""
+    """docs/references.md: NVIDIA Muon blog and Megatron-Bridge recipes: recompute mla_up_proj, flex/hybridep, forced balance, and MB's dist_muon branch."""
     o = _plan("experiment=gb300/kimi_k2_muon").overrides
     m, opt = o["model"], o["optimizer"]
     assert (m["recompute_granularity"], m["recompute_modules"]) == ("selective", ["mla_up_proj"])

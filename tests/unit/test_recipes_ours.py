@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from bench.schema import MuonSchema
+from config.schema import MuonSchema
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

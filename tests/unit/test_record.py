@@ -9,7 +9,8 @@ import statistics
 import pytest
 from test_record_fixtures import NS_FLOPS, STEP_S, WARMUP, make_run
 
-from bench import config, flops, record
+import config
+from bench import flops, record
 
 
 def test_write_json_atomic_leaves_no_temp_and_is_readable(tmp_path):

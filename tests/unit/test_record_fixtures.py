@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench import config, record
+import config
+from bench import record
 
 STEP_S = {"adamw": 0.100, "muon": 0.125}
 """Steady-window step time of each fixture run (seconds); the warm-up steps are 10x slower."""

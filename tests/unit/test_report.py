@@ -64,7 +64,7 @@ def test_report_cli_errors_without_results(tmp_path, capsys):
 
 
 def test_model_only_ratio_pairs_with_adamw_of_the_same_call():
-    """Several calls of one setup: each Muon run is compared with the AdamW run of its own commit (device call),
+    """Several measurement batches of one setup: each Muon run is compared with the AdamW run of its own commit (batch),
     nearest in start time, not with the last AdamW of the file."""
     setup = {c: "x" for c in report.GROUP_COLUMNS}
 
@@ -161,7 +161,7 @@ def test_pooled_across_calls_gives_mean_and_standard_error():
         run("n_muon2", "muon", "nnn", 196.0),
         run("n_adamw", "adamw", "nnn", 200.0),
         run("n_other", "muon", "nnn", 150.0, cfg="c2"),  # one call only
-        run("q_muon", "muon", "qqq", 100.0),  # no AdamW in call q
+        run("q_muon", "muon", "qqq", 100.0),  # no AdamW in batch q
         run("d_muon", "muon", "ddd", 10.0, dirty="True"),
         run("d_adamw", "adamw", "ddd", 300.0, dirty="True"),
     ]

@@ -1,10 +1,10 @@
-"""Composition and cross-group validation of the config tree (bench/config.py)."""
+"""Composition and cross-group validation of the config tree (config/compose.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.config import ConfigError, config_hash, load
+from config import ConfigError, config_hash, load
 
 
 def test_default_composes_typed() -> None:
@@ -42,15 +42,9 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine.device=cuda"], "engine.backend"),
         (["engine.manual_gc=true"], "engine.manual_gc"),
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
-        (["bench.energy=true"], "bench.energy"),
-        (["engine=megatron", "hardware=h200", "bench.idle_before_step_s=-1"], "bench.idle_before_step_s"),
-        (["bench.microbatch_times=true"], "bench.microbatch_times"),
-        (["bench.malloc_trim=true"], "bench.malloc_trim"),
+        (["bench.probes=[gpu_energy]"], "bench.probes"),
+        (["engine=megatron", "hardware=h200", "bench.probes=[no_such_probe]"], "bench.probes"),
         (["optimizer=muon_megatron", "optimizer.ns_precision=fp16"], "optimizer.ns_precision"),
-        (
-            ["engine=megatron", "hardware=h200", "bench.idle_before_step_mode=nap"],
-            "bench.idle_before_step_mode",
-        ),
         (
             ["engine=megatron", "hardware=h200", "engine.empty_unused_memory_level=3"],
             "engine.empty_unused_memory_level",
@@ -83,3 +77,22 @@ def test_pipeline_layout_must_hold_the_model() -> None:
 def test_router_score_function_allowed_set() -> None:
     with pytest.raises(ConfigError, match=r"model.moe_router_score_function='tanh'.*softmax"):
         load(["model.moe_router_score_function=tanh"])
+
+
+def test_schema_defaults_are_optim_defaults() -> None:
+    """One set of defaults: a default optimizer schema converts to the default `optim` config, so the Hydra tree
+    and a plain PyTorch user of `optim` start from the same values (the YAMLs state the recipe values)."""
+    from config import schema as S
+    from config.convert import convert
+    from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+
+    for sch, want in (
+        (S.MuonSchema(), MuonConfig()),
+        (S.MOPSchema(), MOPConfig()),
+        (S.SOAPSchema(), SOAPConfig()),
+    ):
+        algo, routing, adamw = convert(sch)
+        assert algo == want, type(sch).__name__
+        assert routing == RoutingConfig()
+        assert adamw == AdamWConfig()
+    assert convert(S.AdamWSchema())[0] == AdamWConfig()

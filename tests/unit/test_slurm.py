@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.config import load
 from bench.slurm import ENV_DOCS, submit, write_sbatch
+from config import load
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

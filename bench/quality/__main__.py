@@ -1,3 +1,0 @@
-from bench.quality.run import main
-
-raise SystemExit(main())

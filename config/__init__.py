@@ -1,0 +1,9 @@
+"""The typed config tree: Hydra schemas, compose / validate / hash, and the one schema -> `optim` conversion.
+
+A leaf package: it imports the standard library, omegaconf / hydra and `optim` only, so `bench/` and `recipes/`
+both build on it and never on each other.
+"""
+
+from config.compose import ALLOWED, CONF_DIR, ConfigError, as_dict, config_hash, load, to_typed, validate
+
+__all__ = ["ALLOWED", "CONF_DIR", "ConfigError", "as_dict", "config_hash", "load", "to_typed", "validate"]

@@ -1,0 +1,381 @@
+"""Typed schemas of the Hydra config tree (`conf/`).
+
+Each config group registers one dataclass schema in Hydra's ConfigStore (``base_<group>``); every YAML of the group
+names it in its defaults list, so a typo or a wrong type fails at compose time. ``validate`` checks the rules that
+span groups (world size, expert and pipeline divisibility, batch sizes) and names the field, the value and the rule.
+
+This module imports no torch and no Megatron: a login node can compose, validate and launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+
+# One set of defaults: every optimizer field that `optim` also has takes `optim`'s default (emerging-optimizers
+# 0.3.0); the YAML files of conf/optimizer/ state the recipe values that differ (e.g. Nesterov, weight decay 0.033).
+_ADAMW, _MUON, _MOP, _SOAP, _ROUTING = AdamWConfig(), MuonConfig(), MOPConfig(), SOAPConfig(), RoutingConfig()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    """A decoder-only MoE transformer, described in Megatron's terms (weights out x in)."""
+
+    name: str = MISSING
+    """Config name, e.g. `qwen3_30b_a3b`."""
+    family: str = MISSING
+    """`qwen3_moe` (GQA, transformers Qwen3MoeForCausalLM) or `deepseek_v3` (MLA, Kimi K2, DeepseekV3ForCausalLM)."""
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_attention_heads: int = MISSING
+    attention: str = "gqa"
+    """`gqa` or `mla`."""
+    num_query_groups: int = 0
+    """GQA: number of KV groups (0 for MLA)."""
+    kv_channels: int = 0
+    """GQA: head dimension."""
+    q_lora_rank: int = 0
+    """MLA: query down-projection rank (0 = no query compression)."""
+    kv_lora_rank: int = 0
+    """MLA: KV latent rank."""
+    qk_head_dim: int = 0
+    """MLA: per-head q/k dim without the rope part."""
+    qk_pos_emb_head_dim: int = 0
+    """MLA: rope part of q/k per head."""
+    v_head_dim: int = 0
+    """MLA: value head dim."""
+    ffn_hidden_size: int = 0
+    """FFN size of the dense (non-MoE) layers."""
+    num_dense_layers: int = 0
+    """The first `num_dense_layers` layers are dense (Kimi K2: 1); the rest are MoE."""
+    num_experts: int = 0
+    moe_router_topk: int = 0
+    moe_ffn_hidden_size: int = 0
+    moe_shared_expert_intermediate_size: int = 0
+    """0 = no shared expert."""
+    vocab_size: int = MISSING
+    make_vocab_size_divisible_by: int = 128
+    seq_length: int = 4096
+    gated_linear_unit: bool = True
+    qk_layernorm: bool = True
+    norm_eps: float = 1e-6
+    rotary_base: float = 10000.0
+    tie_embeddings: bool = False
+    moe_aux_loss_coeff: float = 1e-3
+    # Router and rope details the HF / Megatron builders need, and proxy info.
+    moe_router_score_function: str = "softmax"
+    """`softmax` (Qwen3) or `sigmoid` (Kimi K2 / DeepSeek-V3)."""
+    moe_router_topk_scaling_factor: float = 1.0
+    """Scale of the routed-expert output (Kimi K2: 2.827)."""
+    moe_router_enable_expert_bias: bool = False
+    """Aux-loss-free load balancing bias (Kimi K2: True)."""
+    rope_scaling_factor: float = 1.0
+    """YaRN factor (Kimi K2: 32); 1.0 = no rope scaling."""
+    rope_original_max_position_embeddings: int = 0
+    """YaRN original context (Kimi K2: 4096); 0 when rope_scaling_factor == 1."""
+    mtp_num_layers: int = 0
+    """Multi-token-prediction layers (both published models: 0)."""
+    proxy_of: str = ""
+    """For a proxy or slice: the full model whose architecture it keeps (e.g. `qwen3_30b_a3b`); '' for a real model."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# parallelism
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class ParallelismConfig:
+    """A parallel layout. Data parallel size is derived: dp = world_size / (tp * pp * cp)."""
+
+    name: str = MISSING
+    world_size: int = MISSING
+    """Total number of processes (GPUs, or CPU gloo ranks)."""
+    tp: int = 1
+    pp: int = 1
+    vp: int = 1
+    """Virtual pipeline stages per pipeline rank (1 = none)."""
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    """Expert tensor parallel size."""
+    mbs: int = 1
+    """Micro-batch size (sequences)."""
+    gbs: int = 1
+    """Global batch size (sequences)."""
+    pipeline_layout: str = ""
+    """Explicit Megatron pipeline layout string; empty = even split (layers divisible by pp * vp)."""
+    sequence_parallel: bool = False
+    nodes: int = 1
+    gpus_per_node: int = 1
+
+    @property
+    def dp(self) -> int:
+        return self.world_size // (self.tp * self.pp * self.cp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel size: ranks of one pipeline stage that hold the same experts."""
+        return (self.dp * self.tp * self.cp) // (self.ep * self.etp)
+
+    @property
+    def grad_accum(self) -> int:
+        return self.gbs // (self.mbs * self.dp)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# optimizer (one schema per algorithm; no flat config with prefixed fields)
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class OptimizerSchemaBase:
+    name: str = MISSING
+    """adamw | muon | mop | soap_rekls."""
+    lr: float = _ADAMW.lr
+    min_lr: float = 3e-5
+    lr_warmup_steps: int = 2000
+    lr_decay: str = "cosine"
+    weight_decay: float = _ADAMW.weight_decay
+    clip_grad: float = 1.0
+    # The AdamW that handles non-matrix parameters (embeddings, output, norms, biases) and the AdamW baseline.
+    adam_beta1: float = _ADAMW.betas[0]
+    adam_beta2: float = _ADAMW.betas[1]
+    adam_eps: float = _ADAMW.eps
+    implementation: str = "ours"
+    """ours | megatron (Megatron's built-in TensorParallelMuon + LayerWiseDistributedOptimizer) | eo | torch."""
+
+
+@dataclass
+class AdamWSchema(OptimizerSchemaBase):
+    name: str = "adamw"
+    implementation: str = "torch"
+
+
+@dataclass
+class MatrixOptimizerSchema(OptimizerSchemaBase):
+    """Fields shared by the matrix optimizers (routing, splitting, distribution)."""
+
+    split_qkv: bool = _ROUTING.split_qkv
+    split_mla: bool = _ROUTING.split_mla_kv_down
+    split_gate_up: bool = _ROUTING.split_gate_up
+    router_to_matrix_optimizer: bool = _ROUTING.router_to_matrix
+    """MCore routes the MoE router weight to Muon; set False to send it to AdamW."""
+    tp_mode: str = "blockwise"
+    """duplicated | distributed | distributed_gram | blockwise | auto (moot at TP=1)."""
+    distributed: str = "layerwise"
+    """none | layerwise (whole matrices per DP rank)."""
+    assignment: str = "lpt_cost"
+    """round_robin | ping_pong_numel | lpt_cost."""
+    grad_sync: str = "reduce_scatter"
+    """reduce_scatter (ours, owner-aligned buckets) | all_reduce (published path)."""
+    overlap_param_gather: bool = True
+    overlap_grad_reduce: bool = False
+    """Start each bucket's gradient reduce-scatter during backward (the hf engine then cannot time it apart)."""
+    bucket_numel: int = 40_000_000
+    """Elements per gradient/parameter bucket of the layer-wise optimizer."""
+    collective: str = "auto"
+    """auto | padded (one all_gather_into_tensor) | per_owner (one broadcast per owner): how all_gatherv moves."""
+    nonfinite_policy: str = _MUON.nonfinite_policy
+    """skip | raise: what to do with a NaN/Inf gradient or momentum."""
+
+
+@dataclass
+class MuonSchema(MatrixOptimizerSchema):
+    name: str = "muon"
+    momentum: float = _MUON.momentum
+    nesterov: bool = _MUON.nesterov
+    scale_mode: str = _MUON.scale_mode
+    """spectral | shape_scaling | unit_rms_norm."""
+    extra_scale_factor: float = _MUON.extra_scale_factor
+    coefficient_type: str = _MUON.coefficient_type
+    """simple | quintic | polar_express | aol | cans | deepseekv4 | custom."""
+    custom_coefficients: list[list[float]] = field(default_factory=list)
+    num_ns_steps: int = _MUON.num_ns_steps
+    ns_precision: str = _MUON.ns_precision
+    """bf16 (MCore fp32_matmul_prec "medium") | fp16 (ours only: ~8x more accurate at the same GEMM rate, a I folded
+    into the NS polynomial) | fp32 ("highest")."""
+    use_gram_ns: bool = _MUON.use_gram_ns
+    fused_step: bool = _MUON.fused_step
+    """CUDA: fused momentum/update kernels for whole fp32 matrices (optim.configs.MuonConfig.fused_step)."""
+    ns_overlap: bool = False
+    """engine=megatron, implementation=ours, DP x CP = 1: start each layer's NS in the last micro-batch's backward
+    on a side stream, used at the step when clipping leaves the gradients unchanged (optim.megatron.overlap)."""
+
+
+@dataclass
+class MOPSchema(MatrixOptimizerSchema):
+    name: str = "mop"
+    momentum: float = _MOP.momentum
+    nesterov: bool = _MOP.nesterov
+    scale_mode: str = _MOP.scale_mode
+    """nuclear_norm | spectral | shape_scaling | unit_rms_norm."""
+    extra_scale_factor: float = _MOP.extra_scale_factor
+    polar_method: str = _MOP.polar_method
+    """svd (exact) | polar_express (NS iterations)."""
+    num_ns_steps: int = _MOP.num_ns_steps
+
+
+@dataclass
+class SOAPSchema(MatrixOptimizerSchema):
+    name: str = "soap_rekls"
+    shampoo_beta: float = _SOAP.shampoo_beta
+    use_eigh: bool = _SOAP.use_eigh
+    """True: REKLS, eigh every step; False: SOAP, QR power step every precondition_frequency."""
+    use_kl_shampoo: bool = _SOAP.use_kl_shampoo
+    precondition_frequency: int = _SOAP.precondition_frequency
+    max_precond_dim: int = _SOAP.max_precond_dim
+    """Sides larger than this stay unpreconditioned."""
+    eps_eigenvalue: float = _SOAP.eps_eigenvalue
+
+
+# --------------------------------------------------------------------------------------------------------------
+# hardware, precision, engine, launcher, bench protocol
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class HardwareConfig:
+    """Per-GPU rates and links; every number carries a source string."""
+
+    name: str = MISSING
+    peak_bf16_tflops: float = MISSING
+    """Dense bf16 peak per GPU (TFLOP/s)."""
+    peak_fp8_tflops: float = 0.0
+    """Dense FP8/MXFP8 peak per GPU (TFLOP/s); 0 = not supported."""
+    memory_gib: float = 0.0
+    hbm_tbps: float = 0.0
+    nvlink_gbps: float = 0.0
+    """Unidirectional NVLink bandwidth per GPU (GB/s)."""
+    nvlink_domain: int = 1
+    """GPUs in one NVLink domain."""
+    network_gbps: float = 0.0
+    """Scale-out bandwidth per GPU (GB/s)."""
+    network_latency_us: float = 0.0
+    nvlink_latency_us: float = 0.0
+    measured_matmul_tflops: float = 0.0
+    """Measured bf16 GEMM ceiling where we have one (0 = none)."""
+    source: str = MISSING
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = MISSING
+    """bf16 | fp8_mx."""
+    params_dtype: str = "bf16"
+    fp8_recipe: str = ""
+    """'' | mxfp8."""
+    fp8_param_gather: bool = False
+
+
+@dataclass
+class EngineConfig:
+    name: str = MISSING
+    """hf | megatron | bridge."""
+    device: str = "cpu"
+    """cpu | cuda."""
+    backend: str = "gloo"
+    """torch.distributed backend: gloo | nccl."""
+    requires_gpu: bool = False
+    compile: bool = False
+    ab_mode: str = "published"
+    """bridge: `published` (MB's A/B: AdamW with distributed optimizer, param-gather overlap and MXFP8 gather; Muon
+    without) or `fair` (the same param-gather and FP8 settings for every optimizer)."""
+    empty_unused_memory_level: int = 0
+    """megatron: as Megatron-LM's `--empty-unused-memory-level`: 1 = `torch.cuda.empty_cache()` after the optimizer
+    step, 2 = also after forward-backward (both inside the timed step)."""
+    manual_gc: bool = False
+    """megatron: Python's threshold GC off during steps, a young-generation collection at the start of each step
+    (inside the timed step) and `gc.freeze()` after setup, as Megatron-LM's `--manual-gc`: a full collection over a
+    model's millions of objects in the middle of a host-synchronising MoE forward stalls the GPU."""
+    layers: str = "auto"
+    """megatron: layer implementation: auto (Transformer Engine's layer specs where TE imports, else local) | te |
+    local (Megatron-Core's local layers with SDPA attention and grouped-GEMM experts)."""
+
+
+@dataclass
+class LauncherConfig:
+    name: str = MISSING
+    """local | slurm."""
+    nproc_per_node: int = 0
+    """0 = parallelism.gpus_per_node (or world_size for local)."""
+    nodes: int = 0
+    """0 = parallelism.nodes."""
+    dry_run: bool = False
+    # slurm
+    partition: str = ""
+    account: str = ""
+    time_limit: str = "00:30:00"
+    container_image: str = ""
+    container_mounts: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables of the job (quoted when written to a script)."""
+
+
+@dataclass
+class BenchConfig:
+    """The measurement protocol, stated in every report."""
+
+    steps: int = 10
+    warmup_steps: int = 3
+    seed: int = 1234
+    out_dir: str = "runs"
+    """Root of run directories."""
+    run_name: str = ""
+    """Default: <experiment or model>_<optimizer>_<timestamp>."""
+    report_name: str = "latest"
+    timeout_s: int = 1800
+    data: str = "mock"
+    """mock | indexed:<path prefix> (Megatron indexed dataset) | text:<path>."""
+    log_every: int = 1
+    progress: bool = True
+    prewarm: bool = True
+    """megatron + our matrix optimizer, local launcher: before the timed run, the same launch for one untimed step
+    in a scratch directory, so the timed processes find our Triton kernels compiled and the NS plan measured on
+    disk (a process that compiled them itself ran ~0.5% slower for its whole life on the H200: see
+    reports/megatron_h200_flops_202611). Costs one setup and one first step."""
+    probes: list[str] = field(default_factory=list)
+    """megatron: diagnostics hooked into each step, by name (`experiments/<name>/probe.py`), with optional
+    arguments: `[gpu_energy, "idle_before_step:seconds=0.3,mode=gpu_spin"]` (bench.probes)."""
+
+
+@dataclass
+class RootConfig:
+    model: ModelConfig = MISSING
+    parallelism: ParallelismConfig = MISSING
+    optimizer: Any = MISSING
+    hardware: HardwareConfig = MISSING
+    precision: PrecisionConfig = MISSING
+    engine: EngineConfig = MISSING
+    launcher: LauncherConfig = MISSING
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    experiment_name: str = ""
+
+
+SCHEMAS: dict[str, type] = {
+    "model": ModelConfig,
+    "parallelism": ParallelismConfig,
+    "hardware": HardwareConfig,
+    "precision": PrecisionConfig,
+    "engine": EngineConfig,
+    "launcher": LauncherConfig,
+}
+OPTIMIZER_SCHEMAS: dict[str, type] = {
+    "adamw": AdamWSchema,
+    "muon": MuonSchema,
+    "mop": MOPSchema,
+    "soap_rekls": SOAPSchema,
+}
+
+
+def register_configs() -> None:
+    """Register every schema in Hydra's ConfigStore as `<group>/base_<group>` (optimizers: `base_<name>`)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=RootConfig)
+    for group, schema in SCHEMAS.items():
+        cs.store(group=group, name=f"base_{group}", node=schema)
+    for name, schema in OPTIMIZER_SCHEMAS.items():
+        cs.store(group="optimizer", name=f"base_{name}", node=schema)

@@ -1,0 +1,122 @@
+"""GPU energy and clock per step phase, read from NVML (probe `gpu_energy`: `bench.probes=[gpu_energy]`).
+
+A power-capped GPU turns energy into time: at its cap, a phase that draws more power slows the phases after it
+(the clock controller lowers the SM clock to hold the average). `EnergyMeter` reads the device's cumulative energy
+counter (`nvmlDeviceGetTotalEnergyConsumption`, mJ), SM clock, power, temperature and clock-event reasons at phase
+boundaries; `PhaseEnergy` turns consecutive readings into joules and mean watts per phase. The engine synchronises
+the device before each reading, so a boundary is where the GPU work ends, not where the host is.
+
+NVML comes from `nvidia-ml-py` (`import pynvml`), present wherever NVIDIA's driver tools are; torch does not need it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# nvmlClocksEventReasons bits (nvml.h): the ones that lower the clock under load.
+EVENT_REASONS = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "hw_power_brake",
+}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One NVML sample: cumulative energy (J), SM clock (MHz), power (W), temperature (C), clock-event bits."""
+
+    energy_j: float
+    sm_mhz: float
+    power_w: float
+    temp_c: float
+    reasons: int
+
+
+def reasons_text(bits: int) -> str:
+    """`sw_power_cap+hw_slowdown`-style names of the clock-lowering bits set in `bits` ('' when none)."""
+    return "+".join(name for bit, name in EVENT_REASONS.items() if bits & bit)
+
+
+class EnergyMeter:
+    """NVML readings for the CUDA device `device_index` (mapped to NVML's numbering through its PCI bus id)."""
+
+    def __init__(self, device_index: int, *, nvml: Any = None, bus_id: str | None = None) -> None:
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError as e:
+                raise ValueError(
+                    "probe gpu_energy reads the GPU energy counter through NVML and needs the nvidia-ml-py "
+                    "package (`import pynvml`); install it or drop the probe"
+                ) from e
+        self.nvml = nvml
+        nvml.nvmlInit()
+        if bus_id is None:
+            import torch
+
+            props = torch.cuda.get_device_properties(device_index)
+            bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        self.handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+
+    def sm_mhz(self) -> float:
+        """The current SM clock alone (one NVML call)."""
+        return float(self.nvml.nvmlDeviceGetClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
+
+    def read(self) -> Reading:
+        n, h = self.nvml, self.handle
+        try:
+            reasons = int(n.nvmlDeviceGetCurrentClocksEventReasons(h))
+        except AttributeError:  # drivers / bindings before the "event" naming
+            reasons = int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        return Reading(
+            energy_j=n.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,
+            sm_mhz=float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
+            power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0,
+            temp_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
+            reasons=reasons,
+        )
+
+
+MIN_WATTS_WINDOW_S = 0.1
+"""Shortest phase given a mean power. NVML's energy counter advances in coarse ticks: on the H200, a ~10 ms optimizer
+step of a tiny model read 0 J in one step and 1,538 W in another; its joules are still recorded."""
+
+
+class PhaseEnergy:
+    """Joules and mean watts per phase of one step from readings taken at its boundaries.
+
+    `mark(name)` closes the phase `name` that began at the previous mark (or `start()`); `sync` runs before every
+    reading (the engine passes `torch.cuda.synchronize`), so the energy of queued GPU work lands in its phase. A phase
+    shorter than `MIN_WATTS_WINDOW_S` gets no `watts_<name>` (the counter's tick, not the power).
+    """
+
+    def __init__(
+        self, read: Callable[[], Reading], sync: Callable[[], None], clock: Callable[[], float]
+    ) -> None:
+        self._read, self._sync, self._clock = read, sync, clock
+        self._last: tuple[float, Reading] | None = None
+        self.values: dict[str, float] = {}
+
+    def start(self) -> None:
+        self._sync()
+        self.values = {}
+        self._last = (self._clock(), self._read())
+
+    def mark(self, name: str) -> None:
+        if self._last is None:
+            raise RuntimeError(f"PhaseEnergy.mark({name!r}) before start()")
+        self._sync()
+        t1, r1 = self._clock(), self._read()
+        t0, r0 = self._last
+        joules = r1.energy_j - r0.energy_j
+        seconds = max(t1 - t0, 1e-9)
+        self.values[f"energy_{name}_j"] = joules
+        if seconds >= MIN_WATTS_WINDOW_S:
+            self.values[f"watts_{name}"] = joules / seconds
+        self.values[f"sm_mhz_end_{name}"] = r1.sm_mhz
+        self.values[f"power_capped_end_{name}"] = float(bool(r1.reasons & 0x4))
+        self._last = (t1, r1)

@@ -1,0 +1,124 @@
+"""experiments.gpu_energy.gpu_energy: joules / watts per phase from NVML readings (fake NVML and clock here; real on the device)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from experiments.gpu_energy.gpu_energy import EnergyMeter, PhaseEnergy, Reading, reasons_text
+
+
+def _fake_nvml(energy_mj: list[int], *, throttle_only: bool = False) -> types.SimpleNamespace:
+    calls = {"init": 0, "bus": None}
+
+    def init() -> None:
+        calls["init"] += 1
+
+    def handle(bus: str) -> str:
+        calls["bus"] = bus
+        return "h0"
+
+    nvml = types.SimpleNamespace(
+        calls=calls,
+        NVML_CLOCK_SM=1,
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=init,
+        nvmlDeviceGetHandleByPciBusId=handle,
+        nvmlDeviceGetTotalEnergyConsumption=lambda h: energy_mj.pop(0),
+        nvmlDeviceGetClockInfo=lambda h, kind: 1830 if kind == 1 else 0,
+        nvmlDeviceGetPowerUsage=lambda h: 675_500,
+        nvmlDeviceGetTemperature=lambda h, kind: 54,
+        nvmlDeviceGetCurrentClocksThrottleReasons=lambda h: 0x4,
+    )
+    if not throttle_only:
+        nvml.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x4 | 0x40
+    return nvml
+
+
+def test_meter_reads_units_and_falls_back_to_throttle_reasons() -> None:
+    nvml = _fake_nvml([2_000_500, 2_001_500])
+    m = EnergyMeter(0, nvml=nvml, bus_id="00000000:19:00.0")
+    r = m.read()
+    assert nvml.calls == {"init": 1, "bus": "00000000:19:00.0"}
+    assert r == Reading(energy_j=2000.5, sm_mhz=1830.0, power_w=675.5, temp_c=54.0, reasons=0x44)
+    assert reasons_text(r.reasons) == "sw_power_cap+hw_thermal"
+    old = EnergyMeter(0, nvml=_fake_nvml([7], throttle_only=True), bus_id="x").read()
+    assert old.reasons == 0x4 and reasons_text(0) == ""
+
+
+def test_phase_energy_splits_joules_and_watts_per_phase() -> None:
+    energies = iter([100.0, 1500.0, 1600.0])
+    times = iter([10.0, 12.0, 12.25])
+    syncs: list[int] = []
+
+    def read() -> Reading:
+        return Reading(energy_j=next(energies), sm_mhz=1800.0, power_w=600.0, temp_c=50.0, reasons=0x4)
+
+    pe = PhaseEnergy(read, lambda: syncs.append(1), lambda: next(times))
+    with pytest.raises(RuntimeError, match="before start"):
+        pe.mark("fwd_bwd")
+    pe.start()
+    pe.mark("fwd_bwd")
+    pe.mark("optim")
+    assert len(syncs) == 3  # every reading waits for the queued GPU work
+    v = pe.values
+    assert v["energy_fwd_bwd_j"] == pytest.approx(1400.0) and v["watts_fwd_bwd"] == pytest.approx(700.0)
+    assert v["energy_optim_j"] == pytest.approx(100.0) and v["watts_optim"] == pytest.approx(400.0)
+    assert v["power_capped_end_optim"] == 1.0 and v["sm_mhz_end_fwd_bwd"] == 1800.0
+    # a phase shorter than the energy counter's resolution keeps its joules but gets no mean power
+    still = Reading(energy_j=12.0, sm_mhz=1800.0, power_w=600.0, temp_c=50.0, reasons=0)
+    pe = PhaseEnergy(lambda: still, lambda: None, iter([0.0, 0.05]).__next__)
+    pe.start()
+    pe.mark("optim")
+    assert pe.values["energy_optim_j"] == 0.0 and "watts_optim" not in pe.values
+
+
+def test_meter_without_pynvml_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pynvml(name: str, *args: object, **kwargs: object) -> object:
+        if name == "pynvml":
+            raise ImportError("no pynvml")
+        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(builtins, "__import__", no_pynvml)
+    with pytest.raises(ValueError, match="gpu_energy reads .* nvidia-ml-py"):
+        EnergyMeter(0)
+
+
+def test_step_log_keeps_diagnostics_only_when_measured(tmp_path) -> None:
+    import json
+
+    from bench import probes, record
+
+    log = record.StepLog(tmp_path, extra_keys=probes.keys(["gpu_energy", "microbatch_times"]))
+    base = {k: None for k in record.STEP_KEYS} | {"step": 0}
+    log.write(base)
+    log.write(base | {"step": 1, "energy_fwd_bwd_j": 13800.5, "mb_first_ms": 260.0})
+    with pytest.raises(AssertionError, match="outside the vocabulary"):
+        log.write(base | {"temp_c_end_optim": 55.0})
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert set(rows[0]) == set(record.STEP_KEYS)
+    assert rows[1]["energy_fwd_bwd_j"] == 13800.5 and rows[1]["mb_first_ms"] == 260.0
+    assert "watts_optim" not in rows[1]
+
+
+def test_probe_keys_cover_what_phase_energy_writes() -> None:
+    """The probe's declared steps.jsonl keys are exactly what PhaseEnergy produces for the engine's two phases
+    (a key missing from the declaration would make the step log reject the step)."""
+    from experiments.gpu_energy.gpu_energy import PhaseEnergy, Reading
+    from experiments.gpu_energy.probe import Probe
+
+    readings = iter(
+        Reading(energy_j=e, sm_mhz=1900.0, power_w=600.0, temp_c=50.0, reasons=0) for e in (0, 8, 10)
+    )
+    clock = iter((0.0, 1.0, 2.0))  # phases longer than MIN_WATTS_WINDOW_S: watts written too
+    pe = PhaseEnergy(lambda: next(readings), lambda: None, lambda: next(clock))
+    pe.start()
+    pe.mark("fwd_bwd")
+    pe.mark("optim")
+    assert set(pe.values) | {"t_wall"} == set(Probe.keys)

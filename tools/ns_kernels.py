@@ -1,0 +1,302 @@
+"""Newton-Schulz kernel benchmark on one GPU: ours vs emerging-optimizers vs torch.optim.Muon, plus layer steps.
+
+    python -m tools.ns_kernels [format=json] [out=DIR] [device=cpu] [eo_syrk=SHAPE,SHAPE|none] [syrk_timeout=S]
+                               [error=0|1] [shapes=NAME,NAME]
+
+On a GPU: measures the bf16 matmul ceiling, then per shape (every distinct Qwen3-30B-A3B and Kimi K2 matrix,
+experts batched) the median ms of each NS implementation, nominal TFLOP/s on the plain-FLOP count, fraction of
+the ceiling and the orthogonality error against the fp64 polar factor; then one optimizer step of a whole
+Qwen3-30B-A3B layer and of a Kimi K2 MoE layer at EP64. Writes results.json, results.csv, README.md and ns.png
+into out (default reports/ns_kernels_local). `device=cpu` runs a tiny smoke of the same code path (no timing
+claims). Torch, Triton and emerging-optimizers are imported lazily so that the report code runs anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+# name, rows (out), cols (in), batch, model, role
+SHAPES: list[tuple[str, int, int, int, str, str]] = [
+    ("qwen_q", 4096, 2048, 1, "qwen3-30b-a3b", "q after QKV split"),
+    ("qwen_kv", 512, 2048, 1, "qwen3-30b-a3b", "k or v"),
+    ("qwen_o", 2048, 4096, 1, "qwen3-30b-a3b", "attention out"),
+    ("qwen_router", 128, 2048, 1, "qwen3-30b-a3b", "router"),
+    ("qwen_fc1_x128", 1536, 2048, 128, "qwen3-30b-a3b", "expert fc1, one layer batched"),
+    ("qwen_fc2_x128", 2048, 768, 128, "qwen3-30b-a3b", "expert fc2, one layer batched"),
+    ("k2_expert_half_x8", 2048, 7168, 8, "kimi-k2", "expert gate/up half, batched (anchor shape)"),
+    ("k2_fc1_x6", 4096, 7168, 6, "kimi-k2", "expert fc1, 6 local experts at EP64"),
+    ("k2_fc2_x6", 7168, 2048, 6, "kimi-k2", "expert fc2, 6 local experts at EP64"),
+    ("k2_q_down", 1536, 7168, 1, "kimi-k2", "MLA q down"),
+    ("k2_q_up", 12288, 1536, 1, "kimi-k2", "MLA q up"),
+    ("k2_kv_down", 576, 7168, 1, "kimi-k2", "MLA kv down"),
+    ("k2_kv_up", 16384, 512, 1, "kimi-k2", "MLA kv up"),
+    ("k2_router", 384, 7168, 1, "kimi-k2", "router"),
+    ("k2_o", 7168, 8192, 1, "kimi-k2", "attention out"),
+    ("k2_dense_fc2", 7168, 18432, 1, "kimi-k2", "dense fc2 (layer 1)"),
+    ("k2_dense_fc1", 36864, 7168, 1, "kimi-k2", "dense fc1 (layer 1)"),
+    ("square_8192", 8192, 8192, 1, "reference", "square"),
+]
+CPU_SHAPES: list[tuple[str, int, int, int, str, str]] = [
+    ("tiny_wide", 32, 48, 1, "tiny", "cpu smoke"),
+    ("tiny_tall_x3", 64, 40, 3, "tiny", "cpu smoke"),
+]
+# EO SYRK autotunes every new shape (up to 180 configs x 2 keys); these finished quickly before (docs/references.md: H200 measurements.
+EO_SYRK_DEFAULT = ("qwen_q", "k2_o")
+NUM_STEPS = 5
+OURS_LABEL = (
+    "ours / ours_gram: bench-local batched Muon step (fused momentum pack + plan-cached orthogonalize + fused "
+    "update); optim_muon / optim_muon_gram: the project's optim.Muon (shape-grouped batched NS through "
+    "optim.kernels, per-parameter momentum and update); both with EO Muon v0.3.0 defaults except lr = 1e-4"
+)
+
+
+def parse_args(argv: list[str]) -> dict[str, str]:
+    """key=value arguments; unknown keys raise ValueError naming the allowed set."""
+    allowed = {"format", "out", "device", "eo_syrk", "syrk_timeout", "error", "shapes"}
+    args = {"format": "table", "out": "reports/ns_kernels_local", "device": "cuda", "error": "1"}
+    for a in argv:
+        k, sep, v = a.partition("=")
+        if not sep or k not in allowed:
+            raise ValueError(f"argument {a!r}: expected key=value with key in {sorted(allowed)}")
+        args[k] = v
+    if args["format"] not in ("table", "json"):
+        raise ValueError(f"format={args['format']!r} is not one of ['json', 'table']")
+    if args["device"] not in ("cuda", "cpu"):
+        raise ValueError(f"device={args['device']!r} is not one of ['cpu', 'cuda']")
+    return args
+
+
+def plain_flops(rows: int, cols: int, batch: int = 1, steps: int = NUM_STEPS) -> float:
+    """Plain NS FLOPs of `batch` rows x cols matrices (bench.flops' convention)."""
+    from bench.flops import ns_flops
+
+    return batch * ns_flops(rows, cols, steps, "plain")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    from tools import ns_kernels_measure as runner
+
+    cpu = args["device"] == "cpu"
+    if not cpu and not torch.cuda.is_available():
+        raise SystemExit(
+            "tools.ns_kernels needs a CUDA GPU (run it on the H200); `device=cpu` runs a tiny smoke"
+        )
+    out = Path(args["out"])
+    # A fresh plan cache next to the results: every shape's warm-up is measured and the choices are kept.
+    os.environ.setdefault("MUONBENCH_CACHE", str(out))
+    shapes = CPU_SHAPES if cpu else SHAPES
+    if "shapes" in args:
+        keep = set(args["shapes"].split(","))
+        shapes = [s for s in shapes if s[0] in keep]
+    syrk = () if cpu else tuple(args.get("eo_syrk", ",".join(EO_SYRK_DEFAULT)).split(","))
+    res: dict[str, Any] = runner.run_all(
+        shapes,
+        device="cpu" if cpu else "cuda",
+        eo_syrk=tuple(s for s in syrk if s and s != "none"),
+        syrk_timeout=float(args.get("syrk_timeout", "60")),
+        with_error=args["error"] == "1",
+        log=log,
+        checkpoint=lambda r: _checkpoint(r, out),
+    )
+    res["command"] = "python -m tools.ns_kernels " + " ".join(sys.argv[1:] if argv is None else argv)
+    write_outputs(res, out)
+    if args["format"] == "json":
+        print(json.dumps(res, indent=1, default=str))
+    else:
+        print(render_markdown(res))
+    return 0
+
+
+def _checkpoint(res: dict[str, Any], out: Path) -> None:
+    """Partial results.json after every shape, so a run cut short still leaves its numbers."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+
+
+def _fmt(v: Any, nd: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{nd}g}" if abs(v) < 1e4 else f"{v:.0f}"
+    return str(v)
+
+
+def ns_table_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Flat rows (one per shape x implementation) for the CSV and the markdown table."""
+    rows = []
+    ceiling = res.get("ceiling_tflops")
+    for s in res["shapes"]:
+        for impl, r in s["impls"].items():
+            ms = r.get("ms")
+            tf = plain_flops(s["rows"], s["cols"], s["batch"]) / ms / 1e9 if ms else None
+            rows.append(
+                {
+                    "shape": s["name"],
+                    "rows": s["rows"],
+                    "cols": s["cols"],
+                    "batch": s["batch"],
+                    "impl": impl,
+                    "ms": ms,
+                    "ms_per_matrix": ms / s["batch"] if ms else None,
+                    "tflops_plain": tf,
+                    "frac_ceiling": tf / ceiling if (tf and ceiling) else None,
+                    "ortho_err": r.get("ortho_err"),
+                    "method": r.get("method"),
+                    "warmup_s": r.get("warmup_s"),
+                    "note": r.get("note", ""),
+                }
+            )
+    return rows
+
+
+def step_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for layer, d in res.get("steps", {}).items():
+        base = d["impls"].get("adamw_fused", {}).get("ms")
+        for impl, r in d["impls"].items():
+            ms = r.get("ms")
+            rows.append(
+                {
+                    "layer": layer,
+                    "impl": impl,
+                    "ms": ms,
+                    "vs_adamw": ms / base if (ms and base) else None,
+                    "ns_tflops_effective": d["ns_plain_flops"] / ms / 1e9
+                    if ms and impl != "adamw_fused"
+                    else None,
+                    "first_step_ms": r.get("first_step_ms"),
+                    "update_rel_err_vs_eo": r.get("update_rel_err_vs_eo"),
+                    "phases_ms": "/".join(
+                        _fmt(r.get(k)) for k in ("pack_ms", "orthogonalize_ms", "update_ms")
+                    )
+                    if "pack_ms" in r
+                    else "",
+                    "note": r.get("note", ""),
+                }
+            )
+    return rows
+
+
+def render_markdown(res: dict[str, Any]) -> str:
+    lines = [
+        f"# Newton-Schulz kernels on {res.get('device_name', '?')}",
+        "",
+        (
+            f"Command: `{res.get('command', '')}`. Matmul ceiling (bf16 8192^3, same run): "
+            f"{_fmt(res.get('ceiling_tflops'))} TFLOP/s."
+        ),
+        "",
+        "Protocol: fp32 inputs (Gaussian), quintic coefficients, 5 steps, bf16 operands with fp32 accumulation;",
+        "median of CUDA-event timings after warm-up (each repeat waits for the GPU); TFLOP/s on the plain count",
+        "k(4m^2n + 2m^3) per matrix, whatever the method computes; ortho_err = ||NS(x) - UV^T||_F / ||UV^T||_F",
+        "against the fp64 polar factor (first matrices of a batch). torch.optim.Muon's NS uses its own 'simple'",
+        "coefficients (not quintic), looped over a batch. `ours` times include nothing of the plan warm-up,",
+        "which is reported separately (warmup_s: all candidates compiled, checked and timed once).",
+        "",
+        "| shape | B | impl | ms | ms/matrix | TFLOP/s | % ceil | ortho err | method / note |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ns_table_rows(res):
+        pct = f"{100 * r['frac_ceiling']:.0f}" if r["frac_ceiling"] else "-"
+        note = " ".join(x for x in (r["method"] or "", r["note"] or "") if x)
+        if r["warmup_s"]:
+            note += f" (plan warm-up {r['warmup_s']:.1f} s)"
+        lines.append(
+            f"| {r['shape']} {r['rows']}x{r['cols']} | {r['batch']} | {r['impl']} | {_fmt(r['ms'])} | "
+            f"{_fmt(r['ms_per_matrix'])} | {_fmt(r['tflops_plain'])} | {pct} | {_fmt(r['ortho_err'])} | {note} |"
+        )
+    micro = res.get("syrk_micro") or []
+    if micro:
+        tiles = [k[:-3] for k in micro[0] if k.endswith("_ms") and k != "cublas_ms"]
+        lines += ["", "## X X^T alone: Triton one-triangle kernel vs cuBLAS bmm (ms)", ""]
+        lines += [
+            "| B x m x k | cuBLAS | " + " | ".join(tiles) + " | best speed-up |",
+            "|---" * (len(tiles) + 3) + "|",
+        ]
+        for r in micro:
+            cells = " | ".join(_fmt(r[f"{t}_ms"]) for t in tiles)
+            lines.append(
+                f"| {r['batch']}x{r['m']}x{r['k']} | {_fmt(r['cublas_ms'])} | {cells} | {_fmt(r['best_sym_speedup'])} |"
+            )
+    lines += ["", "## One-layer optimizer step", "", OURS_LABEL + ".", ""]
+    lines += [
+        (
+            "| layer | impl | ms/step | vs fused AdamW | effective NS TFLOP/s | first step ms | update err vs EO "
+            "| pack/orthogonalize/update ms | note |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in step_rows(res):
+        lines.append(
+            f"| {r['layer']} | {r['impl']} | {_fmt(r['ms'])} | {_fmt(r['vs_adamw'])} | "
+            f"{_fmt(r['ns_tflops_effective'])} | {_fmt(r['first_step_ms'])} | {_fmt(r['update_rel_err_vs_eo'])} | "
+            f"{r['phases_ms']} | {r['note']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(res: dict[str, Any], out: Path) -> None:
+    """results.json, results.csv (NS rows then step rows), README.md and ns.png (if matplotlib works)."""
+    import csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=1, default=str))
+    ns_rows, st_rows = ns_table_rows(res), step_rows(res)
+    with open(out / "results.csv", "w", newline="") as f:
+        keys = ["kind", *ns_rows[0].keys()] if ns_rows else ["kind"]
+        keys += [k for k in (st_rows[0].keys() if st_rows else []) if k not in keys]
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        for r in ns_rows:
+            w.writerow({"kind": "ns", **r})
+        for r in st_rows:
+            w.writerow({"kind": "step", **r})
+    (out / "README.md").write_text(render_markdown(res))
+    try:
+        plot(ns_rows, out / "ns.png", res.get("ceiling_tflops"))
+    except Exception as e:  # noqa: BLE001 - a missing plotting backend must not lose the numbers
+        log(f"plot skipped: {e}")
+
+
+def plot(rows: list[dict[str, Any]], path: Path, ceiling: float | None) -> None:
+    """Grouped bars: nominal TFLOP/s per shape and implementation, ceiling as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows if r["tflops_plain"]))
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.9 * len(shapes)), 5))
+    width = 0.8 / max(1, len(impls))
+    for j, impl in enumerate(impls):
+        vals = {r["shape"]: r["tflops_plain"] or 0.0 for r in rows if r["impl"] == impl}
+        ax.bar(
+            [i + j * width for i in range(len(shapes))], [vals.get(s, 0.0) for s in shapes], width, label=impl
+        )
+    if ceiling:
+        ax.axhline(ceiling, color="k", ls="--", lw=1, label=f"bf16 matmul ceiling {ceiling:.0f}")
+    ax.set_xticks(
+        [i + 0.4 - width / 2 for i in range(len(shapes))], shapes, rotation=45, ha="right", fontsize=7
+    )
+    ax.set_ylabel("TFLOP/s (plain NS count)")
+    ax.set_title("Newton-Schulz, 5 quintic steps, per shape")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

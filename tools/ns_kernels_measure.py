@@ -1,0 +1,406 @@
+"""Measurements behind `tools.ns_kernels` (imports torch; emerging-optimizers optional, as a baseline only)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from optim import cost
+from optim.functional.newton_schulz import ns_coefficients
+from optim.kernels import orthogonalize, plan_for
+from optim.kernels.fused_step import apply_update, momentum_pack
+
+QUINTIC = ns_coefficients("quintic", 5)
+TORCH_MUON_COEFFS = (3.4445, -4.7750, 2.0315)
+# Layer parameter shapes (rows, cols, count); experts as separate parameters, like the H200 baseline json.
+LAYERS: dict[str, list[tuple[int, int, int]]] = {
+    "qwen3_30b_a3b_layer": [
+        (4096, 2048, 1),
+        (512, 2048, 2),
+        (2048, 4096, 1),
+        (1536, 2048, 128),
+        (2048, 768, 128),
+    ],
+    # 6 local routed experts at EP64 plus the shared expert, MLA projections, attention out, router.
+    "kimi_k2_moe_layer_ep64": [
+        (4096, 7168, 7),
+        (7168, 2048, 7),
+        (1536, 7168, 1),
+        (12288, 1536, 1),
+        (576, 7168, 1),
+        (16384, 512, 1),
+        (7168, 8192, 1),
+        (384, 7168, 1),
+    ],
+}
+OURS_STEPS = ("ours", "ours_gram", "optim_muon", "optim_muon_gram")
+CPU_LAYERS = {"tiny_layer": [(32, 48, 3), (40, 24, 2)]}
+
+
+def median_ms(fn: Callable[[], object], dev: str, budget_ms: float = 400.0, warmup: int = 2) -> float:
+    """Median wall time of fn on the device (CUDA events; each repeat synchronized)."""
+    if dev != "cuda":  # CPU smoke only: one warm-up, one timed call (no timing claims on CPU)
+        fn()
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    for _ in range(warmup):
+        fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def once() -> float:
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        return float(s.elapsed_time(e))
+
+    first = once()
+    reps = max(5, min(40, int(budget_ms / max(first, 1e-3))))
+    return statistics.median([once() for _ in range(reps)])
+
+
+def polar64(x: torch.Tensor) -> torch.Tensor:
+    """fp64 polar factor of one (r, c) matrix via eigh of the short-side Gram matrix (U S^-1 U^T X)."""
+    tall = x.shape[0] > x.shape[1]
+    xx = (x.mT if tall else x).double()
+    evals, u = torch.linalg.eigh(xx @ xx.mT)
+    inv = evals.clamp_min(evals.max() * 1e-30).rsqrt()
+    p = (u * inv) @ (u.mT @ xx)
+    return p.mT if tall else p
+
+
+def ortho_err(out: torch.Tensor, refs: list[torch.Tensor]) -> float:
+    errs = [float((out[i].double() - p).norm() / p.norm()) for i, p in enumerate(refs)]
+    return sum(errs) / len(errs)
+
+
+def ns_impls(dev: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    impls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+        "ours": lambda x: orthogonalize(x, coeffs=QUINTIC),
+        "ours_gram": lambda x: orthogonalize(x, coeffs=QUINTIC, use_gram=True),
+    }
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import muon_utils
+
+        def eo(x: torch.Tensor) -> torch.Tensor:
+            y = x[0] if x.shape[0] == 1 else x
+            out = muon_utils.newton_schulz(y, steps=5, coefficient_type="quintic")
+            return out.unsqueeze(0) if x.shape[0] == 1 else out
+
+        impls["eo_plain"] = eo
+    except ImportError:
+        pass
+    from torch.optim._muon import _zeropower_via_newtonschulz as tz
+
+    impls["torch_muon"] = lambda x: torch.stack([tz(m, TORCH_MUON_COEFFS, 5, 1e-7) for m in x.unbind(0)])
+    return impls
+
+
+def measure_shape(
+    shape: tuple[str, int, int, int, str, str], dev: str, with_error: bool, log: Callable
+) -> dict:
+    name, rows, cols, batch, model, role = shape
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    x = torch.randn(batch, rows, cols, device=dev, generator=gen)
+    refs = [polar64(x[i]) for i in range(min(batch, 2))] if with_error else []
+    row: dict[str, Any] = {
+        "name": name,
+        "rows": rows,
+        "cols": cols,
+        "batch": batch,
+        "model": model,
+        "role": role,
+    }
+    row["impls"] = {}
+    for impl, fn in ns_impls(dev).items():
+        r: dict[str, Any] = {}
+        try:
+            t = time.perf_counter()
+            out = fn(x)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            first_s = time.perf_counter() - t
+            if impl.startswith("ours") and dev == "cuda":
+                entry = plan_for(x, coeffs=QUINTIC, use_gram=impl == "ours_gram")
+                r.update(method=entry["method"], warmup_s=first_s, plan_times_ms=entry["times_ms"])
+                if entry.get("rejected"):
+                    r["rejected"] = entry["rejected"]
+            if refs:
+                r["ortho_err"] = ortho_err(out, refs)
+            del out
+            r["ms"] = median_ms(lambda f=fn, xx=x: f(xx), dev)
+        except Exception as e:  # noqa: BLE001 - one failing baseline must not lose the others
+            r["note"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+        row["impls"][impl] = r
+        ms, err = r.get("ms", float("nan")), r.get("ortho_err", float("nan"))
+        log(f"  {name} {impl}: {ms:.3f} ms err {err:.4f} {r.get('method', '')} {r.get('note', '')}")
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+_SYRK_CODE = r"""
+import json, sys, time, torch
+from triton.testing import do_bench
+torch.set_float32_matmul_precision("medium")
+from emerging_optimizers.orthogonalized_optimizers import muon_utils
+def polar64(x):
+    tall = x.shape[0] > x.shape[1]; xx = (x.mT if tall else x).double()
+    ev, u = torch.linalg.eigh(xx @ xx.mT); p = (u * ev.clamp_min(ev.max() * 1e-30).rsqrt()) @ (u.mT @ xx)
+    return p.mT if tall else p
+for name, r, c in json.loads(sys.argv[1]):
+    x = torch.randn(r, c, device="cuda")
+    f = lambda: muon_utils.newton_schulz(x, steps=5, coefficient_type="quintic", use_syrk=True)
+    t0 = time.time(); y = f(); torch.cuda.synchronize(); tune = time.time() - t0
+    p = polar64(x); err = float((y.double() - p).norm() / p.norm())
+    ms = do_bench(f, warmup=25, rep=200, return_mode="median")
+    print(json.dumps({"name": name, "ms": ms, "autotune_s": tune, "ortho_err": err}), flush=True)
+"""
+
+
+def run_eo_syrk(
+    shapes: list[tuple[str, int, int]], timeout: float, log: Callable
+) -> dict[str, dict[str, Any]]:
+    """EO use_syrk=True in a subprocess with a wall-clock limit: a shape still autotuning reports a timeout."""
+    if not shapes:
+        return {}
+    t = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SYRK_CODE, json.dumps(shapes)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        timed_out = True
+    res: dict[str, dict[str, Any]] = {}
+    for line in out.splitlines():
+        if line.startswith("{"):
+            d = json.loads(line)
+            res[d.pop("name")] = d
+    for name, _, _ in shapes:
+        if name not in res:
+            why = f"autotune timeout (> {timeout:.0f} s for the SYRK shapes)" if timed_out else err[-200:]
+            res[name] = {"note": why}
+    log(f"  eo_syrk subprocess {time.perf_counter() - t:.1f} s: {res}")
+    return res
+
+
+class BenchMuon:
+    """Bench-local batched Muon step (optim.Muon had not landed): same-shape parameters are one NS batch.
+
+    Same math as EO Muon v0.3.0 defaults: buf <- lerp(buf, g, 1 - beta); update = NS(buf or Nesterov input),
+    quintic, 5 steps; scale sqrt(max(out, in)) ("spectral"); decoupled weight decay p <- p (1 - lr wd).
+    """
+
+    def __init__(self, params: list[torch.Tensor], *, lr: float, use_gram: bool = False) -> None:
+        self.lr, self.beta, self.wd, self.nesterov, self.use_gram = lr, 0.95, 0.01, False, use_gram
+        self.groups: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for p in params:
+            self.groups.setdefault(tuple(p.shape), []).append(p)
+        self.bufs = {k: [torch.zeros_like(p) for p in ps] for k, ps in self.groups.items()}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for (r, c), ps in self.groups.items():
+            x = momentum_pack([p.grad for p in ps], self.bufs[(r, c)], beta=self.beta, nesterov=self.nesterov)
+            o = orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram)
+            apply_update(ps, o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5)
+
+    @torch.no_grad()
+    def phase_ms(self, dev: str) -> dict[str, float]:
+        """Median ms of each phase over all groups: momentum pack, orthogonalize, update."""
+        keys = list(self.groups)
+
+        def pack() -> list[torch.Tensor]:
+            return [
+                momentum_pack(
+                    [p.grad for p in self.groups[k]], self.bufs[k], beta=self.beta, nesterov=self.nesterov
+                )
+                for k in keys
+            ]
+
+        xs = pack()
+        os_ = [orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram) for x in xs]
+
+        def upd() -> None:
+            for k, o in zip(keys, os_, strict=True):
+                apply_update(self.groups[k], o, lr=self.lr, weight_decay=self.wd, scale=max(k) ** 0.5)
+
+        return {
+            "pack_ms": median_ms(pack, dev),
+            "orthogonalize_ms": median_ms(
+                lambda: [orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram) for x in xs], dev
+            ),
+            "update_ms": median_ms(upd, dev),
+        }
+
+
+def make_params(spec: list[tuple[int, int, int]], dev: str) -> list[torch.nn.Parameter]:
+    gen = torch.Generator(device=dev).manual_seed(7)
+    ps = []
+    for r, c, n in spec:
+        for _ in range(n):
+            p = torch.nn.Parameter(torch.randn(r, c, device=dev, generator=gen) * 0.02)
+            p.grad = torch.randn(r, c, device=dev, generator=gen) * 1e-3
+            ps.append(p)
+    return ps
+
+
+def optimizers(dev: str) -> dict[str, Callable[[list], Any]]:
+    opts: dict[str, Callable[[list], Any]] = {
+        "adamw_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=dev == "cuda", foreach=dev != "cuda"),
+        "ours": lambda ps: BenchMuon(ps, lr=1e-4),
+        "ours_gram": lambda ps: BenchMuon(ps, lr=1e-4, use_gram=True),
+        "torch_muon": lambda ps: torch.optim.Muon(ps, lr=1e-4),
+    }
+    try:  # the project's optimizer (optim-core): same defaults as EO Muon v0.3.0 except lr
+        from optim import Muon, MuonConfig
+
+        opts["optim_muon"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4))
+        opts["optim_muon_gram"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4, use_gram_ns=True))
+    except ImportError:
+        pass
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import Muon as EOMuon
+
+        opts["eo_muon"] = lambda ps: EOMuon(ps, lr=1e-4)
+    except ImportError:
+        pass
+    return opts
+
+
+def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Callable) -> dict[str, Any]:
+    flops = sum(n * cost.ns_flops(r, c, 5) for r, c, n in spec)
+    d: dict[str, Any] = {"ns_plain_flops": flops, "params": sum(r * c * n for r, c, n in spec), "impls": {}}
+    deltas: dict[str, list[torch.Tensor]] = {}
+    for impl, mk in optimizers(dev).items():
+        r: dict[str, Any] = {}
+        try:
+            ps = make_params(spec, dev)
+            before = [p.detach().clone() for p in ps] if impl in ("eo_muon", *OURS_STEPS) else None
+            opt = mk(ps)
+            t = time.perf_counter()
+            opt.step()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            r["first_step_ms"] = (time.perf_counter() - t) * 1e3
+            if before is not None:
+                deltas[impl] = [(p.detach() - b).flatten() for p, b in zip(ps, before, strict=True)]
+                del before
+            r["ms"] = median_ms(opt.step, dev, budget_ms=1500.0, warmup=2)
+            if isinstance(opt, BenchMuon):
+                r.update(opt.phase_ms(dev))
+            del opt, ps
+        except Exception as e:  # noqa: BLE001
+            r["note"] = f"error: {type(e).__name__}: {str(e)[:200]}"
+        if impl.startswith("ours"):
+            r["note"] = (r.get("note", "") + " bench-local batched step").strip()
+        d["impls"][impl] = r
+        log(
+            f"  step {name} {impl}: {r.get('ms', float('nan')):.2f} ms (first {r.get('first_step_ms', 0):.0f} ms)"
+        )
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    if "eo_muon" in deltas:
+        ref = torch.cat(deltas["eo_muon"])
+        for impl in OURS_STEPS:
+            if impl in deltas:
+                err = float((torch.cat(deltas[impl]) - ref).norm() / ref.norm())
+                d["impls"][impl]["update_rel_err_vs_eo"] = err
+    return d
+
+
+def syrk_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """X X^T alone: Triton one-triangle kernel (each tile config) vs cuBLAS bmm; TFLOP/s on the full count."""
+    from optim.kernels.sym_triton import TILE_CONFIGS, sym_mm
+
+    rows = []
+    for nb, m, k in ((128, 1536, 2048), (128, 768, 2048), (8, 2048, 7168), (1, 7168, 18432), (1, 8192, 8192)):
+        x = torch.randn(nb, m, k, device="cuda").bfloat16()
+        full = 2.0 * nb * m * m * k
+        r: dict[str, Any] = {
+            "batch": nb,
+            "m": m,
+            "k": k,
+            "cublas_ms": median_ms(lambda xx=x: torch.bmm(xx, xx.mT), "cuda"),
+        }
+        for name, cfg in TILE_CONFIGS.items():
+            r[f"{name}_ms"] = median_ms(lambda c=cfg, xx=x: sym_mm(xx, xx, config=c), "cuda")
+        r["cublas_tflops"] = full / r["cublas_ms"] / 1e9
+        r["best_sym_speedup"] = r["cublas_ms"] / min(r[f"{n}_ms"] for n in TILE_CONFIGS)
+        rows.append(r)
+        log(
+            f"  syrk micro {nb}x{m}x{k}: "
+            + " ".join(f"{k_}={v:.3f}" for k_, v in r.items() if k_.endswith("ms"))
+        )
+    return rows
+
+
+def run_all(
+    shapes: list[tuple[str, int, int, int, str, str]],
+    *,
+    device: str,
+    eo_syrk: tuple[str, ...],
+    syrk_timeout: float,
+    with_error: bool,
+    log: Callable[[str], None],
+    checkpoint: Callable[[dict[str, Any]], None] = lambda res: None,
+) -> dict[str, Any]:
+    """All measurements; returns the results dict that `tools.ns_kernels` renders."""
+    import triton
+
+    res: dict[str, Any] = {"torch": torch.__version__, "triton": triton.__version__, "started": time.time()}
+    try:
+        from importlib.metadata import version
+
+        res["emerging_optimizers"] = version("emerging-optimizers")
+    except Exception:  # noqa: BLE001
+        res["emerging_optimizers"] = None
+    if device == "cuda":
+        torch.set_float32_matmul_precision("medium")  # EO's bf16 path ("medium" is MCore's default)
+        res["device_name"] = torch.cuda.get_device_name()
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn_like(a)
+        res["ceiling_tflops"] = 2 * 8192**3 / median_ms(lambda: a @ b, "cuda", budget_ms=500) / 1e9
+        del a, b
+        log(f"bf16 matmul ceiling {res['ceiling_tflops']:.0f} TFLOP/s")
+    else:
+        res["device_name"] = "cpu"
+    if device == "cuda":
+        res["syrk_micro"] = syrk_micro(log)
+    res["shapes"] = []
+    for s in shapes:
+        log(f"shape {s[0]} {s[3]}x{s[1]}x{s[2]}")
+        res["shapes"].append(measure_shape(s, device, with_error, log))
+        checkpoint(res)
+    syrk = run_eo_syrk([(s[0], s[1], s[2]) for s in shapes if s[0] in eo_syrk], syrk_timeout, log)
+    for row in res["shapes"]:
+        if device == "cuda" and "eo_plain" in row["impls"]:
+            row["impls"]["eo_syrk"] = syrk.get(row["name"]) or {
+                "note": "skipped: EO SYRK autotunes minutes per new shape (docs/references.md: H200 measurements); run with eo_syrk=NAME"
+            }
+    layers = CPU_LAYERS if device == "cpu" else LAYERS
+    res["steps"] = {}
+    for name, spec in layers.items():
+        log(f"layer step {name}")
+        res["steps"][name] = measure_layer(name, spec, device, log)
+        checkpoint(res)
+    from optim.kernels.fused_step import TRITON_FAILURE
+
+    res["fused_step_triton_failure"] = list(TRITON_FAILURE)
+    res["finished"] = time.time()
+    return res

@@ -1,0 +1,202 @@
+"""Time one optimizer step over a Qwen3-30B-A3B-layer-shaped parameter set: optim.Muon vs AdamW vs EO Muon.
+
+Usage: `python -m tools.optim_step [device=cpu|cuda] [format=md|json] [scale=F] [repeats=N] [threads=N]
+[impls=a,b,...]`.
+
+Parameters are one Qwen3-30B-A3B layer as separate fp32 matrices (q 4096x2048, k and v 512x2048, o 2048x4096,
+128 experts of fc1 1536x2048 (gate and up fused) and fc2 2048x768), 260 parameters, with fixed random
+gradients. On CPU each dimension is multiplied by `scale` (default 1/16, experts kept at 128 so the
+per-parameter work is represented); on CUDA the default scale is 1 (full shapes). Implementations:
+
+- `adamw_foreach`: torch.optim.AdamW(foreach=True), the memory-bound reference.
+- `optim_muon`: optim.Muon (EO v0.3.0 defaults, lr 1e-4; on CUDA its fused step path, `MuonConfig.fused_step`).
+- `optim_muon_no_ns`: optim.Muon with its orthogonalization replaced by the identity: everything of the step
+  except Newton-Schulz (momentum, finite check, stacking, scaling, weight decay, update).
+- `optim_muon_unfused`, `optim_muon_unfused_no_ns`: the same with `fused_step=False` (the multi-tensor torch path;
+  on CPU `fused_step` has no effect, the fused path needs CUDA, so both pairs time the same code there).
+- `optim_mop_pe`: optim.MOP with polar_method="polar_express".
+- `eo_muon`: emerging-optimizers 0.3.0 Muon (when installed; loops over parameters).
+
+Protocol: one warm-up step, then `repeats` timed steps (CUDA: synchronized around each step), median and IQR of
+the wall time in ms, and the median process CPU time (the steadier number on a shared CPU; on CUDA it only shows
+host work and sync waits). Each step is a real update (parameters move), which does not change the work done.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+IMPLS = (
+    "adamw_foreach",
+    "optim_muon",
+    "optim_muon_no_ns",
+    "optim_muon_unfused",
+    "optim_muon_unfused_no_ns",
+    "optim_mop_pe",
+    "eo_muon",
+)
+
+
+def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
+    """(rows, cols, count) of the layer with rows and cols multiplied by scale (at least 4)."""
+    from tools.ns_kernels_measure import LAYERS  # the kernel benchmark's layer, so both time the same shapes
+
+    return [
+        (max(4, round(r * scale)), max(4, round(c * scale)), n) for r, c, n in LAYERS["qwen3_30b_a3b_layer"]
+    ]
+
+
+def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
+    import torch
+
+    from optim import MOP, Muon, MuonConfig
+    from optim.configs import MOPConfig
+
+    def no_ns(ps: list[Any], fused: bool = True) -> Any:
+        opt = Muon(ps, MuonConfig(lr=1e-4, fused_step=fused))
+        opt._orthogonalize = lambda x: (x, None)
+        return opt
+
+    out: dict[str, Callable[[list[Any]], Any]] = {
+        "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True),
+        "optim_muon": lambda ps: Muon(ps, MuonConfig(lr=1e-4)),
+        "optim_muon_no_ns": no_ns,
+        "optim_muon_unfused": lambda ps: Muon(ps, MuonConfig(lr=1e-4, fused_step=False)),
+        "optim_muon_unfused_no_ns": lambda ps: no_ns(ps, fused=False),
+        "optim_mop_pe": lambda ps: MOP(ps, MOPConfig(lr=1e-4, polar_method="polar_express")),
+    }
+    try:
+        from emerging_optimizers.orthogonalized_optimizers import Muon as EOMuon
+
+        out["eo_muon"] = lambda ps: EOMuon(ps, lr=1e-4)
+    except ImportError:
+        pass
+    return out
+
+
+def time_step(opt: Any, device: str, repeats: int) -> tuple[list[float], list[float]]:
+    """(wall ms, process CPU ms) of `repeats` steps after one warm-up step (CUDA synchronized around each).
+
+    On a shared CPU the process CPU time is the steadier number (time spent preempted is not counted); it sums
+    over intra-op threads, so compare it at threads=1.
+    """
+    import torch
+
+    def sync() -> None:
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+    opt.step()
+    sync()
+    wall, cpu = [], []
+    for _ in range(repeats):
+        sync()
+        t, c = time.perf_counter(), time.process_time()
+        opt.step()
+        sync()
+        wall.append((time.perf_counter() - t) * 1e3)
+        cpu.append((time.process_time() - c) * 1e3)
+    return wall, cpu
+
+
+def run(
+    *, device: str, scale: float, repeats: int, threads: int = 0, impls: tuple[str, ...] = IMPLS
+) -> dict[str, Any]:
+    """Measure every implementation; returns a JSON-able dict (config, env, one row per implementation)."""
+    import torch
+
+    from tools.ns_kernels_measure import make_params
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    spec = layer_shapes(scale)
+    res: dict[str, Any] = {
+        "layer": "qwen3_30b_a3b",
+        "shapes": spec,
+        "num_params": sum(n for _, _, n in spec),
+        "numel": sum(r * c * n for r, c, n in spec),
+        "device": device,
+        "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "scale": scale,
+        "repeats": repeats,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "rows": [],
+    }
+    for name, make in _factories(device).items():
+        if name not in impls:
+            continue
+        ps = make_params(spec, device)
+        opt = make(ps)
+        ts, cs = time_step(opt, device, repeats)
+        q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0], ts[0], ts[0]]
+        res["rows"].append(
+            {
+                "impl": name,
+                "median_ms": statistics.median(ts),
+                "iqr_ms": q[2] - q[0],
+                "cpu_median_ms": statistics.median(cs),
+                "times_ms": ts,
+                "cpu_times_ms": cs,
+            }
+        )
+        del opt, ps
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return res
+
+
+def to_markdown(res: dict[str, Any]) -> str:
+    """The result as a markdown table with its protocol line."""
+    head = (
+        f"Qwen3-30B-A3B layer optimizer step, device={res['device']} ({res['device_name']}), scale={res['scale']}, "
+        f"{res['num_params']} params, {res['numel'] / 1e6:.2f} M elements, torch {res['torch']}, "
+        f"{res['threads']} threads; one warm-up step, median and IQR of {res['repeats']} steps."
+    )
+    lines = [
+        head,
+        "",
+        "| impl | median ms | IQR ms | median process CPU ms |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['impl']} | {r['median_ms']:.2f} | {r['iqr_ms']:.2f} | {r['cpu_median_ms']:.2f} |"
+        for r in res["rows"]
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: key=value arguments (device, format, scale, repeats, threads, impls)."""
+    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
+    allowed = {"device", "format", "scale", "repeats", "threads", "impls"}
+    if set(args) - allowed:
+        raise ValueError(f"unknown arguments {sorted(set(args) - allowed)}; allowed: {sorted(allowed)}")
+    device = args.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device={device!r} is not one of ('cpu', 'cuda')")
+    fmt = args.get("format", "md")
+    if fmt not in ("md", "json"):
+        raise ValueError(f"format={fmt!r} is not one of ('md', 'json')")
+    impls = tuple(args.get("impls", ",".join(IMPLS)).split(","))
+    if set(impls) - set(IMPLS):
+        raise ValueError(f"impls={sorted(set(impls) - set(IMPLS))} not among {IMPLS}")
+    scale = float(args.get("scale", 1.0 if device == "cuda" else 1 / 16))
+    res = run(
+        device=device,
+        scale=scale,
+        repeats=int(args.get("repeats", 10 if device == "cuda" else 5)),
+        threads=int(args.get("threads", 0)),
+        impls=impls,
+    )
+    print(json.dumps(res, indent=1) if fmt == "json" else to_markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
