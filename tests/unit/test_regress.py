@@ -167,7 +167,11 @@ def test_committed_h200_golden_rows():
     by_run: dict[str, list[regress.Check]] = {}
     for c in cmp.checks:
         by_run.setdefault(c.run_id, []).append(c)
-    for run_id in ("20261129_h200_8067dfa_qflops_adamw", "20261129_h200_8067dfa_qflops_muon_ours", "20261129_h200_8067dfa_qflops_muon_megatron"):
+    for run_id in (
+        "20261129_h200_8067dfa_qflops_adamw",
+        "20261129_h200_8067dfa_qflops_muon_ours",
+        "20261129_h200_8067dfa_qflops_muon_megatron",
+    ):
         assert [c.change for c in by_run[run_id]] == [0.0] * 4, run_id
     assert {c.verdict for c in by_run["20261129_h200_8ddefd9_qflops_muon_ours"]} == {"ok"}
     # the diagnostics of the first batches and every later run (configs changed since the blessing, or the
@@ -178,7 +182,9 @@ def test_committed_h200_golden_rows():
         "20261129_h200_e5c2a0f_qflops_muon_ours_gc",
         "20261129_h200_2216940_qflops_muon_ours_empty1",
     } <= no_golden
-    assert {r for r in no_golden if not r.startswith(("20261129_h200_e5c2a0f_", "20261129_h200_2216940_"))} == {
+    assert {
+        r for r in no_golden if not r.startswith(("20261129_h200_e5c2a0f_", "20261129_h200_2216940_"))
+    } == {
         r["run_id"]
         for r in results
         if not r["run_id"].startswith(tuple(f"20261129_h200_{sha}_" for sha in FIRST_BATCHES))
