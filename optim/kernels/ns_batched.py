@@ -13,7 +13,7 @@ Gram-NS step (Dao-AILab gram-newton-schulz), P = aI + Z: Z = sym(R, R, c, R, b);
 PR = full(Z, R, 1, R, a); R = sym(PR, Z, 1, PR, a) = P R P^T. Only congruences and squares of symmetric matrices
 go to `sym`. Products that are symmetric only because the factors commute (Z Q, Z (R P)) stay full: in bf16 the
 computed polynomials do not commute, and using one triangle of such a product raised the error 5-10x (measured:
-0.10-0.19 instead of 0.017 relative to exact NS at m = 64-256; see reports/gpu_notes/ns_kernels.md).
+0.10-0.19 instead of 0.017 relative to exact NS at m = 64-256; see docs/ns_kernels_h200.md).
 
 Layout: X is (B, m, n) bf16 (or fp16), contiguous, m <= n (the caller transposes), already Frobenius-normalized.
 

@@ -5,7 +5,7 @@ gradient norm, gradient clipping and the fp32 -> bf16 copy of the main params in
 (`megatron.core.utils.local_multi_tensor_*`) these become per-tensor Python loops: the l2 norm builds a host list
 of every tensor's norm (`torch.tensor(list_of_cuda_scalars)`: one host sync per parameter, 1,582 per step on the
 Qwen3 slice) and the scale runs `dst.copy_(src * scale)` (an fp32 temporary and two kernels per tensor). Measured on
-one H200 (a torch.profiler capture of one step): the syncs leave the GPU idle for most of the
+one H200 (docs/megatron_h200.md: a torch.profiler capture of one step): the syncs leave the GPU idle for most of the
 optimizer phase's first ~20-50 ms, for every optimizer alike.
 
 `install()` swaps those fallbacks, where they are in use, for the same math on torch's foreach kernels (no host

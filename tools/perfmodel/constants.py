@@ -157,7 +157,7 @@ H200_HBM_FIT = 0.245  # tools.perfmodel.calibrate.fit_h200_hbm(): 0.2447
 _H200_HBM = Sourced(
     value=H200_HBM_FIT,
     source="FITTED (the only fitted value of this row) on one single-H200 Megatron run, "
-    "reports/megatron_h200_202611/runs_call3/qwen_adamw (TE-free engine: torch grouped_mm experts, SDPA "
+    "reports/megatron_h200_202611/20261129_h200_06a7769/qwen_adamw (TE-free engine: torch grouped_mm experts, SDPA "
     "attention, unfused norms; tools.perfmodel.calibrate.fit_h200_hbm); a standalone fused AdamW kernel "
     "reaches 0.72 (HBM_EFFICIENCY), the engine's memory-bound kernels average far less",
 )

@@ -62,7 +62,7 @@ def _typed(cfg: dict[str, Any]) -> Any:
     )
 
 
-FIT_RUN = "runs_call3/qwen_adamw"
+FIT_RUN = "20261129_h200_06a7769/qwen_adamw"
 """The one run the H200 row's fitted value is fitted on (the others are predictions)."""
 OUT_OF_SCOPE = {"sequential_mlp": "experts as a Python loop (launch-bound): no model term"}
 

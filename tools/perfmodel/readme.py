@@ -1,4 +1,4 @@
-"""Markdown of the performance-model report (README.md of reports/perfmodel_<yyyymm>/)."""
+"""Markdown of the performance-model report (README.md of reports/perfmodel_gb300_<yyyymm>/)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The committed performance-model report: calibration against Table 1, `ours` predictions and sweeps.
 
-`python -m tools.project report=reports/perfmodel_202611` writes README.md, results.csv (one row per predicted
+`python -m tools.project report=reports/perfmodel_gb300_202611` writes README.md, results.csv (one row per predicted
 configuration, `study` column) and one PNG per sweep (drawn from the rows, never from live state).
 """
 
@@ -18,7 +18,7 @@ from tools.perfmodel import calibrate, nscost
 from tools.perfmodel import constants as C
 from tools.perfmodel.model import predict, tp_mode_table
 
-COMMAND = "python -m tools.project report=reports/perfmodel_202611"
+COMMAND = "python -m tools.project report=reports/perfmodel_gb300_202611"
 
 
 def _variant(

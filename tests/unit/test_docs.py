@@ -1,0 +1,125 @@
+"""README, docs/ and reports/ stay a product's documentation: one-screen README, links that resolve, report folders
+with a protocol and a reproduce script, and no lab-notebook words in tracked non-code files."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+README_MAX_LINES = 100
+MD_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+DOC_REF = re.compile(r"`?((?:docs|reports)/[\w./-]+?\.md)(#[\w-]+)?`?")
+ANCHOR = re.compile(r'<a id="([\w-]+)"></a>')
+# process words: a study names its measurement batches by host, commit and date
+PROCESS_WORDS = re.compile(r"(?i:session|device call|issue #?\d|anchors\.md)|\bcalls? [A-Z](?:-[A-Z])?\b")
+TEXT_SUFFIXES = {".md", ".yaml", ".yml", ".sh", ".txt", ".csv", ".json", ".jsonl", ".toml", ".cfg", ".ini"}
+
+
+def _tracked() -> list[Path]:
+    out = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    return [REPO / p for p in out.splitlines()]
+
+
+def _docs_files() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_readme_fits_one_screen():
+    """Localises a README that grew back into a results diary."""
+    n = len((REPO / "README.md").read_text().splitlines())
+    assert n <= README_MAX_LINES, f"README.md has {n} lines, more than {README_MAX_LINES}"
+
+
+@pytest.mark.parametrize("doc", _docs_files(), ids=lambda p: p.name)
+def test_links_resolve(doc: Path):
+    """Every relative markdown link and every `docs/...md` / `reports/...md` reference (with its #anchor) in README
+    and docs/ points at a file (and anchor) in the repository."""
+    text = doc.read_text()
+    broken = []
+    for target in MD_LINK.findall(text):
+        if re.match(r"[a-z]+://", target) or target.startswith("#"):
+            continue
+        path = target.split("#", 1)[0]
+        if not (doc.parent / path).exists():
+            broken.append(target)
+    for path, anchor in DOC_REF.findall(text):
+        f = REPO / path
+        if not f.exists():
+            broken.append(path)
+        elif anchor and anchor[1:] not in ANCHOR.findall(f.read_text()):
+            broken.append(path + anchor)
+    assert not broken, f"{doc.relative_to(REPO)}: unresolved {broken}"
+
+
+def test_reference_anchors_cited_in_config_exist():
+    """Config comments cite `docs/references.md#<anchor>`; each anchor must exist there."""
+    anchors = set(ANCHOR.findall((REPO / "docs/references.md").read_text()))
+    cited = {
+        (p.relative_to(REPO).as_posix(), a)
+        for p in _tracked()
+        if p.suffix in {".yaml", ".md"} and p.exists()
+        for a in re.findall(r"docs/references\.md#([\w-]+)", p.read_text())
+    }
+    assert cited, "no citation of docs/references.md found: the check itself is broken"
+    assert not {(f, a) for f, a in cited if a not in anchors}
+
+
+def test_every_report_folder_has_readme_and_reproduce():
+    """A report folder is an artefact a user can regenerate: README.md (protocol, command, provenance) and one
+    reproduce.sh. `golden/` holds regression rows, not a report."""
+    folders = {
+        p.relative_to(REPO / "reports").parts[0] for p in _tracked() if p.is_relative_to(REPO / "reports")
+    }
+    folders.discard("golden")
+    assert folders
+    missing = [
+        f"{d}/{name}"
+        for d in sorted(folders)
+        for name in ("README.md", "reproduce.sh")
+        if not (REPO / "reports" / d / name).is_file()
+    ]
+    assert not missing, f"report folders without their README.md / reproduce.sh: {missing}"
+
+
+def test_report_folders_follow_naming():
+    """reports/<topic>_<gpu>_<yyyymm>/: a hardware token (cpu, h200, h200x2, gb300, ...) and the month last."""
+    folders = {
+        p.relative_to(REPO / "reports").parts[0] for p in _tracked() if p.is_relative_to(REPO / "reports")
+    }
+    bad = sorted(
+        d
+        for d in folders - {"golden"}
+        if not re.fullmatch(r"[a-z0-9_]+_(cpu|[a-z]+\d+(x\d+)?)(_[a-z0-9_]+)?_\d{6}", d)
+    )
+    assert not bad, f"report folders not named <topic>_<gpu>_<yyyymm>: {bad}"
+
+
+def test_no_process_words_in_tracked_non_code_files():
+    """Docs, configs, reports and scripts say what the code does and what was measured (host, commit, date), never
+    how the work was organised."""
+    hits = []
+    for p in _tracked():
+        if (p.suffix in TEXT_SUFFIXES or p.name in {"Makefile", "Dockerfile"}) and p.is_file():
+            for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+                if m := PROCESS_WORDS.search(line):
+                    hits.append(f"{p.relative_to(REPO)}:{i}: {m.group(0)!r}")
+    assert not hits, "\n".join(hits[:20])
+
+
+def test_process_word_pattern_catches_the_diary_forms():
+    """The pattern itself: it must flag the forms the reports used to carry and leave ordinary prose alone."""
+    for s in (
+        "Session 7 ran",
+        "calls T-V",
+        "call B (commit)",
+        "issue 7",
+        "anchors.md (f)",
+        "one device call",
+    ):
+        assert PROCESS_WORDS.search(s), s
+    for s in ("NS calls per step", "a call to torch", "each call a batch", "recall"):
+        assert not PROCESS_WORDS.search(s), s
