@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project collect report regress quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-cluster bench-ns flops balance project collect report regress quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -28,9 +28,13 @@ test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests
 
-bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report
+bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
 	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
+
+EXAMPLE_REPORT := cpu_qwen3_moe_tiny_dp2
+bench-example: $(STAMP) ## Rewrite the committed example reports/cpu_qwen3_moe_tiny_dp2/ from the latest sweep (after make bench)
+	$(PY) -m bench.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.report --name $(EXAMPLE_REPORT)
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m bench.ns_kernels $(ARGS)
@@ -44,7 +48,7 @@ balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model
 project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
 	$(PY) -m bench.project $(ARGS)
 
-collect: $(STAMP) ## Gather run directories into results.csv
+collect: $(STAMP) ## Gather the latest sweep's run directories into runs/<sweep>/report/results.csv (ARGS="--name N": reports/N/)
 	$(PY) -m bench.collect $(ARGS)
 
 report: $(STAMP) ## Write the markdown report and plots from the collected CSVs
