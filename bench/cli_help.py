@@ -76,3 +76,11 @@ def run_usage() -> str:
             "bench.resume=runs/LATEST.json",
         ),
     )
+
+
+def module_help(doc: str | None, argv: list[str]) -> bool:
+    """For the key=value tools whose module docstring is their usage: print it when `argv` asks for help."""
+    if not any(a in ("-h", "--help") for a in argv):
+        return False
+    print((doc or "").strip())
+    return True
