@@ -147,16 +147,22 @@ def read_records(run_dirs: list[Path], problems: list[str]) -> list[tuple[Path, 
         try:
             rec = record.read_json(path)
         except FileNotFoundError:
-            problems.append(f"{path}: missing (run skipped)")
+            problems.append(f"{path}: missing; run skipped")
             continue
         except json.JSONDecodeError as exc:
-            problems.append(f"{path}:{exc.lineno}: unreadable JSON ({exc.msg}; run skipped)")
+            problems.append(
+                f"{path}:{exc.lineno}: unreadable JSON ({exc.msg}, column {exc.colno}); run skipped"
+            )
             continue
         if not isinstance(rec, dict):
-            problems.append(f"{path}: not a JSON object (run skipped)")
+            problems.append(f"{path}: not a JSON object; run skipped")
             continue
         out.append((d, rec))
     return out
+
+
+class BrokenRecords(ValueError):
+    """`--strict` and some run record could not be read whole."""
 
 
 def collect(
@@ -172,7 +178,7 @@ def collect(
         rows.append(run_row(rec))
         steps.extend(step_rows(rec, d, found))
     if strict and found:
-        raise ValueError("broken run records (--strict):\n  " + "\n  ".join(found))
+        raise BrokenRecords("broken run records (--strict):\n  " + "\n  ".join(found))
     if problems is None:
         for msg in found:
             warnings.warn(msg, record.RecordWarning, stacklevel=2)
@@ -248,11 +254,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             dest = default_report_dir(manifest)
         if args.strict and problems:
-            raise ValueError("--strict: " + "; ".join(problems))
+            raise BrokenRecords("--strict: " + "; ".join(problems))
         results, _ = collect(run_dirs, dest, problems=problems, strict=args.strict)
+    except BrokenRecords as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 1 if args.strict and problems else 2
+        return 2
     for msg in problems:
         print(f"warning: {msg}", file=sys.stderr)
     print(terminal_table(results))

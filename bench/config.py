@@ -220,7 +220,6 @@ def validate(root: schema.RootConfig) -> None:
     _check_allowed(root)
     _check_bench(root.bench)
     _check_optimizer(root.optimizer)
-    _check_engine_support(root)
     opt = root.optimizer
     if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":
         _fail(
@@ -350,3 +349,4 @@ def validate(root: schema.RootConfig) -> None:
                 )
     if root.bench.idle_before_step_s < 0:
         _fail("bench.idle_before_step_s", root.bench.idle_before_step_s, "must be >= 0")
+    _check_engine_support(root)

@@ -497,7 +497,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                         _label(r),
                         _status_text(r),
                         (
-                            f"loss {_txt(r.get('diverged_loss'))} at step {fmt(r.get('diverged_at_step'), '.0f')}"
+                            f"loss {str(r.get('diverged_loss')).lower()} at step {fmt(r.get('diverged_at_step'), '.0f')}"
                             if _num(r.get("diverged_at_step")) is not None
                             else f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}"
                         )

@@ -175,7 +175,9 @@ def run(run_dir: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if args in (["-h"], ["--help"]):
-        print("usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>  (started by bench.run's launcher)")
+        print(
+            "usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>  (started by bench.run's launcher)"
+        )
         return
     if len(args) != 1:
         raise SystemExit("usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>")
