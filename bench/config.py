@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ def available_options(group: str) -> list[str]:
 
 
 _MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
+_UNKNOWN_KEY = re.compile(r"Could not override '([^']+)'.*?Key '([^']+)' not in '(\w+)'", re.DOTALL)
 
 
 def _explain_missing(exc: Exception) -> str:
@@ -97,6 +98,11 @@ def _explain_missing(exc: Exception) -> str:
     cause = exc.__cause__
     if cause is not None and str(cause) not in msg:
         msg = f"{msg}\n{cause}"
+    unknown = _UNKNOWN_KEY.search(msg)
+    cls = getattr(schema, unknown.group(3), None) if unknown else None
+    if unknown and cls is not None:
+        names = sorted(f.name for f in fields(cls))
+        return f"{unknown.group(1)}: no such field in {unknown.group(3)}; its fields: {', '.join(names)}"
     m = _MISSING_CONFIG.search(msg)
     if m and "/" in m.group(1):
         group, name = m.group(1).split("/", 1)
