@@ -47,8 +47,10 @@ def test_bad_input_is_refused_before_launch_without_traceback_or_run_dir(tmp_pat
         "adam_beta1, adam_beta2, adam_eps, clip_grad, implementation, lr, lr_decay, lr_warmup_steps, min_lr"
     )
     assert res.stderr.splitlines() == [
-        f"error: optimizer.momentum: no such field in AdamWSchema; its fields: {fields}, name, weight_decay  "
-        f"[job: optimizer=adamw optimizer.momentum=1.5 {out}]",
+        (
+            f"error: optimizer.momentum: no such field in AdamWSchema; its fields: {fields}, name, weight_decay  "
+            f"[job: optimizer=adamw optimizer.momentum=1.5 {out}]"
+        ),
         f"error: optimizer.momentum=1.5: is not in [0.0, 1.0)  [job: optimizer=muon optimizer.momentum=1.5 {out}]",
     ]
     assert not (tmp_path / "runs").exists()
