@@ -196,7 +196,7 @@ def terminal_table(results: Any) -> str:
     """A short fixed-width table of the collected runs."""
     cols = [
         "run_id",
-        "optimizer",
+        "optimizer_config",
         "status",
         "step_s_median",
         "optim_s_median",

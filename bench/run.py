@@ -183,7 +183,9 @@ def execute(cfg: Any) -> str:
 def summary_line(rec: dict[str, Any]) -> str:
     """One line per run for the terminal."""
     s = rec.get("summary") or {}
-    opt = (rec.get("config") or {}).get("optimizer", {}).get("name", "?")
+    opt = (rec.get("choices") or {}).get("optimizer") or (rec.get("config") or {}).get("optimizer", {}).get(
+        "name", "?"
+    )
     head = f"== {rec['run_id']} [{opt}] {rec['status']}"
     if rec["status"] == Status.DIVERGED:
         div = rec.get("divergence") or {}
