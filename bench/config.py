@@ -168,8 +168,10 @@ def _check_optimizer(opt: Any) -> None:
         raise ConfigError(f"optimizer: {exc}") from exc
 
 
-def _check_engine_support(root: schema.RootConfig) -> None:
-    """What each engine can run, before anything is launched (the engines raise the same inside a rank)."""
+def check_runnable(root: schema.RootConfig) -> None:
+    """What the configured engine can run, checked by `bench.run` before anything is launched (the engines raise the
+    same inside a rank). Not part of `validate`: the analysis tools (`bench.flops`, `balance`, `project`) compose
+    layouts that no local engine runs."""
     eng, par, opt = root.engine.name, root.parallelism, root.optimizer
     impl = opt.implementation
     if eng == "hf":
@@ -355,4 +357,3 @@ def validate(root: schema.RootConfig) -> None:
                 )
     if root.bench.idle_before_step_s < 0:
         _fail("bench.idle_before_step_s", root.bench.idle_before_step_s, "must be >= 0")
-    _check_engine_support(root)

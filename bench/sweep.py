@@ -2,7 +2,8 @@
 invocation's manifest (`<bench.out_dir>/LATEST.json`) current from its first job on, and resume a sweep.
 
 - `expand(argv)`: the override list of each job of an invocation (Hydra's own sweep expansion).
-- `preflight(jobs)`: compose and validate every job; the errors, one line each (no run directory is created).
+- `preflight(jobs)`: compose, validate and check every job against its engine; the errors, one line each (no run
+  directory is created).
 - `claim_run_dir(path)`: a run directory no other `bench.run` holds (exclusive create of its `run.json`).
 - `Manifest`: `LATEST.json` (and `<sweep dir>/sweep.json`): the command, the state (`running`, `complete`,
   `interrupted`) and every run with its status, rewritten as each job starts and ends.
@@ -52,7 +53,7 @@ def preflight(jobs: list[list[str]]) -> list[str]:
     errors = []
     for job in jobs:
         try:
-            config.load(list(job_key(job)))
+            config.check_runnable(config.load(list(job_key(job))))
         except ValueError as exc:
             label = " ".join(job_key(job)) or "(defaults)"
             errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))

@@ -12,13 +12,9 @@ from bench.config import CONF_DIR, load
 
 GROUPS = ("model", "parallelism", "optimizer", "hardware", "precision", "engine", "launcher")
 # Options that only validate next to a matching model (experts divisible by EP, layers matching the layout).
-MEGATRON = ["engine=megatron", "hardware=h200"]
-"""Options the default hf engine cannot run (model parallelism, FP8, Megatron's built-in Muon) compose with it."""
 PARTNERS: dict[str, list[str]] = {
-    "parallelism/pp4_dp64_ep64": ["model=kimi_k2", *MEGATRON],
-    "parallelism/dp8_ep8": ["model=qwen3_30b_a3b", *MEGATRON],
-    "optimizer/muon_megatron": MEGATRON,
-    "precision/fp8_mx": MEGATRON,
+    "parallelism/pp4_dp64_ep64": ["model=kimi_k2"],
+    "parallelism/dp8_ep8": ["model=qwen3_30b_a3b"],
 }
 OPTION_SCHEMA = {**schema.SCHEMAS, **{f"optimizer/{k}": v for k, v in schema.OPTIMIZER_SCHEMAS.items()}}
 

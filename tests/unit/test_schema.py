@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.config import ConfigError, config_hash, load
+from bench.config import ConfigError, check_runnable, config_hash, load
 
 
 def test_default_composes_typed() -> None:
@@ -122,8 +122,16 @@ def test_bad_input_fails_at_compose_time_naming_the_field(overrides: list[str], 
     """Localises out-of-range optimizer values, engine mismatches and bench protocol values that were caught only
     inside every rank after torchrun started (or never), with messages that lacked the field path."""
     with pytest.raises(ConfigError) as info:
-        load(overrides)
+        check_runnable(load(overrides))
     assert str(info.value).startswith(message), str(info.value)
+
+
+def test_engine_rules_apply_to_runs_not_to_the_analysis_tools() -> None:
+    """bench.flops / balance / project compose layouts no local engine runs (EP8 with the default hf engine)."""
+    root = load(["model=qwen3_30b_a3b", "parallelism=dp8_ep8"])
+    with pytest.raises(ConfigError, match=r"^parallelism.ep=8: the hf engine is data parallel only"):
+        check_runnable(root)
+    check_runnable(load(["model=qwen3_30b_a3b", "parallelism=dp8_ep8", "engine=megatron", "hardware=h200"]))
 
 
 def test_nested_experiment_error_lists_every_experiment() -> None:
