@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -28,9 +28,13 @@ test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests experiments
 
-bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report
+bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
 	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
+
+EXAMPLE_REPORT := smoke_cpu_202611
+bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202611/ from the latest sweep (after make bench)
+	$(PY) -m bench.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.report --name $(EXAMPLE_REPORT)
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m tools.ns_kernels $(ARGS)
@@ -44,8 +48,8 @@ balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model
 project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
 	$(PY) -m tools.project $(ARGS)
 
-perfmodel: $(STAMP) ## Performance model calibration and sweeps: README, CSV and plots under reports/perfmodel_202611
-	$(PY) -m tools.project report=reports/perfmodel_202611
+perfmodel: $(STAMP) ## Performance model calibration and sweeps: README, CSV and plots under reports/perfmodel_gb300_202611
+	$(PY) -m tools.project report=reports/perfmodel_gb300_202611
 
 optim-step: $(STAMP) ## Time one optimizer step on a Qwen3-30B-A3B layer: make optim-step ARGS="device=cuda"
 	$(PY) -m tools.optim_step $(ARGS)
@@ -54,7 +58,7 @@ NPROC ?= 2
 optim-scaling: $(STAMP) ## Layer-wise optimizer step strong scaling on NPROC ranks: make optim-scaling NPROC=8 ARGS="out=DIR"
 	$(PY) -m torch.distributed.run --nproc_per_node=$(NPROC) -m tools.optim_scaling $(ARGS)
 
-collect: $(STAMP) ## Gather run directories into results.csv
+collect: $(STAMP) ## Gather the latest sweep's run directories into runs/<sweep>/report/results.csv (ARGS="--name N": reports/N/)
 	$(PY) -m bench.collect $(ARGS)
 
 report: $(STAMP) ## Write the markdown report and plots from the collected CSVs

@@ -1,17 +1,22 @@
 """Collect run records into one tidy table: one row per run (config keys + summary metrics + provenance).
 
-    python -m bench.collect                       # the runs of the latest `bench.run` invocation (runs/LATEST.json)
-    python -m bench.collect --runs runs/ --name my_study
+    python -m bench.collect                       # the latest `bench.run` invocation -> <its sweep dir>/report/
+    python -m bench.collect --runs runs/ --name my_study      # -> reports/my_study/
 
-Writes `reports/<name>/results.csv` (one row per run) and `reports/<name>/steps.csv` (one row per run and step,
-the loss and time curves the report plots). Failed runs are rows too, with their status and error, so a sweep never
-silently shrinks. No torch import.
+Writes `results.csv` (one row per run) and `steps.csv` (one row per run and step, the loss and time curves the
+report plots). By default, for the invocation `<out-dir>/LATEST.json` names, into `<sweep dir>/report/` (a single
+run: `<run dir>/report/`), where git does not track; with `--name`, `--runs` or `--reports` into
+`<reports>/<name>/`. Failed runs are rows too, with their status and error, so a sweep never silently shrinks. A
+broken record (unreadable or missing `run.json`, a bad line in `steps.jsonl`) is skipped alone and named with its
+file and line in a warning; `--strict` makes any of them an error (exit 1, nothing written). No torch import.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +67,19 @@ def run_row(rec: dict[str, Any]) -> dict[str, Any]:
     hw = rec.get("hardware") or {}
     versions = rec.get("versions") or {}
     git = rec.get("git") or {}
+    div = rec.get("divergence") or {}
+    choices = rec.get("choices") or {}
+    overrides = rec.get("overrides") or []
+    chosen = [o.split("=", 1)[1] for o in overrides if o.startswith("optimizer=") and "," not in o]
     row: dict[str, Any] = {
         "run_id": rec.get("run_id"),
         "status": rec.get("status"),
         "error_type": err.get("type"),
         "error_message": (str(err["message"])[:300] if err.get("message") else None),
+        "diverged_at_step": div.get("step"),
+        "diverged_loss": div.get("loss"),
+        "optimizer_config": choices.get("optimizer") or (chosen[0] if chosen else None),
+        "overrides": " ".join(overrides),
     }
     row.update({col: _get(cfg, path) for col, path in CONFIG_COLUMNS.items()})
     tp, pp, cp = (_get(cfg, f"parallelism.{k}") or 1 for k in ("tp", "pp", "cp"))
@@ -101,30 +114,76 @@ def run_row(rec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def step_rows(rec: dict[str, Any], run_dir: Path) -> list[dict[str, Any]]:
+def step_rows(rec: dict[str, Any], run_dir: Path, problems: list[str]) -> list[dict[str, Any]]:
     """The steps.csv rows of one run (run id and optimizer in front of every steps.jsonl line)."""
     opt = _get(rec.get("config") or {}, "optimizer.name")
-    return [{"run_id": rec.get("run_id"), "optimizer": opt, **s} for s in record.read_steps(run_dir)]
+    steps = record.read_steps(run_dir, problems=problems)
+    return [{"run_id": rec.get("run_id"), "optimizer": opt, **s} for s in steps]
 
 
-def latest_runs(out_dir: Path) -> tuple[list[Path], str | None]:
-    """Run directories and report name of the latest `bench.run` invocation."""
+def latest_runs(out_dir: Path) -> tuple[list[Path], dict[str, Any]]:
+    """Run directories and manifest of the latest `bench.run` invocation."""
     manifest = out_dir / "LATEST.json"
     if not manifest.exists():
         raise ValueError(f"{manifest} does not exist: run `python -m bench.run` first, or pass --runs DIR")
     data = record.read_json(manifest)
-    return [Path(p) for p in data["runs"]], data.get("report_name")
+    return [Path(p) for p in data["runs"]], data
 
 
-def collect(run_dirs: list[Path], dest: Path) -> tuple[Any, Any]:
-    """Write `dest/results.csv` and `dest/steps.csv`; returns the two DataFrames."""
+def default_report_dir(manifest: dict[str, Any]) -> Path:
+    """Where the report of an invocation goes by default: `<sweep dir>/report/`, or `<run dir>/report/`."""
+    if manifest.get("sweep_dir"):
+        return Path(manifest["sweep_dir"]) / "report"
+    if manifest.get("runs"):
+        return Path(manifest["runs"][0]) / "report"
+    raise ValueError("LATEST.json lists no runs yet: its invocation has not started a job")
+
+
+def read_records(run_dirs: list[Path], problems: list[str]) -> list[tuple[Path, dict[str, Any]]]:
+    """(run dir, run.json) of every readable record; each missing or unreadable one named in `problems`."""
+    out = []
+    for d in run_dirs:
+        path = d / "run.json"
+        try:
+            rec = record.read_json(path)
+        except FileNotFoundError:
+            problems.append(f"{path}: missing; run skipped")
+            continue
+        except json.JSONDecodeError as exc:
+            problems.append(
+                f"{path}:{exc.lineno}: unreadable JSON ({exc.msg}, column {exc.colno}); run skipped"
+            )
+            continue
+        if not isinstance(rec, dict):
+            problems.append(f"{path}: not a JSON object; run skipped")
+            continue
+        out.append((d, rec))
+    return out
+
+
+class BrokenRecords(ValueError):
+    """`--strict` and some run record could not be read whole."""
+
+
+def collect(
+    run_dirs: list[Path], dest: Path, *, problems: list[str] | None = None, strict: bool = False
+) -> tuple[Any, Any]:
+    """Write `dest/results.csv` and `dest/steps.csv`; returns the two DataFrames. Broken records are skipped and
+    named in `problems` (warned when None); `strict` raises ValueError listing them instead."""
     import pandas as pd
 
+    found: list[str] = []
     rows, steps = [], []
-    for d in run_dirs:
-        rec = record.read_json(d / "run.json")
+    for d, rec in read_records(run_dirs, found):
         rows.append(run_row(rec))
-        steps.extend(step_rows(rec, d))
+        steps.extend(step_rows(rec, d, found))
+    if strict and found:
+        raise BrokenRecords("broken run records (--strict):\n  " + "\n  ".join(found))
+    if problems is None:
+        for msg in found:
+            warnings.warn(msg, record.RecordWarning, stacklevel=2)
+    else:
+        problems.extend(found)
     results = pd.DataFrame(rows)
     step_df = pd.DataFrame(steps, columns=["run_id", "optimizer", *record.STEP_KEYS])
     dest.mkdir(parents=True, exist_ok=True)
@@ -137,7 +196,7 @@ def terminal_table(results: Any) -> str:
     """A short fixed-width table of the collected runs."""
     cols = [
         "run_id",
-        "optimizer",
+        "optimizer_config",
         "status",
         "step_s_median",
         "optim_s_median",
@@ -156,33 +215,55 @@ def main(argv: list[str] | None = None) -> int:
         "--runs", nargs="*", type=Path, help="run directories or roots to search (default: latest invocation)"
     )
     ap.add_argument("--out-dir", type=Path, default=Path("runs"), help="bench.out_dir holding LATEST.json")
-    ap.add_argument("--name", help="report name (default: bench.report_name of the runs)")
-    ap.add_argument("--reports", type=Path, default=Path("reports"), help="root of report folders")
+    ap.add_argument(
+        "--name", help="report name: write <reports>/<name>/ (default: bench.report_name of the runs)"
+    )
+    ap.add_argument("--reports", type=Path, help="root of named report folders (default: reports)")
+    ap.add_argument(
+        "--strict", action="store_true", help="a broken record is an error (exit 1), not a warning"
+    )
     args = ap.parse_args(argv)
+    problems: list[str] = []
     try:
+        manifest: dict[str, Any] = {}
         if args.runs:
             run_dirs = [d for root in args.runs for d in record.find_runs(root)]
-            name = args.name
         else:
-            run_dirs, name = latest_runs(args.out_dir)
-            name = args.name or name
+            run_dirs, manifest = latest_runs(args.out_dir)
+            if manifest.get("state") in ("running", "interrupted"):
+                problems.append(
+                    f"{args.out_dir / 'LATEST.json'}: its invocation is {manifest['state']} "
+                    f"({len(run_dirs)} runs recorded so far)"
+                )
         if not run_dirs:
             raise ValueError(f"no run.json under {[str(r) for r in args.runs or []]}")
-        if not name:
-            names = {
-                record.read_json(d / "run.json").get("config", {}).get("bench", {}).get("report_name")
-                for d in run_dirs
-            }
-            if len(names) != 1:
-                raise ValueError(
-                    f"runs have several bench.report_name values {sorted(map(str, names))}; pass --name"
-                )
-            name = names.pop()
+        named = bool(args.runs or args.name or args.reports)
+        if named:
+            name = args.name or manifest.get("report_name")
+            if not name:
+                names = {
+                    (rec.get("config") or {}).get("bench", {}).get("report_name")
+                    for _, rec in read_records(run_dirs, [])
+                }
+                if len(names) != 1:
+                    raise ValueError(
+                        f"runs have several bench.report_name values {sorted(map(str, names))}; pass --name"
+                    )
+                name = names.pop()
+            dest = (args.reports or Path("reports")) / str(name)
+        else:
+            dest = default_report_dir(manifest)
+        if args.strict and problems:
+            raise BrokenRecords("--strict: " + "; ".join(problems))
+        results, _ = collect(run_dirs, dest, problems=problems, strict=args.strict)
+    except BrokenRecords as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    dest = args.reports / str(name)
-    results, _ = collect(run_dirs, dest)
+    for msg in problems:
+        print(f"warning: {msg}", file=sys.stderr)
     print(terminal_table(results))
     print(f"== {len(results)} runs -> {dest / 'results.csv'}, {dest / 'steps.csv'}")
     return 0

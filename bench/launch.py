@@ -11,6 +11,7 @@ No torch import at module top (a login node launches without torch); the GPU che
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -248,6 +249,60 @@ def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
             return run_slurm(cfg, run_dir)
         case other:
             raise ValueError(f"launcher.name={other!r}: allowed ['local', 'slurm']")
+
+
+TORCHRUN_PATTERNS: dict[str, re.Pattern[str]] = {
+    "rank": re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank"),
+    "exitcode": re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid"),
+    "root_cause": re.compile(r"^Root Cause"),
+}
+"""The lines of torchrun's failure report (torch.distributed.elastic `ChildFailedError`) read here: each failed
+rank's block names its rank, then its exit code (negative: killed by that signal). Tested on a captured log."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KilledRank:
+    rank: int
+    signum: int
+
+    @property
+    def signal_name(self) -> str:
+        try:
+            return signal.Signals(self.signum).name
+        except ValueError:
+            return f"signal {self.signum}"
+
+    def headline(self) -> str:
+        """One line naming the rank and the signal (and the likely sender of a SIGKILL)."""
+        text = f"rank {self.rank} was killed by {self.signal_name} (signal {self.signum})"
+        if self.signum == signal.SIGKILL:
+            text += "; a SIGKILL without a timeout usually comes from the kernel's out-of-memory killer (see dmesg)"
+        return text
+
+
+def killed_rank(stderr: str, *, ranks_with_errors: frozenset[int] = frozenset()) -> KilledRank | None:
+    """The rank a signal killed, from torchrun's failure report in `stderr`: a rank that died by a signal other than
+    the SIGTERM torchrun sends to the survivors and wrote no error of its own, else the root cause if a signal killed
+    it; None when no rank died by a signal."""
+    killed: list[tuple[int, int, bool]] = []  # (rank, signum, is the root cause)
+    rank, root = None, False
+    for line in stderr.splitlines():
+        if TORCHRUN_PATTERNS["root_cause"].match(line):
+            root = True
+        elif m := TORCHRUN_PATTERNS["rank"].match(line):
+            rank = int(m.group(1))
+        elif (m := TORCHRUN_PATTERNS["exitcode"].match(line)) and rank is not None:
+            code = int(m.group(1))
+            if code < 0:
+                killed.append((rank, -code, root))
+            rank = None
+    for r, signum, _ in killed:
+        if signum != signal.SIGTERM and r not in ranks_with_errors:
+            return KilledRank(rank=r, signum=signum)
+    for r, signum, is_root in killed:
+        if is_root:
+            return KilledRank(rank=r, signum=signum)
+    return None
 
 
 def shell_join(argv: list[str]) -> str:

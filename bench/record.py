@@ -1,7 +1,7 @@
 """Run records: one directory per run holding `run.json` and `steps.jsonl`.
 
-`run.json` (schema `RUN_SCHEMA`): resolved config and its hash, status (`running | ok | oom | timeout | error`) with the
-error type and stderr tail, git SHA and dirty flag, package versions (read from metadata, nothing imported), hardware,
+`run.json` (schema `RUN_SCHEMA`): resolved config and its hash, status (a `Status` value, docs/run_status.md) with
+the error type and stderr tail, git SHA and dirty flag, package versions (read from metadata, nothing imported), hardware,
 command lines, start/end time, the measurement protocol and the summary metrics. `steps.jsonl`: one JSON object per
 optimizer step with the fixed key vocabulary `STEP_KEYS`. Every write is atomic (temp file + `os.replace`), so a reader
 never sees half a record, and a failed run still leaves a complete `run.json`.
@@ -18,13 +18,45 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+import warnings
 from datetime import UTC, datetime
+from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 RUN_SCHEMA = "muonbench.run/1"
-STATUSES = ("running", "ok", "oom", "timeout", "error")
+
+
+class Status(StrEnum):
+    """The status of a run record (`run.json` "status"); docs/run_status.md says what each means."""
+
+    RUNNING = "running"
+    """Launched and not closed yet (or its launcher died without closing it)."""
+    OK = "ok"
+    """Every step ran and every loss was finite."""
+    DIVERGED = "diverged"
+    """The loss became NaN or Inf; the run stopped there (`divergence`: the first non-finite step and its loss)."""
+    ERROR = "error"
+    """An exception (config rule, launcher, engine or worker), recorded with its type, message and stderr tail."""
+    OOM = "oom"
+    """A worker raised an out-of-memory error."""
+    KILLED = "killed"
+    """A worker was killed by a signal it did not send itself (SIGKILL without a timeout: the kernel's
+    out-of-memory killer is the likely sender); the error names the rank and the signal."""
+    TIMEOUT = "timeout"
+    """Killed after `bench.timeout_s` seconds."""
+    INTERRUPTED = "interrupted"
+    """Stopped by SIGINT (Ctrl-C) or SIGTERM to `bench.run`; `end_time` is when."""
+    SUBMITTED = "submitted"
+    """launcher=slurm: the job was submitted (its record is closed on the cluster)."""
+    WRITTEN = "written"
+    """launcher=slurm with dry_run (or no sbatch): the script was written, nothing submitted."""
+
+
+STATUSES = tuple(Status)
+NOT_FAILED = (Status.OK, Status.SUBMITTED, Status.WRITTEN)
+"""Statuses of a run that did not fail (a resumed sweep reruns every other one)."""
 STEP_KEYS = (
     "step",
     "warmup",
@@ -130,17 +162,33 @@ class StepLog:
         self._f.close()
 
 
-def read_steps(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The rows of `steps.jsonl` (empty when the run died before its first step). A torn last line is dropped."""
+class RecordWarning(UserWarning):
+    """A broken part of a run record (unreadable line or file) that a reader skipped."""
+
+
+def read_steps(run_dir: str | Path, *, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of `steps.jsonl` (empty when the run died before its first step). A line that is not a JSON object
+    (a torn last line, a corrupted one) is skipped alone; each is named (file:line) in `problems` if given, else
+    warned as a `RecordWarning`."""
     path = Path(run_dir) / "steps.jsonl"
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text().splitlines():
+    for num, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            row, why = None, f"{exc.msg} at column {exc.colno}"
+        else:
+            why = f"not a JSON object: {line[:60]!r}"
+        if isinstance(row, dict):
+            rows.append(row)
+            continue
+        msg = f"{path}:{num}: skipped ({why})"
+        if problems is None:
+            warnings.warn(msg, RecordWarning, stacklevel=2)
+        else:
+            problems.append(msg)
     return rows
 
 
@@ -229,18 +277,21 @@ def new_run_record(
     config_hash: str | None,
     overrides: list[str],
     command: list[str],
+    choices: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The initial `run.json` of a run (status `running`), written before anything is launched."""
+    """The initial `run.json` of a run (status `running`), written before anything is launched. `choices`: the
+    option chosen in each config group (Hydra's runtime choices, e.g. optimizer -> muon_split_gate_up)."""
     bench = config.get("bench", {})
     return {
         "schema": RUN_SCHEMA,
         "run_id": run_id,
         "run_dir": str(run_dir),
-        "status": "running",
+        "status": Status.RUNNING.value,
         "error": None,
         "config": config,
         "config_hash": config_hash,
         "overrides": list(overrides),
+        "choices": dict(choices or {}),
         "command": list(command),
         "launch_command": None,
         "start_time": now_iso(),
@@ -265,19 +316,26 @@ def new_run_record(
 # --------------------------------------------------------------------------------------------------------------
 # status and summary
 # --------------------------------------------------------------------------------------------------------------
-def classify_failure(*, returncode: int | None, timed_out: bool, worker_error: dict[str, Any] | None) -> str:
-    """Status of a run that did not finish cleanly: timeout, oom (worker reported OutOfMemoryError) or error."""
+def classify_failure(
+    *,
+    returncode: int | None,
+    timed_out: bool,
+    worker_error: dict[str, Any] | None,
+    killed_by: int | None = None,
+) -> Status:
+    """Status of a run that did not finish cleanly: timeout, oom (a worker reported an out-of-memory error), killed
+    (`killed_by`: a worker's signal number, or a returncode that says a signal) or error."""
     if timed_out:
-        return "timeout"
+        return Status.TIMEOUT
     if worker_error and worker_error.get("type") in (
         "OutOfMemoryError",
         "torch.OutOfMemoryError",
         "MemoryError",
     ):
-        return "oom"
-    if returncode is not None and returncode in (-9, 137):
-        return "oom"  # SIGKILL without a timeout: the kernel's OOM killer is the usual sender
-    return "error"
+        return Status.OOM
+    if killed_by is not None or (returncode is not None and (returncode < 0 or returncode > 128)):
+        return Status.KILLED
+    return Status.ERROR
 
 
 def _quantile(xs: list[float], q: float) -> float:
@@ -397,9 +455,11 @@ def finalize(
     status: str,
     error: dict[str, Any] | None = None,
     launch_command: list[str] | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """Close a run record: status, error, end time, duration and the summary computed from `steps.jsonl`."""
-    assert status in STATUSES, status
+    """Close a run record: status, error, end time, duration and the summary computed from `steps.jsonl`
+    (`extra`: more top-level fields, e.g. `divergence`)."""
+    status = Status(status)
     run_dir = Path(run_dir)
     rec = read_json(run_dir / "run.json")
     cfg = rec.get("config") or {}
@@ -417,7 +477,7 @@ def finalize(
     if start:
         duration = (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
     fields: dict[str, Any] = {
-        "status": status,
+        "status": status.value,
         "error": error,
         "end_time": end,
         "duration_s": duration,
@@ -425,7 +485,7 @@ def finalize(
     }
     if launch_command is not None:
         fields["launch_command"] = launch_command
-    return update_run_json(run_dir, **fields)
+    return update_run_json(run_dir, **fields, **extra)
 
 
 def tail(text: str, n: int = STDERR_TAIL_CHARS) -> str:

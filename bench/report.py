@@ -4,8 +4,8 @@
     python -m bench.report --name cpu_qwen3_moe_tiny_dp2
 
 Reads `reports/<name>/results.csv` and `steps.csv` (written by `bench.collect`) and writes `report.md`,
-`tflops.png` (stacked model / NS TFLOP/s per GPU), `step_breakdown.png`, `step_time.png` and `loss.png` next to
-them. The Table-1 style table shows the published "total = model + NS" form AND the model-only figures, and the
+`tflops.png` (model and NS TFLOP/s per GPU side by side, `bench.plots`), `step_breakdown.png`, `step_time.png` and
+`loss.png` (a diverged run marked where it diverged) next to them. The Table-1 style table shows the published "total = model + NS" form AND the model-only figures, and the
 model-only ratio of each optimizer against the AdamW run of the same setup (from the same commit, i.e. the same
 measurement batch, when there is one; of those the one started nearest in time). The tables are printed too.
 No torch import; matplotlib runs with the Agg backend.
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench import plots, record
 from bench.collect import GROUP_COLUMNS
 
 PLOTS = ("tflops.png", "step_breakdown.png", "step_time.png", "loss.png")
@@ -43,7 +43,38 @@ def fmt(v: Any, spec: str = ".4g", scale: float = 1.0) -> str:
 
 
 def _label(r: dict[str, Any]) -> str:
+    if r.get("label"):
+        return str(r["label"])
     return f"{r['optimizer']}" if r.get("num_same_optimizer", 1) == 1 else f"{r['optimizer']} ({r['run_id']})"
+
+
+def _overrides(r: dict[str, Any]) -> dict[str, str]:
+    text = r.get("overrides")
+    if not isinstance(text, str):
+        return {}
+    return dict(o.split("=", 1) for o in text.split() if "=" in o and not o.startswith("hydra."))
+
+
+def run_labels(rows: list[dict[str, Any]]) -> list[str]:
+    """A label per run: its optimizer config name (`optimizer_config`, e.g. `muon_split_gate_up`, else the
+    optimizer) plus the overrides whose values differ between the runs (e.g. `num_ns_steps=3`); the run id is added
+    only where that still leaves two runs alike."""
+    ovs = [_overrides(r) for r in rows]
+    keys = sorted({k for o in ovs for k in o})
+    swept = [k for k in keys if len({o.get(k) for o in ovs}) > 1 and k not in ("optimizer", "bench.out_dir")]
+    labels = []
+    for r, o in zip(rows, ovs):
+        name = r.get("optimizer_config") if isinstance(r.get("optimizer_config"), str) else None
+        parts = [name or str(r["optimizer"])]
+        parts += [f"{k.removeprefix('optimizer.')}={o[k]}" for k in swept if k in o]
+        labels.append(" ".join(parts))
+    return [f"{lab} ({r['run_id']})" if labels.count(lab) > 1 else lab for lab, r in zip(labels, rows)]
+
+
+def _status_text(r: dict[str, Any]) -> str:
+    """The status cell; a diverged run says at which step."""
+    at = _num(r.get("diverged_at_step"))
+    return f"{r['status']} at step {int(at)}" if at is not None else str(r["status"])
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -235,7 +266,7 @@ def table1(rows: list[dict[str, Any]]) -> str:
         body.append(
             [
                 _label(r),
-                r["status"],
+                _status_text(r) if ok else f"**{_status_text(r)}**",
                 f"{fmt(r.get('step_s_median'), '.1f', 1e3)} ({fmt(r.get('step_s_iqr'), '.1f', 1e3)})"
                 if ok
                 else "-",
@@ -300,91 +331,6 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
     )
 
 
-def _plot_tflops(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r["status"] == "ok"]
-    labels = [_label(r) for r in ok]
-    model = [_num(r.get("model_tflops_per_gpu")) or 0.0 for r in ok]
-    ns = [_num(r.get("ns_tflops_per_gpu")) or 0.0 for r in ok]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.bar(labels, model, label="model (Megatron formula)", color="tab:blue")
-    ax.bar(labels, ns, bottom=model, label="Newton-Schulz (plain count)", color="tab:orange")
-    for i, (m, n) in enumerate(zip(model, ns)):
-        ax.text(i, m + n, f"{m + n:.3g} = {m:.3g} + {n:.3g}", ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("TFLOP/s per GPU")
-    ax.set_title("Throughput: total = model + NS")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _plot_breakdown(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    ok = [r for r in rows if r["status"] == "ok"]
-    parts: dict[str, list[float]] = {
-        k: []
-        for k in (
-            "forward+backward",
-            "communication",
-            "orthogonalize (NS)",
-            "AdamW part",
-            "grad clipping",
-            "other optimizer",
-            "rest of step",
-        )
-    }
-    for r in ok:
-        step, fb, comm, opt, ns, adam, clip = (
-            _num(r.get(k)) or 0.0
-            for k in (
-                "step_s_median",
-                "fwd_bwd_s_median",
-                "comm_s_median",
-                "optim_s_median",
-                "ns_s_median",
-                "adamw_s_median",
-                "clip_s_median",
-            )
-        )
-        for k, v in zip(parts, (fb, comm, ns, adam, clip, opt - ns - adam - clip, step - fb - comm - opt)):
-            parts[k].append(max(v, 0.0) * 1e3)
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    bottom = [0.0] * len(ok)
-    for k, vals in parts.items():
-        ax.bar([_label(r) for r in ok], vals, bottom=bottom, label=k)
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_ylabel("ms per step (medians)")
-    ax.set_title("Step time breakdown")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _plot_curves(
-    steps: Any, rows: list[dict[str, Any]], key: str, ylabel: str, path: Path, scale: float = 1.0
-) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    for r in rows:
-        s = steps[steps["run_id"] == r["run_id"]]
-        if len(s):
-            ax.plot(s["step"], s[key] * scale, marker=".", label=_label(r))
-    warm = [int(w) for w in (_num(r.get("warmup_steps")) for r in rows) if w is not None]
-    if warm:
-        ax.axvspan(-0.5, max(warm) - 0.5, color="0.9", label="warm-up (excluded)")
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def _loss_note(ok: list[dict[str, Any]]) -> str:
     notes = []
     if any(r.get("data") == "mock" for r in ok):
@@ -446,6 +392,8 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
         counts[r["optimizer"]] = counts.get(r["optimizer"], 0) + 1
     for r in rows:
         r["num_same_optimizer"] = counts[r["optimizer"]]
+    for r, lab in zip(rows, run_labels(rows)):
+        r["label"] = lab
     ratios = model_only_ratios(rows)
     ok = [r for r in rows if r["status"] == "ok"]
     failed = [r for r in rows if r["status"] != "ok"]
@@ -540,21 +488,26 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     ]
     if failed:
         parts += [
-            "## Failed runs",
+            "## Runs that did not end ok",
             _md_table(
                 ["run", "optimizer", "status", "error"],
                 [
                     [
                         str(r["run_id"]),
-                        str(r["optimizer"]),
-                        str(r["status"]),
-                        f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}".replace(
-                            "|", "/"
-                        ).replace("\n", " "),
+                        _label(r),
+                        _status_text(r),
+                        (
+                            f"loss {str(r.get('diverged_loss')).lower()} at step {fmt(r.get('diverged_at_step'), '.0f')}"
+                            if _num(r.get("diverged_at_step")) is not None
+                            else f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}"
+                        )
+                        .replace("|", "/")
+                        .replace("\n", " "),
                     ]
                     for r in failed
                 ],
             ),
+            "No ratio is computed against a run that did not end ok (docs/run_status.md: the status values).",
         ]
     peak = [r for r in ok if _num(r.get("peak_mem_bytes"))]
     if peak:
@@ -567,12 +520,21 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
             "GPU: torch.cuda.max_memory_allocated; CPU: peak resident set size of the rank process.",
         ]
     dest.mkdir(parents=True, exist_ok=True)
+    curves = [r for r in rows if r["status"] == "ok" or _num(r.get("diverged_at_step")) is not None]
+    figures = {}
     if ok:
-        _plot_tflops(rows, dest / "tflops.png")
-        _plot_breakdown(rows, dest / "step_breakdown.png")
-        _plot_curves(steps, ok, "step_s", "step time, ms", dest / "step_time.png", scale=1e3)
-        _plot_curves(steps, ok, "loss", "training loss", dest / "loss.png")
-        parts += ["## Plots", *(f"![{p[:-4]}]({p})" for p in PLOTS)]
+        figures["tflops.png"] = plots.tflops_figure(ok, _label)
+        figures["step_breakdown.png"] = plots.breakdown_figure(ok, _label)
+    if curves:
+        figures["step_time.png"] = plots.curves_figure(
+            steps, curves, "step_s", "step time, ms", _label, scale=1e3
+        )
+        figures["loss.png"] = plots.curves_figure(steps, curves, "loss", "training loss", _label)
+    for file, fig in figures.items():
+        plots.save(fig, dest / file)
+    drawn = [p for p in PLOTS if p in figures]
+    if drawn:
+        parts += ["## Plots", *(f"![{p[:-4]}]({p})" for p in drawn)]
     text = "\n\n".join(p for p in parts if p) + "\n"
     (dest / "report.md").write_text(text)
     return text
@@ -581,34 +543,50 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
+    from bench.collect import default_report_dir
+
     ap = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--name", help="report folder under --reports (default: the most recently collected one)")
-    ap.add_argument("--reports", type=Path, default=Path("reports"))
+    ap.add_argument(
+        "--dir", type=Path, help="the folder holding results.csv and steps.csv (bench.collect's output)"
+    )
+    ap.add_argument(
+        "--name", help="report folder under --reports (with --reports alone: the newest one there)"
+    )
+    ap.add_argument("--reports", type=Path, help="root of named report folders (default: reports)")
+    ap.add_argument("--out-dir", type=Path, default=Path("runs"), help="bench.out_dir holding LATEST.json")
     args = ap.parse_args(argv)
-    name = args.name
-    if not name:
-        collected = sorted(args.reports.glob("*/results.csv"), key=lambda p: p.stat().st_mtime)
-        if not collected:
-            print(
-                f"error: no --name and no {args.reports}/*/results.csv; run `python -m bench.collect` first",
-                file=sys.stderr,
-            )
-            return 2
-        name = collected[-1].parent.name
-    dest = args.reports / str(name)
-    if not (dest / "results.csv").exists():
-        print(
-            f"error: {dest / 'results.csv'} does not exist; run `python -m bench.collect` first",
-            file=sys.stderr,
-        )
+    try:
+        if args.dir:
+            dest = args.dir
+        elif args.name:
+            dest = (args.reports or Path("reports")) / args.name
+        elif args.reports:
+            collected = sorted(args.reports.glob("*/results.csv"), key=lambda p: p.stat().st_mtime)
+            if not collected:
+                raise ValueError(
+                    f"no --name and no {args.reports}/*/results.csv; run `python -m bench.collect` first"
+                )
+            dest = collected[-1].parent
+        else:
+            manifest = args.out_dir / "LATEST.json"
+            if not manifest.exists():
+                raise ValueError(
+                    f"{manifest} does not exist: run `python -m bench.run` first, or pass --dir/--name"
+                )
+            dest = default_report_dir(record.read_json(manifest))
+        if not (dest / "results.csv").exists():
+            raise ValueError(f"{dest / 'results.csv'} does not exist; run `python -m bench.collect` first")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     results = pd.read_csv(dest / "results.csv")
     steps = pd.read_csv(dest / "steps.csv")
+    name = args.name or (dest.name if dest.name != "report" else dest.parent.name)
     text = render(results, steps, dest, str(name))
     start = text.index("## Throughput")
     end = text.index("## Loss")
     print(text[start:end].rstrip())
-    print(f"\n== report: {dest / 'report.md'} (+ {', '.join(PLOTS)})")
+    print(f"\n== report: {dest / 'report.md'} (+ {', '.join(p for p in PLOTS if (dest / p).exists())})")
     return 0
 
 

@@ -2,26 +2,32 @@
 
     python -m bench.run experiment=cpu/qwen3_moe_tiny_dp2 optimizer=muon optimizer.num_ns_steps=6
     python -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
+    python -m bench.run bench.resume=runs/LATEST.json      # rerun the jobs of the last sweep that did not end ok
 
-Each (sweep) job composes the config, converts it once to typed dataclasses, validates it, writes `run.json`
-(status `running`) into its own run directory and hands it to the launcher (`bench.launch`). A job that fails
-(config rule, launch, or the run itself) still closes its record with the status and error, and the sweep goes on.
+Before any job starts, every job of the invocation is composed and validated (`bench.sweep.preflight`): a bad value
+or an engine that cannot run the config is one error line naming the field, the value and the rule, and nothing is
+created. Each job then converts its config once to typed dataclasses, claims its own run directory, writes `run.json`
+(status `running`) and hands it to the launcher (`bench.launch`); the record is closed with the run's status
+(`bench.record.Status`, docs/run_status.md), and the sweep goes on after a failed job. SIGINT or SIGTERM closes the
+running job's record as `interrupted` and stops the sweep.
 Run directories: `<bench.out_dir>/<time>_<model>_<optimizer>/` for one run, `<bench.out_dir>/<time>_<model>/<n>_<optimizer>/`
-for a sweep; `<bench.out_dir>/LATEST.json` lists the runs of the latest invocation for `bench.collect`.
-The process exits 1 when any run of the invocation did not end `ok`.
+for a sweep; `<bench.out_dir>/LATEST.json` (and `<sweep dir>/sweep.json`) lists the runs of this invocation from its
+first job on, for `bench.collect` and `bench.resume`.
+The process exits 1 when any run of the invocation did not end `ok`, 2 on a config error, 130 when interrupted.
 
 No torch import here (the parent only composes, validates and launches).
 """
 
 from __future__ import annotations
 
+import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import config
-from bench import launch, record
+from bench import launch, record, sweep
+from bench.record import Status
 from config import schema
 
 HYDRA_DEFAULTS = {
@@ -32,10 +38,11 @@ HYDRA_DEFAULTS = {
 }
 """Run-directory layout; each can be overridden on the command line (the key is then left alone)."""
 
-LAUNCHED_OK = ("ok", "submitted", "written")
+LAUNCHED_OK = tuple(s.value for s in record.NOT_FAILED)
 """Statuses of a run that did not fail: finished ok, or a Slurm job submitted / its script written (dry run)."""
 
-_INVOCATION: dict[str, Any] = {"id": time.strftime("%Y%m%d_%H%M%S"), "argv": [], "runs": []}
+_STATE: dict[str, Any] = {"manifest": None, "done": {}}
+"""This invocation's manifest and, when resuming, job key -> run directory of the jobs not to rerun."""
 
 
 def with_hydra_defaults(argv: list[str]) -> list[str]:
@@ -44,39 +51,57 @@ def with_hydra_defaults(argv: list[str]) -> list[str]:
     return argv + [f"{k}={v}" for k, v in HYDRA_DEFAULTS.items() if k not in given]
 
 
-def _note_run(out_dir: Path, run_dir: Path, status: str, report_name: str) -> None:
-    """Add a run to `<out_dir>/LATEST.json` (the manifest of this invocation)."""
-    _INVOCATION["runs"].append({"run_dir": str(run_dir), "status": status})
-    record.write_json_atomic(
-        out_dir / "LATEST.json",
-        {
-            "invocation": _INVOCATION["id"],
-            "command": ["python", "-m", "bench.run", *_INVOCATION["argv"]],
-            "report_name": report_name,
-            "runs": [r["run_dir"] for r in _INVOCATION["runs"]],
-        },
-    )
+def _manifest() -> sweep.Manifest:
+    m = _STATE["manifest"]
+    assert m is not None, "bench.run.main() sets the manifest before Hydra runs a job"
+    return m
 
 
-def _worker_error(run_dir: Path) -> dict[str, Any] | None:
-    """The structured error of the lowest failing rank, if any rank wrote one."""
-    files = sorted(run_dir.glob("worker_error.rank*.json"), key=lambda p: int(p.stem.rsplit("rank", 1)[1]))
-    return record.read_json(files[0]) if files else None
+def _worker_errors(run_dir: Path) -> dict[int, dict[str, Any]]:
+    """The structured error of each rank that wrote one, by rank."""
+    out = {}
+    for p in run_dir.glob("worker_error.rank*.json"):
+        out[int(p.stem.rsplit("rank", 1)[1])] = record.read_json(p)
+    return dict(sorted(out.items()))
 
 
 def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, Any]:
-    """Final status from torchrun's exit code, the timeout flag and the workers' structured errors."""
+    """Final status from torchrun's exit code, the timeout flag, a signal that killed a rank (torchrun's failure
+    report) and the workers' structured errors; a status the worker closed itself (ok, diverged) is kept."""
     if res.returncode == 0 and not res.timed_out:
         rec = record.read_json(run_dir / "run.json")
-        if rec["status"] == "ok":
+        if rec["status"] != Status.RUNNING:
             return record.update_run_json(run_dir, launch_command=res.command)
-    werr = _worker_error(run_dir)
-    status = record.classify_failure(returncode=res.returncode, timed_out=res.timed_out, worker_error=werr)
+    werrs = _worker_errors(run_dir)
+    werr = next(iter(werrs.values()), None)
+    killed = (
+        None if res.timed_out else launch.killed_rank(res.stderr_tail, ranks_with_errors=frozenset(werrs))
+    )
+    status = record.classify_failure(
+        returncode=res.returncode,
+        timed_out=res.timed_out,
+        worker_error=None if killed else werr,
+        killed_by=killed.signum if killed else None,
+    )
+    if killed is not None:
+        message = killed.headline()
+        if werr:
+            message += (
+                f" (then rank {werr.get('rank')}: {werr.get('type')}: {str(werr.get('message'))[:200]})"
+            )
+        error_type, traceback = f"killed by {killed.signal_name}", None
+    else:
+        error_type = (werr or {}).get("type") or (
+            "Timeout" if res.timed_out else f"exit code {res.returncode}"
+        )
+        message = (werr or {}).get("message") or (
+            "killed after bench.timeout_s" if res.timed_out else "worker exited without a structured error"
+        )
+        traceback = (werr or {}).get("traceback")
     error = {
-        "type": (werr or {}).get("type") or ("Timeout" if res.timed_out else f"exit code {res.returncode}"),
-        "message": (werr or {}).get("message")
-        or ("killed after bench.timeout_s" if res.timed_out else "worker exited without a structured error"),
-        "traceback": (werr or {}).get("traceback"),
+        "type": error_type,
+        "message": message,
+        "traceback": traceback,
         "returncode": res.returncode,
         "stderr_tail": res.stderr_tail,
     }
@@ -84,7 +109,7 @@ def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, An
 
 
 def _fail_early(run_dir: Path, exc: Exception) -> dict[str, Any]:
-    """Close a record whose run never started (config rule, launcher or device check)."""
+    """Close a record whose run never started (launcher or device check)."""
     print(f"error: {exc}", file=sys.stderr)
     error = {
         "type": type(exc).__name__,
@@ -93,75 +118,81 @@ def _fail_early(run_dir: Path, exc: Exception) -> dict[str, Any]:
         "returncode": None,
         "stderr_tail": record.tail(str(exc)),
     }
-    return record.finalize(run_dir, status="error", error=error)
+    return record.finalize(run_dir, status=Status.ERROR, error=error)
+
+
+def _interrupted(run_dir: Path) -> dict[str, Any]:
+    error = {"type": "Interrupted", "message": "bench.run received SIGINT or SIGTERM", "traceback": None}
+    return record.finalize(run_dir, status=Status.INTERRUPTED, error=error)
 
 
 def execute(cfg: Any) -> str:
     """One Hydra job: record, launch, close the record. Returns the run status."""
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
+    from hydra.types import RunMode
 
     hc = HydraConfig.get()
-    run_dir = Path(hc.runtime.output_dir).resolve()
+    manifest = _manifest()
     out_dir = Path(str(cfg.bench.out_dir)).resolve()
     overrides = list(hc.overrides.task)
-    command = ["python", "-m", "bench.run", *_INVOCATION["argv"]]
+    if hc.mode == RunMode.MULTIRUN and manifest.sweep_dir is None:
+        manifest.sweep_dir = str(Path(hc.sweep.dir).resolve())
+    done = _STATE["done"].get(sweep.job_key(overrides))
+    if done is not None:
+        rec = record.read_json(done / "run.json")
+        print(f"== skip {' '.join(sweep.job_key(overrides))}: {rec['status']} in {done}", file=sys.stderr)
+        manifest.note(done, rec["status"], str(cfg.bench.report_name))
+        return str(rec["status"])
+    root = config.to_typed(cfg)  # validated by the preflight: a ConfigError here is a bug, not a user error
+    run_dir = sweep.claim_run_dir(Path(hc.runtime.output_dir).resolve())
     run_id = str(run_dir.relative_to(out_dir)) if run_dir.is_relative_to(out_dir) else run_dir.name
-    try:
-        root = config.to_typed(cfg)
-        cfg_dict, chash = config.as_dict(root), config.config_hash(root)
-    except ValueError as exc:
-        raw = OmegaConf.to_container(cfg, resolve=True)
-        assert isinstance(raw, dict)
-        record.write_json_atomic(
-            run_dir / "run.json",
-            record.new_run_record(
-                run_id=run_id,
-                run_dir=run_dir,
-                config=raw,
-                config_hash=None,
-                overrides=overrides,
-                command=command,
-            ),
-        )
-        rec = _fail_early(run_dir, exc)
-        _note_run(out_dir, run_dir, rec["status"], str(cfg.bench.report_name))
-        return rec["status"]
     record.write_json_atomic(
         run_dir / "run.json",
         record.new_run_record(
             run_id=run_id,
             run_dir=run_dir,
-            config=cfg_dict,
-            config_hash=chash,
+            config=config.as_dict(root),
+            config_hash=config.config_hash(root),
             overrides=overrides,
-            command=command,
+            command=["python", "-m", "bench.run", *manifest.argv],
+            choices={str(k): str(v) for k, v in hc.runtime.choices.items() if not str(k).startswith("hydra")},
         ),
     )
+    manifest.note(run_dir, Status.RUNNING, root.bench.report_name)
     print(f"== run {run_id}: {' '.join(overrides) or '(defaults)'}", file=sys.stderr, flush=True)
     try:
         res = launch.launch(root, run_dir)
     except ValueError as exc:
         rec = _fail_early(run_dir, exc)
+    except KeyboardInterrupt:
+        rec = _interrupted(run_dir)
+        manifest.note(run_dir, rec["status"])
+        print(summary_line(rec), flush=True)
+        raise
     else:
         if root.launcher.name == "slurm" and res.returncode in (0, None):
-            rec = record.update_run_json(run_dir, launch_command=res.command)
-            status = "submitted" if res.submitted else "written"
+            status = Status.SUBMITTED if res.submitted else Status.WRITTEN
+            record.update_run_json(run_dir, launch_command=res.command, status=status.value)
             print(f"== {run_id}: {'submitted' if res.submitted else 'script written (not submitted)'}")
-            _note_run(out_dir, run_dir, status, root.bench.report_name)
-            return status
+            manifest.note(run_dir, status)
+            return status.value
         rec = _close_after_launch(run_dir, res)
-    _note_run(out_dir, run_dir, rec["status"], root.bench.report_name)
+    manifest.note(run_dir, rec["status"])
     print(summary_line(rec), flush=True)
-    return rec["status"]
+    return str(rec["status"])
 
 
 def summary_line(rec: dict[str, Any]) -> str:
     """One line per run for the terminal."""
     s = rec.get("summary") or {}
-    opt = (rec.get("config") or {}).get("optimizer", {}).get("name", "?")
+    opt = (rec.get("choices") or {}).get("optimizer") or (rec.get("config") or {}).get("optimizer", {}).get(
+        "name", "?"
+    )
     head = f"== {rec['run_id']} [{opt}] {rec['status']}"
-    if rec["status"] != "ok":
+    if rec["status"] == Status.DIVERGED:
+        div = rec.get("divergence") or {}
+        head += f" at step {div.get('step')} (loss {div.get('loss')})"
+    elif rec["status"] != Status.OK:
         err = rec.get("error") or {}
         return f"{head}: {err.get('type')}: {str(err.get('message'))[:300]}"
     if not s:
@@ -179,15 +210,64 @@ def summary_line(rec: dict[str, Any]) -> str:
     )
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main() -> None:
     import hydra
 
-    _INVOCATION["argv"] = list(sys.argv[1:])
-    sys.argv = [sys.argv[0], *with_hydra_defaults(sys.argv[1:])]
+    argv = list(sys.argv[1:])
+    if any(a in ("-h", "--help") for a in argv):
+        from bench.cli_help import run_usage
+
+        print(run_usage())
+        return
+    if any(
+        a in ("--cfg", "-c", "--info", "-i", "--hydra-help", "--resolve", "-p", "--package") for a in argv
+    ):
+        sys.argv = [sys.argv[0], *with_hydra_defaults(argv)]  # Hydra's own inspection flags: no job runs
+        schema.register_configs()
+        hydra.main(config_path=str(config.CONF_DIR), config_name="config", version_base="1.3")(execute)()
+        return
+    resume = [a.split("=", 1)[1] for a in argv if a.startswith(sweep.RESUME_KEY + "=")]
+    try:
+        if resume:
+            if len(argv) != 1:
+                raise ValueError(
+                    f"{sweep.RESUME_KEY}={resume[0]!r}: reruns the recorded command; give it alone "
+                    f"(also given: {[a for a in argv if not a.startswith(sweep.RESUME_KEY)]})"
+                )
+            recorded, _STATE["done"] = sweep.resume_plan(resume[0])
+            argv = [*recorded, argv[0]]
+        jobs = sweep.expand(argv)
+        errors = sweep.preflight(jobs)
+    except ValueError as exc:
+        errors = [str(exc)]
+    if errors:
+        for e in errors:
+            print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [sys.argv[0], *with_hydra_defaults(argv)]
     schema.register_configs()
     task = hydra.main(config_path=str(config.CONF_DIR), config_name="config", version_base="1.3")(execute)
-    task()
-    runs = _INVOCATION["runs"]
+    out_dir = Path(config.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
+    manifest = sweep.Manifest(out_dir=out_dir, argv=argv)
+    _STATE["manifest"] = manifest
+    manifest.write()  # LATEST.json points at this invocation before its first job starts
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        task()
+    except KeyboardInterrupt:
+        manifest.finish("interrupted")
+        print(
+            f"== interrupted; resume with: python -m bench.run {sweep.RESUME_KEY}={out_dir / 'LATEST.json'}"
+        )
+        sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    manifest.finish("complete")
+    runs = manifest.runs
     bad = [r for r in runs if r["status"] not in LAUNCHED_OK]
     if runs:
         counts = {st: sum(r["status"] == st for r in runs) for st in LAUNCHED_OK}

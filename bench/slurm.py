@@ -216,6 +216,9 @@ def collect_and_report(out_root: str | Path, report_name: str) -> int:
 def main(argv: list[str] | None = None) -> int:
     """`python -m bench.slurm report <out_root> <report_name>` (the last step of every job script)."""
     args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print("usage: python -m bench.slurm report <out_root> <report_name>  (the last step of a job script)")
+        return 0
     if len(args) != 3 or args[0] != "report":
         print("usage: python -m bench.slurm report <out_root> <report_name>", file=sys.stderr)
         return 2

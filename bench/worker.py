@@ -8,6 +8,7 @@ exits, so the launcher can tell an out-of-memory from another error without pars
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -35,8 +36,9 @@ def rank_info() -> RankInfo:
 def reduce_metrics(
     m: StepMetrics, rank: RankInfo, device: Any, optional: tuple[str, ...] = record.OPTIONAL_KEYS
 ) -> dict[str, Any]:
-    """Times, memory, NS FLOPs, grad norm: max over ranks; loss: mean over the ranks that report a finite loss
-    (with pipeline parallelism only the last stage has one). Unmeasured (None) values stay None."""
+    """Times, memory, NS FLOPs, grad norm: max over ranks; loss: mean over the ranks that report one (with pipeline
+    parallelism only the last stage has one), NaN when any rank's loss is NaN or Inf. Unmeasured (None) values stay
+    None."""
     import math
 
     import torch
@@ -45,6 +47,7 @@ def reduce_metrics(
     values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
     values |= {k: m.extra[k] for k in optional if k in m.extra}  # same keys on every rank (same config)
     has_loss = m.loss is not None and math.isfinite(m.loss)
+    bad_loss = m.loss is not None and not has_loss
     if rank.world_size > 1:
         maxes = torch.tensor(
             [float("nan") if v is None else float(v) for v in values.values()],
@@ -53,12 +56,14 @@ def reduce_metrics(
         )
         dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
         loss = torch.tensor(
-            [m.loss if has_loss else 0.0, float(has_loss)], dtype=torch.float64, device=device
+            [m.loss if has_loss else 0.0, float(has_loss), float(bad_loss)],
+            dtype=torch.float64,
+            device=device,
         )
         dist.all_reduce(loss, op=dist.ReduceOp.SUM)
         values = {k: None if v is None else float(x) for (k, v), x in zip(values.items(), maxes.tolist())}
-        total, count = loss.tolist()
-        loss_value = total / count if count else float("nan")
+        total, count, bad = loss.tolist()
+        loss_value = total / count if count and not bad else float("nan")
     else:
         loss_value = float(m.loss) if has_loss else float("nan")
     if values["peak_mem_bytes"] is not None:
@@ -131,6 +136,7 @@ def run(run_dir: Path) -> None:
                 ascii=True,
                 mininterval=0.5,
             )
+        divergence = None
         for i in range(cfg.bench.steps):
             row = reduce_metrics(engine.step(), rank, engine.device, optional)
             if log is not None:
@@ -140,11 +146,17 @@ def run(run_dir: Path) -> None:
                     loss=f"{row['loss']:.3f}", step_ms=f"{row['step_s'] * 1e3:.0f}", refresh=False
                 )
                 bar.update(1)
+            if not math.isfinite(row["loss"]):  # the same reduced loss on every rank: all stop here
+                divergence = {"step": i, "loss": str(row["loss"])}
+                break
         if bar is not None:
             bar.close()
         if log is not None:
             log.close()
-            record.finalize(run_dir, status="ok")
+            if divergence is None:
+                record.finalize(run_dir, status=record.Status.OK)
+            else:
+                record.finalize(run_dir, status=record.Status.DIVERGED, divergence=divergence)
         if rank.world_size > 1:
             dist.barrier()  # leave together: a rank tearing down gloo while rank 0 still writes can abort
     except BaseException as exc:
@@ -164,6 +176,11 @@ def run(run_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
+    if args in (["-h"], ["--help"]):
+        print(
+            "usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>  (started by bench.run's launcher)"
+        )
+        return
     if len(args) != 1:
         raise SystemExit("usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>")
     t0 = time.perf_counter()

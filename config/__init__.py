@@ -4,6 +4,28 @@ A leaf package: it imports the standard library, omegaconf / hydra and `optim` o
 both build on it and never on each other.
 """
 
-from config.compose import ALLOWED, CONF_DIR, ConfigError, as_dict, config_hash, load, to_typed, validate
+from config.compose import (
+    ALLOWED,
+    CONF_DIR,
+    ConfigError,
+    as_dict,
+    available_options,
+    check_runnable,
+    config_hash,
+    load,
+    to_typed,
+    validate,
+)
 
-__all__ = ["ALLOWED", "CONF_DIR", "ConfigError", "as_dict", "config_hash", "load", "to_typed", "validate"]
+__all__ = [
+    "ALLOWED",
+    "CONF_DIR",
+    "ConfigError",
+    "as_dict",
+    "available_options",
+    "check_runnable",
+    "config_hash",
+    "load",
+    "to_typed",
+    "validate",
+]

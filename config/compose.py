@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, is_dataclass
+import re
+from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,12 +82,33 @@ def load(
     return to_typed(cfg, validate_=validate_)
 
 
+def available_options(group: str) -> list[str]:
+    """The options of a config group: the YAML files under `conf/<group>/`, nested ones as `sub/name`."""
+    root = CONF_DIR / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+_MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
+_UNKNOWN_KEY = re.compile(r"Could not override '([^']+)'.*?Key '([^']+)' not in '(\w+)'", re.DOTALL)
+
+
 def _explain_missing(exc: Exception) -> str:
-    """Hydra already lists the available options; keep its text and make it one readable error."""
+    """One line: the group, the option asked for and the available ones (also for nested groups such as
+    `experiment/gb300`, where Hydra lists none); other composition errors keep Hydra's text."""
     msg = str(exc)
     cause = exc.__cause__
     if cause is not None and str(cause) not in msg:
         msg = f"{msg}\n{cause}"
+    unknown = _UNKNOWN_KEY.search(msg)
+    cls = getattr(schema, unknown.group(3), None) if unknown else None
+    if unknown and cls is not None:
+        names = sorted(f.name for f in fields(cls))
+        return f"{unknown.group(1)}: no such field in {unknown.group(3)}; its fields: {', '.join(names)}"
+    m = _MISSING_CONFIG.search(msg)
+    if m and "/" in m.group(1):
+        group, name = m.group(1).split("/", 1)
+        if (CONF_DIR / group).is_dir():
+            return f"{group}={name}: no such option; available: {', '.join(available_options(group))}"
     return msg
 
 
@@ -126,9 +148,88 @@ def _check_allowed(root: schema.RootConfig) -> None:
             _fail(dotted, value, f"must be one of {list(allowed)}")
 
 
+_OPTIM_TO_SCHEMA = {"betas[0]": "adam_beta1", "betas[1]": "adam_beta2", "eps": "adam_eps"}
+"""optim config field -> optimizer schema field, where the names differ (AdamW and SOAP's inner Adam)."""
+
+
+def _check_optimizer(opt: Any) -> None:
+    """The optimizer's ranges, checked by building its `optim` configs here (no torch), so a bad value fails at
+    compose time with the schema's field path instead of inside every rank."""
+    from bench.engines.optimizer_factory import convert
+
+    from optim.configs import ConfigFieldError
+
+    for name in ("lr_warmup_steps", "min_lr", "clip_grad"):
+        if getattr(opt, name) < 0:
+            _fail(f"optimizer.{name}", getattr(opt, name), "must be >= 0")
+    try:
+        convert(opt)
+    except ConfigFieldError as exc:
+        _fail(f"optimizer.{_OPTIM_TO_SCHEMA.get(exc.field, exc.field)}", exc.value, exc.rule)
+    except ValueError as exc:
+        raise ConfigError(f"optimizer: {exc}") from exc
+
+
+def check_runnable(root: schema.RootConfig) -> None:
+    """What the configured engine can run, checked by `bench.run` before anything is launched (the engines raise the
+    same inside a rank). Not part of `validate`: the analysis tools (`bench.flops`, `balance`, `project`) compose
+    layouts that no local engine runs."""
+    eng, par, opt = root.engine.name, root.parallelism, root.optimizer
+    impl = opt.implementation
+    if eng == "hf":
+        for knob in ("tp", "pp", "cp", "ep", "etp"):
+            if getattr(par, knob) != 1:
+                _fail(
+                    f"parallelism.{knob}",
+                    getattr(par, knob),
+                    "the hf engine is data parallel only (allowed: 1); "
+                    "use engine=megatron for model parallelism",
+                )
+        if root.precision.name != "bf16":
+            _fail("precision.name", root.precision.name, "the hf engine has no FP8 path; allowed: ['bf16']")
+        allowed = ("torch",) if opt.name == "adamw" else ("ours",)
+        if impl not in allowed:
+            _fail(
+                "optimizer.implementation",
+                impl,
+                f"the hf engine runs {opt.name} as {list(allowed)} "
+                "(Megatron's built-in Muon, optimizer=muon_megatron, runs under engine=megatron)",
+            )
+        if getattr(opt, "ns_overlap", False):
+            _fail(
+                "optimizer.ns_overlap", True, "engine=megatron only (its hooks live in Megatron's backward)"
+            )
+    elif eng == "megatron" and opt.name != "adamw":
+        if impl not in ("ours", "megatron"):
+            _fail("optimizer.implementation", impl, "the megatron engine runs ['ours', 'megatron']")
+        if impl == "megatron" and opt.name != "muon":
+            _fail(
+                "optimizer.implementation",
+                impl,
+                f"only muon is built into Megatron (optimizer.name={opt.name!r})",
+            )
+
+
+def _check_bench(b: schema.BenchConfig) -> None:
+    if b.steps < 1:
+        _fail("bench.steps", b.steps, "must be >= 1")
+    if b.warmup_steps < 0:
+        _fail("bench.warmup_steps", b.warmup_steps, "must be >= 0")
+    if b.warmup_steps >= b.steps:
+        _fail(
+            "bench.warmup_steps", b.warmup_steps, f"must be < bench.steps={b.steps} (at least one timed step)"
+        )
+    if b.timeout_s < 1:
+        _fail("bench.timeout_s", b.timeout_s, "must be >= 1 (seconds before the run is killed)")
+    if b.log_every < 1:
+        _fail("bench.log_every", b.log_every, "must be >= 1")
+
+
 def validate(root: schema.RootConfig) -> None:
     """Cross-group rules. Each error names the field, the value and the rule it breaks."""
     _check_allowed(root)
+    _check_bench(root.bench)
+    _check_optimizer(root.optimizer)
     opt = root.optimizer
     if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":
         _fail(
@@ -252,5 +353,3 @@ def validate(root: schema.RootConfig) -> None:
     for spec in root.bench.probes:
         if spec.partition(":")[0].strip() not in probes:
             _fail("bench.probes", spec, f"no such probe; allowed: {probes}")
-    if root.bench.warmup_steps >= root.bench.steps:
-        _fail("bench.warmup_steps", root.bench.warmup_steps, f"must be < bench.steps={root.bench.steps}")

@@ -322,8 +322,9 @@ class BenchConfig:
     seed: int = 1234
     out_dir: str = "runs"
     """Root of run directories."""
-    run_name: str = ""
-    """Default: <experiment or model>_<optimizer>_<timestamp>."""
+    resume: str = ""
+    """A sweep directory or `runs/LATEST.json` of an earlier `bench.run`: rerun its command, skipping the jobs whose
+    run ended ok (given alone: `python -m bench.run bench.resume=runs/LATEST.json`)."""
     report_name: str = "latest"
     timeout_s: int = 1800
     data: str = "mock"

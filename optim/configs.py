@@ -21,9 +21,17 @@ WeightDecayMethod = Literal["decoupled", "independent", "l2"]
 NonfinitePolicy = Literal["skip", "raise"]
 
 
+class ConfigFieldError(ValueError):
+    """A config value outside its allowed set or range; `field`, `value` and `rule` for callers that prefix a path."""
+
+    def __init__(self, field: str, value: object, rule: str) -> None:
+        super().__init__(f"{field}={value!r} {rule}")
+        self.field, self.value, self.rule = field, value, rule
+
+
 def _choice(field: str, value: object, allowed: tuple[object, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not one of {allowed}")
+        raise ConfigFieldError(field, value, f"is not one of {allowed}")
 
 
 def _range(
@@ -32,7 +40,7 @@ def _range(
     bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
     if bad:
         lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
-        raise ValueError(f"{field}={value!r} is not in {lb}{lo}, {hi}{rb}")
+        raise ConfigFieldError(field, value, f"is not in {lb}{lo}, {hi}{rb}")
 
 
 def _check_common(cfg: MuonConfig | MOPConfig) -> None:

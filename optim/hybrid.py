@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim.configs import NONFINITE_POLICIES, AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim.optimizers.base import finite_flags, handle_nonfinite, param_names
 from optim.routing import Naming, ParamRoute, SplitLayout, route_parameters
 
 MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
@@ -27,13 +28,31 @@ class HybridOptimizer(torch.optim.Optimizer):
     Args:
         optimizers: name -> optimizer ("matrix", "adamw"); order is the step order.
         routes: the routing decisions behind it (kept for reports).
+        nonfinite_policy: "skip" or "raise" guards the "adamw" sub-optimizer as the matrix optimizers guard
+            themselves: a parameter with a NaN/Inf gradient is left untouched that step (warned, `skip`) or the
+            whole step raises `NonFiniteError` before any sub-optimizer steps (`raise`); None: unguarded (the
+            all-AdamW baseline is torch's AdamW as is).
     """
 
-    def __init__(self, optimizers: dict[str, torch.optim.Optimizer], routes: list[ParamRoute]) -> None:
+    def __init__(
+        self,
+        optimizers: dict[str, torch.optim.Optimizer],
+        routes: list[ParamRoute],
+        *,
+        nonfinite_policy: str | None = None,
+    ) -> None:
         if not optimizers:
             raise ValueError("HybridOptimizer needs at least one optimizer")
+        if nonfinite_policy not in (None, *NONFINITE_POLICIES):
+            raise ValueError(
+                f"nonfinite_policy={nonfinite_policy!r} is not one of {(None, *NONFINITE_POLICIES)}"
+            )
         self.optimizers = optimizers
         self.routes = routes
+        self.nonfinite_policy = nonfinite_policy
+        self.nonfinite_events: list[tuple[str, int, str]] = []
+        """Every (parameter name, step, "grad") of the AdamW side whose update was skipped or raised."""
+        self._num_steps = 0
         params = [p for opt in optimizers.values() for g in opt.param_groups for p in g["params"]]
         self._own_groups: list[dict[str, Any]] | None = []  # used only while the base class initialises
         super().__init__(params, {})
@@ -67,9 +86,35 @@ class HybridOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for opt in self.optimizers.values():
-            opt.step()
+        held = self._hold_nonfinite_adamw_grads()
+        try:
+            for opt in self.optimizers.values():
+                opt.step()
+        finally:
+            for p, g in held:
+                p.grad = g
+        self._num_steps += 1
         return loss
+
+    def _hold_nonfinite_adamw_grads(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Under a policy, the AdamW side's non-finite gradients: raise, or detach them for this step (torch's
+        AdamW skips a parameter whose grad is None) and return them to put back. One host sync."""
+        adamw = self.optimizers.get("adamw")
+        if self.nonfinite_policy is None or adamw is None:
+            return []
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = [
+            (p, p.grad) for g in adamw.param_groups for p in g["params"] if p.grad is not None
+        ]
+        flags = finite_flags(grad for _, grad in pairs)
+        held = [pair for pair, ok in zip(pairs, flags) if not ok]
+        if not held:
+            return []
+        names = param_names(adamw.param_groups)
+        events = [(names[id(p)], self._num_steps + 1, "grad") for p, _ in held]
+        handle_nonfinite(events, self.nonfinite_policy, self.nonfinite_events)
+        for p, _ in held:
+            p.grad = None
+        return held
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.optimizers.values():
@@ -172,4 +217,5 @@ def build_optimizer(
         decay = [(r.name, by_name[r.name]) for r in adamw_routes if r.decay]
         no_decay = [(r.name, by_name[r.name]) for r in adamw_routes if not r.decay]
         optimizers["adamw"] = _adamw(adamw_cfg, decay, no_decay)
-    return HybridOptimizer(optimizers, routes)
+    policy = None if isinstance(config, AdamWConfig) else config.nonfinite_policy
+    return HybridOptimizer(optimizers, routes, nonfinite_policy=policy)

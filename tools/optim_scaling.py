@@ -380,6 +380,10 @@ def scaling_summary(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.cli_help import module_help
+
+    if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
+        return 0
     opts = parse_args(list(sys.argv[1:] if argv is None else argv))
     if opts["summarize"]:  # tabulate an existing scaling.jsonl; no torch needed
         rows = [json.loads(line) for line in Path(opts["summarize"]).read_text().splitlines() if line.strip()]

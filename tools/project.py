@@ -84,8 +84,27 @@ def format_text(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        from bench.cli_help import usage
+
+        print(
+            usage(
+                "bench.project",
+                "Projected step time and TFLOP/s per GPU of a configuration at any scale (performance model).",
+                tool_options={
+                    "profile=published|ours": "which implementation the projection models (default published)",
+                    "format=text|json": "output format (default text)",
+                    "report=DIR": "write the calibration and sweep report into DIR instead",
+                },
+                examples=(
+                    "model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx profile=ours",
+                ),
+            )
+        )
+        return 0
     try:
-        return _main(list(sys.argv[1:] if argv is None else argv))
+        return _main(args)
     except ValueError as exc:  # user and config errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

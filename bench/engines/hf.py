@@ -203,7 +203,8 @@ class HFEngine(Engine):
             def count(x: torch.Tensor) -> float:
                 return ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])  # x: (B, m, n)
 
-            matrix.instrument(lambda fn, phase: self.phases.wrap(fn, phase, count=count))
+            counter = count if k > 0 else None  # exact SVD: timed under "ns", no NS FLOPs counted
+            matrix.instrument(lambda fn, phase: self.phases.wrap(fn, phase, count=counter))
             self.ns_timed = True
         if "adamw" in subs:
             subs["adamw"].step = self.phases.wrap(subs["adamw"].step, "adamw")

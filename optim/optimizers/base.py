@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import fields, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -20,6 +21,43 @@ class NonFiniteError(RuntimeError):
 
 class NonFiniteWarning(RuntimeWarning):
     """A parameter's update was skipped because its gradient or state was not finite."""
+
+
+def config_from[C](cls: type[C], config: C | float | None, hyperparameters: dict[str, Any]) -> C:
+    """The algorithm config of an optimizer built as `Opt(params, config)`, `Opt(params, lr=0.02, momentum=...)`
+    (keyword hyperparameters, as torch.optim's optimizers take them) or `Opt(params, 0.02)` (lr, as torch's second
+    positional argument); keywords given with a config replace its fields. Unknown names are a TypeError naming
+    the allowed ones; values are checked by the config."""
+    if isinstance(config, (int, float)) and not isinstance(config, bool):
+        if "lr" in hyperparameters:
+            raise TypeError(f"lr given twice: positionally ({config!r}) and as lr={hyperparameters['lr']!r}")
+        config, hyperparameters = None, {"lr": config, **hyperparameters}
+    if config is not None and not isinstance(config, cls):
+        raise TypeError(f"config={config!r}: expected {cls.__name__} or a learning rate")
+    allowed = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(hyperparameters) - allowed)
+    if unknown:
+        raise TypeError(f"{cls.__name__}: unknown hyperparameters {unknown}; allowed: {sorted(allowed)}")
+    base = config if config is not None else cls()
+    return replace(base, **hyperparameters) if hyperparameters else base  # type: ignore[type-var]
+
+
+def check_param_shapes(owner: str, param_groups: list[dict[str, Any]], ndims: tuple[int, ...]) -> None:
+    """Reject, naming the parameter, what the optimizer cannot step: a tensor of another rank, or one with a
+    0-size dimension (nothing to orthogonalize or precondition; route it to AdamW or leave it out)."""
+    names = param_names(param_groups)
+    for group in param_groups:
+        for p in group["params"]:
+            if p.ndim not in ndims:
+                raise ValueError(
+                    f"{names[id(p)]}: {owner} takes {' or '.join(f'{n}-D' for n in ndims)} tensors "
+                    f"(3-D: experts, out, in), got shape {tuple(p.shape)}; route it to AdamW"
+                )
+            if p.numel() == 0:
+                raise ValueError(
+                    f"{names[id(p)]}: shape {tuple(p.shape)} has a 0-size dimension; {owner} cannot step it "
+                    "(leave it out, or route it to AdamW)"
+                )
 
 
 def param_names(param_groups: list[dict[str, Any]]) -> dict[int, str]:

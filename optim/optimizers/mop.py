@@ -22,6 +22,7 @@ from optim.distributed.tp_orthogonalize import TPMode
 from optim.functional.newton_schulz import newton_schulz
 from optim.functional.polar import polar_svd
 from optim.functional.split import RowSplit
+from optim.optimizers.base import config_from
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 from optim.optimizers.tp import TPModeFn, TPSpec
 
@@ -36,13 +37,14 @@ class MOP(OrthogonalizedOptimizer):
     def __init__(
         self,
         params: Any,
-        config: MOPConfig | None = None,
+        config: MOPConfig | float | None = None,
         *,
         splits: Mapping[torch.Tensor, RowSplit] | None = None,
         tp: Mapping[torch.Tensor, TPSpec] | None = None,
         tp_mode_fn: TPModeFn | None = None,
+        **hyperparameters: Any,
     ) -> None:
-        config = config or MOPConfig()
+        config = config_from(MOPConfig, config, hyperparameters)
         if config.polar_method == "svd" and any(s.mode != TPMode.BLOCKWISE for s in (tp or {}).values()):
             raise ValueError(
                 "polar_method='svd' with tensor-parallel specs supports only mode='blockwise'; use "

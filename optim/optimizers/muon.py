@@ -16,6 +16,7 @@ import torch
 from optim.configs import MuonConfig
 from optim.functional.newton_schulz import newton_schulz, ns_coefficients
 from optim.functional.split import RowSplit
+from optim.optimizers.base import config_from
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 from optim.optimizers.tp import TPModeFn, TPSpec
 
@@ -39,7 +40,9 @@ class Muon(OrthogonalizedOptimizer):
     Args:
         params: tensors, (name, tensor) pairs, or param-group dicts; groups may override lr, momentum and
             weight_decay.
-        config: algorithm settings (see MuonConfig).
+        config: algorithm settings (see MuonConfig), or the learning rate as torch.optim.Muon's second argument.
+        **hyperparameters: MuonConfig fields as keywords (lr, momentum, nesterov, weight_decay, eps, num_ns_steps,
+            ...), as torch.optim.Muon takes them; given with `config`, they replace its fields.
         splits: fused parameters to split before orthogonalization (see optim.routing).
         tp: tensor-parallel shards (see optim.optimizers.tp.TPSpec): orthogonalized by `tp_newton_schulz` in the
             spec's mode with this config's coefficients, steps, eps and precision, scaled by the full shape.
@@ -51,13 +54,14 @@ class Muon(OrthogonalizedOptimizer):
     def __init__(
         self,
         params: Any,
-        config: MuonConfig | None = None,
+        config: MuonConfig | float | None = None,
         *,
         splits: Mapping[torch.Tensor, RowSplit] | None = None,
         tp: Mapping[torch.Tensor, TPSpec] | None = None,
         tp_mode_fn: TPModeFn | None = None,
+        **hyperparameters: Any,
     ) -> None:
-        config = config or MuonConfig()
+        config = config_from(MuonConfig, config, hyperparameters)
         super().__init__(params, config, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
         custom = config.custom_coefficients if config.coefficient_type == "custom" else None
         self.coefficients = ns_coefficients(config.coefficient_type, config.num_ns_steps, custom)

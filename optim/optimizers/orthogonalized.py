@@ -43,7 +43,14 @@ from optim.distributed.tp_orthogonalize import TPMode
 from optim.functional.split import RowSplit
 from optim.optimizers.base import Entry as _Entry
 from optim.optimizers.base import bucket as _bucket
-from optim.optimizers.base import handle_nonfinite, host_flags, keep_state_dtypes, param_names, state_dtype
+from optim.optimizers.base import (
+    check_param_shapes,
+    handle_nonfinite,
+    host_flags,
+    keep_state_dtypes,
+    param_names,
+    state_dtype,
+)
 from optim.optimizers.fused import FusedStepMixin, _FusedBucket
 from optim.optimizers.sharded import TPShardedMixin, _all_ranks_true, _all_reduce_min
 from optim.optimizers.speculative import SpeculativeNSMixin, _Speculation
@@ -112,13 +119,9 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         ) = None
         self.spec_stats: dict[str, int] = {"used": 0, "discarded": 0}
         """Matrices whose speculative NS the last step used / threw away (reset at each step)."""
+        check_param_shapes(type(self).__name__, self.param_groups, (2, 3))
         for group in self.param_groups:
             for p in group["params"]:
-                if p.ndim not in (2, 3):
-                    raise ValueError(
-                        f"{type(self).__name__} takes 2-D matrices or 3-D (experts, out, in) stacks, got shape "
-                        f"{tuple(p.shape)}; route it to AdamW"
-                    )
                 split = self.splits.get(id(p))
                 if split is not None and split.rows != p.size(-2):
                     raise ValueError(f"{split} does not fit a parameter of shape {tuple(p.shape)}")

@@ -26,7 +26,14 @@ import torch
 
 from optim.configs import SOAPConfig
 from optim.functional import soap_math as sm
-from optim.optimizers.base import finite_flags, handle_nonfinite, keep_state_dtypes, param_names
+from optim.optimizers.base import (
+    check_param_shapes,
+    config_from,
+    finite_flags,
+    handle_nonfinite,
+    keep_state_dtypes,
+    param_names,
+)
 
 
 class SOAP(torch.optim.Optimizer):
@@ -37,8 +44,8 @@ class SOAP(torch.optim.Optimizer):
         config: SOAPConfig (REKLS by default).
     """
 
-    def __init__(self, params: Any, config: SOAPConfig | None = None) -> None:
-        config = config or SOAPConfig()
+    def __init__(self, params: Any, config: SOAPConfig | float | None = None, **hyperparameters: Any) -> None:
+        config = config_from(SOAPConfig, config, hyperparameters)
         defaults = {
             "lr": config.lr,
             "betas": config.betas,
@@ -49,12 +56,7 @@ class SOAP(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.config = config
         self.nonfinite_events: list[tuple[str, int, str]] = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.ndim not in (2, 3):
-                    raise ValueError(
-                        f"SOAP takes 2-D or 3-D (experts, out, in) tensors, got {tuple(p.shape)}"
-                    )
+        check_param_shapes("SOAP", self.param_groups, (2, 3))
 
     def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
         st: dict[str, Any] = self.state[p]

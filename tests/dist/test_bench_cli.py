@@ -22,53 +22,52 @@ COMMON = [
 
 def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
 
 
 def test_sweep_runs_records_and_reports(tmp_path):
-    """A 2-rank AdamW/Muon sweep with one impossible-layout job: the sweep goes on, every job leaves a record."""
+    """A 2-rank AdamW/Muon sweep: every job leaves a closed record, LATEST.json and sweep.json list them."""
     out = tmp_path / "runs"
-    res = _cli(
-        "bench.run",
-        "-m",
-        "optimizer=adamw,muon",
-        "parallelism.gbs=8,6",
-        *COMMON,
-        f"bench.out_dir={out}",
-        cwd=tmp_path,
-    )
-    assert res.returncode == 1, res.stdout + res.stderr  # the two gbs=6 jobs break a layout rule
-    assert "global batch must be divisible by MBS x DP" in res.stderr
+    res = _cli("bench.run", "-m", "optimizer=adamw,muon", *COMMON, f"bench.out_dir={out}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
     recs = {p.parent.name: json.loads(p.read_text()) for p in out.rglob("run.json")}
-    assert sorted(recs) == ["0_adamw", "1_adamw", "2_muon", "3_muon"]  # gbs varies fastest
+    assert sorted(recs) == ["0_adamw", "1_muon"]
     ok = {name: r for name, r in recs.items() if r["status"] == "ok"}
-    assert sorted(ok) == ["0_adamw", "2_muon"]
-    assert {recs[n]["error"]["type"] for n in ("1_adamw", "3_muon")} == {"ConfigError"}
-    assert all(recs[n]["launch_command"] is None for n in ("1_adamw", "3_muon"))  # failed before launch
+    assert sorted(ok) == ["0_adamw", "1_muon"]
+    assert recs["1_muon"]["choices"]["optimizer"] == "muon"
+    latest = json.loads((out / "LATEST.json").read_text())
+    assert latest["state"] == "complete" and latest["runs"] == [
+        recs[n]["run_dir"] for n in ("0_adamw", "1_muon")
+    ]
+    assert json.loads((Path(latest["sweep_dir"]) / "sweep.json").read_text()) == latest
     for rec in ok.values():
         steps = [json.loads(x) for x in (out / rec["run_id"] / "steps.jsonl").read_text().splitlines()]
         assert [s["warmup"] for s in steps] == [True, False, False]
         assert all(s["tokens"] == 8 * 64 and s["step_s"] > 0 and s["comm_s"] > 0 for s in steps)
         assert "--nproc_per_node=2" in rec["launch_command"]
         assert rec["worker"]["timer"] == "perf_counter" and rec["summary"]["model_tflops_per_gpu"] > 0
-    muon = ok["2_muon"]["summary"]
+    muon = ok["1_muon"]["summary"]
     assert (
         muon["ns_s_median"] > 0
         and 0 < muon["ns_flops_per_gpu_per_step"] <= muon["ns_flops_enumerated_per_step"]
     )
     assert ok["0_adamw"]["summary"]["ns_s_median"] is None
-    assert "layerwise" in ok["2_muon"]["worker"]["engine"]["optimizer_distribution"]
+    assert "layerwise" in ok["1_muon"]["worker"]["engine"]["optimizer_distribution"]
 
-    reports = tmp_path / "reports"
-    col = _cli("bench.collect", "--out-dir", str(out), "--reports", str(reports), cwd=tmp_path)
+    col = _cli("bench.collect", "--out-dir", str(out), cwd=tmp_path)
     assert col.returncode == 0, col.stderr
-    rep = _cli("bench.report", "--reports", str(reports), cwd=tmp_path)
+    rep = _cli("bench.report", "--out-dir", str(out), cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert "model-only ratio" in rep.stdout and "total = model + NS" in rep.stdout
-    dest = reports / "cpu_qwen3_moe_tiny_dp2"
+    dest = Path(latest["sweep_dir"]) / "report"  # next to the runs, not in the committed reports/
     assert (dest / "report.md").exists() and (dest / "loss.png").stat().st_size > 5000
-    assert "ConfigError" in (dest / "report.md").read_text()
+    assert not (tmp_path / "reports").exists()
 
 
 def test_failing_rank_leaves_an_error_record(tmp_path):
@@ -92,3 +91,53 @@ def test_failing_rank_leaves_an_error_record(tmp_path):
     rec = json.loads(path.read_text())
     assert rec["status"] == "error" and rec["error"]["type"] == "FileNotFoundError"
     assert rec["error"]["stderr_tail"] and rec["error"]["returncode"] != 0 and rec["end_time"]
+
+
+def test_sigterm_closes_the_record_as_interrupted_and_resume_reruns_it(tmp_path):
+    """Localises SIGTERM leaving run.json at `running` with no end time, LATEST.json still naming the previous
+    sweep (so bench.collect reports that one), and no way to rerun only what is missing."""
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    record = out / "LATEST.json"
+    args = [*COMMON, "parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
+    slow = [a if a != "bench.steps=3" else "bench.steps=100000" for a in args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw,muon", *slow, f"bench.out_dir={out}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:  # wait until the first run has written steps
+        steps = list(out.rglob("steps.jsonl"))
+        if steps and steps[0].stat().st_size > 0:
+            break
+        time.sleep(0.5)
+    latest = json.loads(record.read_text())
+    assert latest["state"] == "running" and len(latest["runs"]) == 1  # LATEST names this sweep while it runs
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    (path,) = out.rglob("run.json")
+    rec = json.loads(path.read_text())
+    assert rec["status"] == "interrupted" and rec["end_time"] and rec["duration_s"] >= 0
+    latest = json.loads(record.read_text())
+    assert latest["state"] == "interrupted" and latest["statuses"] == {str(path.parent): "interrupted"}
+
+    # resume the recorded command: with the slow steps it would run again, so resume a copy of the manifest whose
+    # command has the short protocol; the ok job of a resumed sweep is skipped
+    fast = {**latest, "argv": ["-m", "optimizer=adamw,muon", *args, f"bench.out_dir={out}"]}
+    (tmp_path / "m.json").write_text(json.dumps(fast))
+    res = _cli("bench.run", f"bench.resume={tmp_path / 'm.json'}", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    first = json.loads(record.read_text())
+    assert (
+        first["state"] == "complete" and len(first["runs"]) == 2 and set(first["statuses"].values()) == {"ok"}
+    )
+    again = _cli("bench.run", f"bench.resume={record}", cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stderr.count("== skip ") == 2 and "== run " not in again.stderr
+    assert json.loads(record.read_text())["runs"] == first["runs"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 from test_record_fixtures import STEPS, make_fixture_runs
@@ -50,3 +52,56 @@ def test_collect_cli_glob_and_missing_manifest(runs, tmp_path, capsys):
     assert len(pd.read_csv(tmp_path / "cpu_qwen3_moe_tiny_dp2" / "results.csv")) == 3
     assert collect.main(["--out-dir", str(tmp_path / "nothing")]) == 2
     assert "LATEST.json does not exist" in capsys.readouterr().err
+
+
+def _copy_runs(dirs, dest):
+    import shutil
+
+    return [Path(shutil.copytree(d, dest / d.name)) for d in dirs]
+
+
+def test_broken_records_are_skipped_alone_and_named(runs, tmp_path, capsys):
+    """Localises a truncated run.json aborting the collect, a deleted one dropping its run silently, and one bad
+    steps.jsonl line dropping every later step."""
+    _, dirs = runs
+    a, b, c = _copy_runs(dirs, tmp_path / "runs")
+    text = (a / "run.json").read_text()
+    (a / "run.json").write_text(text[: len(text) // 2])  # truncated
+    (c / "run.json").unlink()  # deleted
+    lines = (b / "steps.jsonl").read_text().splitlines()
+    lines[2] = lines[2][:10]
+    (b / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    record.write_json_atomic(
+        tmp_path / "runs" / "LATEST.json",
+        {"state": "complete", "report_name": "x", "runs": [str(d) for d in (a, b, c)], "sweep_dir": None},
+    )
+    reports = tmp_path / "reports"
+    assert collect.main(["--out-dir", str(tmp_path / "runs"), "--reports", str(reports)]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {a / 'run.json'}:" in err and "unreadable JSON" in err
+    assert f"warning: {c / 'run.json'}: missing; run skipped" in err
+    assert f"warning: {b / 'steps.jsonl'}:3: skipped" in err
+    results = pd.read_csv(reports / "x" / "results.csv")
+    steps = pd.read_csv(reports / "x" / "steps.csv")
+    assert list(results["run_id"]) == ["1_muon"]
+    assert list(steps["step"]) == [s for s in range(STEPS) if s != 2]  # only the bad line is gone
+    assert (
+        collect.main(["--out-dir", str(tmp_path / "runs"), "--reports", str(tmp_path / "r2"), "--strict"])
+        == 1
+    )
+    assert "unreadable JSON" in capsys.readouterr().err and not (tmp_path / "r2").exists()
+
+
+def test_default_destination_is_the_sweeps_report_folder(runs, tmp_path, capsys):
+    """Localises `make bench` writing into the committed reports/ tree: by default the report goes next to the runs."""
+    _, dirs = runs
+    sweep = tmp_path / "runs" / "20260101_000000_tiny"
+    copied = _copy_runs(dirs[:2], sweep)
+    record.write_json_atomic(
+        tmp_path / "runs" / "LATEST.json",
+        {"state": "running", "report_name": "x", "sweep_dir": str(sweep), "runs": [str(d) for d in copied]},
+    )
+    assert collect.main(["--out-dir", str(tmp_path / "runs")]) == 0
+    assert (sweep / "report" / "results.csv").exists()
+    assert "its invocation is running (2 runs recorded so far)" in capsys.readouterr().err
+    assert collect.main(["--out-dir", str(tmp_path / "runs"), "--strict"]) == 1

@@ -66,6 +66,20 @@ def test_adamw_baseline_has_no_ns_and_all_params_on_adamw():
     assert {k.split("/")[0] for k in info["routes"]} == {"adamw"}
 
 
+@pytest.mark.parametrize("polar_method", ["svd", "polar_express"])
+def test_mop_steps_with_ns_flops_only_for_iterations(polar_method):
+    """Localises the exact-SVD MOP (no NS iterations, k = 0) crashing the NS FLOP counter (`num_steps=0`)."""
+    cfg = _cfg("optimizer=mop", f"optimizer.polar_method={polar_method}")
+    metrics, _ = _run(cfg, steps=1)
+    m = metrics[-1]
+    assert m.ns_s is not None and m.ns_s > 0
+    if polar_method == "svd":
+        assert m.ns_flops == 0.0
+    else:
+        mats = flops.enumerate_ns_matrices(cfg.model, split_qkv=True)
+        assert m.ns_flops == pytest.approx(flops.ns_flops_per_step(mats, cfg.optimizer.num_ns_steps, "plain"))
+
+
 def test_same_seed_same_losses():
     """Bitwise-identical losses for two engines at one seed (model init and mock data are seeded)."""
     a, _ = _run(_cfg("optimizer=muon"), steps=2)

@@ -31,8 +31,28 @@ def test_steplog_rejects_keys_outside_vocabulary_and_reader_drops_torn_line(tmp_
     log.close()
     with open(tmp_path / "steps.jsonl", "a") as f:
         f.write('{"step": 1, "step_')
-    rows = record.read_steps(tmp_path)
+    with pytest.warns(record.RecordWarning, match=r"steps.jsonl:2: skipped"):
+        rows = record.read_steps(tmp_path)
     assert len(rows) == 1 and set(rows[0]) == set(record.STEP_KEYS) and rows[0]["loss"] is None
+
+
+def test_bad_steps_line_skips_only_itself_and_is_named(tmp_path):
+    """Localises one corrupted line of steps.jsonl dropping every later step."""
+    lines = [json.dumps({"step": 0}), "{garbage", json.dumps({"step": 2}), "[1, 2]", json.dumps({"step": 4})]
+    (tmp_path / "steps.jsonl").write_text("\n".join(lines) + "\n")
+    problems: list[str] = []
+    rows = record.read_steps(tmp_path, problems=problems)
+    assert [r["step"] for r in rows] == [0, 2, 4]
+    assert [p.split(": ")[0] for p in problems] == [f"{tmp_path / 'steps.jsonl'}:{n}" for n in (2, 4)]
+
+
+def test_every_status_is_documented():
+    """docs/run_status.md has a row for each Status value, and the README points to it."""
+    root = config.CONF_DIR.parent
+    doc = (root / "docs" / "run_status.md").read_text()
+    rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `")}
+    assert rows == {s.value for s in record.Status}
+    assert "docs/run_status.md" in (root / "README.md").read_text()
 
 
 def test_summarize_excludes_warmup_and_uses_median_iqr():
@@ -96,7 +116,11 @@ def test_failed_run_still_writes_complete_record(tmp_path):
     [
         ({"returncode": None, "timed_out": True, "worker_error": None}, "timeout"),
         ({"returncode": 1, "timed_out": False, "worker_error": {"type": "OutOfMemoryError"}}, "oom"),
-        ({"returncode": -9, "timed_out": False, "worker_error": None}, "oom"),
+        ({"returncode": -9, "timed_out": False, "worker_error": None}, "killed"),
+        (
+            {"returncode": 1, "timed_out": False, "worker_error": {"type": "RuntimeError"}, "killed_by": 9},
+            "killed",
+        ),
         ({"returncode": 1, "timed_out": False, "worker_error": {"type": "ValueError"}}, "error"),
     ],
 )

@@ -13,14 +13,24 @@ NS_FLOPS = 2.0e8
 STEPS, WARMUP = 8, 3
 
 
-def make_run(root: Path, name: str, optimizer: str, *, fail: bool = False) -> Path:
-    """A run directory as bench.run leaves it: run.json (closed) and, unless `fail`, steps.jsonl."""
+def make_run(
+    root: Path,
+    name: str,
+    optimizer: str,
+    *,
+    fail: bool = False,
+    diverge_at: int | None = None,
+    overrides: tuple[str, ...] = (),
+) -> Path:
+    """A run directory as bench.run leaves it: run.json (closed) and, unless `fail`, steps.jsonl; with
+    `diverge_at` the loss is NaN from that step on and the run stopped there (status diverged)."""
     cfg = config.load(
         [
             "experiment=cpu/qwen3_moe_tiny_dp2",
             f"optimizer={optimizer}",
             f"bench.steps={STEPS}",
             f"bench.warmup_steps={WARMUP}",
+            *overrides,
         ]
     )
     run_dir = root / name
@@ -29,7 +39,7 @@ def make_run(root: Path, name: str, optimizer: str, *, fail: bool = False) -> Pa
         run_dir=run_dir,
         config=config.as_dict(cfg),
         config_hash=config.config_hash(cfg),
-        overrides=[f"optimizer={optimizer}"],
+        overrides=[f"optimizer={optimizer}", *overrides],
         command=["python", "-m", "bench.run", f"optimizer={optimizer}"],
     )
     record.write_json_atomic(run_dir / "run.json", rec)
@@ -44,11 +54,11 @@ def make_run(root: Path, name: str, optimizer: str, *, fail: bool = False) -> Pa
         record.finalize(run_dir, status="error", error=err)
         return run_dir
     log = record.StepLog(run_dir)
-    base = STEP_S[optimizer]
-    for i in range(STEPS):
+    base = STEP_S.get(optimizer, STEP_S["muon"])
+    for i in range(STEPS if diverge_at is None else diverge_at + 1):
         warm = i < WARMUP
         step_s = base * (10 if warm else 1) + (0.001 * (i % 3) if not warm else 0.0)
-        ns = 0.020 if optimizer == "muon" else None
+        ns = 0.020 if optimizer.startswith("muon") else None
         log.write(
             {
                 "step": i,
@@ -60,15 +70,18 @@ def make_run(root: Path, name: str, optimizer: str, *, fail: bool = False) -> Pa
                 "ns_s": ns,
                 "adamw_s": 0.002,
                 "tokens": 512,
-                "loss": 6.3 - 0.01 * i,
+                "loss": float("nan") if i == diverge_at else 6.3 - 0.01 * i,
                 "peak_mem_bytes": 800 * 2**20 + i,
-                "ns_flops": NS_FLOPS if optimizer == "muon" else 0.0,
+                "ns_flops": NS_FLOPS if optimizer.startswith("muon") else 0.0,
                 "cpu_s": step_s,
             }
         )
     log.close()
     record.update_run_json(run_dir, worker={"timer": "perf_counter"})
-    record.finalize(run_dir, status="ok")
+    if diverge_at is None:
+        record.finalize(run_dir, status="ok")
+    else:
+        record.finalize(run_dir, status="diverged", divergence={"step": diverge_at, "loss": "nan"})
     return run_dir
 
 

@@ -46,7 +46,7 @@ def test_breakdown_and_failed_runs_and_protocol(rendered):
     section = text.split("## Optimizer step breakdown")[1]
     row = next(line for line in section.splitlines() if line.startswith("| muon (1_muon) |"))
     assert "| 20.00 | 2.00 |" in row  # NS ms, AdamW-part ms
-    assert "## Failed runs" in text and "FileNotFoundError" in text
+    assert "## Runs that did not end ok" in text and "FileNotFoundError" in text
     assert "warm-up steps excluded" in text and "median" in text and "IQR" in text
 
 

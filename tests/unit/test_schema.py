@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from config import ConfigError, config_hash, load
+from config.compose import check_runnable
 
 
 def test_default_composes_typed() -> None:
@@ -96,3 +97,66 @@ def test_schema_defaults_are_optim_defaults() -> None:
         assert routing == RoutingConfig()
         assert adamw == AdamWConfig()
     assert convert(S.AdamWSchema())[0] == AdamWConfig()
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["optimizer.lr=-1"], "optimizer.lr=-1.0: is not in [0.0, inf]"),
+        (["optimizer.momentum=1.5"], "optimizer.momentum=1.5: is not in [0.0, 1.0)"),
+        (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay=-0.1: is not in [0.0, inf]"),
+        (["optimizer.num_ns_steps=0"], "optimizer.num_ns_steps=0: is not in [1, 100]"),
+        (["optimizer.adam_beta2=2"], "optimizer.adam_beta2=2.0: is not in [0.0, 1.0)"),
+        (["optimizer=adamw", "optimizer.adam_beta1=1"], "optimizer.adam_beta1=1.0: is not in [0.0, 1.0)"),
+        (["optimizer=soap_rekls", "optimizer.adam_eps=0"], "optimizer.adam_eps=0.0: is not in (0.0, 1.0]"),
+        (["optimizer=mop", "optimizer.momentum=-0.5"], "optimizer.momentum=-0.5: is not in [0.0, 1.0)"),
+        (["optimizer.lr_warmup_steps=-1"], "optimizer.lr_warmup_steps=-1: must be >= 0"),
+        (["parallelism.tp=2"], "parallelism.tp=2: the hf engine is data parallel only (allowed: 1)"),
+        (
+            ["optimizer=muon_megatron"],
+            "optimizer.implementation='megatron': the hf engine runs muon as ['ours']",
+        ),
+        (["precision=fp8_mx"], "precision.name='fp8_mx': the hf engine has no FP8 path"),
+        (
+            ["engine=megatron", "hardware=h200", "optimizer=mop", "optimizer.implementation=megatron"],
+            "optimizer.implementation='megatron': only muon is built into Megatron",
+        ),
+        (["bench.steps=-5"], "bench.steps=-5: must be >= 1"),
+        (["bench.steps=0"], "bench.steps=0: must be >= 1"),
+        (["bench.warmup_steps=-1"], "bench.warmup_steps=-1: must be >= 0"),
+        (["bench.steps=4", "bench.warmup_steps=4"], "bench.warmup_steps=4: must be < bench.steps=4"),
+        (["bench.timeout_s=0"], "bench.timeout_s=0: must be >= 1"),
+        (
+            ["experiment=gb300/nonexistent"],
+            "experiment=gb300/nonexistent: no such option; available: cpu/qwen3_moe",
+        ),
+    ],
+)
+def test_bad_input_fails_at_compose_time_naming_the_field(overrides: list[str], message: str) -> None:
+    """Localises out-of-range optimizer values, engine mismatches and bench protocol values that were caught only
+    inside every rank after torchrun started (or never), with messages that lacked the field path."""
+    with pytest.raises(ConfigError) as info:
+        check_runnable(load(overrides))
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_engine_rules_apply_to_runs_not_to_the_analysis_tools() -> None:
+    """bench.flops / balance / project compose layouts no local engine runs (EP8 with the default hf engine)."""
+    root = load(["model=qwen3_30b_a3b", "parallelism=dp8_ep8"])
+    with pytest.raises(ConfigError, match=r"^parallelism.ep=8: the hf engine is data parallel only"):
+        check_runnable(root)
+    check_runnable(load(["model=qwen3_30b_a3b", "parallelism=dp8_ep8", "engine=megatron", "hardware=h200"]))
+
+
+def test_nested_experiment_error_lists_every_experiment() -> None:
+    with pytest.raises(ConfigError) as info:
+        load(["experiment=gb300/nonexistent"])
+    assert "gb300/kimi_k2_muon" in str(info.value) and "h200/qwen3_30b_a3b_slice_muon_1gpu" in str(info.value)
+
+
+def test_no_undocumented_knob_bench_run_name() -> None:
+    """`bench.run_name` was documented and never read: it is not a field any more."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises((ConfigError, ConfigCompositionException), match="run_name"):
+        load(["bench.run_name=x"])

@@ -314,6 +314,10 @@ def summarize(trials: list[dict[str, Any]], cfg: QualityConfig) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench.cli_help import module_help
+
+    if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
+        return 0
     import torch
     from tqdm import tqdm
 

@@ -1,0 +1,159 @@
+"""What `bench.run` does around Hydra's jobs: check every job before any starts, claim run directories, keep the
+invocation's manifest (`<bench.out_dir>/LATEST.json`) current from its first job on, and resume a sweep.
+
+- `expand(argv)`: the override list of each job of an invocation (Hydra's own sweep expansion).
+- `preflight(jobs)`: compose, validate and check every job against its engine; the errors, one line each (no run
+  directory is created).
+- `claim_run_dir(path)`: a run directory no other `bench.run` holds (exclusive create of its `run.json`).
+- `Manifest`: `LATEST.json` (and `<sweep dir>/sweep.json`): the command, the state (`running`, `complete`,
+  `interrupted`) and every run with its status, rewritten as each job starts and ends.
+- `resume_plan(path)`: the recorded command of a manifest and the runs that need no rerun.
+
+No torch import.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import config
+from bench import record
+
+RESUME_KEY = "bench.resume"
+HYDRA_FLAGS = ("-m", "--multirun")
+
+
+def is_multirun(argv: list[str]) -> bool:
+    return any(a in HYDRA_FLAGS for a in argv)
+
+
+def job_key(overrides: list[str]) -> tuple[str, ...]:
+    """What identifies a job of a sweep: its overrides, without `bench.resume` and Hydra's own settings."""
+    return tuple(o for o in overrides if not o.lstrip("+~").startswith((RESUME_KEY + "=", "hydra.")))
+
+
+def expand(argv: list[str]) -> list[list[str]]:
+    """The overrides of each job `python -m bench.run <argv>` runs (one job unless -m; sweeps expanded by Hydra's
+    basic sweeper, in its order)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = [a for a in argv if not a.startswith("-")]
+    if not is_multirun(argv):
+        return [overrides]
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [list(job) for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+
+
+def preflight(jobs: list[list[str]]) -> list[str]:
+    """Compose and validate every job; one message per failing job (field, value, rule), empty when all pass."""
+    errors = []
+    for job in jobs:
+        try:
+            config.check_runnable(config.load(list(job_key(job))))
+        except ValueError as exc:
+            label = " ".join(job_key(job)) or "(defaults)"
+            errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))
+    return errors
+
+
+def claim_run_dir(path: Path) -> Path:
+    """`path`, or `path.2`, `path.3`, ... : the first whose `run.json` this process creates exclusively, so two
+    `bench.run` started in the same second never share a run directory."""
+    for k in range(1, 1000):
+        cand = path if k == 1 else path.with_name(f"{path.name}.{k}")
+        cand.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(cand / "run.json", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return cand
+    raise RuntimeError(f"no free run directory next to {path}")
+
+
+@dataclass
+class Manifest:
+    """The manifest of one `bench.run` invocation, written to `<out_dir>/LATEST.json` whenever it changes."""
+
+    out_dir: Path
+    argv: list[str]
+    report_name: str = ""
+    invocation: str = field(default_factory=lambda: time.strftime("%Y%m%d_%H%M%S"))
+    state: str = "running"
+    sweep_dir: str | None = None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "invocation": self.invocation,
+            "state": self.state,
+            "command": ["python", "-m", "bench.run", *self.argv],
+            "argv": self.argv,
+            "report_name": self.report_name,
+            "sweep_dir": self.sweep_dir,
+            "runs": [r["run_dir"] for r in self.runs],
+            "statuses": {r["run_dir"]: r["status"] for r in self.runs},
+        }
+
+    def write(self) -> None:
+        data = self.as_dict()
+        record.write_json_atomic(self.out_dir / "LATEST.json", data)
+        if self.sweep_dir:
+            record.write_json_atomic(Path(self.sweep_dir) / "sweep.json", data)
+
+    def note(self, run_dir: Path, status: str, report_name: str = "") -> None:
+        """Add or update a run (called when a job starts and when it ends)."""
+        self.report_name = self.report_name or report_name
+        for r in self.runs:
+            if r["run_dir"] == str(run_dir):
+                r["status"] = str(status)
+                break
+        else:
+            self.runs.append({"run_dir": str(run_dir), "status": str(status)})
+        self.write()
+
+    def finish(self, state: str) -> None:
+        self.state = state
+        self.write()
+
+
+def _manifest_path(path: str) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        for name in ("sweep.json", "LATEST.json"):
+            if (p / name).exists():
+                return p / name
+        if (p / "run.json").exists():
+            raise ValueError(
+                f"{RESUME_KEY}={path!r}: a run directory; give its sweep directory or runs/LATEST.json"
+            )
+    if p.is_file():
+        return p
+    raise ValueError(
+        f"{RESUME_KEY}={path!r}: no manifest there (a sweep directory with sweep.json, or LATEST.json)"
+    )
+
+
+def resume_plan(path: str) -> tuple[list[str], dict[tuple[str, ...], Path]]:
+    """(the recorded argv of the invocation, job key -> run directory of each run that needs no rerun)."""
+    manifest = _manifest_path(path)
+    data = record.read_json(manifest)
+    if "argv" not in data:
+        raise ValueError(
+            f"{manifest}: written by an older bench.run without the command's argv; rerun the sweep"
+        )
+    done: dict[tuple[str, ...], Path] = {}
+    for run_dir in data.get("runs", []):
+        try:
+            rec = record.read_json(Path(run_dir) / "run.json")
+        except (OSError, ValueError):
+            continue  # missing or unreadable: rerun
+        if rec.get("status") in record.NOT_FAILED:
+            done[job_key(rec.get("overrides") or [])] = Path(run_dir)
+    argv = [a for a in data["argv"] if not a.startswith(RESUME_KEY + "=")]
+    return argv, done

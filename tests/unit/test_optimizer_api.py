@@ -1,0 +1,98 @@
+"""The torch-user surface of Muon, MOP and SOAP: keyword hyperparameters as torch.optim takes them, clean rejection
+of parameters they cannot step, and the hybrid's AdamW side guarded against NaN/Inf like the matrix side."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+
+from optim import MOP, SOAP, Muon, MuonConfig, NonFiniteError, NonFiniteWarning, build_optimizer
+from optim.configs import MOPConfig, SOAPConfig
+
+OPTIMIZERS = [(Muon, MuonConfig), (MOP, MOPConfig), (SOAP, SOAPConfig)]
+
+
+@pytest.fixture
+def weight():
+    torch.manual_seed(0)
+    return torch.nn.Parameter(torch.randn(8, 4))
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+def test_keyword_hyperparameters_like_torch_optim(cls, cfg_cls, weight):
+    """Localises `Opt(params, lr=0.02)` raising TypeError (only a config object was accepted)."""
+    opt = cls([weight], lr=0.02, weight_decay=0.0)
+    assert opt.config == cfg_cls(lr=0.02, weight_decay=0.0)
+    assert cls([weight], 0.02).config.lr == 0.02  # torch's second positional argument is lr
+    over = cls([weight], cfg_cls(lr=0.1, weight_decay=0.2), lr=0.3)
+    assert over.config.lr == 0.3 and over.config.weight_decay == 0.2  # keywords replace the config's fields
+    with pytest.raises(TypeError, match=r"unknown hyperparameters \['lrr'\]; allowed: \[.*'lr'"):
+        cls([weight], lrr=0.02)
+    with pytest.raises(ValueError, match=r"lr=-1.0 is not in \[0.0, inf\]"):
+        cls([weight], lr=-1.0)
+
+
+def test_muon_takes_torch_optim_muons_keyword_names(weight):
+    """Every keyword torch.optim.Muon and our MuonConfig share is accepted with torch's meaning of the name."""
+    torch_names = set(inspect.signature(torch.optim.Muon).parameters) - {"params"}
+    shared = torch_names & set(MuonConfig.__dataclass_fields__)
+    assert shared >= {"lr", "weight_decay", "momentum", "nesterov", "eps"}
+    values = {"lr": 0.05, "weight_decay": 0.1, "momentum": 0.9, "nesterov": True, "eps": 1e-6}
+    opt = Muon([weight], **{k: values[k] for k in shared})
+    assert all(getattr(opt.config, k) == values[k] for k in shared)
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+def test_zero_size_parameter_rejected_by_name_before_any_state(cls, cfg_cls, weight):
+    """Localises a (0, 5) parameter failing inside step() after other parameters' state was written."""
+    empty = torch.nn.Parameter(torch.zeros(0, 5))
+    with pytest.raises(ValueError, match=r"^empty: shape \(0, 5\) has a 0-size dimension"):
+        cls([("w", weight), ("empty", empty)], cfg_cls())
+
+
+def _hybrid(policy: str):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.LayerNorm(6))
+    opt = build_optimizer(model.named_parameters(), MuonConfig(lr=0.01, nonfinite_policy=policy), naming="hf")
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    norm_w = model[1].weight
+    norm_w.grad[0] = float("nan")
+    return model, opt, norm_w
+
+
+def test_hybrid_skips_nonfinite_adamw_grads_like_the_matrix_side():
+    """Localises a NaN gradient of a norm weight (AdamW side) silently turning the weight NaN."""
+    model, opt, norm_w = _hybrid("skip")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.warns(NonFiniteWarning, match=r"non-finite grad in 1.weight at step 1"):
+        opt.step()
+    assert torch.equal(norm_w, before["1.weight"]) and norm_w.grad is not None  # untouched, grad put back
+    assert not torch.equal(model[1].bias, before["1.bias"])  # the finite AdamW parameters still stepped
+    assert not torch.equal(model[0].weight, before["0.weight"])  # and the matrix side
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert opt.nonfinite_events == [("1.weight", 1, "grad")]
+
+
+def test_hybrid_raise_policy_raises_before_any_parameter_changes():
+    model, opt, _ = _hybrid("raise")
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(NonFiniteError, match=r"1.weight \(grad, step 1\)"):
+        opt.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_adamw_baseline_stays_torchs_adamw():
+    """The all-AdamW baseline is not guarded (it is torch.optim.AdamW as is)."""
+    from optim.configs import AdamWConfig
+
+    model = torch.nn.Linear(3, 3)
+    opt = build_optimizer(model.named_parameters(), AdamWConfig(), naming="hf")
+    assert opt.nonfinite_policy is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.weight.grad = torch.ones_like(model.weight)
+        opt.step()

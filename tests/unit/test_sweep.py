@@ -1,0 +1,148 @@
+"""bench.sweep and bench.run's front: checking every job before any starts, unique run directories, the manifest,
+resume plans, and `--help` of every entry point."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from bench import record, sweep
+
+
+def test_expand_gives_hydras_jobs_in_order():
+    jobs = sweep.expand(["-m", "optimizer=adamw,muon", "optimizer.lr=0.1,0.2", "bench.steps=3"])
+    assert jobs == [
+        ["optimizer=adamw", "optimizer.lr=0.1", "bench.steps=3"],
+        ["optimizer=adamw", "optimizer.lr=0.2", "bench.steps=3"],
+        ["optimizer=muon", "optimizer.lr=0.1", "bench.steps=3"],
+        ["optimizer=muon", "optimizer.lr=0.2", "bench.steps=3"],
+    ]
+    assert sweep.expand(["optimizer=muon"]) == [["optimizer=muon"]]
+
+
+def test_preflight_names_each_bad_job():
+    errors = sweep.preflight(sweep.expand(["-m", "optimizer.lr=0.1,-1", "parallelism.tp=1,2"]))
+    tp_rule = "the hf engine is data parallel only (allowed: 1); use engine=megatron for model parallelism"
+    assert errors == [
+        f"parallelism.tp=2: {tp_rule}  [job: optimizer.lr=0.1 parallelism.tp=2]",
+        "optimizer.lr=-1.0: is not in [0.0, inf]  [job: optimizer.lr=-1 parallelism.tp=1]",
+        "optimizer.lr=-1.0: is not in [0.0, inf]  [job: optimizer.lr=-1 parallelism.tp=2]",
+    ]
+
+
+def test_bad_input_is_refused_before_launch_without_traceback_or_run_dir(tmp_path):
+    """Localises bad values caught only after torchrun started (a traceback per rank, a run directory left)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw,muon", "optimizer.momentum=1.5",
+         f"bench.out_dir={tmp_path / 'runs'}"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 2
+    out = f"bench.out_dir={tmp_path / 'runs'}"
+    fields = (
+        "adam_beta1, adam_beta2, adam_eps, clip_grad, implementation, lr, lr_decay, lr_warmup_steps, min_lr"
+    )
+    assert res.stderr.splitlines() == [
+        (
+            f"error: optimizer.momentum: no such field in AdamWSchema; its fields: {fields}, name, weight_decay  "
+            f"[job: optimizer=adamw optimizer.momentum=1.5 {out}]"
+        ),
+        f"error: optimizer.momentum=1.5: is not in [0.0, 1.0)  [job: optimizer=muon optimizer.momentum=1.5 {out}]",
+    ]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_claim_run_dir_is_exclusive(tmp_path):
+    """Localises two bench.run started in the same second sharing one run directory."""
+    target = tmp_path / "20260101_000000_tiny_muon"
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(sweep.claim_run_dir(target))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(got)) == 6 and target in got
+    assert sorted(p.name for p in got if p != target) == [f"{target.name}.{k}" for k in range(2, 7)]
+
+
+def test_manifest_is_current_from_the_first_job(tmp_path):
+    m = sweep.Manifest(out_dir=tmp_path, argv=["-m", "optimizer=adamw,muon"])
+    m.write()
+    latest = record.read_json(tmp_path / "LATEST.json")
+    assert latest["state"] == "running" and latest["runs"] == [] and latest["invocation"] == m.invocation
+    m.sweep_dir = str(tmp_path / "sweep")
+    m.note(tmp_path / "sweep" / "0_adamw", "running", "name")
+    m.note(tmp_path / "sweep" / "0_adamw", "ok")
+    m.finish("interrupted")
+    for path in (tmp_path / "LATEST.json", tmp_path / "sweep" / "sweep.json"):
+        data = record.read_json(path)
+        assert data["state"] == "interrupted" and data["statuses"] == {
+            str(tmp_path / "sweep" / "0_adamw"): "ok"
+        }
+        assert data["report_name"] == "name"
+
+
+def _run(path, status, overrides):
+    record.write_json_atomic(path / "run.json", {"status": status, "overrides": overrides})
+    return str(path)
+
+
+def test_resume_plan_skips_only_runs_that_did_not_fail(tmp_path):
+    argv = ["-m", "optimizer=adamw,muon,mop", "bench.steps=3"]
+    runs = [
+        _run(tmp_path / "0", "ok", ["optimizer=adamw", "bench.steps=3"]),
+        _run(tmp_path / "1", "interrupted", ["optimizer=muon", "bench.steps=3"]),
+    ]
+    gone = str(tmp_path / "2")  # listed, its run.json deleted: rerun
+    record.write_json_atomic(
+        tmp_path / "sweep.json", {"argv": [*argv, "bench.resume=old"], "runs": [*runs, gone]}
+    )
+    recorded, done = sweep.resume_plan(str(tmp_path))
+    assert recorded == argv
+    assert done == {("optimizer=adamw", "bench.steps=3"): tmp_path / "0"}
+    assert sweep.job_key(["optimizer=adamw", "bench.steps=3", "bench.resume=x"]) in done
+    with pytest.raises(ValueError, match="no manifest there"):
+        sweep.resume_plan(str(tmp_path / "nothing"))
+
+
+HYDRA_STYLE = ["bench.flops_cli", "bench.balance", "bench.project", "recipes.__main__"]
+KEY_VALUE = [
+    "bench.quality.run",
+    "bench.ns_kernels",
+    "bench.ns_tiles",
+    "bench.optim_scaling",
+    "bench.optim_step",
+]
+ARGPARSE = ["bench.collect", "bench.report", "bench.regress"]
+
+
+@pytest.mark.parametrize("module", HYDRA_STYLE + KEY_VALUE + ["bench.slurm"])
+def test_every_entry_point_answers_help(module, capsys):
+    """Localises `--help` answered by a Hydra parse traceback or a key=value error."""
+    main = importlib.import_module(module).main
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "usage" in out.lower() or "python -m" in out
+    if module in HYDRA_STYLE:
+        assert "config groups" in out and "optimizer    adamw, mop, muon, muon_megatron" in out
+        assert "bench.{steps=10" in out
+
+
+@pytest.mark.parametrize("module", ARGPARSE)
+def test_argparse_entry_points_answer_help(module, capsys):
+    with pytest.raises(SystemExit) as info:
+        importlib.import_module(module).main(["--help"])
+    assert info.value.code == 0 and "usage: python -m" in capsys.readouterr().out
+
+
+def test_bench_run_help_is_ours_not_hydras():
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--help"], capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0 and res.stdout.startswith("usage: python -m bench.run")
+    assert "experiment   cpu/qwen3_moe_tiny_dp2, gb300/kimi_k2_adamw" in res.stdout
+    assert "bench.resume=PATH" in res.stdout and "Powered by Hydra" not in res.stdout

@@ -1,0 +1,59 @@
+"""bench.worker closes its own record: `diverged` at the first non-finite loss (one process, the hf engine)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import config
+from bench import record, worker
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
+    """Localises a run whose loss became NaN being recorded `ok` (a huge learning rate on the AdamW baseline)."""
+    cfg = config.load(
+        [
+            "model=qwen3_moe_tiny",
+            "parallelism=single_gpu",
+            "parallelism.gbs=2",
+            "parallelism.mbs=2",
+            "engine=hf",
+            "hardware=cpu",
+            "bench.steps=8",
+            "bench.warmup_steps=1",
+            "bench.progress=false",
+            "optimizer=adamw",
+            "optimizer.lr=1e12",
+            "optimizer.lr_warmup_steps=0",
+        ]
+    )
+    record.write_json_atomic(
+        tmp_path / "run.json",
+        record.new_run_record(
+            run_id="diverge",
+            run_dir=tmp_path,
+            config=config.as_dict(cfg),
+            config_hash=config.config_hash(cfg),
+            overrides=[],
+            command=[],
+        ),
+    )
+    worker.run(tmp_path)
+    rec = record.read_json(tmp_path / "run.json")
+    losses = [s["loss"] for s in record.read_steps(tmp_path)]
+    assert rec["status"] == "diverged" and rec["end_time"]
+    first_bad = next(i for i, x in enumerate(losses) if not math.isfinite(x))
+    assert rec["divergence"] == {"step": first_bad, "loss": str(losses[first_bad])}
+    assert len(losses) == first_bad + 1 < 8  # stopped there
+    assert all(math.isfinite(x) for x in losses[:first_bad])
