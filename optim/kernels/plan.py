@@ -10,7 +10,8 @@ only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, an
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
 - `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256, tma128w4, tma128k128, tma128o,
-  tma128w4o, tma128wso through tensor descriptors): X X^T and b A + c A^2 by the Triton symmetric kernel (one
+  tma128w4o, tma128wso through tensor descriptors; tma128g8, tma256g4 in grouped launch order; ptma128, ptma256,
+  ptma128o, ptma256o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one
   triangle); with the fp16 iterate a I is added in that kernel's epilogue too.
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
   8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
@@ -42,7 +43,7 @@ GRAPH_MAX_FLOPS = 2.0e11
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
 TILE_NAMES = (
     "t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256", "tma128w4", "tma128k128",
-    "tma128o", "tma128w4o", "tma128wso",
+    "tma128o", "tma128w4o", "tma128wso", "tma128g8", "tma256g4", "ptma128", "ptma256", "ptma128o", "ptma256o",
 )  # fmt: skip
 # Product backends of QuACK (`optim.kernels.sym_quack.QuackOps`): symmetric products only, or every product.
 QUACK_BACKENDS = ("quack_sym", "quack_all")
@@ -272,7 +273,9 @@ class Planner:
             return []
         seen = set(entry.get("times_ms") or {}) | set(entry.get("rejected") or {})  # type: ignore[call-overload]
         nb, r, c = x.shape
-        names = candidate_names(nb, r, c, num_steps, use_gram, triton_importable(), sym_quack.usable(x.device))
+        names = candidate_names(
+            nb, r, c, num_steps, use_gram, triton_importable(), sym_quack.usable(x.device)
+        )
         return [n for n in names if n not in seen]
 
     def measure(
@@ -291,7 +294,9 @@ class Planner:
 
         t_start = time.perf_counter()
         nb, r, c = x.shape
-        names = candidate_names(nb, r, c, len(coeffs), use_gram, triton_importable(), sym_quack.usable(x.device))
+        names = candidate_names(
+            nb, r, c, len(coeffs), use_gram, triton_importable(), sym_quack.usable(x.device)
+        )
         ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
         times: dict[str, float] = {}
         first: dict[str, float] = {}
