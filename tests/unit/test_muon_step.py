@@ -194,7 +194,12 @@ def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert (
         optim_step.main(
-            ["scale=0.004", "repeats=2", "format=json", "impls=adamw_foreach,optim_muon_split,optim_muon_no_ns"]
+            [
+                "scale=0.004",
+                "repeats=2",
+                "format=json",
+                "impls=adamw_foreach,optim_muon_split,optim_muon_no_ns",
+            ]
         )
         == 0
     )
