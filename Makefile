@@ -32,7 +32,7 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
 	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
 
-bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
+bench-ns: $(STAMP) ## Newton-Schulz kernels vs QuACK vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m bench.ns_kernels $(ARGS)
 
 flops: $(STAMP) ## Model and Newton-Schulz FLOPs: make flops ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64"
