@@ -53,8 +53,10 @@ EO_SYRK_DEFAULT = ("qwen_q", "k2_o")
 NUM_STEPS = 5
 OURS_LABEL = (
     "ours / ours_gram: bench-local batched Muon step (fused momentum pack + plan-cached orthogonalize + fused "
-    "update); optim_muon / optim_muon_gram: the project's optim.Muon (shape-grouped batched NS through "
-    "optim.kernels, per-parameter momentum and update); both with EO Muon v0.3.0 defaults except lr = 1e-4"
+    "update; ours_quack: the same with NS on QuACK's products, no plan); optim_muon / optim_muon_gram: the "
+    "project's optim.Muon (shape-grouped batched NS through optim.kernels, per-parameter momentum and update); "
+    "optim_muon_split: optim.Muon with each expert fc1 orthogonalized as its gate and up halves apart; all with EO "
+    "Muon v0.3.0 defaults except lr = 1e-4"
 )
 
 
@@ -245,7 +247,8 @@ def render_markdown(res: dict[str, Any]) -> str:
         pct = f"{100 * r['frac_ceiling']:.0f}" if r["frac_ceiling"] else "-"
         note = " ".join(x for x in (r["method"] or "", r["note"] or "") if x)
         if r["warmup_s"]:
-            note += f" (plan warm-up {r['warmup_s']:.1f} s)"
+            what = "plan warm-up" if r["impl"].startswith("ours") else "first call, compilation included"
+            note += f" ({what} {r['warmup_s']:.1f} s)"
         lines.append(
             f"| {r['shape']} {r['rows']}x{r['cols']} | {r['batch']} | {r['impl']} | {_fmt(r['ms'])} | "
             f"{_fmt(r['ms_per_matrix'])} | {_fmt(r['tflops_plain'])} | {pct} | {_fmt(r['ortho_err'])} | {note} |"

@@ -1,18 +1,19 @@
 """Measured per-shape plan: time each candidate NS method once, keep the fastest, cache the choice on disk.
 
 A plan key is (batch, m, n, input dtype, coefficients, use_gram, restarts) on one GPU with one torch and Triton
-version (and QuACK version, where installed and usable); the cache file (json) lives in $MUONBENCH_CACHE or ~/.cache/muonbench and records the times of every
-candidate, each candidate's first call (`first_call_s`: JIT compilation, graph capture) and the whole warm-up cost
-(`plan_s`), so a report can show why a method was chosen and what compiling it cost. An entry that lacks a candidate the
-current code offers (written before that kernel existed) is measured again. Nothing is guessed: a candidate is
+version (and QuACK version, where installed and usable); the cache file (json) lives in $MUONBENCH_CACHE or
+~/.cache/muonbench and records the times of every candidate, each candidate's first call (`first_call_s`: JIT
+compilation, graph capture) and the whole warm-up cost (`plan_s`), so a report can show why a method was chosen
+and what compiling it cost. An entry that lacks a candidate the current code offers (written before that kernel
+existed) is measured again. Nothing is guessed: a candidate is
 only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, and was the fastest by median.
 
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
 - `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256, tma128w4, tma128k128, tma128o,
   tma128w4o, tma128wso through tensor descriptors; tma128g8, tma256g4 in grouped launch order; ptma128, ptma256,
-  ptma128o, ptma256o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one
-  triangle); with the fp16 iterate a I is added in that kernel's epilogue too.
+  ptma128o, ptma256o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle); with the
+  fp16 iterate a I is added in that kernel's epilogue too.
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
   8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
   that to cuBLAS (`optim.kernels.sym_quack`).
