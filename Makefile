@@ -36,7 +36,7 @@ EXAMPLE_REPORT := smoke_cpu_202611
 bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202611/ from the latest sweep (after make bench)
 	$(PY) -m bench.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.report --name $(EXAMPLE_REPORT)
 
-bench-ns: $(STAMP) ## Newton-Schulz kernels vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
+bench-ns: $(STAMP) ## Newton-Schulz kernels vs QuACK vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m tools.ns_kernels $(ARGS)
 
 flops: $(STAMP) ## Model and Newton-Schulz FLOPs: make flops ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64"

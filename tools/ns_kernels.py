@@ -1,12 +1,16 @@
-"""Newton-Schulz kernel benchmark on one GPU: ours vs emerging-optimizers vs torch.optim.Muon, plus layer steps.
+"""Newton-Schulz kernel benchmark on one GPU: ours vs QuACK vs emerging-optimizers vs torch.optim.Muon, plus layer
+steps.
 
     python -m tools.ns_kernels [format=json] [out=DIR] [device=cpu] [eo_syrk=SHAPE,SHAPE|none] [syrk_timeout=S]
                                [error=0|1] [shapes=NAME,NAME]
 
-On a GPU: measures the bf16 matmul ceiling, then per shape (every distinct Qwen3-30B-A3B and Kimi K2 matrix,
-experts batched) the median ms of each NS implementation, nominal TFLOP/s on the plain-FLOP count, fraction of
-the ceiling and the orthogonality error against the fp64 polar factor; then one optimizer step of a whole
-Qwen3-30B-A3B layer and of a Kimi K2 MoE layer at EP64. Writes results.json, results.csv, README.md and ns.png
+On a GPU: measures the bf16 matmul ceiling; the two symmetric products of an NS step alone (X X^T and
+b A + c A^2) by cuBLAS, each Triton tile config and QuACK; then per shape (every distinct Qwen3-30B-A3B and Kimi K2
+matrix, experts batched) the median ms of each NS implementation (ours = the per-shape plan; cublas and quack =
+plain NS on one fixed backend; emerging-optimizers; torch.optim.Muon), nominal TFLOP/s on the plain-FLOP count,
+fraction of the ceiling and the orthogonality error against the fp64 polar factor, and the plan's fastest
+candidate of each family; then one optimizer step of a whole Qwen3-30B-A3B layer and of a Kimi K2 MoE layer at
+EP64 (joint and split gate/up fc1 for optim.Muon). QuACK columns need quack-kernels (`muonbench[quack]`) on SM90+. Writes results.json, results.csv, README.md and ns.png
 into out (default reports/ns_kernels_local). `device=cpu` runs a tiny smoke of the same code path (no timing
 claims). Torch, Triton and emerging-optimizers are imported lazily so that the report code runs anywhere.
 """
@@ -49,8 +53,10 @@ EO_SYRK_DEFAULT = ("qwen_q", "k2_o")
 NUM_STEPS = 5
 OURS_LABEL = (
     "ours / ours_gram: bench-local batched Muon step (fused momentum pack + plan-cached orthogonalize + fused "
-    "update); optim_muon / optim_muon_gram: the project's optim.Muon (shape-grouped batched NS through "
-    "optim.kernels, per-parameter momentum and update); both with EO Muon v0.3.0 defaults except lr = 1e-4"
+    "update; ours_quack: the same with NS on QuACK's products, no plan); optim_muon / optim_muon_gram: the "
+    "project's optim.Muon (shape-grouped batched NS through optim.kernels, per-parameter momentum and update); "
+    "optim_muon_split: optim.Muon with each expert fc1 orthogonalized as its gate and up halves apart; all with EO "
+    "Muon v0.3.0 defaults except lr = 1e-4"
 )
 
 
@@ -164,6 +170,36 @@ def ns_table_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+PEERS = ("cublas", "quack", "eo_plain", "eo_syrk")
+
+
+def plan_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per shape: the plan's choice, its fastest candidate of each family, and ours against the fastest peer
+    column of the same run (cuBLAS-only NS, QuACK-only NS, emerging-optimizers)."""
+    rows = []
+    for s in res["shapes"]:
+        ours = s["impls"].get("ours", {})
+        fb = ours.get("family_best") or {}
+        peers = {p: s["impls"][p]["ms"] for p in PEERS if (s["impls"].get(p) or {}).get("ms")}
+        fastest = min(peers, key=peers.__getitem__) if peers else None
+        row = {
+            "shape": s["name"],
+            "batch": s["batch"],
+            "method": ours.get("method"),
+            "ours_ms": ours.get("ms"),
+            "fastest_peer": fastest,
+            "fastest_peer_ms": peers.get(fastest) if fastest else None,
+        }
+        for f in ("cublas", "triton_rowmajor", "triton", "quack"):
+            name, ms = fb.get(f, (None, None))
+            row[f"plan_{f}"], row[f"plan_{f}_ms"] = name, ms
+        row["ours_vs_fastest_peer"] = (
+            row["ours_ms"] / row["fastest_peer_ms"] if row["ours_ms"] and row["fastest_peer_ms"] else None
+        )
+        rows.append(row)
+    return rows
+
+
 def step_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for layer, d in res.get("steps", {}).items():
@@ -215,24 +251,13 @@ def render_markdown(res: dict[str, Any]) -> str:
         pct = f"{100 * r['frac_ceiling']:.0f}" if r["frac_ceiling"] else "-"
         note = " ".join(x for x in (r["method"] or "", r["note"] or "") if x)
         if r["warmup_s"]:
-            note += f" (plan warm-up {r['warmup_s']:.1f} s)"
+            what = "plan warm-up" if r["impl"].startswith("ours") else "first call, compilation included"
+            note += f" ({what} {r['warmup_s']:.1f} s)"
         lines.append(
             f"| {r['shape']} {r['rows']}x{r['cols']} | {r['batch']} | {r['impl']} | {_fmt(r['ms'])} | "
             f"{_fmt(r['ms_per_matrix'])} | {_fmt(r['tflops_plain'])} | {pct} | {_fmt(r['ortho_err'])} | {note} |"
         )
-    micro = res.get("syrk_micro") or []
-    if micro:
-        tiles = [k[:-3] for k in micro[0] if k.endswith("_ms") and k != "cublas_ms"]
-        lines += ["", "## X X^T alone: Triton one-triangle kernel vs cuBLAS bmm (ms)", ""]
-        lines += [
-            "| B x m x k | cuBLAS | " + " | ".join(tiles) + " | best speed-up |",
-            "|---" * (len(tiles) + 3) + "|",
-        ]
-        for r in micro:
-            cells = " | ".join(_fmt(r[f"{t}_ms"]) for t in tiles)
-            lines.append(
-                f"| {r['batch']}x{r['m']}x{r['k']} | {_fmt(r['cublas_ms'])} | {cells} | {_fmt(r['best_sym_speedup'])} |"
-            )
+    lines += render_plan(res) + render_micro(res.get("product_micro") or [])
     lines += ["", "## One-layer optimizer step", "", OURS_LABEL + ".", ""]
     lines += [
         (
@@ -248,6 +273,64 @@ def render_markdown(res: dict[str, Any]) -> str:
             f"{r['phases_ms']} | {r['note']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def render_plan(res: dict[str, Any]) -> list[str]:
+    """The plan against its peers, one row per shape (`plan_rows`)."""
+    rows = plan_rows(res)
+    if not any(r["method"] for r in rows):
+        return []
+    lines = [
+        "",
+        "## The plan against its peers (ms)",
+        "",
+        "Plan columns: the fastest candidate of each family as the plan timed it (warm, median of a few runs);",
+        "Triton row-major: the configs without grouped order or persistence. Peer columns (cublas, quack,",
+        "eo_plain, eo_syrk) as timed above; `ours / fastest peer` <= 1.02 is the target.",
+        "",
+        "| shape | B | plan choice | cuBLAS | Triton row-major | Triton | QuACK | ours | fastest peer | ours / fastest peer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(r: dict[str, Any], f: str) -> str:
+        name, ms = r[f"plan_{f}"], r[f"plan_{f}_ms"]
+        return f"{_fmt(ms)} ({name})" if name and f != "cublas" else _fmt(ms)
+
+    for r in rows:
+        peer = f"{_fmt(r['fastest_peer_ms'])} ({r['fastest_peer']})" if r["fastest_peer"] else "-"
+        lines.append(
+            f"| {r['shape']} | {r['batch']} | {r['method'] or '-'} | {cell(r, 'cublas')} | "
+            f"{cell(r, 'triton_rowmajor')} | {cell(r, 'triton')} | {cell(r, 'quack')} | {_fmt(r['ours_ms'])} | "
+            f"{peer} | {_fmt(r['ours_vs_fastest_peer'])} |"
+        )
+    return lines
+
+
+def render_micro(micro: list[dict[str, Any]]) -> list[str]:
+    """The symmetric products alone: cuBLAS, best Triton config, QuACK (ms, errors, QuACK's first call)."""
+    if not micro:
+        return []
+    lines = [
+        "",
+        "## The two symmetric products of an NS step alone (ms)",
+        "",
+        "gram: X X^T (K = n); poly: b A + c A^2 with the epilogue reading A (K = m). cuBLAS computes the full",
+        "product; Triton and QuACK one triangle. err: largest |out - fp32 product| over the largest |fp32 entry|.",
+        "Every Triton config's time is in results.json.",
+        "",
+        "| product | B x m x K | cuBLAS | best Triton | QuACK | Triton / QuACK | err cuBLAS / Triton / QuACK | QuACK first call s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in micro:
+        best, q = r.get("best_triton"), r.get("quack_ms")
+        ratio = r["best_triton_ms"] / q if (best and q) else None
+        errs = " / ".join(_fmt(r.get(f"{n}_err"), 2) for n in ("cublas", best or "-", "quack"))
+        lines.append(
+            f"| {r['product']} | {r['batch']}x{r['m']}x{r['k']} | {_fmt(r.get('cublas_ms'))} | "
+            f"{_fmt(r.get('best_triton_ms'))} ({best or '-'}) | {_fmt(q)} | {_fmt(ratio)} | {errs} | "
+            f"{_fmt(r.get('quack_first_s'))} |"
+        )
+    return lines
 
 
 def write_outputs(res: dict[str, Any], out: Path) -> None:

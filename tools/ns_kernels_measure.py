@@ -1,4 +1,5 @@
-"""Measurements behind `tools.ns_kernels` (imports torch; emerging-optimizers optional, as a baseline only)."""
+"""Measurements behind `tools.ns_kernels` (imports torch; emerging-optimizers and quack-kernels optional, as peers
+only)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ import torch
 
 from optim import cost
 from optim.functional.newton_schulz import ns_coefficients
-from optim.kernels import orthogonalize, plan_for
+from optim.kernels import orthogonalize, plan_for, sym_quack
 from optim.kernels.fused_step import apply_update, momentum_pack
+from optim.kernels.ns_batched import MatOps, TorchOps, orthogonalize_with
 
 QUINTIC = ns_coefficients("quintic", 5)
 TORCH_MUON_COEFFS = (3.4445, -4.7750, 2.0315)
@@ -40,8 +42,24 @@ LAYERS: dict[str, list[tuple[int, int, int]]] = {
         (384, 7168, 1),
     ],
 }
-OURS_STEPS = ("ours", "ours_gram", "optim_muon", "optim_muon_gram")
+OURS_STEPS = ("ours", "ours_gram", "ours_quack", "optim_muon", "optim_muon_gram")
 CPU_LAYERS = {"tiny_layer": [(32, 48, 3), (40, 24, 2)]}
+# The fused [gate; up] expert fc1 of each layer (rows, cols): `optim_muon_split` orthogonalizes its halves apart.
+FC1: dict[str, tuple[int, int]] = {
+    "qwen3_30b_a3b_layer": (1536, 2048),
+    "kimi_k2_moe_layer_ep64": (4096, 7168),
+    "tiny_layer": (32, 48),
+}
+# Product micro-benchmark shapes (B, m, K): Qwen3 fc1 / fc1 halves / fc2 / q, K2 expert half and dense fc2, square.
+PRODUCT_SHAPES = (
+    (128, 1536, 2048),
+    (256, 768, 2048),
+    (128, 768, 2048),
+    (1, 2048, 4096),
+    (8, 2048, 7168),
+    (1, 7168, 18432),
+    (1, 8192, 8192),
+)
 
 
 def median_ms(fn: Callable[[], object], dev: str, budget_ms: float = 400.0, warmup: int = 2) -> float:
@@ -82,11 +100,47 @@ def ortho_err(out: torch.Tensor, refs: list[torch.Tensor]) -> float:
     return sum(errs) / len(errs)
 
 
+def family(method: str) -> str:
+    """Plan candidate name -> family: `cublas` (plain_torch, gram_torch), `quack`, or `triton` (symmetric tiles)."""
+    backend = method.removesuffix("+graph").split("_", 1)[1]
+    return "cublas" if backend == "torch" else "quack" if backend.startswith("quack") else "triton"
+
+
+def family_best(times_ms: dict[str, float]) -> dict[str, Any]:
+    """Fastest plan candidate of each family, {family: (method, ms)} for the families that were timed; also
+    `triton_rowmajor`: the Triton configs without grouped order or persistence."""
+    from optim.kernels.sym_triton import TILE_CONFIGS
+
+    best: dict[str, Any] = {}
+    for name, ms in times_ms.items():
+        keys = [family(name)]
+        if keys[0] == "triton":
+            cfg = TILE_CONFIGS[name.removesuffix("+graph").split("_", 2)[2]]
+            if not (cfg.group or cfg.persistent):
+                keys.append("triton_rowmajor")
+        for f in keys:
+            if f not in best or ms < best[f][1]:
+                best[f] = (name, ms)
+    return best
+
+
+def fixed_ns(ops: MatOps) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Plain quintic NS, bf16 iterate, on one product backend (no plan)."""
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return orthogonalize_with(x, QUINTIC, eps=1e-7, gram=False, restarts=frozenset(), ops=ops)
+
+    return run
+
+
 def ns_impls(dev: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     impls: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
         "ours": lambda x: orthogonalize(x, coeffs=QUINTIC),
         "ours_gram": lambda x: orthogonalize(x, coeffs=QUINTIC, use_gram=True),
+        "cublas": fixed_ns(TorchOps()),
     }
+    if dev == "cuda" and sym_quack.usable(torch.device(dev)):
+        impls["quack"] = fixed_ns(sym_quack.QuackOps(general=True))
     try:
         from emerging_optimizers.orthogonalized_optimizers import muon_utils
 
@@ -130,9 +184,17 @@ def measure_shape(
             first_s = time.perf_counter() - t
             if impl.startswith("ours") and dev == "cuda":
                 entry = plan_for(x, coeffs=QUINTIC, use_gram=impl == "ours_gram")
-                r.update(method=entry["method"], warmup_s=first_s, plan_times_ms=entry["times_ms"])
+                r.update(
+                    method=entry["method"],
+                    warmup_s=first_s,
+                    plan_times_ms=entry["times_ms"],
+                    plan_first_call_s=entry.get("first_call_s", {}),
+                    family_best=family_best(entry["times_ms"]),  # type: ignore[arg-type]
+                )
                 if entry.get("rejected"):
                     r["rejected"] = entry["rejected"]
+            elif impl == "quack":
+                r["warmup_s"] = first_s  # QuACK's JIT compilation of each kernel variant (first shape only)
             if refs:
                 r["ortho_err"] = ortho_err(out, refs)
             del out
@@ -204,20 +266,27 @@ class BenchMuon:
 
     Same math as EO Muon v0.3.0 defaults: buf <- lerp(buf, g, 1 - beta); update = NS(buf or Nesterov input),
     quintic, 5 steps; scale sqrt(max(out, in)) ("spectral"); decoupled weight decay p <- p (1 - lr wd).
+    With `ops`, NS runs on that product backend (plain, bf16 iterate) instead of the plan.
     """
 
-    def __init__(self, params: list[torch.Tensor], *, lr: float, use_gram: bool = False) -> None:
+    def __init__(
+        self, params: list[torch.Tensor], *, lr: float, use_gram: bool = False, ops: MatOps | None = None
+    ) -> None:
         self.lr, self.beta, self.wd, self.nesterov, self.use_gram = lr, 0.95, 0.01, False, use_gram
+        self.ns = fixed_ns(ops) if ops is not None else self.planned
         self.groups: dict[tuple[int, int], list[torch.Tensor]] = {}
         for p in params:
             self.groups.setdefault(tuple(p.shape), []).append(p)
         self.bufs = {k: [torch.zeros_like(p) for p in ps] for k, ps in self.groups.items()}
 
+    def planned(self, x: torch.Tensor) -> torch.Tensor:
+        return orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram)
+
     @torch.no_grad()
     def step(self) -> None:
         for (r, c), ps in self.groups.items():
             x = momentum_pack([p.grad for p in ps], self.bufs[(r, c)], beta=self.beta, nesterov=self.nesterov)
-            o = orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram)
+            o = self.ns(x)
             apply_update(ps, o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5)
 
     @torch.no_grad()
@@ -234,7 +303,7 @@ class BenchMuon:
             ]
 
         xs = pack()
-        os_ = [orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram) for x in xs]
+        os_ = [self.ns(x) for x in xs]
 
         def upd() -> None:
             for k, o in zip(keys, os_, strict=True):
@@ -242,9 +311,7 @@ class BenchMuon:
 
         return {
             "pack_ms": median_ms(pack, dev),
-            "orthogonalize_ms": median_ms(
-                lambda: [orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram) for x in xs], dev
-            ),
+            "orthogonalize_ms": median_ms(lambda: [self.ns(x) for x in xs], dev),
             "update_ms": median_ms(upd, dev),
         }
 
@@ -260,20 +327,27 @@ def make_params(spec: list[tuple[int, int, int]], dev: str) -> list[torch.nn.Par
     return ps
 
 
-def optimizers(dev: str) -> dict[str, Callable[[list], Any]]:
+def optimizers(dev: str, fc1: tuple[int, int] | None = None) -> dict[str, Callable[[list], Any]]:
+    """Step implementations; `fc1` (the fused [gate; up] shape) adds `optim_muon_split` (halves apart)."""
     opts: dict[str, Callable[[list], Any]] = {
         "adamw_fused": lambda ps: torch.optim.AdamW(ps, lr=1e-4, fused=dev == "cuda", foreach=dev != "cuda"),
         "ours": lambda ps: BenchMuon(ps, lr=1e-4),
         "ours_gram": lambda ps: BenchMuon(ps, lr=1e-4, use_gram=True),
         "torch_muon": lambda ps: torch.optim.Muon(ps, lr=1e-4),
     }
-    try:  # the project's optimizer (optim-core): same defaults as EO Muon v0.3.0 except lr
-        from optim import Muon, MuonConfig
+    if dev == "cuda" and sym_quack.usable(torch.device(dev)):
+        opts["ours_quack"] = lambda ps: BenchMuon(ps, lr=1e-4, ops=sym_quack.QuackOps(general=True))
+    from optim import Muon, MuonConfig
+    from optim.functional.split import RowSplit
 
-        opts["optim_muon"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4))
-        opts["optim_muon_gram"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4, use_gram_ns=True))
-    except ImportError:
-        pass
+    # the project's optimizer: same defaults as EO Muon v0.3.0 except lr
+    opts["optim_muon"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4))
+    opts["optim_muon_gram"] = lambda ps: Muon(ps, MuonConfig(lr=1e-4, use_gram_ns=True))
+    if fc1 is not None:
+        halves = RowSplit(num_groups=1, sizes=(fc1[0] // 2, fc1[0] // 2), labels=("gate", "up"))
+        opts["optim_muon_split"] = lambda ps: Muon(
+            ps, MuonConfig(lr=1e-4), splits={p: halves for p in ps if tuple(p.shape) == fc1}
+        )
     try:
         from emerging_optimizers.orthogonalized_optimizers import Muon as EOMuon
 
@@ -287,7 +361,7 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
     flops = sum(n * cost.ns_flops(r, c, 5) for r, c, n in spec)
     d: dict[str, Any] = {"ns_plain_flops": flops, "params": sum(r * c * n for r, c, n in spec), "impls": {}}
     deltas: dict[str, list[torch.Tensor]] = {}
-    for impl, mk in optimizers(dev).items():
+    for impl, mk in optimizers(dev, FC1.get(name)).items():
         r: dict[str, Any] = {}
         try:
             ps = make_params(spec, dev)
@@ -324,29 +398,64 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
     return d
 
 
-def syrk_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """X X^T alone: Triton one-triangle kernel (each tile config) vs cuBLAS bmm; TFLOP/s on the full count."""
-    from optim.kernels.sym_triton import TILE_CONFIGS, sym_mm
+def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The two symmetric products of a plain NS step alone, per backend: X X^T (K = n) and b A + c A^2 (K = m, the
+    epilogue reading A), by cuBLAS (the full product), each Triton tile config and QuACK's gemm_symmetric; median
+    ms (first call apart: compilation) and the largest error relative to the fp32 product's largest entry."""
+    from optim.kernels.sym_triton import TILE_CONFIGS, TritonOps
 
+    _, b, c = QUINTIC[0]
+    backends: dict[str, MatOps] = {
+        "cublas": TorchOps(),
+        **{t: TritonOps(cfg) for t, cfg in TILE_CONFIGS.items()},
+    }
+    if sym_quack.usable(torch.device("cuda")):
+        backends["quack"] = sym_quack.QuackOps(general=False)
     rows = []
-    for nb, m, k in ((128, 1536, 2048), (128, 768, 2048), (8, 2048, 7168), (1, 7168, 18432), (1, 8192, 8192)):
-        x = torch.randn(nb, m, k, device="cuda").bfloat16()
-        full = 2.0 * nb * m * m * k
-        r: dict[str, Any] = {
-            "batch": nb,
-            "m": m,
-            "k": k,
-            "cublas_ms": median_ms(lambda xx=x: torch.bmm(xx, xx.mT), "cuda"),
-        }
-        for name, cfg in TILE_CONFIGS.items():
-            r[f"{name}_ms"] = median_ms(lambda c=cfg, xx=x: sym_mm(xx, xx, config=c), "cuda")
-        r["cublas_tflops"] = full / r["cublas_ms"] / 1e9
-        r["best_sym_speedup"] = r["cublas_ms"] / min(r[f"{n}_ms"] for n in TILE_CONFIGS)
-        rows.append(r)
-        log(
-            f"  syrk micro {nb}x{m}x{k}: "
-            + " ".join(f"{k_}={v:.3f}" for k_, v in r.items() if k_.endswith("ms"))
-        )
+    for nb, m, k in PRODUCT_SHAPES:
+        # rows of unit norm: A = X X^T is O(1)
+        x = (torch.randn(nb, m, k, device="cuda") * k**-0.5).bfloat16()
+        a = torch.bmm(x, x.mT)
+        for product in ("gram", "poly"):
+            prec = torch.get_float32_matmul_precision()
+            # the run's "medium" would round the fp32 reference's operands to bf16
+            torch.set_float32_matmul_precision("highest")
+            if product == "gram":
+                ref = torch.bmm(x.float(), x.float().mT)
+            else:
+                ref = torch.baddbmm(a.float(), a.float(), a.float(), beta=b, alpha=c)
+            torch.set_float32_matmul_precision(prec)
+            scale = float(ref.abs().max())
+            r: dict[str, Any] = {"product": product, "batch": nb, "m": m, "k": k if product == "gram" else m}
+            for name, ops in backends.items():
+
+                def fn(
+                    o: MatOps = ops, p: str = product, xx: torch.Tensor = x, aa: torch.Tensor = a
+                ) -> torch.Tensor:
+                    return o.gram(xx) if p == "gram" else o.sym(aa, aa, c, aa, b)
+
+                try:
+                    t0 = time.perf_counter()
+                    out = fn()
+                    torch.cuda.synchronize()
+                    r[f"{name}_first_s"] = time.perf_counter() - t0
+                    r[f"{name}_err"] = float((out.float() - ref).abs().max()) / scale
+                    del out
+                    r[f"{name}_ms"] = median_ms(fn, "cuda", budget_ms=60.0)
+                except Exception as e:  # noqa: BLE001 - a config that cannot run is reported, not fatal
+                    r[f"{name}_ms"] = None
+                    r.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:160]}"
+            tri = {t: r[f"{t}_ms"] for t in TILE_CONFIGS if r.get(f"{t}_ms")}
+            if tri:
+                r["best_triton"] = min(tri, key=tri.__getitem__)
+                r["best_triton_ms"] = tri[r["best_triton"]]
+            rows.append(r)
+            log(
+                f"  {product} {nb}x{m}x{r['k']}: cublas {r['cublas_ms']} best triton {r.get('best_triton')} "
+                f"{r.get('best_triton_ms')} quack {r.get('quack_ms')}"
+            )
+            del ref
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -370,6 +479,8 @@ def run_all(
         res["emerging_optimizers"] = version("emerging-optimizers")
     except Exception:  # noqa: BLE001
         res["emerging_optimizers"] = None
+    res["quack_kernels"] = sym_quack.quack_version()
+    res["quack_usable"] = device == "cuda" and sym_quack.usable(torch.device("cuda"))
     if device == "cuda":
         torch.set_float32_matmul_precision("medium")  # EO's bf16 path ("medium" is MCore's default)
         res["device_name"] = torch.cuda.get_device_name()
@@ -381,7 +492,7 @@ def run_all(
     else:
         res["device_name"] = "cpu"
     if device == "cuda":
-        res["syrk_micro"] = syrk_micro(log)
+        res["product_micro"] = product_micro(log)
     res["shapes"] = []
     for s in shapes:
         log(f"shape {s[0]} {s[3]}x{s[1]}x{s[2]}")

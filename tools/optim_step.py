@@ -10,6 +10,8 @@ per-parameter work is represented); on CUDA the default scale is 1 (full shapes)
 
 - `adamw_foreach`: torch.optim.AdamW(foreach=True), the memory-bound reference.
 - `optim_muon`: optim.Muon (EO v0.3.0 defaults, lr 1e-4; on CUDA its fused step path, `MuonConfig.fused_step`).
+- `optim_muon_split`: the same with each expert fc1 orthogonalized as its gate and up halves apart (768 x 2048
+  each at scale 1; `MuonConfig.split_gate_up` in a Megatron run).
 - `optim_muon_no_ns`: optim.Muon with its orthogonalization replaced by the identity: everything of the step
   except Newton-Schulz (momentum, finite check, stacking, scaling, weight decay, update).
 - `optim_muon_unfused`, `optim_muon_unfused_no_ns`: the same with `fused_step=False` (the multi-tensor torch path;
@@ -34,6 +36,7 @@ from typing import Any
 IMPLS = (
     "adamw_foreach",
     "optim_muon",
+    "optim_muon_split",
     "optim_muon_no_ns",
     "optim_muon_unfused",
     "optim_muon_unfused_no_ns",
@@ -51,11 +54,16 @@ def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
     ]
 
 
-def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
+def _factories(device: str, scale: float) -> dict[str, Callable[[list[Any]], Any]]:
     import torch
 
+    from bench.ns_kernels_measure import FC1
     from optim import MOP, Muon, MuonConfig
     from optim.configs import MOPConfig
+    from optim.functional.split import RowSplit
+
+    fc1 = tuple(max(4, round(d * scale)) for d in FC1["qwen3_30b_a3b_layer"])
+    halves = RowSplit(num_groups=1, sizes=(fc1[0] // 2, fc1[0] - fc1[0] // 2), labels=("gate", "up"))
 
     def no_ns(ps: list[Any], fused: bool = True) -> Any:
         opt = Muon(ps, MuonConfig(lr=1e-4, fused_step=fused))
@@ -65,6 +73,9 @@ def _factories(device: str) -> dict[str, Callable[[list[Any]], Any]]:
     out: dict[str, Callable[[list[Any]], Any]] = {
         "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True),
         "optim_muon": lambda ps: Muon(ps, MuonConfig(lr=1e-4)),
+        "optim_muon_split": lambda ps: Muon(
+            ps, MuonConfig(lr=1e-4), splits={p: halves for p in ps if tuple(p.shape) == fc1}
+        ),
         "optim_muon_no_ns": no_ns,
         "optim_muon_unfused": lambda ps: Muon(ps, MuonConfig(lr=1e-4, fused_step=False)),
         "optim_muon_unfused_no_ns": lambda ps: no_ns(ps, fused=False),
@@ -128,7 +139,7 @@ def run(
         "torch": torch.__version__,
         "rows": [],
     }
-    for name, make in _factories(device).items():
+    for name, make in _factories(device, scale).items():
         if name not in impls:
             continue
         ps = make_params(spec, device)

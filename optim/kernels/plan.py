@@ -1,17 +1,24 @@
 """Measured per-shape plan: time each candidate NS method once, keep the fastest, cache the choice on disk.
 
 A plan key is (batch, m, n, input dtype, coefficients, use_gram, restarts) on one GPU with one torch and Triton
-version; the cache file (json) lives in $MUONBENCH_CACHE or ~/.cache/muonbench and records the times of every
-candidate and the warm-up cost, so a report can show why a method was chosen. An entry that lacks a candidate the
-current code offers (written before that kernel existed) is measured again. Nothing is guessed: a candidate is
+version (and QuACK version, where installed and usable); the cache file (json) lives in $MUONBENCH_CACHE or
+~/.cache/muonbench and records the times of every candidate, each candidate's first call (`first_call_s`: JIT
+compilation, graph capture) and the whole warm-up cost (`plan_s`), so a report can show why a method was chosen
+and what compiling it cost. An entry that lacks a candidate the current code offers (written before that kernel
+existed) is measured again. Nothing is guessed: a candidate is
 only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, and was the fastest by median.
 
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
 - `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256, tma128w4, tma128k128, tma128o,
-  tma128w4o, tma128wso through tensor descriptors): X X^T and b A + c A^2 by the Triton symmetric kernel (one
-  triangle); with the fp16 iterate a I is added in that kernel's epilogue too.
-- `gram_torch`, `gram_sym_<tile>`: Gram-NS with restarts (only when use_gram=True).
+  tma128w4o, tma128wso through tensor descriptors; tma128g8, tma256g4 in grouped launch order; ptma128, ptma256,
+  ptma128o, ptma256o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle); with the
+  fp16 iterate a I is added in that kernel's epilogue too.
+- `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
+  8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
+  that to cuBLAS (`optim.kernels.sym_quack`).
+- `gram_torch`, `gram_sym_<tile>`, `gram_quack_sym`, `gram_quack_all`: Gram-NS with restarts (only when
+  use_gram=True).
 - `+graph`: the same body captured once in a CUDA graph and replayed (only for small problems, where launch
   gaps dominate).
 """
@@ -38,8 +45,10 @@ GRAPH_MAX_FLOPS = 2.0e11
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
 TILE_NAMES = (
     "t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256", "tma128w4", "tma128k128",
-    "tma128o", "tma128w4o", "tma128wso",
+    "tma128o", "tma128w4o", "tma128wso", "tma128g8", "tma256g4", "ptma128", "ptma256", "ptma128o", "ptma256o",
 )  # fmt: skip
+# Product backends of QuACK (`optim.kernels.sym_quack.QuackOps`): symmetric products only, or every product.
+QUACK_BACKENDS = ("quack_sym", "quack_all")
 # A candidate must agree with the cuBLAS path to this relative Frobenius distance (bf16 rounding differences).
 AGREE_RTOL = 5e-2
 
@@ -51,10 +60,14 @@ def cache_path() -> Path:
 
 
 def env_key(device: torch.device) -> str:
-    """GPU name and software versions; a change of any of them invalidates the cached choices."""
+    """GPU name and software versions (QuACK's only where the plan offers it, so the keys of an install without it
+    stay as they were); a change of any of them invalidates the cached choices."""
     import triton
 
-    return f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton {triton.__version__}"
+    from optim.kernels import sym_quack
+
+    key = f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton {triton.__version__}"
+    return f"{key}|quack {sym_quack.quack_version()}" if sym_quack.usable(device) else key
 
 
 def plan_key(
@@ -81,11 +94,17 @@ def plain_flops(batch: int, m: int, n: int, num_steps: int) -> float:
 
 
 def _ops(name: str) -> MatOps:
-    if "_sym_" not in name:
+    """The product backend of a candidate name `<body>_<backend>` (graph suffix removed)."""
+    backend = name.split("_", 1)[1]
+    if backend == "torch":
         return TorchOps()
+    if backend in QUACK_BACKENDS:
+        from optim.kernels.sym_quack import QuackOps
+
+        return QuackOps(general=backend == "quack_all")
     from optim.kernels.sym_triton import TILE_CONFIGS, TritonOps
 
-    return TritonOps(TILE_CONFIGS[name.rsplit("_", 1)[1]])
+    return TritonOps(TILE_CONFIGS[backend.removeprefix("sym_")])
 
 
 def skipped_tiles() -> frozenset[str]:
@@ -99,13 +118,20 @@ def skipped_tiles() -> frozenset[str]:
     return names
 
 
-def candidate_names(batch: int, m: int, n: int, num_steps: int, use_gram: bool, triton_ok: bool) -> list[str]:
-    """Methods worth timing for this problem (graph variants only for small ones; none of $MUONBENCH_NS_SKIP)."""
+def candidate_names(
+    batch: int, m: int, n: int, num_steps: int, use_gram: bool, triton_ok: bool, quack_ok: bool = False
+) -> list[str]:
+    """Methods worth timing for this problem (graph variants only for small ones; none of $MUONBENCH_NS_SKIP;
+    QuACK's with `quack_ok` and 16-byte operand rows)."""
+    from optim.kernels.sym_quack import aligned
+
     skip = skipped_tiles()
-    tiles = [t for t in TILE_NAMES if t not in skip] if triton_ok else []
-    bodies = ["plain_torch", *(f"plain_sym_{t}" for t in tiles)]
+    backends = [f"sym_{t}" for t in TILE_NAMES if t not in skip] if triton_ok else []
+    if quack_ok and aligned(m, n):
+        backends += QUACK_BACKENDS
+    bodies = [f"plain_{b}" for b in ("torch", *backends)]
     if use_gram:
-        bodies += ["gram_torch", *(f"gram_sym_{t}" for t in tiles)]
+        bodies += [f"gram_{b}" for b in ("torch", *backends)]
     if plain_flops(batch, m, n, num_steps) <= GRAPH_MAX_FLOPS:
         bodies += [b + "+graph" for b in list(bodies)]
     return bodies
@@ -242,15 +268,16 @@ class Planner:
         """Candidates this code offers for x's problem that a cached entry neither timed nor rejected (a cache
         written before a kernel was added): such an entry is measured again, so a new kernel is never ignored.
         A fallback entry (nothing could be measured) is kept for the process as it is."""
-        from optim.kernels import triton_importable
+        from optim.kernels import sym_quack, triton_importable
 
         if entry.get("fallback"):
             return []
         seen = set(entry.get("times_ms") or {}) | set(entry.get("rejected") or {})  # type: ignore[call-overload]
         nb, r, c = x.shape
-        return [
-            n for n in candidate_names(nb, r, c, num_steps, use_gram, triton_importable()) if n not in seen
-        ]
+        names = candidate_names(
+            nb, r, c, num_steps, use_gram, triton_importable(), sym_quack.usable(x.device)
+        )
+        return [n for n in names if n not in seen]
 
     def measure(
         self,
@@ -262,18 +289,26 @@ class Planner:
         key: str,
         dtype: torch.dtype = torch.bfloat16,
     ) -> dict[str, object]:
-        """Times every candidate on x (median of a few runs, CUDA events); drops failing or disagreeing ones."""
-        from optim.kernels import triton_importable
+        """Times every candidate on x (median of a few runs, CUDA events) after one warm-up call (timed apart:
+        `first_call_s`); drops failing or disagreeing ones."""
+        from optim.kernels import sym_quack, triton_importable
 
         t_start = time.perf_counter()
         nb, r, c = x.shape
-        names = candidate_names(nb, r, c, len(coeffs), use_gram, triton_importable())
+        names = candidate_names(
+            nb, r, c, len(coeffs), use_gram, triton_importable(), sym_quack.usable(x.device)
+        )
         ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
         times: dict[str, float] = {}
+        first: dict[str, float] = {}
         rejected: dict[str, str] = {}
         for name in names:
             try:
+                t_first = time.perf_counter()
                 out = self.run(name, key, x, coeffs, eps, restarts, dtype)  # warm-up: compile, capture
+                if x.is_cuda:
+                    torch.cuda.synchronize(x.device)
+                first[name] = time.perf_counter() - t_first
                 err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
                 if not err < AGREE_RTOL:
                     rejected[name] = f"disagrees with plain_torch: rel err {err:.3g}"
@@ -295,6 +330,7 @@ class Planner:
                 "method": "plain_torch",
                 "times_ms": {},
                 "rejected": rejected,
+                "first_call_s": first,
                 "fallback": True,
                 "plan_s": time.perf_counter() - t_start,
             }
@@ -306,6 +342,7 @@ class Planner:
             "method": best,
             "times_ms": times,
             "rejected": rejected,
+            "first_call_s": first,
             "plan_s": time.perf_counter() - t_start,
         }
 

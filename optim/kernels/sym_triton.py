@@ -21,50 +21,30 @@ Two kernels share that contract:
   takes the pointer kernel. Configs tma128, tma128s5, tma128w4, tma128k128, tma256 (128 x 256 tiles, the usual
   Hopper GEMM shape); tma128o, tma128w4o also read D and store C and its mirror through descriptors when M is a
   multiple of the tile (the transposed tile goes out through shared memory by the bulk-copy engine), tma128wso
-  with Triton's warp specialization of the K loop on top.
+  with Triton's warp specialization of the K loop on top. tma128g8, tma256g4: the same kernel with a grouped
+  launch order (below).
+- `_sym_mm_persistent_kernel`: the TMA kernel's tile body in a persistent loop, one program per SM walking the
+  tiles of every matrix of the batch with a fixed stride; Triton flattens the tile and K loops into one
+  pipelined loop, so the next tile's operand loads are in flight during this tile's epilogue (the epilogue, with
+  D read and two stores, is a large share of a tile when K is short: b A + c A^2 has K = m). Configs ptma128,
+  ptma256, ptma128o, ptma256o.
+
+Launch order: row-major over the lower triangle, or with `group` in bands of that many tile rows, each band's
+rectangle left of its diagonal block column by column and then its own triangle. Concurrent programs then share
+`group` row panels and a few column panels in L2 instead of one row panel and as many column panels as programs
+(a single large matrix, e.g. 8192 x 8192: its panels do not fit L2 together).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _lower_tile(idx):
-    """Linear index -> lower-triangle tile (tm, tn), tn <= tm, row-major; fixes the float rounding of the sqrt."""
-    tm = ((tl.sqrt((8 * idx + 1).to(tl.float32)) - 1.0) * 0.5).to(tl.int32)
-    tm = tl.where(tm * (tm + 1) // 2 > idx, tm - 1, tm)
-    tm = tl.where((tm + 1) * (tm + 2) // 2 <= idx, tm + 1, tm)
-    return tm, idx - tm * (tm + 1) // 2
-
-
-@triton.jit
-def _epilogue_masked(
-    acc, rows, cols, M, bid64, d_ptr, c_ptr,
-    s_db, s_dm, s_dn,
-    s_cb, s_cm, s_cn,
-    beta, diag, mirror,
-    HAS_D: tl.constexpr,
-    HAS_DIAG: tl.constexpr,
-):  # fmt: skip
-    """acc (already times alpha) + beta D + diag I, stored at (rows, cols) of matrix bid64 and, with `mirror`,
-    transposed at (cols, rows); pointer loads and stores masked to the M x M matrix."""
-    cmask = (rows[:, None] < M) & (cols[None, :] < M)
-    if HAS_D:
-        d = tl.load(d_ptr + bid64 * s_db + rows[:, None] * s_dm + cols[None, :] * s_dn, mask=cmask, other=0.0)
-        acc += beta * d.to(tl.float32)
-    if HAS_DIAG:
-        acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
-    out = acc.to(c_ptr.dtype.element_ty)
-    c_base = c_ptr + bid64 * s_cb
-    tl.store(c_base + rows[:, None] * s_cm + cols[None, :] * s_cn, out, mask=cmask)
-    if mirror:
-        tmask = (cols[:, None] < M) & (rows[None, :] < M)
-        tl.store(c_base + cols[:, None] * s_cm + rows[None, :] * s_cn, tl.trans(out), mask=tmask)
+from optim.kernels._sym_triton_tiles import _epilogue_masked, _lower_tile, _store_tile, _tile_dot, _tile_of
 
 
 @triton.jit
@@ -124,38 +104,52 @@ def _sym_mm_tma_kernel(
     BLOCK_K: tl.constexpr,
     TMA_OUT: tl.constexpr,
     WS: tl.constexpr,
+    GROUP: tl.constexpr,
 ):  # fmt: skip
     SPLIT: tl.constexpr = BLOCK_N // BLOCK_M
     pid = tl.program_id(0)
     bid = tl.program_id(1)
-    part = pid % SPLIT
-    tm, tn = _lower_tile(pid // SPLIT)
-    row0 = tm * BLOCK_N + part * BLOCK_M
+    tm, tn = _tile_of(pid // SPLIT, tl.cdiv(M, BLOCK_N), GROUP)
+    row0 = tm * BLOCK_N + (pid % SPLIT) * BLOCK_M
     col0 = tn * BLOCK_N
-    base = bid * M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in tl.range(tl.cdiv(K, BLOCK_K), warp_specialize=WS):
-        a = a_desc.load([base + row0, k * BLOCK_K])
-        b = b_desc.load([base + col0, k * BLOCK_K])
-        acc = tl.dot(a, b.T, acc)
+    acc = _tile_dot(a_desc, b_desc, bid * M + row0, bid * M + col0, K, BLOCK_M, BLOCK_N, BLOCK_K, WS)
+    _store_tile(
+        acc, tm, tn, row0, col0, bid, M, tl.num_programs(1), d_desc, c_desc, ct_desc, d_ptr, c_ptr,
+        s_db, s_dm, s_dn, s_cb, s_cm, s_cn, alpha, beta, diag,
+        HAS_D, HAS_DIAG, BLOCK_M, BLOCK_N, TMA_OUT,
+    )  # fmt: skip
 
-    acc = acc * alpha
-    rows = row0 + tl.arange(0, BLOCK_M)
-    cols = col0 + tl.arange(0, BLOCK_N)
-    if TMA_OUT:  # M % BLOCK_N == 0: every tile lies inside its matrix, so the (B*M, M) view needs no masks
-        if HAS_D:
-            acc += beta * d_desc.load([base + row0, col0]).to(tl.float32)
-        if HAS_DIAG:
-            acc = tl.where(rows[:, None] == cols[None, :], acc + diag, acc)
-        out = acc.to(c_desc.dtype)
-        c_desc.store([base + row0, col0], out)
-        if tm != tn:
-            ct_desc.store([base + col0, row0], tl.trans(out))
-    else:
-        _epilogue_masked(
-            acc, rows, cols, M, bid.to(tl.int64), d_ptr, c_ptr,
-            s_db, s_dm, s_dn, s_cb, s_cm, s_cn,
-            beta, diag, tm != tn, HAS_D, HAS_DIAG,
+
+@triton.jit
+def _sym_mm_persistent_kernel(
+    a_desc, b_desc, d_desc, c_desc, ct_desc, d_ptr, c_ptr,
+    M, K, NB, NUM_PROGS,
+    s_db, s_dm, s_dn,
+    s_cb, s_cm, s_cn,
+    alpha, beta, diag,
+    HAS_D: tl.constexpr,
+    HAS_DIAG: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    TMA_OUT: tl.constexpr,
+    GROUP: tl.constexpr,
+):  # fmt: skip
+    """`_sym_mm_tma_kernel`'s tiles, matrix after matrix, program p taking tiles p, p + NUM_PROGS, ..."""
+    SPLIT: tl.constexpr = BLOCK_N // BLOCK_M
+    nt = tl.cdiv(M, BLOCK_N)
+    per_matrix = nt * (nt + 1) // 2 * SPLIT
+    for tile in tl.range(tl.program_id(0), per_matrix * NB, NUM_PROGS, flatten=True):
+        bid = tile // per_matrix
+        pid = tile % per_matrix
+        tm, tn = _tile_of(pid // SPLIT, nt, GROUP)
+        row0 = tm * BLOCK_N + (pid % SPLIT) * BLOCK_M
+        col0 = tn * BLOCK_N
+        acc = _tile_dot(a_desc, b_desc, bid * M + row0, bid * M + col0, K, BLOCK_M, BLOCK_N, BLOCK_K, False)
+        _store_tile(
+            acc, tm, tn, row0, col0, bid, M, NB, d_desc, c_desc, ct_desc, d_ptr, c_ptr,
+            s_db, s_dm, s_dn, s_cb, s_cm, s_cn, alpha, beta, diag,
+            HAS_D, HAS_DIAG, BLOCK_M, BLOCK_N, TMA_OUT,
         )  # fmt: skip
 
 
@@ -178,11 +172,25 @@ class TileConfig:
     warp_specialize: bool = False
     """Ask Triton to warp-specialize the K loop (producer / consumer partitions). Only with `tma`; a config the
     compiler cannot build is rejected by the plan like any failing candidate."""
+    group: int = 0
+    """Tile rows per band of the grouped launch order (module docstring); 0 = row-major. Only with `tma`."""
+    persistent: bool = False
+    """One program per SM looping over the tiles (`_sym_mm_persistent_kernel`). Only with `tma`, not with
+    `warp_specialize`."""
+    programs: int = 0
+    """Programs of a persistent launch; 0 = the device's SM count."""
 
     def __post_init__(self) -> None:
-        if (self.tma_out or self.warp_specialize) and not self.tma:
+        if (self.tma_out or self.warp_specialize or self.group or self.persistent) and not self.tma:
             raise ValueError(
-                "TileConfig.tma_out / warp_specialize need tma=True (tensor-descriptor operand loads)"
+                "TileConfig.tma_out / warp_specialize / group / persistent need tma=True (tensor-descriptor "
+                "operand loads)"
+            )
+        if self.persistent and self.warp_specialize:
+            raise ValueError("TileConfig.persistent=True with warp_specialize=True: not supported together")
+        if self.group < 0 or self.programs < 0:
+            raise ValueError(
+                f"TileConfig.group={self.group}, programs={self.programs}: need >= 0 (0 = row-major / SM count)"
             )
         if self.block_n and (not self.tma or self.block_n % self.block):
             raise ValueError(
@@ -206,9 +214,36 @@ TILE_CONFIGS: dict[str, TileConfig] = {
     "tma128wso": TileConfig(
         block=128, block_k=64, num_warps=8, num_stages=3, tma=True, tma_out=True, warp_specialize=True
     ),
+    "tma128g8": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True, group=8),
+    "tma256g4": TileConfig(block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True, group=4),
+    "ptma128": TileConfig(
+        block=128, block_k=64, num_warps=8, num_stages=4, tma=True, group=8, persistent=True
+    ),
+    "ptma256": TileConfig(
+        block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True, group=4, persistent=True
+    ),
+    "ptma128o": TileConfig(
+        block=128, block_k=64, num_warps=8, num_stages=4, tma=True, tma_out=True, group=8, persistent=True
+    ),
+    "ptma256o": TileConfig(
+        block=128,
+        block_n=256,
+        block_k=64,
+        num_warps=8,
+        num_stages=3,
+        tma=True,
+        tma_out=True,
+        group=4,
+        persistent=True,
+    ),
 }
 # Pointer-kernel config used when a TMA config meets an input the descriptors cannot address.
 _TMA_FALLBACK = "t128"
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def _tma_ok(t: torch.Tensor) -> bool:
@@ -286,8 +321,27 @@ def _launch_tma(
     else:  # unused by the kernel (TMA_OUT=False); any valid descriptors
         d_desc = c_desc = ct_desc = a_desc
     nt = triton.cdiv(m, bn)
-    grid = (nt * (nt + 1) // 2 * (bn // bm), nb)
-    _sym_mm_tma_kernel[grid](
+    tiles = nt * (nt + 1) // 2 * (bn // bm)
+    if config.persistent:
+        progs = min(tiles * nb, config.programs or _num_sms(a.device))
+        _sym_mm_persistent_kernel[(progs,)](
+            a_desc, b_desc, d_desc, c_desc, ct_desc, dd, c,
+            m, k, nb, progs,
+            dd.stride(0), dd.stride(1), dd.stride(2),
+            c.stride(0), c.stride(1), c.stride(2),
+            alpha, beta, diag,
+            HAS_D=has_d,
+            HAS_DIAG=diag != 0.0,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=config.block_k,
+            TMA_OUT=tma_out,
+            GROUP=config.group,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )  # fmt: skip
+        return c
+    _sym_mm_tma_kernel[(tiles, nb)](
         a_desc, b_desc, d_desc, c_desc, ct_desc, dd, c,
         m, k,
         dd.stride(0), dd.stride(1), dd.stride(2),
@@ -300,6 +354,7 @@ def _launch_tma(
         BLOCK_K=config.block_k,
         TMA_OUT=tma_out,
         WS=config.warp_specialize,
+        GROUP=config.group,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )  # fmt: skip

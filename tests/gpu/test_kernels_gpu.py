@@ -1,5 +1,6 @@
 """GPU tests of optim.kernels on CUDA: every planned method agrees with the reference NS, the Triton symmetric
-kernel in bf16, plan caching, CUDA-graph replay with changing inputs, and the fused step kernels."""
+kernel in bf16, QuACK's products (where quack-kernels is installed), plan caching, CUDA-graph replay with changing
+inputs, and the fused step kernels."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 QUINTIC = ns_coefficients("quintic", 5)
+
+
+def _quack_ok() -> bool:
+    from optim.kernels import sym_quack
+
+    return sym_quack.usable(torch.device("cuda"))
 
 
 @pytest.fixture(autouse=True)
@@ -31,7 +38,8 @@ def _polar(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("shape", [(1, 256, 640), (3, 384, 200), (4, 130, 260), (2, 576, 1152)])
 @pytest.mark.parametrize("use_gram", [False, True])
 def test_every_method_matches_reference(seed: int, shape: tuple[int, int, int], use_gram: bool) -> None:
-    """Each candidate the plan may choose (cuBLAS, Triton symmetric, Gram, graphs) computes the same NS.
+    """Each candidate the plan may choose (cuBLAS, Triton symmetric, QuACK where installed, Gram, graphs) computes
+    the same NS.
 
     Localises: a wrong triangle/mirror, an epilogue or mask bug, a stale graph input.
     """
@@ -42,7 +50,7 @@ def test_every_method_matches_reference(seed: int, shape: tuple[int, int, int], 
     polar = torch.stack([_polar(m) for m in x])
     ref_err = float((ref.double() - polar).norm() / polar.norm())
     planner = Planner()
-    names = candidate_names(*shape, 5, use_gram, triton_ok=True)
+    names = candidate_names(*shape, 5, use_gram, triton_ok=True, quack_ok=_quack_ok())
     for name in names:
         out = planner.run(name, "test", x, QUINTIC, 1e-7, frozenset({2}))
         assert out.shape == x.shape and out.dtype == x.dtype and torch.isfinite(out).all(), name
@@ -52,8 +60,12 @@ def test_every_method_matches_reference(seed: int, shape: tuple[int, int, int], 
         assert err < 1.3 * ref_err + 5e-3, (name, err, ref_err)
 
 
-@pytest.mark.parametrize("cfg", ["t128", "t64", "tma128", "tma256", "tma128o", "tma128wso"])
-@pytest.mark.parametrize("bmk", [(2, 256, 512), (3, 200, 136), (1, 576, 7168 // 4)])
+@pytest.mark.parametrize(
+    "cfg",
+    ["t128", "t64", "tma128", "tma256", "tma128o", "tma128wso", "tma128g8", "tma256g4"]
+    + ["ptma128", "ptma256", "ptma128o", "ptma256o"],
+)
+@pytest.mark.parametrize("bmk", [(2, 256, 512), (3, 200, 136), (1, 576, 7168 // 4), (1, 1280, 256)])
 def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     """bf16 symmetric product and fused epilogue vs fp32 torch, every element (unwritten ones would differ)."""
     from optim.kernels.sym_triton import TILE_CONFIGS, sym_mm
@@ -75,6 +87,54 @@ def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     eye = torch.eye(m, device="cuda").expand(nb, m, m)
     torch.testing.assert_close(out3, ref2 + 3 * eye, rtol=1e-2, atol=2e-2 * float(ref2.abs().max()) + 0.02)
     assert torch.equal(out3[eye == 0], out[eye == 0])
+
+
+@pytest.mark.parametrize("bmk", [(2, 256, 512), (3, 200, 136), (1, 576, 1792), (5, 384, 1024)])
+def test_quack_products_bf16(seed: int, bmk: tuple[int, int, int]) -> None:
+    """QuACK's symmetric GEMM as `MatOps.gram` / `sym` (with D, with the diagonal term) and gemm_add as `full` /
+    `apply`, against fp32 torch on every element; M = 200 is not a multiple of its 128 x 256 tile."""
+    if not _quack_ok():
+        pytest.skip("quack-kernels not installed or GPU older than SM90")
+    from optim.kernels.sym_quack import QuackOps
+
+    ops = QuackOps(general=True)
+    nb, m, k = bmk
+    a = torch.randn(nb, m, k, device="cuda").bfloat16()
+    ref = a.float() @ a.float().mT
+    torch.testing.assert_close(ops.gram(a).float(), ref, rtol=1e-2, atol=0.05 * k**0.5)
+    s = (ref / k).bfloat16()
+    d = torch.randn(nb, m, m, device="cuda")
+    d = (d + d.mT).bfloat16()
+    out = ops.sym(s, s, 0.5, d, -2.0).float()
+    ref2 = 0.5 * s.float() @ s.float() - 2.0 * d.float()
+    tol = 2e-2 * float(ref2.abs().max())
+    torch.testing.assert_close(out, ref2, rtol=1e-2, atol=tol)
+    out3 = ops.sym(s, s, 0.5, d, -2.0, diag=3.0).float()
+    eye = torch.eye(m, device="cuda").expand(nb, m, m)
+    torch.testing.assert_close(out3, ref2 + 3 * eye, rtol=1e-2, atol=tol + 0.02)
+    torch.testing.assert_close(
+        ops.sym(s, s, 1.0, None, 0.0).float(), s.float() @ s.float(), rtol=1e-2, atol=tol
+    )
+    x = a / k**0.5
+    applied = ops.apply(s, x, 0.25).float()
+    torch.testing.assert_close(applied, 0.25 * x.float() + s.float() @ x.float(), rtol=1e-2, atol=2e-2)
+
+
+def test_plan_measures_quack_and_reports_its_first_call(seed: int) -> None:
+    """With quack-kernels installed on SM90+, the plan key names QuACK's version and the plan times or rejects both
+    QuACK candidates, with their first call (compilation) recorded apart from the timed runs."""
+    if not _quack_ok():
+        pytest.skip("quack-kernels not installed or GPU older than SM90")
+    import optim.kernels as k
+    from optim.kernels.sym_quack import quack_version
+
+    x = torch.randn(2, 256, 1024, device="cuda")
+    entry = k.plan_for(x, coeffs=QUINTIC)
+    tried = set(entry["times_ms"]) | set(entry.get("rejected") or {})  # type: ignore[call-overload]
+    assert {"plain_quack_sym", "plain_quack_all"} <= tried
+    assert set(entry["times_ms"]) <= set(entry["first_call_s"])  # type: ignore[call-overload]
+    assert "plain_quack_all" in entry["times_ms"], entry.get("rejected")  # type: ignore[operator]
+    assert any(f"|quack {quack_version()}|" in key for key in k._planner().choices)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

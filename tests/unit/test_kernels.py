@@ -46,7 +46,7 @@ def test_bad_arguments() -> None:
 
 
 _INTERP_CHECK = r"""
-import builtins, numpy as np, torch
+import builtins, sys, numpy as np, torch
 import triton.runtime.interpreter as interp
 
 
@@ -83,13 +83,23 @@ def _count(*args, **kwargs):
 sym_triton._launch_tma = _count
 
 torch.manual_seed(0)
-cfgs = (
-    TileConfig(block=16, block_k=16, num_warps=4, num_stages=1),
-    TileConfig(block=16, block_k=16, num_warps=4, num_stages=1, tma=True),
-    TileConfig(block=16, block_n=32, block_k=16, num_warps=4, num_stages=1, tma=True),
-    TileConfig(block=16, block_k=16, num_warps=4, num_stages=1, tma=True, tma_out=True, warp_specialize=True),
-    TileConfig(block=16, block_n=32, block_k=16, num_warps=4, num_stages=1, tma=True, tma_out=True),
-)
+t = dict(block=16, block_k=16, num_warps=4, num_stages=1)
+cfgs = {
+    "row_major": (
+        TileConfig(**t),
+        TileConfig(**t, tma=True),
+        TileConfig(**t, block_n=32, tma=True),
+        TileConfig(**t, tma=True, tma_out=True, warp_specialize=True),
+        TileConfig(**t, block_n=32, tma=True, tma_out=True),
+    ),
+    # grouped launch order (bands of 2 tile rows: 3 bands at M = 80 in 16-row tiles, 2 in 32-row ones, the last
+    # partial) and persistent loops (fewer programs than tiles: each program takes several, across matrices)
+    "grouped": (
+        TileConfig(**t, tma=True, group=2),
+        TileConfig(**t, block_n=32, tma=True, group=2, persistent=True, programs=5),
+        TileConfig(**t, tma=True, tma_out=True, group=2, persistent=True, programs=3),
+    ),
+}[sys.argv[1]]
 # (3, 40, 36): K * 4 bytes is a multiple of 16 in fp32 but K * 2 is not in fp16, where the TMA configs fall back to
 # the pointer kernel; (3, 40, 40) keeps fp16 on the TMA path with M (40) not a multiple of either tile; M = 64 is
 # a multiple of both tiles (16, 32) of the descriptor-epilogue configs, 48 / 16 / 80 of the square one only
@@ -110,27 +120,30 @@ for cfg, dtype in ((c, dt) for c in cfgs for dt in (torch.float32, torch.float16
         torch.testing.assert_close(out3, ref2 + 3.0 * eye, rtol=3e-3, atol=2e-3 * float(ref2.abs().max()) + 2e-3)
         off = eye == 0
         assert torch.equal(out3[off], out2[off])
-# 4 TMA configs x 2 dtypes x 6 shapes x 3 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback);
-# descriptor epilogue: square tma_out config at M = 48, 16, 80, 64 and the 16 x 32 one at M = 64, x 2 dtypes x 3
-assert len(tma_calls) == 140 and sum(tma_calls) == 30, (len(tma_calls), sum(tma_calls))
+# TMA configs x 2 dtypes x 6 shapes x 3 products, less the fp16 (3, 40, 36) X X^T of each TMA config (fallback);
+# descriptor epilogue: square tma_out configs at M = 48, 16, 80, 64 and the 16 x 32 one at M = 64, x 2 dtypes x 3
+expected = {"row_major": (140, 30), "grouped": (105, 24)}[sys.argv[1]]
+assert (len(tma_calls), sum(tma_calls)) == expected, (len(tma_calls), sum(tma_calls))
 print("ok")
 """
 
 
-def test_sym_kernel_interpreter() -> None:
-    """Triangle mapping, mirroring, masks (M, K not multiples of the tile) and the alpha/beta epilogue of the
-    Triton symmetric kernel, run by the Triton CPU interpreter in a subprocess (the interpreter must be chosen
-    before Triton compiles anything). bf16 is left to tests/gpu: the interpreter's numpy path mis-handles it.
+@pytest.mark.parametrize("configs", ["row_major", "grouped"])
+def test_sym_kernel_interpreter(configs: str) -> None:
+    """Triangle mapping (row-major and grouped launch orders, persistent loops), mirroring (a diagonal tile's
+    mirror store skipped), masks (M, K not multiples of the tile) and the alpha/beta epilogue of the Triton
+    symmetric kernels, run by the Triton CPU interpreter in a subprocess (the interpreter must be chosen before
+    Triton compiles anything). bf16 is left to tests/gpu: the interpreter's numpy path mis-handles it.
     """
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", _INTERP_CHECK],
+        [sys.executable, "-c", _INTERP_CHECK, configs],
         check=False,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
@@ -421,9 +434,12 @@ def test_symmetric_kernels_compile_for_hopper() -> None:
             compile_(st._sym_mm_kernel, consts, types, (c.num_warps, c.num_stages))
             continue
         bm, bn, bk = c.block, c.block_n or c.block, c.block_k
+        kernel = st._sym_mm_persistent_kernel if c.persistent else st._sym_mm_tma_kernel
         for tma_out in sorted({False, c.tma_out}):
             consts = {"HAS_D": True, "HAS_DIAG": True, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                      "TMA_OUT": tma_out, "WS": c.warp_specialize}  # fmt: skip
+                      "TMA_OUT": tma_out, "GROUP": c.group}  # fmt: skip
+            if not c.persistent:
+                consts["WS"] = c.warp_specialize
             types = {
                 **fp,
                 "a_desc": f"tensordesc<bf16[{bm}, {bk}]>",
@@ -434,7 +450,7 @@ def test_symmetric_kernels_compile_for_hopper() -> None:
                 "d_ptr": "*bf16",
                 "c_ptr": "*bf16",
             }
-            compile_(st._sym_mm_tma_kernel, consts, types, (c.num_warps, c.num_stages))
+            compile_(kernel, consts, types, (c.num_warps, c.num_stages))
     compile_(
         scale_cast_kernel, {"BLOCK": 4096}, {"x_ptr": "*bf16", "s_ptr": "*fp32", "out_ptr": "*fp16"}, (8, 1)
     )

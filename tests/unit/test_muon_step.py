@@ -193,12 +193,20 @@ def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     from tools import optim_step
 
     assert (
-        optim_step.main(["scale=0.004", "repeats=2", "format=json", "impls=adamw_foreach,optim_muon_no_ns"])
+        optim_step.main(
+            [
+                "scale=0.004",
+                "repeats=2",
+                "format=json",
+                "impls=adamw_foreach,optim_muon_split,optim_muon_no_ns",
+            ]
+        )
         == 0
     )
     res = json.loads(capsys.readouterr().out)
     assert res["num_params"] == 260 and [r["impl"] for r in res["rows"]] == [
         "adamw_foreach",
+        "optim_muon_split",
         "optim_muon_no_ns",
     ]
     assert all(r["median_ms"] > 0 and len(r["times_ms"]) == 2 for r in res["rows"])

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Reproduces reports/ns_kernels_h200_202612 on one H200, offline, from the repository root (about 8 minutes).
+# Needs: python3.12 with torch 2.11.0+cu130 and Triton; wheels of the package's dependencies in .whl/ (hydra-core,
+# omegaconf, emerging-optimizers, megatron-core) and of the `quack` extra in .whl_quack/ (the pins of pyproject.toml,
+# `pip download --no-deps`). Writes under $OUT (default ./out):
+#   pytest_new.log, pytest_quack.log  the new Triton configs and QuACK's products against fp32 (run first: a config
+#                                     that fails there is kept out of the plan, QuACK dropped if its products fail)
+#   ns_kernels_h200_202612/           bench.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
+#   optim_step.json                   bench.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1
+#   pytest_gpu.log                    all kernel GPU tests, in the time left
+#   env.txt                           versions, GPU, the commit ($MUONBENCH_GIT_SHA)
+set -u
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qsite .whl_quack/*.whl || exit 1
+Q=/tmp/qsite:/tmp/qsite/nvidia_cutlass_dsl/dsl_packages
+export PYTHONPATH=.:/tmp/site:$Q TRITON_CACHE_DIR=/tmp/triton PYTHONUNBUFFERED=1
+T="python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py"
+left() { echo $(($1 - SECONDS > 10 ? $1 - SECONDS : 10)); }  # seconds until mark $1 (never 0: no limit)
+timeout 100 $T -k "sym_mm_bf16 and (g8 or g4 or ptma)" > "$OUT/pytest_new.log" 2>&1 ||
+    export MUONBENCH_NS_SKIP=tma128g8,tma256g4,ptma128,ptma256,ptma128o,ptma256o
+timeout 120 $T -k quack > "$OUT/pytest_quack.log" 2>&1 || export PYTHONPATH=.:/tmp/site
+tail -n 2 "$OUT"/pytest_new.log "$OUT"/pytest_quack.log
+R=$OUT/ns_kernels_h200_202612
+timeout "$(left 500)" python3 -m bench.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
+echo "bench rc=$? t=${SECONDS}s"
+MUONBENCH_CACHE=$R timeout "$(left 555)" python3 -m bench.optim_step device=cuda format=json \
+    impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
+echo "optim_step rc=$? t=${SECONDS}s"
+timeout "$(left 590)" $T > "$OUT/pytest_gpu.log" 2>&1
+echo "pytest rc=$? t=${SECONDS}s"; tail -n 3 "$OUT/pytest_gpu.log"
+{
+    echo "commit ${MUONBENCH_GIT_SHA:-unknown} skip=${MUONBENCH_NS_SKIP:-} pythonpath=$PYTHONPATH"
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+    python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'
+    python3 -m pip list --path /tmp/qsite --path /tmp/site 2>/dev/null | grep -iE "quack|cutlass|tvm|emerging"
+} > "$OUT/env.txt" 2>&1
