@@ -145,22 +145,28 @@ def take_bytes(files: Iterable[SourceFile], max_mb: float) -> list[SourceFile]:
     return out
 
 
-def distributions() -> dict[str, tuple[str, str]]:
-    """Top-level import name -> (distribution name, version) for this interpreter's installed distributions."""
-    out: dict[str, tuple[str, str]] = {"stdlib": ("python", platform.python_version())}
-    for top, dists in metadata.packages_distributions().items():
-        name = min(dists)
-        try:
-            out[top] = (name, metadata.version(name))
-        except metadata.PackageNotFoundError:
-            continue
+def distributions(root: Path) -> dict[str, tuple[str, str]]:
+    """Top-level import name -> (distribution name, version) of the distributions installed in `root` (their
+    metadata there, not the first one on sys.path: a package shadowed by PYTHONPATH keeps its own version)."""
+    out: dict[str, tuple[str, str]] = {}
+    for dist in sorted(metadata.distributions(path=[str(root)]), key=lambda d: d.metadata["Name"] or ""):
+        declared = (dist.read_text("top_level.txt") or "").split()
+        inferred = {
+            f.parts[0] if len(f.parts) > 1 else f.stem
+            for f in dist.files or []
+            if f.suffix == ".py" and not f.parts[0].endswith((".dist-info", ".egg-info", ".."))
+        }
+        for top in declared or sorted(inferred):
+            out.setdefault(top, (dist.metadata["Name"], dist.version))
     return out
 
 
 def manifest(corpus: PackageCorpus, tokens_per_file: dict[str, int]) -> list[dict[str, Any]]:
     """One row per top-level package, most bytes first: distribution, version, files / bytes per split, and the
     files / tokens of it that were encoded (`tokens_per_file` holds the encoded files)."""
-    dists = distributions()
+    dists = {"stdlib": ("python", platform.python_version())}
+    for root in corpus.roots:
+        dists = distributions(Path(root)) | dists
     rows: dict[str, dict[str, Any]] = {}
     for split, files in (("train", corpus.train), ("val", corpus.val)):
         for f in files:

@@ -129,7 +129,14 @@ def encode_files(
 
 
 class Batches:
-    """Deterministic random windows of `seq_len + 1` tokens from a token stream (on the stream's device)."""
+    """Deterministic random windows of `seq_len + 1` tokens from a token stream (on the stream's device).
+
+    Window starts come from a CPU generator, drawn `CHUNK` batches at a time and copied to the device once per
+    chunk (a host-to-device copy from pageable memory waits for the device, so one per step would serialise
+    the host and the GPU); the draws equal one call per batch.
+    """
+
+    CHUNK = 64
 
     def __init__(self, tokens, *, batch_size: int, seq_len: int, seed: int) -> None:
         import torch
@@ -139,14 +146,19 @@ class Batches:
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.gen = torch.Generator().manual_seed(seed)
         self.offsets = torch.arange(seq_len + 1, device=tokens.device)
+        self._starts = self.offsets[:0]
+        self._next = 0
 
     def next(self):  # -> (inputs, labels), each (batch, seq_len) int64
         import torch
 
-        starts = torch.randint(
-            0, self.tokens.numel() - self.seq_len - 1, (self.batch_size,), generator=self.gen
-        )
-        win = self.tokens[starts.to(self.tokens.device)[:, None] + self.offsets].long()
+        if self._next == self._starts.size(0):
+            high = self.tokens.numel() - self.seq_len - 1
+            starts = torch.randint(0, high, (self.CHUNK, self.batch_size), generator=self.gen)
+            self._starts, self._next = starts.to(self.tokens.device), 0
+        starts = self._starts[self._next]
+        self._next += 1
+        win = self.tokens[starts[:, None] + self.offsets].long()
         return win[:, :-1], win[:, 1:]
 
 

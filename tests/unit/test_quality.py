@@ -61,10 +61,12 @@ def test_batches_are_the_windows_of_the_generator() -> None:
     """Vectorised windows equal slicing at the generator's start offsets (the CPU sweep's batches unchanged)."""
     tokens = torch.arange(1000, dtype=torch.int32)
     b = data.Batches(tokens, batch_size=3, seq_len=8, seed=5)
-    x, y = b.next()
-    starts = torch.randint(0, 1000 - 9, (3,), generator=torch.Generator().manual_seed(5))
-    want = torch.stack([tokens[s : s + 9] for s in starts.tolist()]).long()
-    assert torch.equal(x, want[:, :-1]) and torch.equal(y, want[:, 1:]) and x.dtype == torch.int64
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(data.Batches.CHUNK + 2):  # across a chunk boundary
+        x, y = b.next()
+        starts = torch.randint(0, 1000 - 9, (3,), generator=gen)
+        want = torch.stack([tokens[s : s + 9] for s in starts.tolist()]).long()
+        assert torch.equal(x, want[:, :-1]) and torch.equal(y, want[:, 1:]) and x.dtype == torch.int64
 
 
 def test_schedule_completes_at_last_step() -> None:
