@@ -60,9 +60,10 @@ PROFILES: dict[str, dict[str, Any]] = {
         "price_per_hour": 0.0,
         "out": "reports/quality_cpu_202611",
     },
-    # One H200, ~7 minutes for 22 trials: 123 M total / 34.7 M active parameters (conf/model/qwen3_moe_125m),
+    # One H200, ~7 minutes for 22 trials: 122.8 M total / 34.7 M active parameters (conf/model/qwen3_moe_125m),
     # 240 steps of 128 x 512 tokens = 15.7 M tokens per trial, 25 evaluations. Throughput estimate: 169.9 MFLOP
-    # per token (bench.flops) at 25-40% of the 989 TFLOP/s bf16 peak = 1.5-2.3 M tokens/s, 7-11 s of training.
+    # per token (bench.flops) at 25-40% of the 989 TFLOP/s bf16 peak = 1.5-2.3 M tokens/s, 7-11 s of training
+    # per trial; 128 MB of source encoded (~40 M tokens), the BPE trained on 32 MB of it.
     "gpu": {
         "device": "cuda",
         "model": "qwen3_moe_125m",
@@ -76,8 +77,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "num_layers": 8,
         "price_per_hour": 3.5,
         "corpus": "python_packages",
-        "corpus_max_mb": 256.0,
-        "tokenizer_train_mb": 64.0,
+        "corpus_max_mb": 128.0,
+        "tokenizer_train_mb": 32.0,
         "optimizers": OPTIMIZERS,
         "best_lr_seeds": 2,
         "ns_precision": "bf16",
