@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-example bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -81,6 +81,9 @@ docker-shell: ## Shell in the image with this checkout mounted
 
 quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
 	$(PY) -m tools.quality profile=cpu
+
+quality-gpu: $(STAMP) ## The same on one GPU, Qwen3-MoE 123 M on installed-package source (resumable): ARGS="out=DIR time_limit_s=S"
+	$(PY) -m tools.quality profile=gpu $(ARGS)
 
 DEV_STAMP := $(VENV)/.installed-dev
 $(DEV_STAMP): $(STAMP)

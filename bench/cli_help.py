@@ -1,4 +1,4 @@
-"""`--help` of the Hydra-style entry points (`bench.run`, `bench.flops`, `bench.balance`, `bench.project`): usage,
+"""`--help` of the Hydra-style entry points (`bench.run`, `bench.flops`, `tools.balance`, `tools.project`): usage,
 the config groups with their options (read from `conf/`), the main fields with their defaults, and the tool's own
 options. No torch import.
 """
@@ -53,7 +53,7 @@ def usage(
         lines += [f"  {group}.{{{', '.join(_defaults(cls, names))}}}"]
     lines += [
         "",
-        "Every field is typed (bench/schema.py); print a composed config with: python -m bench.run ... --cfg job",
+        "Every field is typed (config/schema.py); print a composed config with: python -m bench.run ... --cfg job",
     ]
     if examples:
         lines += ["", "examples:", *(f"  python -m {prog} {e}" for e in examples)]

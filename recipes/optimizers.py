@@ -248,7 +248,9 @@ OURS_LAYERWISE = {"grad_sync": "reduce_scatter", "assignment": "lpt_cost"}
 """What `optim.megatron.MegatronLayerWise` does (LayerWiseConfig defaults; the adapter does not read the schema's)."""
 
 
-def _ours_distribution(sections: Sections, opt: MatrixOptimizerSchema) -> tuple[dict[str, Any], dict[str, Any]]:
+def _ours_distribution(
+    sections: Sections, opt: MatrixOptimizerSchema
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(what our adapter applies, schema fields it does not read) for `optimizer.implementation=ours`.
 
     Layer-wise: DDP's overlapped gradient reduction is switched off (the layer-wise optimizer reduce-scatters the
@@ -261,5 +263,7 @@ def _ours_distribution(sections: Sections, opt: MatrixOptimizerSchema) -> tuple[
         applied = {"distributed": "layerwise", **OURS_LAYERWISE}
     else:
         applied = {"distributed": "none", "grad_sync": "all_reduce", "assignment": None}
-    differs = {k: getattr(opt, k) for k in ("grad_sync", "assignment") if applied[k] not in (None, getattr(opt, k))}
+    differs = {
+        k: getattr(opt, k) for k in ("grad_sync", "assignment") if applied[k] not in (None, getattr(opt, k))
+    }
     return applied, differs

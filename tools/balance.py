@@ -241,13 +241,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             usage(
-                "bench.balance",
+                "tools.balance",
                 "Layer-wise optimizer balance from shapes alone (no GPU): per-rank Newton-Schulz load, imbalance,\n"
                 "bytes moved, for each assignment strategy.",
                 tool_options={
                     "strategy=all|" + "|".join(STRATEGIES): "assignment strategies to compare (default all)",
                     "format=text|json": "output format (default text)",
-                    "cost_table=PATH": "measured NS costs (json, or a bench.ns_kernels results.csv)",
+                    "cost_table=PATH": "measured NS costs (json, or a tools.ns_kernels results.csv)",
                     "cost_impl=NAME": "implementation column of the cost table (default ours_gram)",
                     "grad_bytes=N, param_bytes=N": "bytes per gradient / parameter element (default 4, 2)",
                     "ranks=summary|all": "per-rank table (default summary)",

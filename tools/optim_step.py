@@ -57,10 +57,10 @@ def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
 def _factories(device: str, scale: float) -> dict[str, Callable[[list[Any]], Any]]:
     import torch
 
-    from bench.ns_kernels_measure import FC1
     from optim import MOP, Muon, MuonConfig
     from optim.configs import MOPConfig
     from optim.functional.split import RowSplit
+    from tools.ns_kernels_measure import FC1
 
     fc1 = tuple(max(4, round(d * scale)) for d in FC1["qwen3_30b_a3b_layer"])
     halves = RowSplit(num_groups=1, sizes=(fc1[0] // 2, fc1[0] - fc1[0] // 2), labels=("gate", "up"))

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             usage(
-                "bench.project",
+                "tools.project",
                 "Projected step time and TFLOP/s per GPU of a configuration at any scale (performance model).",
                 tool_options={
                     "profile=published|ours": "which implementation the projection models (default published)",

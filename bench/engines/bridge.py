@@ -232,7 +232,10 @@ class BridgeEngine(Engine):
                 for k, v in (
                     ("grad_norm", row["grad_norm"]),
                     ("skipped", row["skipped"]),
-                    ("bridge_tflops_per_gpu", bridge_tflops(row.get("bridge_flops", 0.0), row["step_s"], self._world)),
+                    (
+                        "bridge_tflops_per_gpu",
+                        bridge_tflops(row.get("bridge_flops", 0.0), row["step_s"], self._world),
+                    ),
                 )
                 if v is not None
             },
@@ -293,7 +296,9 @@ def optimizer_parts(optimizer: Any) -> list[str]:
     """`module.Class` of every torch optimizer inside Megatron's wrappers (what actually steps)."""
     from optim.megatron import _inner_torch_optimizers
 
-    return sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in _inner_torch_optimizers(optimizer)})
+    return sorted(
+        {f"{type(o).__module__}.{type(o).__qualname__}" for o in _inner_torch_optimizers(optimizer)}
+    )
 
 
 def check_optimizer(optimizer: Any, impl: str, name: str) -> None:

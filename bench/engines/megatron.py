@@ -86,7 +86,9 @@ class MegatronEngine(Engine):
         # grouped_mm); the choice is recorded in describe()["experts"].
         grouped = os.environ.get("MUONBENCH_MEGATRON_EXPERTS", "grouped_mm") != "sequential"
         opts = mm.BuildOptions(
-            use_te=mm.use_te(cfg.engine.layers), bf16=cfg.precision.params_dtype == "bf16", grouped_mm_experts=grouped
+            use_te=mm.use_te(cfg.engine.layers),
+            bf16=cfg.precision.params_dtype == "bf16",
+            grouped_mm_experts=grouped,
         )
         self.tconfig = mm.transformer_config(model, par, opts)
         self.model_chunks = self._build_model(mm, opts)

@@ -143,7 +143,11 @@ def _owned_optimizer(
             if split is not None:
                 splits[t] = split
         group = megatron_group(
-            [t for _, t in mat], [n for n, _ in mat], lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
+            [t for _, t in mat],
+            [n for n, _ in mat],
+            lr=matrix.lr,
+            weight_decay=matrix.weight_decay,
+            wd_mult=1.0,
         )
         opts["matrix"] = _matrix_optimizer([group], matrix, splits)
     if rest:

@@ -5,8 +5,8 @@
 # `pip download --no-deps`). Writes under $OUT (default ./out):
 #   pytest_new.log, pytest_quack.log  the new Triton configs and QuACK's products against fp32 (run first: a config
 #                                     that fails there is kept out of the plan, QuACK dropped if its products fail)
-#   ns_kernels_h200_202612/           bench.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
-#   optim_step.json                   bench.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1
+#   ns_kernels_h200_202612/           tools.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
+#   optim_step.json                   tools.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1
 #   pytest_gpu.log                    all kernel GPU tests, in the time left
 #   env.txt                           versions, GPU, the commit ($MUONBENCH_GIT_SHA)
 set -u
@@ -23,9 +23,9 @@ timeout 100 $T -k "sym_mm_bf16 and (g8 or g4 or ptma)" > "$OUT/pytest_new.log" 2
 timeout 120 $T -k quack > "$OUT/pytest_quack.log" 2>&1 || export PYTHONPATH=.:/tmp/site
 tail -n 2 "$OUT"/pytest_new.log "$OUT"/pytest_quack.log
 R=$OUT/ns_kernels_h200_202612
-timeout "$(left 500)" python3 -m bench.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
+timeout "$(left 500)" python3 -m tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
 echo "bench rc=$? t=${SECONDS}s"
-MUONBENCH_CACHE=$R timeout "$(left 555)" python3 -m bench.optim_step device=cuda format=json \
+MUONBENCH_CACHE=$R timeout "$(left 555)" python3 -m tools.optim_step device=cuda format=json \
     impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
 echo "optim_step rc=$? t=${SECONDS}s"
 timeout "$(left 590)" $T > "$OUT/pytest_gpu.log" 2>&1

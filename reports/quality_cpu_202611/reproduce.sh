@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-reports/quality_cpu_local}
-$PY -m bench.quality profile=cpu out="$OUT"
+$PY -m tools.quality profile=cpu out="$OUT"

@@ -41,9 +41,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "",
     ),
     ".venv/bin/python -m bench.run experiment=gb300/kimi_k2_muon launcher.dry_run=true": (CPU_RUN, ""),
-    ".venv/bin/python -m bench.flops model=qwen3_30b_a3b parallelism=dp8_ep8 format=json": (CPU_RUN, ""),
-    ".venv/bin/python -m bench.balance model=kimi_k2 parallelism=pp4_dp64_ep64": (CPU_RUN, ""),
-    ".venv/bin/python -m bench.project model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx "
+    ".venv/bin/python -m tools.flops model=qwen3_30b_a3b parallelism=dp8_ep8 format=json": (CPU_RUN, ""),
+    ".venv/bin/python -m tools.balance model=kimi_k2 parallelism=pp4_dp64_ep64": (CPU_RUN, ""),
+    ".venv/bin/python -m tools.project model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx "
     "engine=bridge profile=ours": (CPU_RUN, ""),
     'make bench-cluster EXPERIMENT=gb300/kimi_k2_adamw ARGS="launcher.partition=P launcher.account=A"': (
         GPU_OR_CLUSTER,

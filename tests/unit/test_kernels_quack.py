@@ -91,7 +91,7 @@ def test_tile_config_rejects_grouped_or_persistent_without_tma() -> None:
 def test_family_best_splits_the_plan_times() -> None:
     """The kernel report's families: cuBLAS bodies, QuACK, Triton, and Triton without grouped order or persistence."""
     pytest.importorskip("triton")
-    from bench.ns_kernels_measure import family, family_best
+    from tools.ns_kernels_measure import family, family_best
 
     times = {
         "plain_torch": 2.0,
@@ -116,7 +116,7 @@ def test_family_best_splits_the_plan_times() -> None:
 
 
 def _result() -> dict[str, object]:
-    """A results dict as `bench.ns_kernels_measure.run_all` writes it (one shape, the plan, one micro row)."""
+    """A results dict as `tools.ns_kernels_measure.run_all` writes it (one shape, the plan, one micro row)."""
     fb = {"cublas": ("plain_torch", 1.3), "triton_rowmajor": ("plain_sym_t128", 1.15)}
     fb |= {"triton": ("plain_sym_ptma128", 1.0), "quack": ("plain_quack_all", 0.98)}
     impls = {
@@ -136,7 +136,7 @@ def _result() -> dict[str, object]:
 def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
     """plan_rows: the fastest of cublas / quack / EO columns (not torch.optim.Muon, other coefficients) and the
     ratio; the README gets the plan and product tables."""
-    from bench.ns_kernels import plan_rows, render_markdown
+    from tools.ns_kernels import plan_rows, render_markdown
 
     (row,) = plan_rows(_result())
     assert row["fastest_peer"] == "quack" and row["fastest_peer_ms"] == 0.99
@@ -151,7 +151,7 @@ def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
 
 
 def test_bench_layer_step_has_split_and_cublas_columns_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """bench.ns_kernels device=cpu: the fixed-cuBLAS NS column and optim.Muon with split gate/up halves run; the
+    """tools.ns_kernels device=cpu: the fixed-cuBLAS NS column and optim.Muon with split gate/up halves run; the
     split step moves the parameters differently from the joint one (a different orthogonalization)."""
     from bench import ns_kernels_measure as m
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from tools.quality import data, run
 
@@ -12,17 +13,13 @@ from tools.quality import data, run
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """Tokenizer and token streams built once for the module (in a private cache)."""
-    cache = tmp_path_factory.mktemp("quality-cache")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("MUONBENCH_CACHE", str(cache))
+    tmp = tmp_path_factory.mktemp("quality-cache")
     corpus = data.stdlib_corpus()
-    tok = data.train_tokenizer(corpus, 512)
-    train = data.encode_split(corpus, tok, "train")
-    val = data.fixed_val_batches(
-        data.encode_split(corpus, tok, "val"), batch_size=4, seq_len=32, num_batches=2
-    )
-    yield tok, train, val
-    mp.undo()
+    tok = data.load_or_train_tokenizer(tmp / "tokenizer.json", list(corpus.train_files), 512)
+    train, _ = data.encode_files(tok, list(corpus.train_files), tmp / "train.npy")
+    val_tokens, _ = data.encode_files(tok, list(corpus.val_files), tmp / "val.npy")
+    val = data.fixed_val_batches(val_tokens, batch_size=4, seq_len=32, num_batches=2)
+    return tok, train, val
 
 
 def test_split_fixed_disjoint_and_covering() -> None:
@@ -34,14 +31,42 @@ def test_split_fixed_disjoint_and_covering() -> None:
     assert all(f.suffix == ".py" for f in train | val)
 
 
-def test_tokenizer_round_trips_python_source(tmp_path, monkeypatch) -> None:
-    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+def test_tokenizer_round_trips_python_source(tmp_path) -> None:
     corpus = data.stdlib_corpus()
-    tok = data.train_tokenizer(corpus, 1024)
+    path = tmp_path / "tokenizer.json"
+    tok = data.load_or_train_tokenizer(path, list(corpus.train_files), 1024)
     text = corpus.val_files[0].read_text(encoding="utf-8")[:4000] + "\n# ünïcödé ✓\n"
     assert tok.decode(tok.encode(text).ids) == text
-    again = data.train_tokenizer(corpus, 1024)  # from the cache
+    again = data.load_or_train_tokenizer(path, [], 1024)  # from the file: no training data needed
     assert again.encode(text).ids == tok.encode(text).ids
+    with pytest.raises(ValueError, match="vocab_size=2048 but .* holds a tokenizer of 1024"):
+        data.load_or_train_tokenizer(path, [], 2048)
+
+
+def test_encode_files_counts_and_cache(tmp_path, prepared) -> None:
+    """Token stream = files joined by end-of-text; per-file counts sum to its length; the cache returns the same."""
+    tok = prepared[0]
+    files = list(data.stdlib_corpus().val_files[:3])
+    ids, counts = data.encode_files(tok, files, tmp_path / "t.npy")
+    assert ids.numel() == sum(counts) and len(counts) == 3
+    eot = tok.token_to_id(data.EOT)
+    ends = [sum(counts[: i + 1]) - 1 for i in range(3)]
+    assert [int(ids[e]) for e in ends] == [eot] * 3
+    assert ids[: counts[0] - 1].tolist() == tok.encode(data.read_text(files[0])).ids
+    again, counts2 = data.encode_files(tok, [], tmp_path / "t.npy")
+    assert torch.equal(again, ids) and counts2 == counts
+
+
+def test_batches_are_the_windows_of_the_generator() -> None:
+    """Vectorised windows equal slicing at the generator's start offsets (the CPU sweep's batches unchanged)."""
+    tokens = torch.arange(1000, dtype=torch.int32)
+    b = data.Batches(tokens, batch_size=3, seq_len=8, seed=5)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(data.Batches.CHUNK + 2):  # across a chunk boundary
+        x, y = b.next()
+        starts = torch.randint(0, 1000 - 9, (3,), generator=gen)
+        want = torch.stack([tokens[s : s + 9] for s in starts.tolist()]).long()
+        assert torch.equal(x, want[:, :-1]) and torch.equal(y, want[:, 1:]) and x.dtype == torch.int64
 
 
 def test_schedule_completes_at_last_step() -> None:

@@ -133,7 +133,9 @@ def test_proxy_models_on_one_gpu(model: str) -> None:
         root.model.num_experts,
     )
     assert m["expert_model_parallel_size"] == 1 and "moe_flex_dispatcher_backend" not in m
-    assert m["moe_token_dispatcher_type"] == "alltoall"  # the recipe's flex dispatcher needs DeepEP / HybridEP
+    assert (
+        m["moe_token_dispatcher_type"] == "alltoall"
+    )  # the recipe's flex dispatcher needs DeepEP / HybridEP
     assert (
         plan.precision_preset == "bf16_mixed" and "fp8_param_gather" not in plan.overrides["mixed_precision"]
     )
@@ -299,7 +301,11 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
     assert plan.overrides["ddp"]["overlap_grad_reduce"] is False
     assert plan.overrides["comm_overlap"]["overlap_grad_reduce"] is False
     meta = plan.metadata["optimizer"]
-    assert meta["ours_distribution"] == {"distributed": "layerwise", "grad_sync": "reduce_scatter", "assignment": "lpt_cost"}
+    assert meta["ours_distribution"] == {
+        "distributed": "layerwise",
+        "grad_sync": "reduce_scatter",
+        "assignment": "lpt_cost",
+    }
     assert meta["not_applied"] == {}
     other = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "optimizer.assignment=round_robin")
     assert other.metadata["optimizer"]["not_applied"] == {"assignment": "round_robin"}

@@ -54,7 +54,13 @@ def test_ours_config_keeps_fields_pickles_and_provides_our_optimizer(bridge_conf
 
     def fake_build_ours(chunks, matrix, adamw, routing, *, clip_grad, tp_mode, layerwise):
         seen.update(
-            chunks=chunks, matrix=matrix, adamw=adamw, routing=routing, clip_grad=clip_grad, tp_mode=tp_mode, layerwise=layerwise
+            chunks=chunks,
+            matrix=matrix,
+            adamw=adamw,
+            routing=routing,
+            clip_grad=clip_grad,
+            tp_mode=tp_mode,
+            layerwise=layerwise,
         )
         return "optimizer", []
 

@@ -109,13 +109,13 @@ def test_resume_plan_skips_only_runs_that_did_not_fail(tmp_path):
         sweep.resume_plan(str(tmp_path / "nothing"))
 
 
-HYDRA_STYLE = ["bench.flops_cli", "bench.balance", "bench.project", "recipes.__main__"]
+HYDRA_STYLE = ["bench.flops_cli", "tools.balance", "tools.project", "recipes.__main__"]
 KEY_VALUE = [
-    "bench.quality.run",
-    "bench.ns_kernels",
+    "tools.quality.run",
+    "tools.ns_kernels",
     "bench.ns_tiles",
-    "bench.optim_scaling",
-    "bench.optim_step",
+    "tools.optim_scaling",
+    "tools.optim_step",
 ]
 ARGPARSE = ["bench.collect", "bench.report", "bench.regress"]
 

@@ -1,23 +1,30 @@
 """Offline corpus, tokenizer and batches for the quality bench.
 
-Corpus: the top-level `*.py` modules of the running interpreter's standard library (`sysconfig` "stdlib" path, no
-sub-packages), sorted by file name. Split: every 10th file in that order (index % 10 == 9) is held out for
-validation; the rest is training text. The split is a pure function of the file names, so it is fixed and disjoint.
-Files are read as UTF-8 (undecodable bytes replaced). The corpus digest (SHA-256 over names and bytes) is recorded
-with every result, because stdlib sources differ slightly between Python patch releases.
+Corpora (`corpus=`):
+- `stdlib`: the top-level `*.py` modules of the running interpreter's standard library (`sysconfig` "stdlib" path,
+  no sub-packages), sorted by file name; every 10th file in that order (index % 10 == 9) is held out.
+- `python_packages`: the source of every installed package and the stdlib, deduplicated, held out by path hash
+  (`tools.quality.corpus`).
+Files are read as UTF-8 (undecodable bytes replaced). The corpus digest is recorded with every result and checked
+when a sweep resumes, because installed sources differ between machines and Python patch releases.
 
-Tokenizer: a byte-level BPE (`tokenizers`) trained on the training split only, cached on disk under the digest.
+Tokenizer: a byte-level BPE (`tokenizers`) trained on (a byte-capped prefix of) the training split only, saved as
+`tokenizer.json` in the sweep's output directory and reused from there. Token streams: files joined by the
+end-of-text token, cached as `.npy` under the corpus digest and the tokenizer's hash.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 VAL_EVERY = 10
+EOT = "<|endoftext|>"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -28,7 +35,11 @@ class Corpus:
 
     def text(self, split: str) -> str:
         files = {"train": self.train_files, "val": self.val_files}[split]
-        return "\n".join(f.read_bytes().decode("utf-8", errors="replace") for f in files)
+        return "\n".join(read_text(f) for f in files)
+
+
+def read_text(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="replace")
 
 
 def stdlib_corpus(root: Path | None = None) -> Corpus:
@@ -46,59 +57,86 @@ def stdlib_corpus(root: Path | None = None) -> Corpus:
     return Corpus(train_files=train, val_files=val, digest=h.hexdigest()[:16])
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("MUONBENCH_CACHE", Path.home() / ".cache" / "muonbench")) / "quality"
+def cache_dir(override: str = "") -> Path:
+    root = Path(os.environ.get("MUONBENCH_CACHE", Path.home() / ".cache" / "muonbench")) / "quality"
+    d = Path(override) if override else root
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-def train_tokenizer(corpus: Corpus, vocab_size: int):  # -> tokenizers.Tokenizer
-    """Byte-level BPE trained on the training split; cached as JSON keyed by corpus digest and vocab size."""
+def load_or_train_tokenizer(path: Path, files: list[Path], vocab_size: int):  # -> tokenizers.Tokenizer
+    """The byte-level BPE at `path`, or one trained on `files` and saved there. A stored tokenizer of another
+    vocabulary size is an error (the output directory belongs to another sweep)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    path = cache_dir() / f"bpe-{corpus.digest}-{vocab_size}.json"
     if path.exists():
-        return Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_file(str(path))
+        if tok.get_vocab_size() != vocab_size:
+            raise ValueError(
+                f"vocab_size={vocab_size} but {path} holds a tokenizer of {tok.get_vocab_size()}; "
+                "use a new out directory or the stored vocab_size"
+            )
+        return tok
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=["<|endoftext|>"],
+        special_tokens=[EOT],
         show_progress=False,
     )
-    texts = [f.read_bytes().decode("utf-8", errors="replace") for f in corpus.train_files]
-    tok.train_from_iterator(texts, trainer=trainer)
+    tok.train_from_iterator((read_text(f) for f in files), trainer=trainer, length=len(files))
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tok.save(str(tmp))
     os.replace(tmp, path)
     return tok
 
 
-def encode_split(corpus: Corpus, tokenizer, split: str):  # -> torch.Tensor (int64, 1-D)
-    """Token ids of one split (files joined by the end-of-text token), cached as a .pt file."""
+def tokenizer_hash(tokenizer) -> str:
+    return hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:12]
+
+
+def encode_files(
+    tokenizer, files: list[Path], cache: Path, *, chunk: int = 512
+):  # -> (torch int32 1-D, counts)
+    """Token ids of `files` joined by the end-of-text token, and the token count of each file (end-of-text
+    included). Cached at `cache` (.npy) with the counts beside it (.json)."""
+    import numpy as np
     import torch
 
-    vocab = tokenizer.get_vocab_size()
-    path = cache_dir() / f"tokens-{corpus.digest}-{vocab}-{split}.pt"
-    if path.exists():
-        return torch.load(path)
-    eot = tokenizer.token_to_id("<|endoftext|>")
-    files = {"train": corpus.train_files, "val": corpus.val_files}[split]
-    ids: list[int] = []
-    for enc in tokenizer.encode_batch([f.read_bytes().decode("utf-8", errors="replace") for f in files]):
-        ids.extend(enc.ids)
-        ids.append(eot)
-    out = torch.tensor(ids, dtype=torch.int64)
-    tmp = path.with_suffix(".tmp")
-    torch.save(out, tmp)
-    os.replace(tmp, path)
-    return out
+    counts_path = cache.with_suffix(".json")
+    if cache.exists() and counts_path.exists():
+        arr = np.load(cache)
+        return torch.from_numpy(arr.astype(np.int32)), json.loads(counts_path.read_text())
+    eot = tokenizer.token_to_id(EOT)
+    dtype = np.uint16 if tokenizer.get_vocab_size() <= 1 << 16 else np.int32
+    parts: list[Any] = []
+    counts: list[int] = []
+    for i in range(0, len(files), chunk):
+        for enc in tokenizer.encode_batch([read_text(f) for f in files[i : i + chunk]]):
+            ids = np.asarray(enc.ids + [eot], dtype=dtype)
+            parts.append(ids)
+            counts.append(int(ids.size))
+    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + ".tmp.npy")
+    np.save(tmp, arr)
+    os.replace(tmp, cache)
+    counts_path.write_text(json.dumps(counts))
+    return torch.from_numpy(arr.astype(np.int32)), counts
 
 
 class Batches:
-    """Deterministic random windows of `seq_len + 1` tokens from a token stream."""
+    """Deterministic random windows of `seq_len + 1` tokens from a token stream (on the stream's device).
+
+    Window starts come from a CPU generator, drawn `CHUNK` batches at a time and copied to the device once per
+    chunk (a host-to-device copy from pageable memory waits for the device, so one per step would serialise
+    the host and the GPU); the draws equal one call per batch.
+    """
+
+    CHUNK = 64
 
     def __init__(self, tokens, *, batch_size: int, seq_len: int, seed: int) -> None:
         import torch
@@ -107,14 +145,20 @@ class Batches:
             raise ValueError(f"token stream of {tokens.numel()} is shorter than seq_len + 1 = {seq_len + 1}")
         self.tokens, self.batch_size, self.seq_len = tokens, batch_size, seq_len
         self.gen = torch.Generator().manual_seed(seed)
+        self.offsets = torch.arange(seq_len + 1, device=tokens.device)
+        self._starts = self.offsets[:0]
+        self._next = 0
 
-    def next(self):  # -> (inputs, labels), each (batch, seq_len)
+    def next(self):  # -> (inputs, labels), each (batch, seq_len) int64
         import torch
 
-        starts = torch.randint(
-            0, self.tokens.numel() - self.seq_len - 1, (self.batch_size,), generator=self.gen
-        )
-        win = torch.stack([self.tokens[s : s + self.seq_len + 1] for s in starts.tolist()])
+        if self._next == self._starts.size(0):
+            high = self.tokens.numel() - self.seq_len - 1
+            starts = torch.randint(0, high, (self.CHUNK, self.batch_size), generator=self.gen)
+            self._starts, self._next = starts.to(self.tokens.device), 0
+        starts = self._starts[self._next]
+        self._next += 1
+        win = self.tokens[starts[:, None] + self.offsets].long()
         return win[:, :-1], win[:, 1:]
 
 
@@ -124,5 +168,5 @@ def fixed_val_batches(tokens, *, batch_size: int, seq_len: int, num_batches: int
     if tokens.numel() < need:
         num_batches = max(1, tokens.numel() // (batch_size * (seq_len + 1)))
         need = batch_size * num_batches * (seq_len + 1)
-    win = tokens[:need].view(num_batches, batch_size, seq_len + 1)
+    win = tokens[:need].long().view(num_batches, batch_size, seq_len + 1)
     return [(w[:, :-1], w[:, 1:]) for w in win]

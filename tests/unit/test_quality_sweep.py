@@ -1,0 +1,211 @@
+"""Quality bench, GPU profile pieces on CPU: package corpus, bf16 grouped experts, summary, resumable sweep."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from tools.quality import config, corpus, summary, sweep
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+
+
+def test_scan_dedups_splits_by_name_and_skips(tmp_path) -> None:
+    """Localises a split that depends on which roots are present, a duplicate kept twice, or a bad digest."""
+    a, b = STDLIB, tmp_path / "b"
+    shutil.copytree(STDLIB / "json", b / "json_copy")  # same bytes under other names: dropped as duplicates
+    (b / "empty.py").write_text("")
+    only_a = corpus.scan([("", a)])
+    both = corpus.scan([("", a), ("", b)])
+    assert both.num_duplicates == only_a.num_duplicates + len(list((STDLIB / "json").glob("*.py")))
+    assert both.num_skipped == only_a.num_skipped + 1
+    names = [f.name for f in both.train + both.val]
+    assert len(names) == len(set(names)) and not any(n.startswith("json_copy/") for n in names)
+    assert {f.name for f in only_a.val} == {f.name for f in both.val}, "split must depend on the name only"
+    assert all(corpus.is_val(f.name) for f in both.val) and not any(corpus.is_val(f.name) for f in both.train)
+    assert {f.package for f in both.val} <= {f.package for f in both.train} | {f.package for f in both.val}
+    assert "json" in {f.package for f in both.train + both.val} and "site-packages" not in str(names)
+    assert corpus.scan([("", a), ("", b)]).digest == both.digest == only_a.digest  # b adds only duplicates
+    keys = [corpus.path_hash(f.name) for f in both.train]
+    assert keys == sorted(keys), "training files are in path-hash order (a byte cap samples uniformly)"
+
+
+def test_val_fraction_and_take_bytes() -> None:
+    names = [f"pkg/mod_{i}.py" for i in range(20000)]
+    frac = sum(map(corpus.is_val, names)) / len(names)
+    assert 0.007 < frac < 0.013  # VAL_PERMILLE = 10
+    files = [
+        corpus.SourceFile(name=str(i), path=Path("."), package="p", size=400_000, sha="") for i in range(10)
+    ]
+    assert len(corpus.take_bytes(files, 1.0)) == 2
+    assert len(corpus.take_bytes(files, 0.1)) == 1  # at least one file
+    assert len(corpus.take_bytes(files, 0)) == 10
+
+
+def test_manifest_counts_every_file_once() -> None:
+    scan = corpus.scan([("", STDLIB)])
+    counts = {f.name: 7 for f in scan.train[:5]}
+    rows = corpus.manifest(scan, counts)
+    assert sum(r["train_files"] + r["val_files"] for r in rows) == len(scan.train) + len(scan.val)
+    assert sum(r["train_bytes"] for r in rows) == sum(f.size for f in scan.train)
+    assert sum(r["encoded_tokens"] for r in rows) == 35 and sum(r["encoded_files"] for r in rows) == 5
+
+
+def test_autocast_grouped_experts_match_fp32() -> None:
+    """Under bf16 autocast the grouped experts equal the module's fp32 forward to bf16 rounding, in output and
+    gradients (localises a wrong gate/up order, permutation or routing weight); outside autocast they are the
+    module's own forward, bit for bit."""
+    from bench.models.hf_experts import use_autocast_grouped_experts
+    from tools.quality.run import build_model
+
+    cfg = config.parse_cli(["hidden_size=64", "vocab_size=512"])
+    net = build_model(cfg, 512)
+    ref = copy.deepcopy(net.model.layers[0].mlp.experts)
+    assert use_autocast_grouped_experts(net) == cfg.num_layers
+    exp = net.model.layers[0].mlp.experts
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(40, 64, generator=g, requires_grad=True)
+    idx = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(40)])
+    w = torch.rand(40, 2, generator=g)
+    y0 = ref(h, idx, w)
+    gy = torch.randn(y0.shape, generator=g)
+    (y0 * gy).sum().backward()
+    want = [ref.gate_up_proj.grad, ref.down_proj.grad, h.grad.clone()]
+    h.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y1 = exp(h, idx, w)
+    (y1 * gy).sum().backward()
+    assert y1.dtype == torch.float32
+    for got, ref_t in zip([y1, exp.gate_up_proj.grad, exp.down_proj.grad, h.grad], [y0, *want]):
+        assert (got - ref_t).norm() / ref_t.norm() < 2e-2
+    assert torch.equal(exp(h, idx, w), ref(h, idx, w))
+
+
+def _trial(name, lr, seed, finals, walls, *, steps=10):
+    curve = [
+        {"step": i + 1, "tokens": (i + 1) * 100, "val_loss": v, "wall_s": wt}
+        for i, (v, wt) in enumerate(zip(finals, walls))
+    ]
+    return {
+        "optimizer": name,
+        "lr": lr,
+        "seed": seed,
+        "status": "ok",
+        "final_val_loss": finals[-1],
+        "curve": curve,
+        "wall_s": walls[-1],
+        "opt_step_s": 0.1 * walls[-1],
+        "steps": len(finals),
+        "tokens_per_step": 100,
+    }
+
+
+def test_summary_target_seeds_and_edge() -> None:
+    """Target = mean of AdamW's best-LR seeds; Muon's seconds to it averaged over its seeds; edge flags."""
+    trials = [
+        _trial("adamw", 1e-3, 1, [5.0, 4.0, 3.0], [1, 2, 3]),
+        _trial("adamw", 3e-3, 1, [5.0, 3.5, 2.0], [1, 2, 3]),
+        _trial("adamw", 1e-2, 1, [5.0, 4.0, 2.5], [1, 2, 3]),
+        _trial("adamw", 3e-3, 2, [5.0, 3.5, 2.2], [1, 2, 3]),
+        _trial("muon", 1e-3, 1, [4.0, 2.0, 1.5], [2, 4, 6]),
+        _trial("muon", 1e-2, 1, [4.5, 2.5, 1.8], [2, 4, 6]),
+        _trial("muon", 1e-3, 2, [4.0, 2.4, 1.6], [2, 4, 6]),
+    ]
+    s = summary.summarize(trials, {"optimizers": ["adamw", "muon"], "seed": 1, "price_per_hour": 3.6})
+    assert s["target"] == pytest.approx(2.1) and s["adamw_wall_s"] == pytest.approx(3.0)
+    rows = {r["optimizer"]: r for r in s["rows"]}
+    assert not rows["adamw"]["best_at_grid_edge"] and rows["muon"]["best_at_grid_edge"]
+    m = rows["muon"]
+    # seed 1: 4.0 -> 2.0 over 2-4 s crosses 2.1 at 2 + 2 * 1.9 / 2.0 = 3.9 s; seed 2: 2.4 -> 1.6 over 4-6 s at
+    # 4 + 2 * 0.3 / 0.8 = 4.75 s
+    assert m["wall_s_to_target"] == pytest.approx((3.9 + 4.75) / 2)
+    assert m["wall_ratio_vs_adamw"] == pytest.approx(4.325 / 3.0)
+    assert m["cost_to_target"] == pytest.approx(4.325 / 3600 * 3.6)
+    assert m["seeds"] == 2 and m["reached"] == 2
+    assert rows["adamw"]["reached"] == 1 and rows["adamw"]["wall_s_to_target"] is None  # seed 2 ends at 2.2
+
+
+def _args(out: Path, *extra: str) -> list[str]:
+    return [
+        "profile=tiny",
+        f"out={out}",
+        f"cache={out.parent / 'cache'}",
+        f"corpus_roots={STDLIB}",
+        "corpus_max_mb=0.5",
+        "tokenizer_train_mb=0.3",
+        "optimizers=adamw",
+        "steps=4",
+        "eval_every=2",
+        "seq_len=16",
+        "batch_size=2",
+        "hidden_size=32",
+        "prewarm_steps=0",
+        *extra,
+    ]
+
+
+def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsys) -> None:
+    """A piece stopped by its time limit leaves no partial trial; a rerun finishes the sweep (grid, then the
+    best LR's extra seed), a deleted trial is the only one rerun, and other trial-defining keys are refused."""
+    out = tmp_path / "q"
+    assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0
+    assert "stopped: time_limit_s" in capsys.readouterr().out
+    assert not list((out / "trials").glob("*.json")) and (out / "corpus.json").exists()
+    assert json.loads((out / "progress.json").read_text())["complete"] is False
+
+    assert sweep.main(_args(out)) == 0
+    ids = sorted(p.stem for p in (out / "trials").glob("*.json"))
+    best = min(
+        (json.loads((out / "trials" / f"{i}.json").read_text()) for i in ids if "seed1234" in i),
+        key=lambda t: t["final_val_loss"],
+    )
+    assert len(ids) == 5 and sweep.trial_id("adamw", best["lr"], 1235) in ids
+    assert json.loads((out / "progress.json").read_text()) == {"done": 5, "planned": 5, "complete": True}
+    for f in ("README.md", "results.csv", "trials.csv", "run.json", "reproduce.sh", "loss_curves.png"):
+        assert (out / f).exists(), f
+
+    kept = {i: (out / "trials" / f"{i}.json").read_text() for i in ids}
+    victim = sweep.trial_id("adamw", 1e-3, 1234)
+    (out / "trials" / f"{victim}.json").unlink()
+    assert sweep.main(_args(out)) == 0
+    piece = json.loads((out / "pieces.jsonl").read_text().splitlines()[-1])
+    assert piece["trials_run"] == [victim]
+    assert all((out / "trials" / f"{i}.json").read_text() == kept[i] for i in ids if i != victim)
+    assert len((out / "pieces.jsonl").read_text().splitlines()) == 3
+
+    with pytest.raises(ValueError, match=r"other settings: \{'steps': \(4, 6\)\}"):
+        sweep.main(_args(out, "steps=6"))
+
+
+def test_report_from_state_dir_only(tmp_path) -> None:
+    """The report is rebuilt from a copy of the state directory (as copied back from the GPU machine)."""
+    from tools.quality import report
+
+    out = tmp_path / "q"
+    assert sweep.main(_args(out, "optimizers=adamw,muon", "best_lr_seeds=1")) == 0
+    copy_dir, dest = tmp_path / "state", tmp_path / "rep"
+    shutil.copytree(out, copy_dir)
+    table = report.write_report(copy_dir, dest)
+    assert "| adamw |" in table and "| muon |" in table
+    text = (dest / "README.md").read_text()
+    assert "Muon reaches" in text or "does not reach" in text
+    assert "## Corpus" in text and "stdlib" in text
+    assert "python -m tools.quality profile=tiny" in (dest / "reproduce.sh").read_text()
+    run_json = json.loads((dest / "run.json").read_text())
+    assert run_json["progress"]["complete"] and len(run_json["pieces"]) == 1
+
+
+def test_cli_rejects_bad_values() -> None:
+    with pytest.raises(ValueError, match="corpus='web' is not one of"):
+        config.parse_cli(["corpus=web"])
+    with pytest.raises(ValueError, match="seed_optimizers='lion' is not one of"):
+        config.parse_cli(["seed_optimizers=lion"])
+    gpu = config.parse_cli(["profile=gpu"])
+    assert len({len(g) for g in gpu.lr_grids.values()}) == 1 and gpu.best_lr_seeds == 2
+    assert sweep.num_planned(gpu) == 5 * 4 + 2
