@@ -219,7 +219,7 @@ def main() -> None:
 
     argv = list(sys.argv[1:])
     if any(a in ("-h", "--help") for a in argv):
-        from bench.cli_help import run_usage
+        from config.cli_help import run_usage
 
         print(run_usage())
         return

@@ -155,8 +155,7 @@ _OPTIM_TO_SCHEMA = {"betas[0]": "adam_beta1", "betas[1]": "adam_beta2", "eps": "
 def _check_optimizer(opt: Any) -> None:
     """The optimizer's ranges, checked by building its `optim` configs here (no torch), so a bad value fails at
     compose time with the schema's field path instead of inside every rank."""
-    from bench.engines.optimizer_factory import convert
-
+    from config.convert import convert
     from optim.configs import ConfigFieldError
 
     for name in ("lr_warmup_steps", "min_lr", "clip_grad"):

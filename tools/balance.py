@@ -237,7 +237,7 @@ def cost_model_from(path: str, impl: str) -> Any:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
-        from bench.cli_help import usage
+        from config.cli_help import usage
 
         print(
             usage(

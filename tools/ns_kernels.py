@@ -88,7 +88,7 @@ def log(msg: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.cli_help import module_help
+    from config.cli_help import module_help
 
     if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
         return 0

@@ -184,7 +184,7 @@ def to_markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: key=value arguments (device, format, scale, repeats, threads, impls)."""
-    from bench.cli_help import module_help
+    from config.cli_help import module_help
 
     if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
         return 0

@@ -86,7 +86,7 @@ def format_text(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
-        from bench.cli_help import usage
+        from config.cli_help import usage
 
         print(
             usage(
