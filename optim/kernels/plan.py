@@ -12,7 +12,7 @@ Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
 - `plain_sym_<tile>` (t128, t128s4, t128w4, t64; tma128, tma128s5, tma256, tma128w4, tma128k128, tma128o,
   tma128w4o, tma128wso through tensor descriptors; tma128g8, tma256g4 in grouped launch order; ptma128, ptma256,
-  ptma128o, ptma256o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle); with the
+  ptma128o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle); with the
   fp16 iterate a I is added in that kernel's epilogue too.
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
   8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
@@ -45,7 +45,7 @@ GRAPH_MAX_FLOPS = 2.0e11
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
 TILE_NAMES = (
     "t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256", "tma128w4", "tma128k128",
-    "tma128o", "tma128w4o", "tma128wso", "tma128g8", "tma256g4", "ptma128", "ptma256", "ptma128o", "ptma256o",
+    "tma128o", "tma128w4o", "tma128wso", "tma128g8", "tma256g4", "ptma128", "ptma256", "ptma128o",
 )  # fmt: skip
 # Product backends of QuACK (`optim.kernels.sym_quack.QuackOps`): symmetric products only, or every product.
 QUACK_BACKENDS = ("quack_sym", "quack_all")

@@ -27,7 +27,8 @@ Two kernels share that contract:
   tiles of every matrix of the batch with a fixed stride; Triton flattens the tile and K loops into one
   pipelined loop, so the next tile's operand loads are in flight during this tile's epilogue (the epilogue, with
   D read and two stores, is a large share of a tile when K is short: b A + c A^2 has K = m). Configs ptma128,
-  ptma256, ptma128o, ptma256o.
+  ptma256, ptma128o (a 128 x 256 persistent tile with a TMA store needs 278 KB of shared memory at 3 stages,
+  more than the H200's 227 KB: not offered).
 
 Launch order: row-major over the lower triangle, or with `group` in bands of that many tile rows, each band's
 rectangle left of its diagonal block column by column and then its own triangle. Concurrent programs then share
@@ -224,17 +225,6 @@ TILE_CONFIGS: dict[str, TileConfig] = {
     ),
     "ptma128o": TileConfig(
         block=128, block_k=64, num_warps=8, num_stages=4, tma=True, tma_out=True, group=8, persistent=True
-    ),
-    "ptma256o": TileConfig(
-        block=128,
-        block_n=256,
-        block_k=64,
-        num_warps=8,
-        num_stages=3,
-        tma=True,
-        tma_out=True,
-        group=4,
-        persistent=True,
     ),
 }
 # Pointer-kernel config used when a TMA config meets an input the descriptors cannot address.

@@ -84,7 +84,7 @@ def test_tile_config_rejects_grouped_or_persistent_without_tma() -> None:
     with pytest.raises(ValueError, match="group=-1"):
         TileConfig(**base, tma=True, group=-1)
     persistent = {n for n, c in TILE_CONFIGS.items() if c.persistent}
-    assert persistent == {"ptma128", "ptma256", "ptma128o", "ptma256o"}
+    assert persistent == {"ptma128", "ptma256", "ptma128o"}
     assert all(TILE_CONFIGS[n].group for n in persistent | {"tma128g8", "tma256g4"})
 
 
