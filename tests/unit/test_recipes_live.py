@@ -73,7 +73,7 @@ def _kind(name: str) -> str:
 
 @pytest.mark.parametrize("name", GB300)
 def test_gb300_layout_dispatcher_and_env(built, name: str) -> None:
-    root, cfg, plan = built[name]
+    root, cfg, _ = built[name]
     m = cfg.model
     kimi = name.startswith("kimi")
     # perf_recipes/kimi/gb300/kimi_k2.py: TP1 PP4 VP4 EP64, GBS 4096 MBS 2; qwen/gb300: TP1 PP1 EP8, GBS 512 MBS 8.
@@ -168,13 +168,17 @@ def test_optimizer_provider(built, name: str) -> None:
         assert type(opt) is OptimizerConfig and plan.optimizer_impl == "megatron"
         assert not hasattr(opt, "provide")  # Bridge's own optimizer factory builds it
         assert opt.optimizer == ("dist_muon" if kind == "megatron" else "adam")
-    assert (opt.lr, opt.min_lr, opt.clip_grad) == (root.optimizer.lr, root.optimizer.min_lr, root.optimizer.clip_grad)
+    assert (opt.lr, opt.min_lr, opt.clip_grad) == (
+        root.optimizer.lr,
+        root.optimizer.min_lr,
+        root.optimizer.clip_grad,
+    )
     assert opt.use_precision_aware_optimizer is False
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_hf_config_read_offline(built, name: str) -> None:
-    _, cfg, plan = built[name]
+    _, _, plan = built[name]
     env = plan.metadata["hf_offline"]
     assert env["HF_HUB_OFFLINE"] == "1"
     assert Path(env["HF_HUB_CACHE"]).is_dir()
@@ -185,10 +189,17 @@ def test_hf_config_read_offline(built, name: str) -> None:
 def test_one_gpu_proxies(built, name: str) -> None:
     root, cfg, plan = built[name]
     m = cfg.model
-    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size) == (1, 1, 1)
+    assert (m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size) == (
+        1,
+        1,
+        1,
+    )
     assert m.virtual_pipeline_model_parallel_size is None
     assert m.moe_token_dispatcher_type == "alltoall"  # no expert parallelism: Megatron's local permute
-    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (root.parallelism.gbs, root.parallelism.mbs)
+    assert (cfg.train.global_batch_size, cfg.train.micro_batch_size) == (
+        root.parallelism.gbs,
+        root.parallelism.mbs,
+    )
     assert (m.num_layers, m.hidden_size, m.num_moe_experts) == (
         root.model.num_layers,
         root.model.hidden_size,
@@ -198,10 +209,15 @@ def test_one_gpu_proxies(built, name: str) -> None:
     mp = cfg.mixed_precision
     assert plan.precision_preset == "bf16_mixed" and (mp.bf16, mp.fp8) == (True, None)
     assert dict(root.launcher.env).items() <= cfg.env_vars.items()
-    assert m.gradient_accumulation_fusion is False  # no APEX / TE on this node (recorded for Kimi, whose recipe
-    # sets it; the Qwen3 provider already drops it itself)
+    # No APEX / TE on this node: off (recorded for Kimi, whose recipe sets it; the Qwen3 provider drops it itself).
+    assert m.gradient_accumulation_fusion is False
     if name.startswith("slice"):
-        assert (m.num_layers, m.hidden_size, m.num_moe_experts, cfg.train.global_batch_size) == (6, 2048, 128, 328)
+        assert (m.num_layers, m.hidden_size, m.num_moe_experts, cfg.train.global_batch_size) == (
+            6,
+            2048,
+            128,
+            328,
+        )
 
 
 def test_qwen3_base_is_the_8gpu_h100_recipe(built) -> None:
@@ -216,7 +232,8 @@ def test_qwen3_base_is_the_8gpu_h100_recipe(built) -> None:
         assert cfg.comm_overlap is None
         assert cfg.model.moe_hybridep_num_sms == 16  # hybridep is not used at EP 1: the base value stays
     _, cfg, _ = built["qwen_muon_ours"]
-    assert cfg.comm_overlap.tp_comm_overlap is False  # created by us (OPTIONAL_SECTIONS), not the 16-GPU recipe's
+    # created by recipes.bridge (OPTIONAL_SECTIONS) for ours, not the 16-GPU recipe's
+    assert cfg.comm_overlap.tp_comm_overlap is False
 
 
 def test_kimi_gradient_accumulation_fusion_recorded(built) -> None:
@@ -289,4 +306,6 @@ def test_bridge_flop_count_of_the_slice(built) -> None:
     assert flops > 0
     assert bridge_step_flops(cfg, root.parallelism.gbs) == pytest.approx(float(flops))
     # linear in the batch: half the sequences, half the FLOPs
-    assert num_floating_point_operations(cfg, batch_size=root.parallelism.gbs // 2) == pytest.approx(flops / 2)
+    assert num_floating_point_operations(cfg, batch_size=root.parallelism.gbs // 2) == pytest.approx(
+        flops / 2
+    )
