@@ -309,3 +309,16 @@ def test_bridge_flop_count_of_the_slice(built) -> None:
     assert num_floating_point_operations(cfg, batch_size=root.parallelism.gbs // 2) == pytest.approx(
         flops / 2
     )
+
+
+def test_adapt_to_node_turns_fusion_off_and_records(built) -> None:
+    from recipes.bridge import APEX_FUSED_WGRAD, _importable, adapt_to_node
+
+    assert not _importable(APEX_FUSED_WGRAD)  # this CPU node has no APEX
+    _, cfg, _ = built["qwen3_moe_tiny_adamw"]
+    cfg.model.gradient_accumulation_fusion = True
+    changed = adapt_to_node(cfg)
+    assert cfg.model.gradient_accumulation_fusion is False
+    assert changed["model.gradient_accumulation_fusion"]["used"] is False
+    assert APEX_FUSED_WGRAD in changed["model.gradient_accumulation_fusion"]["why"]
+    assert adapt_to_node(cfg) == {}  # nothing left to change
