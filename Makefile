@@ -59,8 +59,10 @@ EXPERIMENT ?= gb300/kimi_k2_muon
 bench-cluster: $(STAMP) ## Slurm job of a published setup: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [ARGS="launcher.partition=P launcher.account=A"]
 	$(PY) -m bench.run experiment=$(EXPERIMENT) $(if $(DRY_RUN),launcher.dry_run=true) $(ARGS)
 
-docker-build: ## Build the NeMo 26.02 based image (ARGS="--build-arg MCORE_VERSION=0.19.2 --build-arg BRIDGE_VERSION=0.6.2")
-	docker build --build-arg GIT_SHA=$$(git rev-parse HEAD) -t muonbench:26.02 $(ARGS) .
+# GB300 nodes (the gb300 experiments) are aarch64; H100 / H200 nodes are x86-64: PLATFORM=linux/amd64.
+PLATFORM ?= linux/arm64
+docker-build: ## Build the NeMo 26.02 based image with megatron-core 0.19.2 / megatron-bridge 0.6.2 [PLATFORM=linux/amd64]
+	docker build --platform $(PLATFORM) --build-arg GIT_SHA=$$(git rev-parse HEAD) -t muonbench:26.02 $(ARGS) .
 
 docker-shell: ## Shell in the image with this checkout mounted
 	docker run --rm -it --gpus all --ipc=host -v $(CURDIR):/opt/muonbench -w /opt/muonbench muonbench:26.02 bash
