@@ -1,9 +1,10 @@
 # muonbench in the NeMo container of the published runs (ships torch, Transformer Engine, Megatron-Core,
-# Megatron-Bridge). Nothing the container already has is replaced: every pip install runs under a constraints
-# file frozen from the container itself, so torch / TE / Megatron stay exactly as NVIDIA built them.
-#   docker build --build-arg GIT_SHA="$(git rev-parse HEAD)" -t muonbench:26.02 .
-# To run the Megatron releases the offline recipe tests check (megatron-core 0.19.2, megatron-bridge 0.6.2) instead
-# of the container's, add --build-arg MCORE_VERSION=0.19.2 --build-arg BRIDGE_VERSION=0.6.2 (installed --no-deps).
+# Megatron-Bridge). Megatron-Core and Megatron-Bridge are replaced by the releases the recipes are written and tested
+# against (MCORE_VERSION / BRIDGE_VERSION, recipes/versions.py CHECKED), installed with their requirements; every pip
+# install runs under a constraints file frozen from the container itself, so torch / Transformer Engine (and every
+# other package the container has) stay exactly as NVIDIA built them; a conflict stops the build.
+#   make docker-build                      (linux/arm64 for GB300; PLATFORM=linux/amd64 for H100 / H200 nodes)
+# MCORE_VERSION= / BRIDGE_VERSION= (empty) keep the container's own Megatron (the run's stack check then refuses it).
 ARG BASE_IMAGE=nvcr.io/nvidia/nemo:26.02
 FROM ${BASE_IMAGE}
 
@@ -12,21 +13,26 @@ ARG GIT_SHA=""
 # Megatron-Core pins Emerging-Optimizers v0.3.x: Megatron-Core HEAD imports a module EO main has moved, which
 # silently disables the whole emerging-optimizer path.
 ARG EO_VERSION=0.3.0
-ARG MCORE_VERSION=""
-ARG BRIDGE_VERSION=""
+ARG MCORE_VERSION=0.19.2
+ARG BRIDGE_VERSION=0.6.2
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 WORKDIR /opt/muonbench
 
 # Dependencies first (cached while only sources change). The container's packages are frozen as constraints
-# (Emerging-Optimizers excepted: we pin it); our light dependencies are added only where missing.
+# (Emerging-Optimizers, Megatron-Core and Megatron-Bridge excepted: pinned here); Megatron-Core and Megatron-Bridge
+# with their requirements, then our light dependencies, added only where missing.
 COPY pyproject.toml ./
 # hadolint ignore=DL3013
-RUN pip list --format=freeze | grep -v -i -E '^(emerging[-_]optimizers|muonbench)==' > /tmp/container-constraints.txt \
+RUN pip list --format=freeze \
+        | grep -v -i -E '^(emerging[-_]optimizers|megatron[-_]core|megatron[-_]bridge|muonbench)==' \
+        > /tmp/container-constraints.txt \
+    && if [ -n "${MCORE_VERSION}" ]; then \
+        pip install --no-cache-dir -c /tmp/container-constraints.txt "megatron-core==${MCORE_VERSION}"; fi \
+    && if [ -n "${BRIDGE_VERSION}" ]; then \
+        pip install --no-cache-dir -c /tmp/container-constraints.txt "megatron-bridge==${BRIDGE_VERSION}"; fi \
     && pip install --no-cache-dir -c /tmp/container-constraints.txt \
-        "emerging-optimizers==${EO_VERSION}" hydra-core omegaconf pandas matplotlib tqdm rich pyyaml \
-    && if [ -n "${MCORE_VERSION}" ]; then pip install --no-cache-dir --no-deps "megatron-core==${MCORE_VERSION}"; fi \
-    && if [ -n "${BRIDGE_VERSION}" ]; then pip install --no-cache-dir --no-deps "megatron-bridge==${BRIDGE_VERSION}"; fi
+        "emerging-optimizers==${EO_VERSION}" hydra-core omegaconf pandas matplotlib tqdm rich pyyaml
 
 # Sources last; editable so conf/ next to the code is found; no dependency resolution.
 COPY optim ./optim

@@ -7,17 +7,22 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-example bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-bridge bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/requirements-bridge.txt
 	$(PY_SYS) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip==25.3
 	$(PY) -m pip install -q -e '.[test]'
-	# Megatron-Bridge source only (no Transformer Engine here): read by the offline recipe tests, never imported.
-	$(PY) -m pip install -q --no-deps megatron-bridge==$(BRIDGE_VERSION)
+	# Megatron-Bridge and what it imports, except Transformer Engine: the CPU tests build real ConfigContainers from
+	# Bridge's own recipes (tests/bridge_live.py). nvidia-resiliency-ext 0.7.0 (Bridge imports its `inprocess`
+	# module) is published for glibc >= 2.39 only; its Python part is all the import needs.
+	$(PY) -m pip install -q --no-deps megatron-bridge==$(BRIDGE_VERSION) -r tests/requirements-bridge.txt
+	$(PY) -m pip install -q --no-deps --only-binary=:all: --platform manylinux_2_39_$(shell uname -m) \
+		--python-version 3.12 --upgrade --target $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+		nvidia-resiliency-ext==0.7.0
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
@@ -35,6 +40,9 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 EXAMPLE_REPORT := smoke_cpu_202611
 bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202611/ from the latest sweep (after make bench)
 	$(PY) -m bench.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.report --name $(EXAMPLE_REPORT)
+
+bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, ours (Muon), Megatron's Muon on the FLOP-matched Qwen3 slice
+	$(PY) -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw,muon,muon_megatron $(ARGS)
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs QuACK vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m tools.ns_kernels $(ARGS)
@@ -73,8 +81,10 @@ EXPERIMENT ?= gb300/kimi_k2_muon
 bench-cluster: $(STAMP) ## Slurm job of a published setup: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [ARGS="launcher.partition=P launcher.account=A"]
 	$(PY) -m bench.run experiment=$(EXPERIMENT) $(if $(DRY_RUN),launcher.dry_run=true) $(ARGS)
 
-docker-build: ## Build the NeMo 26.02 based image (ARGS="--build-arg MCORE_VERSION=0.19.2 --build-arg BRIDGE_VERSION=0.6.2")
-	docker build --build-arg GIT_SHA=$$(git rev-parse HEAD) -t muonbench:26.02 $(ARGS) .
+# GB300 nodes (the gb300 experiments) are aarch64; H100 / H200 nodes are x86-64: PLATFORM=linux/amd64.
+PLATFORM ?= linux/arm64
+docker-build: ## Build the NeMo 26.02 based image with megatron-core 0.19.2 / megatron-bridge 0.6.2 [PLATFORM=linux/amd64]
+	docker build --platform $(PLATFORM) --build-arg GIT_SHA=$$(git rev-parse HEAD) -t muonbench:26.02 $(ARGS) .
 
 docker-shell: ## Shell in the image with this checkout mounted
 	docker run --rm -it --gpus all --ipc=host -v $(CURDIR):/opt/muonbench -w /opt/muonbench muonbench:26.02 bash

