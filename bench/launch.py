@@ -229,8 +229,11 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
     )
 
 
-def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
-    """Check the layout, the engine and the device, then start the run with the configured launcher."""
+def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None = None) -> LaunchResult:
+    """Check the layout, the engine and the device, then start the run with the configured launcher.
+
+    `prewarmed`: config hashes (`config.config_hash`, the workload without the bench settings) already prewarmed by
+    this invocation; a job of such a workload skips its prewarm (the caches are on disk), a prewarmed one is added."""
     from bench.engines import check_engine_present
 
     check_layout(cfg)
@@ -242,8 +245,15 @@ def launch(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
                 import config
                 from bench import record
 
-                print("== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr)
-                record.update_run_json(run_dir, prewarm=prewarm_local(config.as_dict(cfg), cfg))
+                key = config.config_hash(cfg)
+                if prewarmed is not None and key in prewarmed:
+                    warm: dict[str, Any] = {"skipped": "this workload was prewarmed earlier in this invocation"}
+                else:
+                    print("== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr)
+                    warm = prewarm_local(config.as_dict(cfg), cfg)
+                    if prewarmed is not None:
+                        prewarmed.add(key)
+                record.update_run_json(run_dir, prewarm=warm)
             return run_local(cfg, run_dir)
         case "slurm":
             return run_slurm(cfg, run_dir)

@@ -46,6 +46,8 @@ class Status(StrEnum):
     out-of-memory killer is the likely sender); the error names the rank and the signal."""
     TIMEOUT = "timeout"
     """Killed after `bench.timeout_s` seconds."""
+    SKIPPED = "skipped"
+    """Not launched: the invocation's time budget `bench.budget_s` was spent before this job's turn."""
     INTERRUPTED = "interrupted"
     """Stopped by SIGINT (Ctrl-C) or SIGTERM to `bench.run`; `end_time` is when."""
     SUBMITTED = "submitted"

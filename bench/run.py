@@ -9,7 +9,13 @@ or an engine that cannot run the config is one error line naming the field, the 
 created. Each job then converts its config once to typed dataclasses, claims its own run directory, writes `run.json`
 (status `running`) and hands it to the launcher (`bench.launch`); the record is closed with the run's status
 (`bench.record.Status`, docs/run_status.md), and the sweep goes on after a failed job. SIGINT or SIGTERM closes the
-running job's record as `interrupted` and stops the sweep.
+running job's record as `interrupted` and stops the sweep. With `bench.budget_s=S` no job starts later than S seconds
+after `bench.run` started: each later job gets its run directory and a record with status `skipped`.
+A sweep may repeat a value to alternate runs (crossover order, so a drift of the machine over time falls on both
+sides): `python -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_muon_1gpu optimizer=adamw,muon,muon,adamw`
+runs four jobs in that order, each in its own directory (`<n>_<optimizer>`, n = the job's number).
+For the megatron engine with our matrix optimizer, `bench.prewarm` (on by default) runs one untimed step of the same
+launch before the first timed job of each workload (`bench.launch.prewarm_local`).
 Run directories: `<bench.out_dir>/<time>_<model>_<optimizer>/` for one run, `<bench.out_dir>/<time>_<model>/<n>_<optimizer>/`
 for a sweep; `<bench.out_dir>/LATEST.json` (and `<sweep dir>/sweep.json`) lists the runs of this invocation from its
 first job on, for `bench.collect` and `bench.resume`.
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +48,10 @@ HYDRA_DEFAULTS = {
 LAUNCHED_OK = tuple(s.value for s in record.NOT_FAILED)
 """Statuses of a run that did not fail: finished ok, or a Slurm job submitted / its script written (dry run)."""
 
-_STATE: dict[str, Any] = {"manifest": None, "done": {}}
-"""This invocation's manifest and, when resuming, job key -> run directory of the jobs not to rerun."""
+_STATE: dict[str, Any] = {"manifest": None, "done": {}, "start": 0.0, "prewarmed": set()}
+"""This invocation's manifest; when resuming, job key -> run directories of the jobs not to rerun (a key repeated in
+a sweep has one directory per run that ended ok, each used once); `time.monotonic()` when `main` started; the
+config hashes of the workloads prewarmed so far (`bench.launch.launch`)."""
 
 
 def with_hydra_defaults(argv: list[str]) -> list[str]:
@@ -121,6 +130,13 @@ def _fail_early(run_dir: Path, exc: Exception) -> dict[str, Any]:
     return record.finalize(run_dir, status=Status.ERROR, error=error)
 
 
+def _skip(run_dir: Path, *, budget_s: float, spent_s: float) -> dict[str, Any]:
+    """Close the record of a job not launched because the invocation's time budget is spent."""
+    message = f"not started: bench.budget_s={budget_s:g} s spent ({spent_s:.0f} s since bench.run started)"
+    error = {"type": "Skipped", "message": message, "traceback": None}
+    return record.finalize(run_dir, status=Status.SKIPPED, error=error)
+
+
 def _interrupted(run_dir: Path) -> dict[str, Any]:
     error = {"type": "Interrupted", "message": "bench.run received SIGINT or SIGTERM", "traceback": None}
     return record.finalize(run_dir, status=Status.INTERRUPTED, error=error)
@@ -137,8 +153,9 @@ def execute(cfg: Any) -> str:
     overrides = list(hc.overrides.task)
     if hc.mode == RunMode.MULTIRUN and manifest.sweep_dir is None:
         manifest.sweep_dir = str(Path(hc.sweep.dir).resolve())
-    done = _STATE["done"].get(sweep.job_key(overrides))
-    if done is not None:
+    done_dirs = _STATE["done"].get(sweep.job_key(overrides))
+    if done_dirs:
+        done = done_dirs.pop(0)
         rec = record.read_json(done / "run.json")
         print(f"== skip {' '.join(sweep.job_key(overrides))}: {rec['status']} in {done}", file=sys.stderr)
         manifest.note(done, rec["status"], str(cfg.bench.report_name))
@@ -159,9 +176,15 @@ def execute(cfg: Any) -> str:
         ),
     )
     manifest.note(run_dir, Status.RUNNING, root.bench.report_name)
+    spent = time.monotonic() - _STATE["start"]
+    if root.bench.budget_s and spent > root.bench.budget_s:
+        rec = _skip(run_dir, budget_s=root.bench.budget_s, spent_s=spent)
+        manifest.note(run_dir, rec["status"])
+        print(summary_line(rec), flush=True)
+        return str(rec["status"])
     print(f"== run {run_id}: {' '.join(overrides) or '(defaults)'}", file=sys.stderr, flush=True)
     try:
-        res = launch.launch(root, run_dir)
+        res = launch.launch(root, run_dir, prewarmed=_STATE["prewarmed"])
     except ValueError as exc:
         rec = _fail_early(run_dir, exc)
     except KeyboardInterrupt:
@@ -255,6 +278,7 @@ def main() -> None:
     manifest = sweep.Manifest(out_dir=out_dir, argv=argv)
     _STATE["manifest"] = manifest
     manifest.write()  # LATEST.json points at this invocation before its first job starts
+    _STATE["start"] = time.monotonic()
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         task()

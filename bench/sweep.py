@@ -139,21 +139,22 @@ def _manifest_path(path: str) -> Path:
     )
 
 
-def resume_plan(path: str) -> tuple[list[str], dict[tuple[str, ...], Path]]:
-    """(the recorded argv of the invocation, job key -> run directory of each run that needs no rerun)."""
+def resume_plan(path: str) -> tuple[list[str], dict[tuple[str, ...], list[Path]]]:
+    """(the recorded argv of the invocation, job key -> run directories of the runs that need no rerun, in the
+    manifest's order: a job repeated in the sweep, e.g. `optimizer=adamw,muon,muon,adamw`, has one per ok run)."""
     manifest = _manifest_path(path)
     data = record.read_json(manifest)
     if "argv" not in data:
         raise ValueError(
             f"{manifest}: written by an older bench.run without the command's argv; rerun the sweep"
         )
-    done: dict[tuple[str, ...], Path] = {}
+    done: dict[tuple[str, ...], list[Path]] = {}
     for run_dir in data.get("runs", []):
         try:
             rec = record.read_json(Path(run_dir) / "run.json")
         except (OSError, ValueError):
             continue  # missing or unreadable: rerun
         if rec.get("status") in record.NOT_FAILED:
-            done[job_key(rec.get("overrides") or [])] = Path(run_dir)
+            done.setdefault(job_key(rec.get("overrides") or []), []).append(Path(run_dir))
     argv = [a for a in data["argv"] if not a.startswith(RESUME_KEY + "=")]
     return argv, done

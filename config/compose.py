@@ -220,6 +220,8 @@ def _check_bench(b: schema.BenchConfig) -> None:
         )
     if b.timeout_s < 1:
         _fail("bench.timeout_s", b.timeout_s, "must be >= 1 (seconds before the run is killed)")
+    if not b.budget_s >= 0 or b.budget_s == float("inf"):
+        _fail("bench.budget_s", b.budget_s, "must be a finite number of seconds >= 0 (0 = no time budget)")
     if b.log_every < 1:
         _fail("bench.log_every", b.log_every, "must be >= 1")
 

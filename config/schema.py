@@ -327,6 +327,11 @@ class BenchConfig:
     run ended ok (given alone: `python -m bench.run bench.resume=runs/LATEST.json`)."""
     report_name: str = "latest"
     timeout_s: int = 1800
+    """Seconds after which a run's launch (torchrun and its workers) is killed and recorded `timeout`."""
+    budget_s: float = 0.0
+    """Time budget of the invocation in seconds (0 = none): a job of a sweep that would start later than this many
+    seconds after `bench.run` started is not launched and is recorded with status `skipped`; a running job is
+    never stopped by it (`bench.timeout_s` bounds each job)."""
     data: str = "mock"
     """mock | indexed:<path prefix> (Megatron indexed dataset) | text:<path>."""
     log_every: int = 1

@@ -259,7 +259,7 @@ class Planner:
         # cached in the allocator: hand them back. (Measured on the H200: a Megatron process that planned
         # and compiled our Triton kernels in its first step ran its later forward-backwards ~0.5% slower than one
         # that found both caches warm; this release alone did not remove that. Cause open; the remedy used is a
-        # warm-up process, `megatron_bench --prewarm`. reports/megatron_h200_flops_202611/README.md.)
+        # warm-up process, `bench.prewarm` of bench.run. reports/megatron_h200_flops_202611/README.md.)
         torch.cuda.empty_cache()
         return str(entry["method"]), key
 

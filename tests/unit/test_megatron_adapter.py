@@ -295,38 +295,6 @@ def test_engine_refuses_cpu(monkeypatch):
         MegatronEngine().setup(None, RankInfo(rank=0, world_size=1, local_rank=0))  # type: ignore[arg-type]
 
 
-def test_bench_driver_parses_cases():
-    from bench.engines.megatron_bench import parse_cases
-
-    args, cases = parse_cases(
-        [
-            "--out",
-            "r",
-            "--budget-s",
-            "5",
-            "--common",
-            "bench.steps=3",
-            "--case",
-            "a",
-            "experiment=h200/x",
-            "--case",
-            "b",
-            "optimizer=muon",
-        ]
-    )
-    assert args.out == "r" and args.budget_s == 5.0
-    assert cases == [
-        ("a", ["experiment=h200/x", "bench.steps=3"]),
-        ("b", ["optimizer=muon", "bench.steps=3"]),
-    ]
-    with pytest.raises(ValueError, match="name first"):
-        parse_cases(["--out", "r", "--case", "optimizer=muon"])
-    with pytest.raises(ValueError, match="unique"):
-        parse_cases(["--out", "r", "--case", "a", "--case", "a"])
-    with pytest.raises(ValueError, match="before the first --case"):  # not swallowed as overrides of case a
-        parse_cases(["--out", "r", "--case", "a", "optimizer=muon", "--common", "bench.steps=3"])
-
-
 def test_grouped_mm_experts_match_sequential_mlp(megatron_groups, monkeypatch):
     """Localises an expert-layout bug: the model with GroupedMMExperts equals the one with Megatron's SequentialMLP
     when the expert weights are copied across ([gate; up] fc1 rows, probs applied after SwiGLU)."""
@@ -523,40 +491,6 @@ def test_groups_survive_megatron_checkpoint_matching():
     assert [g["weight_decay"] for g in loaded] == [0.033, 0.0]
 
 
-def test_bench_driver_isolates_cases_and_keeps_going(tmp_path, capsys):
-    """Each case runs in its own child under --case-timeout-s; a failing case (here: no GPU) does not stop the
-    next one, and a case that hits the timeout is killed and reported."""
-    from bench.engines import megatron_bench
-
-    megatron_bench.main(
-        [
-            "--out",
-            str(tmp_path),
-            "--case-timeout-s",
-            "0.01",
-            "--case",
-            "a",
-            "model=qwen3_moe_tiny",
-            "--case",
-            "b",
-            "model=qwen3_moe_tiny",
-        ]
-    )
-    out = capsys.readouterr().out
-    assert "[a] killed after 0 s" in out and "[b] killed after 0 s" in out
-    assert "all cases done" in out
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
-def test_bench_driver_one_case_without_cuda_says_so():
-    """One case runs in this process: on a machine without CUDA the driver stops with a sentence naming the engine
-    and the CPU alternative before it touches NCCL (it raised torch's bare 'no NVIDIA driver' error)."""
-    from bench.engines import megatron_bench
-
-    with pytest.raises(SystemExit, match=r"NVIDIA GPUs only .* Use engine=hf"):
-        megatron_bench.main(["--out", "/nonexistent", "--case", "a", "model=qwen3_moe_tiny"])
-
-
 def test_engine_times_ours_through_the_public_hook():
     """bench.engines.megatron_optim._time_ours finds our optimizer inside Megatron-style wrappers and times every
     NS call with its plain FLOPs (the engine's NS columns), through OrthogonalizedOptimizer.instrument."""
@@ -581,50 +515,3 @@ def test_engine_times_ours_through_the_public_hook():
     assert phases["ns"] > 0
     assert timer.counters["ns_flops"] == ns_flops_plain(8, 12, 5, batch=2)  # one batched call, both matrices
 
-
-def test_bench_driver_prewarm_selects_each_ours_workload_once():
-    """--prewarm: one one-step child per distinct workload of our matrix optimizer; AdamW, Megatron's built-in and a
-    second case of the same workload (bench settings differ only) get none."""
-    from bench.engines.megatron_bench import PREWARM_OVERRIDES, prewarm_cases
-
-    base = ["model=qwen3_moe_tiny", "engine=megatron", "hardware=h200"]
-    cases = [
-        ("adamw", [*base, "optimizer=adamw"]),
-        ("ours", [*base, "optimizer=muon"]),
-        ("ours_again", [*base, "optimizer=muon", "bench.steps=7"]),
-        ("ours_ns1", [*base, "optimizer=muon", "optimizer.num_ns_steps=1"]),
-        ("builtin", [*base, "optimizer=muon_megatron"]),
-    ]
-    got = prewarm_cases(cases)
-    assert [n for n, _ in got] == ["prewarm_ours", "prewarm_ours_ns1"]
-    assert got[0][1] == [*base, "optimizer=muon", *PREWARM_OVERRIDES]
-    import config
-
-    cfg = config.load(got[1][1])  # the prewarm overrides compose: one step, no warm-up, no diagnostics
-    assert cfg.bench.steps == 1 and cfg.bench.warmup_steps == 0 and cfg.optimizer.num_ns_steps == 1
-
-
-def test_bench_driver_prewarm_runs_before_the_cases(tmp_path, capsys):
-    from bench.engines import megatron_bench
-
-    megatron_bench.main(
-        [
-            "--out",
-            str(tmp_path),
-            "--prewarm",
-            "--case-timeout-s",
-            "0.01",
-            "--case",
-            "a",
-            "model=qwen3_moe_tiny",
-            "optimizer=muon",
-            "--case",
-            "b",
-            "model=qwen3_moe_tiny",
-            "optimizer=adamw",
-        ]
-    )
-    out = capsys.readouterr().out
-    assert out.index("[prewarm_a] prewarm done (rc killed)") < out.index("[a] killed after 0 s")
-    assert "prewarm_b" not in out
-    assert not (tmp_path / "prewarm_a").exists()  # prewarm records are not runs

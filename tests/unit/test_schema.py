@@ -126,6 +126,8 @@ def test_schema_defaults_are_optim_defaults() -> None:
         (["bench.warmup_steps=-1"], "bench.warmup_steps=-1: must be >= 0"),
         (["bench.steps=4", "bench.warmup_steps=4"], "bench.warmup_steps=4: must be < bench.steps=4"),
         (["bench.timeout_s=0"], "bench.timeout_s=0: must be >= 1"),
+        (["bench.budget_s=-1"], "bench.budget_s=-1.0: must be a finite number of seconds >= 0"),
+        (["bench.budget_s=inf"], "bench.budget_s=inf: must be a finite number of seconds >= 0"),
         (
             ["experiment=gb300/nonexistent"],
             "experiment=gb300/nonexistent: no such option; available: cpu/qwen3_moe",

@@ -7,6 +7,7 @@ import importlib
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -103,10 +104,48 @@ def test_resume_plan_skips_only_runs_that_did_not_fail(tmp_path):
     )
     recorded, done = sweep.resume_plan(str(tmp_path))
     assert recorded == argv
-    assert done == {("optimizer=adamw", "bench.steps=3"): tmp_path / "0"}
+    assert done == {("optimizer=adamw", "bench.steps=3"): [tmp_path / "0"]}
     assert sweep.job_key(["optimizer=adamw", "bench.steps=3", "bench.resume=x"]) in done
     with pytest.raises(ValueError, match="no manifest there"):
         sweep.resume_plan(str(tmp_path / "nothing"))
+
+
+def test_resume_plan_keeps_each_ok_run_of_a_repeated_job(tmp_path):
+    """A crossover sweep repeats jobs (`optimizer=adamw,muon,muon,adamw`): localises a resume that skips both runs
+    of a repeated job when only one of them ended ok."""
+    argv = ["-m", "optimizer=adamw,muon,muon,adamw"]
+    runs = [
+        _run(tmp_path / "0", "ok", ["optimizer=adamw"]),
+        _run(tmp_path / "1", "ok", ["optimizer=muon"]),
+        _run(tmp_path / "2", "ok", ["optimizer=muon"]),
+        _run(tmp_path / "3", "skipped", ["optimizer=adamw"]),
+    ]
+    record.write_json_atomic(tmp_path / "sweep.json", {"argv": argv, "runs": runs})
+    _, done = sweep.resume_plan(str(tmp_path))
+    assert done == {("optimizer=adamw",): [tmp_path / "0"], ("optimizer=muon",): [tmp_path / "1", tmp_path / "2"]}
+
+
+def test_sweep_goes_on_after_a_failed_job_and_records_budget_skips(tmp_path):
+    """One invocation, a crossover order with repeated values: each job gets its own run directory; the first
+    job is killed by bench.timeout_s (a failure that must not stop the sweep), and the jobs whose turn comes after
+    bench.budget_s are recorded `skipped`, not dropped. Localises a second runner's budget and keep-going rules
+    lost in bench.run."""
+    out = tmp_path / "runs"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw,muon,muon,adamw", "bench.steps=100000",
+         "bench.warmup_steps=1", "bench.timeout_s=6", "bench.budget_s=4", f"bench.out_dir={out}"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 1, res.stderr[-2000:]
+    manifest = record.read_json(out / "LATEST.json")
+    assert manifest["state"] == "complete"
+    dirs = [Path(d) for d in manifest["runs"]]
+    assert [d.name for d in dirs] == ["0_adamw", "1_muon", "2_muon", "3_adamw"]
+    recs = [record.read_json(d / "run.json") for d in dirs]
+    assert [r["status"] for r in recs] == ["timeout", "skipped", "skipped", "skipped"]
+    assert [r["choices"]["optimizer"] for r in recs] == ["adamw", "muon", "muon", "adamw"]
+    assert recs[1]["error"]["message"].startswith("not started: bench.budget_s=4 s spent")
+    assert "[muon] skipped: Skipped: not started: bench.budget_s=4 s spent" in res.stdout
 
 
 HYDRA_STYLE = ["bench.flops_cli", "tools.balance", "tools.project", "recipes.__main__"]
