@@ -13,7 +13,7 @@ from config import schema
 MAIN_FIELDS: dict[str, tuple[type, tuple[str, ...]]] = {
     "bench": (
         schema.BenchConfig,
-        ("steps", "warmup_steps", "seed", "out_dir", "report_name", "timeout_s", "data"),
+        ("steps", "warmup_steps", "seed", "out_dir", "report_name", "timeout_s", "budget_s", "data"),
     ),
     "optimizer": (schema.MuonSchema, ("lr", "weight_decay", "momentum", "num_ns_steps", "coefficient_type")),
     "parallelism": (schema.ParallelismConfig, ("world_size", "tp", "pp", "ep", "mbs", "gbs")),

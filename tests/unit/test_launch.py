@@ -208,6 +208,33 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     assert not seen["dir"].exists() and out["returncode"] == 0 and out["seconds"] >= 0
 
 
+def test_prewarm_comes_before_the_timed_launch_once_per_workload(monkeypatch, tmp_path):
+    """Each workload of our matrix optimizer is prewarmed once per invocation, before its first timed launch; a
+    repeat of it in a crossover sweep (other bench settings, same workload) is not. Localises a timed run that
+    compiles our kernels itself, or a prewarm paid again for every repeat."""
+    from bench import record
+
+    g = ["engine=megatron", "hardware=h200", "model=qwen3_moe_tiny", "parallelism=single_gpu", "optimizer=muon"]
+    order = []
+    monkeypatch.setattr(launch, "check_device", lambda cfg: None)  # no CUDA on this machine; order is tested
+    monkeypatch.setattr(launch, "prewarm_local", lambda d, cfg: order.append("prewarm") or {"returncode": 0})
+
+    def timed(cfg, run_dir, *, echo=True):
+        order.append(f"timed steps={cfg.bench.steps}")
+        return launch.LaunchResult(command=["torchrun"], returncode=0, timed_out=False, stderr_tail="")
+
+    monkeypatch.setattr(launch, "run_local", timed)
+    prewarmed: set[str] = set()
+    for k, steps in enumerate((4, 7)):
+        run_dir = tmp_path / str(k)
+        record.write_json_atomic(run_dir / "run.json", {"status": "running"})
+        launch.launch(config.load([*g, f"bench.steps={steps}"]), run_dir, prewarmed=prewarmed)
+    assert order == ["prewarm", "timed steps=4", "timed steps=7"]
+    assert record.read_json(tmp_path / "0" / "run.json")["prewarm"] == {"returncode": 0}
+    assert "skipped" in record.read_json(tmp_path / "1" / "run.json")["prewarm"]
+    assert prewarmed == {config.config_hash(config.load(g))}
+
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
