@@ -247,9 +247,13 @@ def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None =
 
                 key = config.config_hash(cfg)
                 if prewarmed is not None and key in prewarmed:
-                    warm: dict[str, Any] = {"skipped": "this workload was prewarmed earlier in this invocation"}
+                    warm: dict[str, Any] = {
+                        "skipped": "this workload was prewarmed earlier in this invocation"
+                    }
                 else:
-                    print("== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr)
+                    print(
+                        "== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr
+                    )
                     warm = prewarm_local(config.as_dict(cfg), cfg)
                     if prewarmed is not None:
                         prewarmed.add(key)

@@ -214,7 +214,13 @@ def test_prewarm_comes_before_the_timed_launch_once_per_workload(monkeypatch, tm
     compiles our kernels itself, or a prewarm paid again for every repeat."""
     from bench import record
 
-    g = ["engine=megatron", "hardware=h200", "model=qwen3_moe_tiny", "parallelism=single_gpu", "optimizer=muon"]
+    g = [
+        "engine=megatron",
+        "hardware=h200",
+        "model=qwen3_moe_tiny",
+        "parallelism=single_gpu",
+        "optimizer=muon",
+    ]
     order = []
     monkeypatch.setattr(launch, "check_device", lambda cfg: None)  # no CUDA on this machine; order is tested
     monkeypatch.setattr(launch, "prewarm_local", lambda d, cfg: order.append("prewarm") or {"returncode": 0})

@@ -514,4 +514,3 @@ def test_engine_times_ours_through_the_public_hook():
     phases = timer.collect()
     assert phases["ns"] > 0
     assert timer.counters["ns_flops"] == ns_flops_plain(8, 12, 5, batch=2)  # one batched call, both matrices
-

@@ -122,7 +122,10 @@ def test_resume_plan_keeps_each_ok_run_of_a_repeated_job(tmp_path):
     ]
     record.write_json_atomic(tmp_path / "sweep.json", {"argv": argv, "runs": runs})
     _, done = sweep.resume_plan(str(tmp_path))
-    assert done == {("optimizer=adamw",): [tmp_path / "0"], ("optimizer=muon",): [tmp_path / "1", tmp_path / "2"]}
+    assert done == {
+        ("optimizer=adamw",): [tmp_path / "0"],
+        ("optimizer=muon",): [tmp_path / "1", tmp_path / "2"],
+    }
 
 
 def test_sweep_goes_on_after_a_failed_job_and_records_budget_skips(tmp_path):
