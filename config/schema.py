@@ -9,7 +9,7 @@ This module imports no torch and no Megatron: a login node can compose, validate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import MISSING
@@ -379,6 +379,17 @@ OPTIMIZER_SCHEMAS: dict[str, type] = {
     "mop": MOPSchema,
     "soap_rekls": SOAPSchema,
 }
+
+
+def lift_distribution(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config dict (run.json) with its distribution at `parallelism.distribution` as a dict: records
+    written while the optimizer schema held the distribution fields have them moved there (a copy; `config` is
+    not changed)."""
+    names = {f.name for f in fields(DistributionConfig)}
+    opt = dict(config.get("optimizer") or {})
+    par = dict(config.get("parallelism") or {})
+    dist = {**{k: opt.pop(k) for k in list(opt) if k in names}, **(par.get("distribution") or {})}
+    return {**config, "optimizer": opt, "parallelism": {**par, "distribution": dist}}
 
 
 def register_configs() -> None:

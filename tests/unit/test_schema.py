@@ -176,3 +176,18 @@ def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
     assert load([]).parallelism.distribution == schema.DistributionConfig()
     with pytest.raises(ConfigError, match="tp_mode"):
         load(["optimizer.tp_mode=duplicated"])
+
+
+def test_run_record_config_round_trips_and_old_records_lift_their_distribution() -> None:
+    from bench.record import config_from_dict
+    from config import as_dict
+    from config.schema import DistributionConfig
+
+    root = load(["optimizer=muon_megatron"])
+    assert config_from_dict(as_dict(root)) == root
+    old = as_dict(root)
+    old["optimizer"] = {**old["optimizer"], "grad_sync": "all_reduce", "tp_mode": "duplicated"}
+    del old["parallelism"]["distribution"]
+    lifted = config_from_dict(old)
+    assert lifted.parallelism.distribution == DistributionConfig(grad_sync="all_reduce", tp_mode="duplicated")
+    assert lifted.optimizer == root.optimizer
