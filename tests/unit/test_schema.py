@@ -172,7 +172,10 @@ def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
     for opt_schema in schema.OPTIMIZER_SCHEMAS.values():
         assert not dist_fields & {f.name for f in fields(opt_schema)}, opt_schema.__name__
     root = load(["optimizer=muon_megatron", "parallelism.distribution.bucket_numel=1000"])
-    assert (root.parallelism.distribution.grad_sync, root.parallelism.distribution.bucket_numel) == ("all_reduce", 1000)
+    assert (root.parallelism.distribution.grad_sync, root.parallelism.distribution.bucket_numel) == (
+        "all_reduce",
+        1000,
+    )
     assert load([]).parallelism.distribution == schema.DistributionConfig()
     with pytest.raises(ConfigError, match="tp_mode"):
         load(["optimizer.tp_mode=duplicated"])
