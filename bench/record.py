@@ -409,7 +409,9 @@ def config_from_dict(d: dict[str, Any]) -> Any:
     """Rebuild the typed `RootConfig` from the plain dict stored in run.json (optimizer schema chosen by name)."""
     from config import schema
 
+    d = schema.lift_distribution(d)
     parts = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
+    parts["parallelism"].distribution = schema.DistributionConfig(**d["parallelism"]["distribution"])
     opt = d["optimizer"]
     if opt.get("name") not in schema.OPTIMIZER_SCHEMAS:
         raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.OPTIMIZER_SCHEMAS)}")

@@ -27,11 +27,11 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
     "optimizer.lr_decay": ("cosine", "linear", "constant"),
-    "optimizer.tp_mode": ("duplicated", "distributed", "distributed_gram", "blockwise", "auto"),
-    "optimizer.distributed": ("none", "layerwise"),
-    "optimizer.assignment": ("round_robin", "ping_pong_numel", "lpt_cost"),
-    "optimizer.grad_sync": ("reduce_scatter", "all_reduce"),
-    "optimizer.collective": ("auto", "padded", "per_owner"),
+    "parallelism.distribution.tp_mode": ("duplicated", "distributed", "distributed_gram", "blockwise", "auto"),
+    "parallelism.distribution.distributed": ("none", "layerwise"),
+    "parallelism.distribution.assignment": ("round_robin", "ping_pong_numel", "lpt_cost"),
+    "parallelism.distribution.grad_sync": ("reduce_scatter", "all_reduce"),
+    "parallelism.distribution.collective": ("auto", "padded", "per_owner"),
     "optimizer.nonfinite_policy": ("skip", "raise"),
     "optimizer.scale_mode": ("spectral", "shape_scaling", "unit_rms_norm", "nuclear_norm"),
     "optimizer.coefficient_type": (
@@ -139,8 +139,10 @@ def config_hash(root: schema.RootConfig) -> str:
 
 def _check_allowed(root: schema.RootConfig) -> None:
     for dotted, allowed in ALLOWED.items():
-        group, key = dotted.split(".")
-        node = getattr(root, group)
+        *path, key = dotted.split(".")
+        node: Any = root
+        for part in path:
+            node = getattr(node, part)
         if not hasattr(node, key):
             continue
         value = getattr(node, key)

@@ -2,8 +2,8 @@
 
 `convert(schema)` maps `AdamWSchema | MuonSchema | MOPSchema | SOAPSchema` to (algorithm config, RoutingConfig,
 AdamWConfig for the non-matrix parameters); `build(named_params, schema, naming=...)` calls
-`optim.build_optimizer`. Schema fields that select the *distribution* (distributed, assignment, grad_sync, tp_mode)
-are not algorithm settings and are handled by the engines.
+`optim.build_optimizer`. The *distribution* (`parallelism.distribution`: distributed, assignment, grad_sync, tp_mode)
+is not an algorithm setting; the engines read it from the parallelism group.
 """
 
 from __future__ import annotations

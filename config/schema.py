@@ -9,7 +9,7 @@ This module imports no torch and no Megatron: a login node can compose, validate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omegaconf import MISSING
@@ -90,6 +90,29 @@ class ModelConfig:
 # parallelism
 # --------------------------------------------------------------------------------------------------------------
 @dataclass
+class DistributionConfig:
+    """How a matrix optimizer (muon, mop, soap_rekls) spreads its work over the parallel layout: the TP mode of
+    Newton-Schulz and the layer-wise distributed optimizer. AdamW reads none of it (Megatron's distributed optimizer).
+    """
+
+    tp_mode: str = "blockwise"
+    """duplicated | distributed | distributed_gram | blockwise | auto (moot at TP=1)."""
+    distributed: str = "layerwise"
+    """none | layerwise (whole matrices per DP rank)."""
+    assignment: str = "lpt_cost"
+    """round_robin | ping_pong_numel | lpt_cost."""
+    grad_sync: str = "reduce_scatter"
+    """reduce_scatter (ours, owner-aligned buckets) | all_reduce (published path)."""
+    overlap_param_gather: bool = True
+    overlap_grad_reduce: bool = False
+    """Start each bucket's gradient reduce-scatter during backward (the hf engine then cannot time it apart)."""
+    bucket_numel: int = 40_000_000
+    """Elements per gradient/parameter bucket of the layer-wise optimizer."""
+    collective: str = "auto"
+    """auto | padded (one all_gather_into_tensor) | per_owner (one broadcast per owner): how all_gatherv moves."""
+
+
+@dataclass
 class ParallelismConfig:
     """A parallel layout. Data parallel size is derived: dp = world_size / (tp * pp * cp)."""
 
@@ -113,6 +136,8 @@ class ParallelismConfig:
     sequence_parallel: bool = False
     nodes: int = 1
     gpus_per_node: int = 1
+    distribution: DistributionConfig = field(default_factory=DistributionConfig)
+    """The matrix optimizer's distribution over this layout (`parallelism.distribution.tp_mode`, ...)."""
 
     @property
     def dp(self) -> int:
@@ -157,28 +182,14 @@ class AdamWSchema(OptimizerSchemaBase):
 
 @dataclass
 class MatrixOptimizerSchema(OptimizerSchemaBase):
-    """Fields shared by the matrix optimizers (routing, splitting, distribution)."""
+    """Fields shared by the matrix optimizers (routing, splitting, non-finite policy); how their work is spread over
+    ranks is `parallelism.distribution`."""
 
     split_qkv: bool = _ROUTING.split_qkv
     split_mla: bool = _ROUTING.split_mla_kv_down
     split_gate_up: bool = _ROUTING.split_gate_up
     router_to_matrix_optimizer: bool = _ROUTING.router_to_matrix
     """MCore routes the MoE router weight to Muon; set False to send it to AdamW."""
-    tp_mode: str = "blockwise"
-    """duplicated | distributed | distributed_gram | blockwise | auto (moot at TP=1)."""
-    distributed: str = "layerwise"
-    """none | layerwise (whole matrices per DP rank)."""
-    assignment: str = "lpt_cost"
-    """round_robin | ping_pong_numel | lpt_cost."""
-    grad_sync: str = "reduce_scatter"
-    """reduce_scatter (ours, owner-aligned buckets) | all_reduce (published path)."""
-    overlap_param_gather: bool = True
-    overlap_grad_reduce: bool = False
-    """Start each bucket's gradient reduce-scatter during backward (the hf engine then cannot time it apart)."""
-    bucket_numel: int = 40_000_000
-    """Elements per gradient/parameter bucket of the layer-wise optimizer."""
-    collective: str = "auto"
-    """auto | padded (one all_gather_into_tensor) | per_owner (one broadcast per owner): how all_gatherv moves."""
     nonfinite_policy: str = _MUON.nonfinite_policy
     """skip | raise: what to do with a NaN/Inf gradient or momentum."""
 
@@ -373,6 +384,17 @@ OPTIMIZER_SCHEMAS: dict[str, type] = {
     "mop": MOPSchema,
     "soap_rekls": SOAPSchema,
 }
+
+
+def lift_distribution(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config dict (run.json) with its distribution at `parallelism.distribution` as a dict: records
+    written while the optimizer schema held the distribution fields have them moved there (a copy; `config` is
+    not changed)."""
+    names = {f.name for f in fields(DistributionConfig)}
+    opt = dict(config.get("optimizer") or {})
+    par = dict(config.get("parallelism") or {})
+    dist = {**{k: opt.pop(k) for k in list(opt) if k in names}, **(par.get("distribution") or {})}
+    return {**config, "optimizer": opt, "parallelism": {**par, "distribution": dist}}
 
 
 def register_configs() -> None:

@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from config.schema import OPTIMIZER_SCHEMAS, RootConfig
+from config.schema import OPTIMIZER_SCHEMAS, DistributionConfig, RootConfig
 from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, build_plan
 
 REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
@@ -129,6 +129,8 @@ def _ours_optimizer_class() -> type:
     class OursOptimizerConfig(OptimizerConfig):
         muonbench_optimizer: dict[str, Any] = dataclasses.field(default_factory=dict)
         """Our optimizer schema as a plain dict (keeps the config printable)."""
+        muonbench_distribution: dict[str, Any] = dataclasses.field(default_factory=dict)
+        """`parallelism.distribution` as a plain dict (TP mode, layer-wise or replicated)."""
 
         def provide(
             self,
@@ -142,6 +144,7 @@ def _ours_optimizer_class() -> type:
             from optim.megatron import build_ours
 
             opt = OPTIMIZER_SCHEMAS[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)
+            distribution = DistributionConfig(**self.muonbench_distribution)
             algo, routing, adamw = optim_configs(opt)
             chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]
             optimizer, _ = build_ours(
@@ -150,8 +153,8 @@ def _ours_optimizer_class() -> type:
                 adamw,
                 routing,
                 clip_grad=self.clip_grad,
-                tp_mode=opt.tp_mode,
-                layerwise=opt.distributed == "layerwise",
+                tp_mode=distribution.tp_mode,
+                layerwise=distribution.distributed == "layerwise",
                 bf16=self.bf16,  # set from the mixed-precision config by Bridge's runtime config update
             )
             decay_to_min_lr(optimizer, self.min_lr)
@@ -179,10 +182,15 @@ def decay_to_min_lr(optimizer: Any, min_lr: float) -> None:
         group["min_lr"] = min_lr
 
 
-def _ours_optimizer_config(base: Any, schema_obj: Any) -> Any:
-    """`base` (the applied Bridge OptimizerConfig) turned into an `OursOptimizerConfig` for `schema_obj`."""
+def _ours_optimizer_config(base: Any, schema_obj: Any, distribution: DistributionConfig) -> Any:
+    """`base` (the applied Bridge OptimizerConfig) turned into an `OursOptimizerConfig` for `schema_obj`, distributed
+    as `distribution` (`parallelism.distribution`)."""
     values = {f.name: getattr(base, f.name) for f in dataclasses.fields(base) if f.init}
-    return _ours_optimizer_class()(**values, muonbench_optimizer=dataclasses.asdict(schema_obj))
+    return _ours_optimizer_class()(
+        **values,
+        muonbench_optimizer=dataclasses.asdict(schema_obj),
+        muonbench_distribution=dataclasses.asdict(distribution),
+    )
 
 
 APEX_FUSED_WGRAD = "fused_weight_gradient_mlp_cuda"
@@ -254,7 +262,7 @@ def make_config_container(
     cfg.mixed_precision = get_mixed_precision_config(plan.precision_preset)
     renamed = apply_overrides(cfg, plan.overrides)
     if plan.optimizer_impl == "ours":
-        cfg.optimizer = _ours_optimizer_config(cfg.optimizer, root.optimizer)
+        cfg.optimizer = _ours_optimizer_config(cfg.optimizer, root.optimizer, root.parallelism.distribution)
     cfg.env_vars = {**cfg.env_vars, **plan.env_vars}
     plan.metadata["legacy_fields"] = renamed
     plan.metadata["node_adjustments"] = adapt_to_node(cfg)

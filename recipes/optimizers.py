@@ -6,7 +6,8 @@
   "dist_soap"). Knobs that MCore cannot express raise a ValueError naming them instead of being dropped.
 - "ours": the `optim.megatron` adapter builds our optimizer through Bridge's duck-typed
   `OptimizerConfig.provide()` seam; the `optimizer` section then only carries what the scalar AdamW and the
-  scheduler read. DDP runs without Megatron's distributed optimizer. With `distributed="layerwise"` and DP x CP > 1
+  scheduler read. DDP runs without Megatron's distributed optimizer. With `parallelism.distribution.distributed=
+  "layerwise"` and DP x CP > 1
   our layer-wise distributed optimizer (`optim.megatron.MegatronLayerWise`) owns whole matrices per rank and
   replaces DDP's gradient all-reduce by its own reduce-scatter, so DDP must not overlap a gradient reduction
   (`ddp.overlap_grad_reduce` and `comm_overlap.overlap_grad_reduce` are set False); its parameter all-gather is
@@ -20,6 +21,7 @@ from typing import Any
 
 from config.schema import (
     AdamWSchema,
+    DistributionConfig,
     MatrixOptimizerSchema,
     MOPSchema,
     MuonSchema,
@@ -36,6 +38,10 @@ MCORE_TP_MODES = ("duplicated", "distributed", "blockwise")
 
 def _fail(name: str, value: Any, rule: str) -> None:
     raise ValueError(f"optimizer.{name}={value!r}: {rule}")
+
+
+def _fail_dist(name: str, value: Any, rule: str) -> None:
+    raise ValueError(f"parallelism.distribution.{name}={value!r}: {rule}")
 
 
 def _common(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -63,7 +69,7 @@ def _common(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return optimizer, scheduler
 
 
-def _megatron_matrix_checks(opt: MatrixOptimizerSchema) -> None:
+def _megatron_matrix_checks(opt: MatrixOptimizerSchema, dist: DistributionConfig) -> None:
     """Knobs of ours that Megatron's layer-wise path cannot honour (they would change the run silently)."""
     if opt.split_mla:
         _fail(
@@ -79,26 +85,26 @@ def _megatron_matrix_checks(opt: MatrixOptimizerSchema) -> None:
         _fail(
             "router_to_matrix_optimizer", False, "Megatron-Core routes the MoE router to the matrix optimizer"
         )
-    if opt.grad_sync != "all_reduce":
-        _fail(
+    if dist.grad_sync != "all_reduce":
+        _fail_dist(
             "grad_sync",
-            opt.grad_sync,
+            dist.grad_sync,
             "Megatron's layer-wise path (as run by Megatron-Bridge) all-reduces gradients; use all_reduce or "
             "implementation=ours",
         )
-    if opt.distributed == "layerwise" and opt.assignment != "ping_pong_numel":
-        _fail(
+    if dist.distributed == "layerwise" and dist.assignment != "ping_pong_numel":
+        _fail_dist(
             "assignment",
-            opt.assignment,
+            dist.assignment,
             "Megatron's layer-wise path deals parameters ping-pong by numel; use ping_pong_numel or "
             "implementation=ours",
         )
 
 
-def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
-    _megatron_matrix_checks(opt)
-    if opt.tp_mode not in MCORE_TP_MODES:
-        _fail("tp_mode", opt.tp_mode, f"Megatron-Core allows {list(MCORE_TP_MODES)}")
+def _megatron_muon(opt: MuonSchema, dist: DistributionConfig) -> dict[str, Any]:
+    _megatron_matrix_checks(opt, dist)
+    if dist.tp_mode not in MCORE_TP_MODES:
+        _fail_dist("tp_mode", dist.tp_mode, f"Megatron-Core allows {list(MCORE_TP_MODES)}")
     if opt.coefficient_type == "custom":
         _fail("coefficient_type", "custom", "Megatron-Core takes a named coefficient set only")
     if opt.use_gram_ns:
@@ -106,7 +112,7 @@ def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
     if opt.ns_precision == "fp16":
         _fail("ns_precision", "fp16", "Megatron-Core iterates in bf16 or fp32; use implementation=ours")
     return {
-        "optimizer": "dist_muon" if opt.distributed == "layerwise" else "muon",
+        "optimizer": "dist_muon" if dist.distributed == "layerwise" else "muon",
         "muon_momentum": opt.momentum,
         "muon_nesterov": opt.nesterov,
         "muon_scale_mode": opt.scale_mode,
@@ -114,29 +120,29 @@ def _megatron_muon(opt: MuonSchema) -> dict[str, Any]:
         "muon_fp32_matmul_prec": "medium" if opt.ns_precision == "bf16" else "highest",
         "muon_coefficient_type": opt.coefficient_type,
         "muon_num_ns_steps": opt.num_ns_steps,
-        "muon_tp_mode": opt.tp_mode,
+        "muon_tp_mode": dist.tp_mode,
         "muon_split_qkv": opt.split_qkv,
         "muon_scalar_optimizer": "adam",
     }
 
 
-def _megatron_soap(opt: SOAPSchema) -> dict[str, Any]:
+def _megatron_soap(opt: SOAPSchema, dist: DistributionConfig) -> dict[str, Any]:
     if opt.use_eigh:
         _fail(
             "use_eigh",
             True,
             "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours",
         )
-    _megatron_matrix_checks(opt)
+    _megatron_matrix_checks(opt, dist)
     return {
-        "optimizer": "dist_soap" if opt.distributed == "layerwise" else "soap",
+        "optimizer": "dist_soap" if dist.distributed == "layerwise" else "soap",
         "soap_shampoo_beta": opt.shampoo_beta,
         "soap_precondition_frequency": opt.precondition_frequency,
         "soap_use_kl_shampoo": opt.use_kl_shampoo,
     }
 
 
-def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
+def _algorithm(opt: Any, dist: DistributionConfig) -> tuple[dict[str, Any], str, bool]:
     """(optimizer fields, bridge implementation, state sharded by the distributed optimizer)."""
     impl = opt.implementation
     if impl == "eo":
@@ -160,9 +166,9 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
             # Scalar AdamW and the schedule; the adapter replaces the matrix part (replicated, all-reduced grads).
             return {"optimizer": "adam"}, "ours", False
         case MuonSchema():
-            return _megatron_muon(opt), "megatron", False
+            return _megatron_muon(opt, dist), "megatron", False
         case SOAPSchema():
-            return _megatron_soap(opt), "megatron", False
+            return _megatron_soap(opt, dist), "megatron", False
         case MOPSchema():
             _fail(
                 "implementation",
@@ -175,7 +181,12 @@ def _algorithm(opt: Any) -> tuple[dict[str, Any], str, bool]:
 
 
 def ab_knobs(
-    opt: Any, precision: PrecisionConfig, ab_mode: str, *, gathers_params: bool = True
+    opt: Any,
+    dist: DistributionConfig,
+    precision: PrecisionConfig,
+    ab_mode: str,
+    *,
+    gathers_params: bool = True,
 ) -> tuple[dict[str, bool], dict[str, bool]]:
     """(knobs used, configured values they replaced) for param-gather overlap and FP8 param gather.
 
@@ -183,7 +194,7 @@ def ab_knobs(
     """
     configured = {
         # AdamW has no knob: MB's AdamW always overlaps the distributed optimizer's param all-gather.
-        "overlap_param_gather": opt.overlap_param_gather if isinstance(opt, MatrixOptimizerSchema) else True,
+        "overlap_param_gather": dist.overlap_param_gather if isinstance(opt, MatrixOptimizerSchema) else True,
         "fp8_param_gather": bool(precision.fp8_recipe) and precision.fp8_param_gather,
     }
     if not gathers_params:
@@ -199,13 +210,14 @@ def ab_knobs(
 
 
 def apply_optimizer(
-    sections: Sections, opt: Any, precision: PrecisionConfig, *, ab_mode: str
+    sections: Sections, opt: Any, dist: DistributionConfig, precision: PrecisionConfig, *, ab_mode: str
 ) -> dict[str, Any]:
-    """Optimizer, scheduler and DDP fields; returns the run metadata of the optimizer and the A/B mode."""
+    """Optimizer, scheduler and DDP fields of `opt` distributed as `dist` (`parallelism.distribution`); returns the
+    run metadata of the optimizer and the A/B mode."""
     optimizer, scheduler = _common(opt)
-    algo, bridge_impl, dist_opt = _algorithm(opt)
+    algo, bridge_impl, dist_opt = _algorithm(opt, dist)
     optimizer |= algo
-    knobs, replaced = ab_knobs(opt, precision, ab_mode, gathers_params=bridge_impl == "megatron")
+    knobs, replaced = ab_knobs(opt, dist, precision, ab_mode, gathers_params=bridge_impl == "megatron")
     optimizer |= {
         "use_distributed_optimizer": dist_opt,
         "overlap_param_gather": knobs["overlap_param_gather"],
@@ -227,7 +239,7 @@ def apply_optimizer(
     ours: dict[str, Any] = {}
     not_applied: dict[str, Any] = {}
     if bridge_impl == "ours":
-        ours, not_applied = _ours_distribution(sections, opt)
+        ours, not_applied = _ours_distribution(sections, dist)
     return {
         "optimizer": {
             "name": opt.name,
@@ -248,22 +260,21 @@ OURS_LAYERWISE = {"grad_sync": "reduce_scatter", "assignment": "lpt_cost"}
 """What `optim.megatron.MegatronLayerWise` does (LayerWiseConfig defaults; the adapter does not read the schema's)."""
 
 
-def _ours_distribution(
-    sections: Sections, opt: MatrixOptimizerSchema
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(what our adapter applies, schema fields it does not read) for `optimizer.implementation=ours`.
+def _ours_distribution(sections: Sections, dist: DistributionConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(what our adapter applies, `parallelism.distribution` fields it does not read) for
+    `optimizer.implementation=ours`.
 
     Layer-wise: DDP's overlapped gradient reduction is switched off (the layer-wise optimizer reduce-scatters the
     gradients itself, `optim.megatron.disable_ddp_grad_sync`). At DP x CP = 1 the layer-wise optimizer is the
     replicated one (one owner), which `build_ours` builds directly.
     """
-    if opt.distributed == "layerwise":
+    if dist.distributed == "layerwise":
         sections.setdefault("ddp", {})["overlap_grad_reduce"] = False
         sections.setdefault("comm_overlap", {})["overlap_grad_reduce"] = False
         applied = {"distributed": "layerwise", **OURS_LAYERWISE}
     else:
         applied = {"distributed": "none", "grad_sync": "all_reduce", "assignment": None}
     differs = {
-        k: getattr(opt, k) for k in ("grad_sync", "assignment") if applied[k] not in (None, getattr(opt, k))
+        k: getattr(dist, k) for k in ("grad_sync", "assignment") if applied[k] not in (None, getattr(dist, k))
     }
     return applied, differs

@@ -182,7 +182,9 @@ def build_plan(root: RootConfig, *, ab_mode: str | None = None) -> BridgePlan:
     sections = base_sections(root.model)
     apply_parallelism(sections, root.parallelism, root.model, root.hardware)
     preset = apply_precision(sections, root.precision)
-    opt_meta = apply_optimizer(sections, root.optimizer, root.precision, ab_mode=ab_mode)
+    opt_meta = apply_optimizer(
+        sections, root.optimizer, root.parallelism.distribution, root.precision, ab_mode=ab_mode
+    )
     bench_meta = benchmark_mode(sections, root.bench, root.model)
     metadata = {
         "recipe": recipe.family,

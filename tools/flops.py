@@ -193,7 +193,7 @@ def _summary_from(root: Any) -> dict[str, Any]:
     """NS options from the optimizer group; optimizers without them (AdamW) get MCore's Muon defaults."""
     from config.schema import MatrixOptimizerSchema, MOPSchema, MuonSchema
 
-    opt = root.optimizer
+    opt, dist = root.optimizer, root.parallelism.distribution
     opts: dict[str, Any] = {}
     if isinstance(opt, MatrixOptimizerSchema):
         opts.update(
@@ -201,8 +201,8 @@ def _summary_from(root: Any) -> dict[str, Any]:
             split_mla=opt.split_mla,
             split_gate_up=opt.split_gate_up,
             include_router=opt.router_to_matrix_optimizer,
-            distributed=opt.distributed,
-            tp_mode=_TP_MODE_COST.get(opt.tp_mode, opt.tp_mode),
+            distributed=dist.distributed,
+            tp_mode=_TP_MODE_COST.get(dist.tp_mode, dist.tp_mode),
         )
     if isinstance(opt, MuonSchema | MOPSchema):
         opts["num_steps"] = opt.num_ns_steps

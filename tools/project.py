@@ -2,7 +2,7 @@
 
     python -m tools.project model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx \
         optimizer=muon [profile=published|ours] [format=json]
-    python -m tools.project experiment=gb300/qwen3_30b_a3b_muon profile=ours parallelism.tp=2 optimizer.tp_mode=auto
+    python -m tools.project experiment=gb300/qwen3_30b_a3b_muon profile=ours parallelism.tp=2 parallelism.distribution.tp_mode=auto
     python -m tools.project report=reports/perfmodel_gb300_202611      # calibration + sweeps, README, CSV and PNGs
 
 Everything except the CLI-only keys `profile`, `format` and `report` is a Hydra override composed by

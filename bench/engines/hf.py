@@ -139,10 +139,10 @@ class HFEngine(Engine):
         """Replicated optimizer (one all-reduce per step), or the layer-wise distributed one when configured."""
         from optim.routing import SplitLayout
 
-        opt, world = self.cfg.optimizer, self.rank.world_size
+        opt, dist_cfg, world = self.cfg.optimizer, self.cfg.parallelism.distribution, self.rank.world_size
         layout = SplitLayout.from_hf_config(self.model.config)
         named = list(self.model.named_parameters())
-        distributed = opt.distributed if isinstance(opt, MatrixOptimizerSchema) else "none"
+        distributed = dist_cfg.distributed if isinstance(opt, MatrixOptimizerSchema) else "none"
         if distributed == "none" or world == 1:
             self.inner = convert.build(named, opt, naming="hf", layout=layout)
             self.distribution = "replicated: every rank steps every parameter after one gradient all-reduce"
@@ -150,12 +150,12 @@ class HFEngine(Engine):
             from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
 
             lw_cfg = LayerWiseConfig(
-                strategy=opt.assignment,
-                grad_sync=opt.grad_sync,
-                overlap_param_gather=opt.overlap_param_gather,
-                overlap_grad_reduce=opt.overlap_grad_reduce,
-                bucket_numel=opt.bucket_numel,
-                collective=opt.collective,
+                strategy=dist_cfg.assignment,
+                grad_sync=dist_cfg.grad_sync,
+                overlap_param_gather=dist_cfg.overlap_param_gather,
+                overlap_grad_reduce=dist_cfg.overlap_grad_reduce,
+                bucket_numel=dist_cfg.bucket_numel,
+                collective=dist_cfg.collective,
                 max_grad_norm=opt.clip_grad,
             )
             self.layerwise = LayerWiseDistributedOptimizer(
@@ -165,12 +165,12 @@ class HFEngine(Engine):
                 dp_group=dist.group.WORLD,
                 config=lw_cfg,
             )
-            if opt.overlap_param_gather:
+            if dist_cfg.overlap_param_gather:
                 self.layerwise.register_forward_hooks(self.model)
             self.inner = self.layerwise.inner
             self.distribution = (
-                f"layerwise: whole matrices per rank ({opt.assignment}), grad {opt.grad_sync}, "
-                f"param all-gather{' overlapped with forward' if opt.overlap_param_gather else ''}"
+                f"layerwise: whole matrices per rank ({dist_cfg.assignment}), grad {dist_cfg.grad_sync}, "
+                f"param all-gather{' overlapped with forward' if dist_cfg.overlap_param_gather else ''}"
             )
             self.layerwise.instrument(self.phases.wrap)
         self.scheduler = (

@@ -352,7 +352,7 @@ def _ours_layerwise(cfg: RootConfig) -> bool:
     return (
         cfg.optimizer.name != "adamw"
         and cfg.optimizer.implementation == "ours"
-        and (cfg.optimizer.distributed == "layerwise")
+        and (cfg.parallelism.distribution.distributed == "layerwise")
     )
 
 

@@ -71,7 +71,7 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     if kind == "adamw":
         opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=True)
         return BuiltOptimizer(optimizer=opt, kind=kind)
-    tp_mode = cfg.optimizer.tp_mode
+    tp_mode = cfg.parallelism.distribution.tp_mode
     if kind == "megatron":
         # MCore's TensorParallelMuon has no per-matrix choice: "auto" runs its blockwise mode there.
         tp_mode = tp_mode if tp_mode != "auto" else "blockwise"
@@ -86,7 +86,7 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
         clip_grad=clip,
         tp_mode=tp_mode,
         tp_mode_fn=tp_mode_fn(cfg) if tp_mode == "auto" else None,
-        layerwise=cfg.optimizer.distributed == "layerwise",
+        layerwise=cfg.parallelism.distribution.distributed == "layerwise",
     )
     k = getattr(matrix, "num_ns_steps", 0)
     _time_ours(opt, timer, k)

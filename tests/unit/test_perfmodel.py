@@ -196,7 +196,7 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
                 "parallelism.tp=2",
                 "parallelism.world_size=16",
                 "parallelism.nodes=4",
-                "optimizer.tp_mode=auto",
+                "parallelism.distribution.tp_mode=auto",
             ]
         )
         == 0

@@ -43,8 +43,8 @@ OPTIMIZER_VARIANTS = [
         "optimizer=soap_rekls",
         "optimizer.implementation=megatron",
         "optimizer.use_eigh=false",
-        "optimizer.grad_sync=all_reduce",
-        "optimizer.assignment=ping_pong_numel",
+        "parallelism.distribution.grad_sync=all_reduce",
+        "parallelism.distribution.assignment=ping_pong_numel",
     ],
 ]
 
@@ -307,9 +307,9 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
         "assignment": "lpt_cost",
     }
     assert meta["not_applied"] == {}
-    other = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "optimizer.assignment=round_robin")
+    other = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.assignment=round_robin")
     assert other.metadata["optimizer"]["not_applied"] == {"assignment": "round_robin"}
-    replicated = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "optimizer.distributed=none")
+    replicated = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.distributed=none")
     assert replicated.overrides["ddp"]["overlap_grad_reduce"] is True  # the recipe's, kept: DDP all-reduces
 
 
@@ -327,8 +327,8 @@ def test_one_gpu_proxy_uses_the_all_to_all_dispatcher() -> None:
         (["optimizer=mop", "optimizer.implementation=megatron"], "MOP rejects"),
         (["optimizer=soap_rekls", "optimizer.implementation=megatron"], "use_eigh"),
         (["optimizer.split_mla=true"], "split_mla"),
-        (["optimizer.tp_mode=distributed_gram"], "tp_mode"),
-        (["optimizer.grad_sync=reduce_scatter"], "grad_sync"),
+        (["parallelism.distribution.tp_mode=distributed_gram"], r"parallelism\.distribution\.tp_mode="),
+        (["parallelism.distribution.grad_sync=reduce_scatter"], r"parallelism\.distribution\.grad_sync="),
         (["optimizer=adamw", "optimizer.implementation=ours"], "AdamW"),
         (["optimizer.implementation=eo"], "oracle"),
         (["optimizer.ns_precision=fp16"], "ns_precision"),

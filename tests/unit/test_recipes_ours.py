@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from config.schema import MuonSchema
+from config.schema import DistributionConfig, MuonSchema
 from tests.bridge_live import bridge_importable, import_bridge
 from tests.unit.test_megatron_adapter import _build, _gqa_model, megatron_groups  # noqa: F401 - fixture
 
@@ -54,14 +54,16 @@ def bridge():
     return rb
 
 
-def _ours_config(rb: Any, **schema: Any) -> Any:
+def _ours_config(rb: Any, distribution: DistributionConfig | None = None, **schema: Any) -> Any:
     from megatron.bridge.training.config import OptimizerConfig
 
     # bf16 False: Bridge sets it from the mixed-precision config at run time; the CPU model here is fp32.
     base = OptimizerConfig(
         optimizer="adam", lr=3e-4, min_lr=3e-5, weight_decay=0.033, clip_grad=0.5, bf16=False
     )
-    return rb._ours_optimizer_config(base, MuonSchema(implementation="ours", **schema))
+    return rb._ours_optimizer_config(
+        base, MuonSchema(implementation="ours", **schema), distribution or DistributionConfig()
+    )
 
 
 def _bridge_provide(cfg: Any, model: Any) -> Any:
@@ -124,10 +126,11 @@ def _check_groups(optimizer: Any) -> None:
 def test_ours_config_is_bridges_class_keeps_fields_and_pickles(bridge) -> None:
     from megatron.bridge.training.config import OptimizerConfig
 
-    cfg = _ours_config(bridge, num_ns_steps=6, split_qkv=False)
+    cfg = _ours_config(bridge, DistributionConfig(tp_mode="duplicated"), num_ns_steps=6, split_qkv=False)
     assert isinstance(cfg, OptimizerConfig) and type(cfg) is bridge.OursOptimizerConfig
     assert (cfg.lr, cfg.clip_grad, cfg.weight_decay, cfg.bf16) == (3e-4, 0.5, 0.033, False)
     assert cfg.muonbench_optimizer["num_ns_steps"] == 6 and cfg.muonbench_optimizer["split_qkv"] is False
+    assert cfg.muonbench_distribution["tp_mode"] == "duplicated" and "tp_mode" not in cfg.muonbench_optimizer
     assert type(pickle.loads(pickle.dumps(cfg))) is bridge.OursOptimizerConfig  # importable by name
 
 

@@ -39,7 +39,7 @@ def test_wrong_type_fails_at_compose() -> None:
         (["parallelism.ep=3", "parallelism.world_size=6", "parallelism.gpus_per_node=6"], "parallelism.ep"),
         (["parallelism.gbs=7"], "parallelism.gbs"),
         (["parallelism.pp=2", "parallelism.vp=3"], "model.num_layers"),
-        (["optimizer.tp_mode=sideways"], "optimizer.tp_mode"),
+        (["parallelism.distribution.tp_mode=sideways"], "parallelism.distribution.tp_mode"),
         (["engine.device=cuda"], "engine.backend"),
         (["engine.manual_gc=true"], "engine.manual_gc"),
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
@@ -162,3 +162,37 @@ def test_no_undocumented_knob_bench_run_name() -> None:
 
     with pytest.raises((ConfigError, ConfigCompositionException), match="run_name"):
         load(["bench.run_name=x"])
+
+
+def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
+    """Which algorithm (`optimizer`) and how it is spread over ranks (`parallelism.distribution`) are separate."""
+    from dataclasses import fields
+
+    from config import schema
+
+    dist_fields = {f.name for f in fields(schema.DistributionConfig)}
+    for opt_schema in schema.OPTIMIZER_SCHEMAS.values():
+        assert not dist_fields & {f.name for f in fields(opt_schema)}, opt_schema.__name__
+    root = load(["optimizer=muon_megatron", "parallelism.distribution.bucket_numel=1000"])
+    assert (root.parallelism.distribution.grad_sync, root.parallelism.distribution.bucket_numel) == (
+        "all_reduce",
+        1000,
+    )
+    assert load([]).parallelism.distribution == schema.DistributionConfig()
+    with pytest.raises(ConfigError, match="tp_mode"):
+        load(["optimizer.tp_mode=duplicated"])
+
+
+def test_run_record_config_round_trips_and_old_records_lift_their_distribution() -> None:
+    from bench.record import config_from_dict
+    from config import as_dict
+    from config.schema import DistributionConfig
+
+    root = load(["optimizer=muon_megatron"])
+    assert config_from_dict(as_dict(root)) == root
+    old = as_dict(root)
+    old["optimizer"] = {**old["optimizer"], "grad_sync": "all_reduce", "tp_mode": "duplicated"}
+    del old["parallelism"]["distribution"]
+    lifted = config_from_dict(old)
+    assert lifted.parallelism.distribution == DistributionConfig(grad_sync="all_reduce", tp_mode="duplicated")
+    assert lifted.optimizer == root.optimizer

@@ -49,10 +49,13 @@ def _typed(cfg: dict[str, Any]) -> Any:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
+    cfg = schema.lift_distribution(cfg)
     opt_cls = schema.OPTIMIZER_SCHEMAS[cfg["optimizer"]["name"]]
+    parallelism = build(schema.ParallelismConfig, cfg["parallelism"])
+    parallelism.distribution = build(schema.DistributionConfig, cfg["parallelism"]["distribution"])
     return schema.RootConfig(
         model=build(schema.ModelConfig, cfg["model"]),
-        parallelism=build(schema.ParallelismConfig, cfg["parallelism"]),
+        parallelism=parallelism,
         optimizer=build(opt_cls, cfg["optimizer"]),
         hardware=build(schema.HardwareConfig, cfg["hardware"]),
         precision=build(schema.PrecisionConfig, cfg["precision"]),

@@ -40,7 +40,7 @@ class Prediction:
 def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
     """Predict one step of `cfg` (model, parallelism, hardware, precision, optimizer) under an algorithm profile."""
     model, par, hw, prec = cfg.model, cfg.parallelism, cfg.hardware, cfg.precision
-    algo = opt.resolve(cfg.optimizer, profile)
+    algo = opt.resolve(cfg.optimizer, cfg.parallelism.distribution, profile)
     pipe = compute.pipeline_time(model, par, hw, prec)
     slowest = pipe["slowest"]
     assert isinstance(slowest, compute.StageTime)

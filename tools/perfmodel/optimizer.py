@@ -4,7 +4,7 @@
 all-reduced (overlapped with backward), every parameter dealt ping-pong by numel over DP (experts over expert-DP),
 a per-matrix NS loop (one NS call each, launch-bound below a ~1000 short side: host cost measured on our H200),
 then a blocking variable-size all-gather of the updated parameters. `ours`: gradients reduce-scattered into
-owner-aligned buckets (overlapped), `optimizer.assignment` (lpt_cost by default, on the batched NS cost), one batched
+owner-aligned buckets (overlapped), `parallelism.distribution.assignment` (lpt_cost by default, on the batched NS cost), one batched
 NS call per shape and rank with our measured kernels (plain or Gram-NS, whichever the plan picks; Gram-NS FLOPs on
 the curve when no measurement exists), non-matrix parameters in an element-wise distributed AdamW, the parameter
 all-gather overlapped with the next forward. AdamW (both profiles): Megatron's distributed optimizer with overlapped reduce-scatter and
@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench import flops
-from config.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
+from config.schema import DistributionConfig, HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 from optim.distributed.assignment import CostModel, assign, canonical
 from tools.perfmodel import constants as C
 from tools.perfmodel import links, nscost
@@ -45,17 +45,17 @@ class Algo:
     matrices, about 2.3x fewer NS FLOPs for a Qwen3 expert (1536 x 2048)."""
 
 
-def resolve(optimizer_cfg: object, profile: str) -> Algo:
-    """The algorithm of a profile. `published` fixes the blog-era path; `ours` honours the config's grad_sync,
+def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: str) -> Algo:
+    """The algorithm of a profile. `published` fixes the blog-era path; `ours` honours `distribution`'s grad_sync,
     assignment and overlap_param_gather unless `implementation=megatron` (whose knobs describe the published path:
-    then ours' defaults reduce_scatter, lpt_cost, overlap). Both take num_ns_steps and tp_mode from the config."""
+    then ours' defaults reduce_scatter, lpt_cost, overlap). Both take num_ns_steps from the optimizer and tp_mode from `distribution`."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}: must be one of {list(PROFILES)}")
     name = getattr(optimizer_cfg, "name", "adamw")
     if name not in ("adamw", "muon"):
         raise ValueError(f"optimizer.name={name!r}: the performance model covers ['adamw', 'muon']")
     steps = int(getattr(optimizer_cfg, "num_ns_steps", 5))
-    tp_mode = str(getattr(optimizer_cfg, "tp_mode", "blockwise"))
+    tp_mode = distribution.tp_mode
     split_gate_up = bool(getattr(optimizer_cfg, "split_gate_up", False))
     if profile == "published":
         return Algo(
@@ -73,9 +73,9 @@ def resolve(optimizer_cfg: object, profile: str) -> Algo:
     if getattr(optimizer_cfg, "implementation", "ours") == "megatron":  # published knobs: use ours' defaults
         grad_sync, assignment, overlap = "reduce_scatter", "lpt_cost", True
     else:
-        grad_sync = str(getattr(optimizer_cfg, "grad_sync", "reduce_scatter"))
-        assignment = str(getattr(optimizer_cfg, "assignment", "lpt_cost"))
-        overlap = bool(getattr(optimizer_cfg, "overlap_param_gather", True))
+        grad_sync = distribution.grad_sync
+        assignment = distribution.assignment
+        overlap = distribution.overlap_param_gather
     return Algo(
         optimizer=name,
         profile=profile,

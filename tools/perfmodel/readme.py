@@ -327,7 +327,7 @@ def render(
             "(`compute.activation_bytes_per_token`), MoE all-to-all (one copy per destination rank) and TP "
             "sequence-parallel collectives. Profiles: `published` = all-reduce, ping-pong by numel, blocking "
             "all_gatherv, per-matrix NS loop (max(host call, GPU) per matrix); `ours` = reduce-scatter, "
-            "`optimizer.assignment` (lpt_cost), one batched NS call per shape and rank, Gram-NS FLOPs, "
+            "`parallelism.distribution.assignment` (lpt_cost), one batched NS call per shape and rank, Gram-NS FLOPs, "
             "overlapped parameter gather."
         ),
         "",

@@ -22,9 +22,14 @@ COMMAND = "python -m tools.project report=reports/perfmodel_gb300_202611"
 
 
 def _variant(
-    cfg: RootConfig, *, par: dict[str, Any] | None = None, opt: dict[str, Any] | None = None
+    cfg: RootConfig,
+    *,
+    par: dict[str, Any] | None = None,
+    opt: dict[str, Any] | None = None,
+    dist: dict[str, Any] | None = None,
 ) -> RootConfig:
     p = replace(cfg.parallelism, **(par or {}))
+    p = replace(p, distribution=replace(p.distribution, **(dist or {})))
     if "world_size" in (par or {}):
         nodes = max(1, p.world_size // 4)
         p = replace(p, nodes=nodes, gpus_per_node=p.world_size // nodes, name=f"{p.name}_w{p.world_size}")
@@ -51,7 +56,7 @@ def _row(study: str, x: Any, cfg: RootConfig, profile: str, **extra: Any) -> dic
         "expert_dp": p.expert_dp,
         "gbs": p.gbs,
         "num_ns_steps": getattr(cfg.optimizer, "num_ns_steps", ""),
-        "tp_mode": getattr(cfg.optimizer, "tp_mode", ""),
+        "tp_mode": p.distribution.tp_mode if cfg.optimizer.name != "adamw" else "",
         "assignment": pred.info["assignment"],
         "step_time_s": pred.step_time_s,
         "tflops_per_gpu_model": pred.tflops_per_gpu_model,
@@ -91,7 +96,7 @@ def sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
             rows.append(_row("tp", tp, _variant(a_cfg, par=par), "published", setup=name))
             for mode in ("duplicated", "distributed", "auto"):
                 rows.append(
-                    _row("tp", tp, _variant(m_cfg, par=par, opt={"tp_mode": mode}), "ours", setup=name)
+                    _row("tp", tp, _variant(m_cfg, par=par, dist={"tp_mode": mode}), "ours", setup=name)
                 )
     for k in (3, 4, 5, 6, 8, 10):
         for name, cfg in (("qwen3_30b_a3b", qm), ("kimi_k2", km)):
@@ -102,13 +107,9 @@ def sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
             ("qwen3_30b_a3b_dp64", qm, {"world_size": 64, "gbs": 4096}),
             ("kimi_k2", km, None),
         ):
-            opt = {
-                "assignment": strat,
-                "implementation": "ours",
-                "grad_sync": "reduce_scatter",
-                "overlap_param_gather": True,
-            }
-            rows.append(_row("assignment", strat, _variant(cfg, par=par, opt=opt), "ours", setup=name))
+            dist = {"assignment": strat, "grad_sync": "reduce_scatter", "overlap_param_gather": True}
+            variant = _variant(cfg, par=par, opt={"implementation": "ours"}, dist=dist)
+            rows.append(_row("assignment", strat, variant, "ours", setup=name))
     for name, cfg in (("qwen3_30b_a3b", qa), ("kimi_k2", ka)):  # AdamW references for the NS-steps sweep
         rows.append(_row("adamw_ref", 0, cfg, "published", setup=name))
     return rows
