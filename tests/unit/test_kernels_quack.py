@@ -153,7 +153,7 @@ def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
 def test_bench_layer_step_has_split_and_cublas_columns_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """tools.ns_kernels device=cpu: the fixed-cuBLAS NS column and optim.Muon with split gate/up halves run; the
     split step moves the parameters differently from the joint one (a different orthogonalization)."""
-    from bench import ns_kernels_measure as m
+    from tools import ns_kernels_measure as m
 
     monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
     row = m.measure_shape(("tiny", 32, 48, 2, "tiny", "cpu"), "cpu", True, lambda s: None)

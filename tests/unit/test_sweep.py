@@ -151,11 +151,11 @@ def test_sweep_goes_on_after_a_failed_job_and_records_budget_skips(tmp_path):
     assert "[muon] skipped: Skipped: not started: bench.budget_s=4 s spent" in res.stdout
 
 
-HYDRA_STYLE = ["bench.flops_cli", "tools.balance", "tools.project", "recipes.__main__"]
+HYDRA_STYLE = ["tools.flops", "tools.balance", "tools.project", "recipes.__main__"]
 KEY_VALUE = [
     "tools.quality.run",
     "tools.ns_kernels",
-    "bench.ns_tiles",
+    "experiments.ns_tiles.ns_tiles",
     "tools.optim_scaling",
     "tools.optim_step",
 ]

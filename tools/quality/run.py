@@ -23,6 +23,7 @@ Usage: `python -m tools.quality [profile=cpu|gpu|tiny] [optimizers=adamw,muon,..
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import replace
 from typing import Any
@@ -257,9 +258,13 @@ def train_one(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from config.cli_help import module_help
     from tools.quality.sweep import main as sweep_main
 
-    return sweep_main(argv)
+    args = list(sys.argv[1:] if argv is None else argv)
+    if module_help(__doc__, args):
+        return 0
+    return sweep_main(args)
 
 
 if __name__ == "__main__":
