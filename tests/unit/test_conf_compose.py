@@ -107,7 +107,10 @@ def test_published_experiments_match_the_blog_setups() -> None:
     )
     assert (p.nodes, p.gpus_per_node) == (64, 4)
     assert kimi.precision.fp8_recipe == "mxfp8" and not kimi.precision.fp8_param_gather
-    assert kimi.optimizer.implementation == "megatron" and kimi.parallelism.distribution.grad_sync == "all_reduce"
+    assert (
+        kimi.optimizer.implementation == "megatron"
+        and kimi.parallelism.distribution.grad_sync == "all_reduce"
+    )
     adam = load(["experiment=gb300/kimi_k2_adamw"])
     # MB 0.6.2 perf_recipes/kimi/gb300/kimi_k2.py sets fp8_param_gather=False for both optimizers
     assert not adam.precision.fp8_param_gather and adam.optimizer.name == "adamw"

@@ -307,9 +307,13 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
         "assignment": "lpt_cost",
     }
     assert meta["not_applied"] == {}
-    other = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.assignment=round_robin")
+    other = _plan(
+        "experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.assignment=round_robin"
+    )
     assert other.metadata["optimizer"]["not_applied"] == {"assignment": "round_robin"}
-    replicated = _plan("experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.distributed=none")
+    replicated = _plan(
+        "experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.distributed=none"
+    )
     assert replicated.overrides["ddp"]["overlap_grad_reduce"] is True  # the recipe's, kept: DDP all-reduces
 
 
