@@ -78,9 +78,10 @@ STEP_KEYS = (
     "alloc_retries",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
-OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded")
-"""Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`); the probes of `bench.probes`
-add their own (`bench.probes.keys`). `bench.collect` keeps to `STEP_KEYS`."""
+OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded", "bridge_tflops_per_gpu")
+"""Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`; the bridge engine's
+`bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time); the probes of `bench.probes` add their own
+(`bench.probes.keys`). `bench.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
     "megatron-core",

@@ -43,15 +43,7 @@ OPTIONAL_SECTIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
 
 def missing_modules() -> list[str]:
     """The modules of `REQUIRED_MODULES` that are not importable here (found without importing them)."""
-    out = []
-    for name in REQUIRED_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            out.append(name)
-    return out
+    return [name for name in REQUIRED_MODULES if not _importable(name)]
 
 
 def require_bridge() -> None:
@@ -216,6 +208,7 @@ def adapt_to_node(cfg: Any) -> dict[str, Any]:
 
 
 def _importable(name: str) -> bool:
+    """Whether `name` can be imported here (found without importing it)."""
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):

@@ -444,3 +444,12 @@ def test_cli_prints_plan_and_checks_fields(capsys: pytest.CaptureFixture[str]) -
     assert "every override is a known field" in out.err
     assert main(["experiment=gb300/kimi_k2_muon", "optimizer=mop", "optimizer.implementation=megatron"]) == 2
     assert main(["experiment=gb300/kimi_k2_muon", "--ab-mode", "best"]) == 2
+
+
+def test_ours_layerwise_metadata_is_what_the_adapter_builds() -> None:
+    """`recipes.optimizers.OURS_LAYERWISE` (recorded as applied) restates the defaults MegatronLayerWise runs with."""
+    from optim.distributed.layerwise import LayerWiseConfig
+    from recipes.optimizers import OURS_LAYERWISE
+
+    cfg = LayerWiseConfig()
+    assert OURS_LAYERWISE == {"grad_sync": cfg.grad_sync.value, "assignment": cfg.strategy.value}
