@@ -166,12 +166,12 @@ class BridgeEngine(Engine):
         self._stack: dict[str, Any] = {}
 
     def setup(self, cfg: RootConfig, rank: RankInfo) -> None:
-        from recipes.bridge import build_config_container, require_bridge
+        from recipes.bridge import make_config_container, require_bridge
         from recipes.versions import check_imported_stack
 
         require_bridge()  # raises first when Bridge / TE are missing
         self._stack = check_imported_stack()
-        container, self._plan = build_config_container(cfg)
+        container, self._plan = make_config_container(cfg)  # require_bridge() passed above
         import torch
         from megatron.bridge.training.gpt_step import forward_step
         from megatron.bridge.training.pretrain import pretrain
