@@ -16,23 +16,24 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/qsite .whl_quack/*.whl || exit 1
 Q=/tmp/qsite:/tmp/qsite/nvidia_cutlass_dsl/dsl_packages
 export PYTHONPATH=.:/tmp/site:$Q TRITON_CACHE_DIR=/tmp/triton PYTHONUNBUFFERED=1
+{
+    echo "commit ${MUONBENCH_GIT_SHA:-unknown} pythonpath=$PYTHONPATH"
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
+    python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'
+    python3 -m pip list --path /tmp/qsite --path /tmp/site 2>/dev/null | grep -iE "quack|cutlass|tvm|emerging"
+} > "$OUT/env.txt" 2>&1
 T="python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kernels_gpu.py"
 left() { echo $(($1 - SECONDS > 10 ? $1 - SECONDS : 10)); }  # seconds until mark $1 (never 0: no limit)
 timeout 100 $T -k "sym_mm_bf16 and (g8 or g4 or ptma)" > "$OUT/pytest_new.log" 2>&1 ||
     export MUONBENCH_NS_SKIP=tma128g8,tma256g4,ptma128,ptma256,ptma128o
 timeout 120 $T -k quack > "$OUT/pytest_quack.log" 2>&1 || export PYTHONPATH=.:/tmp/site
 tail -n 2 "$OUT"/pytest_new.log "$OUT"/pytest_quack.log
+echo "skip=${MUONBENCH_NS_SKIP:-} pythonpath=$PYTHONPATH" >> "$OUT/env.txt"
 R=$OUT/ns_kernels_h200_202612
 timeout "$(left 500)" python3 -m tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
 echo "bench rc=$? t=${SECONDS}s"
 MUONBENCH_CACHE=$R timeout "$(left 555)" python3 -m tools.optim_step device=cuda format=json \
     impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
 echo "optim_step rc=$? t=${SECONDS}s"
-timeout "$(left 590)" $T > "$OUT/pytest_gpu.log" 2>&1
+timeout "$(left 570)" $T > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$? t=${SECONDS}s"; tail -n 3 "$OUT/pytest_gpu.log"
-{
-    echo "commit ${MUONBENCH_GIT_SHA:-unknown} skip=${MUONBENCH_NS_SKIP:-} pythonpath=$PYTHONPATH"
-    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader
-    python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'
-    python3 -m pip list --path /tmp/qsite --path /tmp/site 2>/dev/null | grep -iE "quack|cutlass|tvm|emerging"
-} > "$OUT/env.txt" 2>&1
