@@ -199,6 +199,13 @@ def test_report_from_state_dir_only(tmp_path) -> None:
     assert "python -m tools.quality profile=tiny" in (dest / "reproduce.sh").read_text()
     run_json = json.loads((dest / "run.json").read_text())
     assert run_json["progress"]["complete"] and len(run_json["pieces"]) == 1
+    assert "## Reading the result" not in text and f"out={out}" not in (dest / "reproduce.sh").read_text()
+
+    (dest / "analysis.md").write_text("AdamW's grid is too narrow here.\n")
+    report.write_report(copy_dir, dest)
+    text = (dest / "README.md").read_text()
+    assert "## Reading the result\nAdamW's grid is too narrow here." in text
+    assert text.index("## Reading the result") < text.index("## Protocol")
 
 
 def test_cli_rejects_bad_values() -> None:

@@ -40,12 +40,18 @@ def _command(cfg: dict[str, Any]) -> str:
     args = [f"profile={cfg['profile']}"]
     for key, value in cfg.items():
         default = getattr(base, key)
-        if key in ("profile", "lr_grids", "time_limit_s", "cache") or value == (
+        if key in ("profile", "lr_grids", "time_limit_s", "cache", "out") or value == (
             list(default) if isinstance(default, tuple) else default
         ):
             continue
         args.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
     return "python -m tools.quality " + " ".join(args)
+
+
+def _analysis(dest: Path) -> str:
+    """The reading of the result by whoever ran the sweep (`analysis.md` beside the report), if there is one."""
+    path = dest / "analysis.md"
+    return f"\n## Reading the result\n{path.read_text().strip()}\n" if path.exists() else ""
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -197,7 +203,7 @@ def write_report(src: Path, dest: Path | None = None) -> str:
     (dest / "reproduce.sh").write_text(
         "#!/usr/bin/env bash\n# Reruns the whole sweep in one process, then writes this report from its state.\n"
         "set -euo pipefail\nOUT_DIR=${1:-runs/quality_" + cfg["profile"] + "}\n"
-        f'{command.replace(" out=" + cfg["out"], "")} out="$OUT_DIR"\n'
+        f'{command} out="$OUT_DIR"\n'
         f'python -m tools.quality.report src="$OUT_DIR" dest={dest}\n'
     )
     (dest / "reproduce.sh").chmod(0o755)
@@ -259,7 +265,7 @@ GPU-hours and cost at ${cfg["price_per_hour"]}/GPU-hour. Model TFLOP/s = tokens/
 ![loss curves](loss_curves.png)
 
 ![learning-rate sweep](lr_sweep.png)
-
+{_analysis(dest)}
 ## Protocol
 {protocol}
 
@@ -294,7 +300,7 @@ after removing {corpus["duplicates"]:,} duplicate and {corpus["skipped"]:,} empt
 {chr(10).join(trial_lines)}
 
 ## Reproduce
-`{command}` (one process; with `time_limit_s=S` it stops between trials and a rerun with the same `out` resumes),
+`{command} out=<dir>` (one process; with `time_limit_s=S` it stops between trials and a rerun with the same `out` resumes),
 then `python -m tools.quality.report src=<out> dest=<report dir>`; `reproduce.sh` does both.
 """
     (dest / "README.md").write_text(doc)
