@@ -223,7 +223,8 @@ def write_report(src: Path, dest: Path | None = None) -> str:
         lines.append(
             f"| {r['optimizer']} | {r['best_lr']:g}{edge} ({r['grid']}) | {r['seeds']} ({r['reached']} reach) | "
             f"{r['final_val_loss']:.4f} ({r['final_val_loss_min']:.4f}-{r['final_val_loss_max']:.4f}) | "
-            f"{_fmt(r['tokens_to_target'] and r['tokens_to_target'] / 1e6, '.2f')} M "
+            f"{_fmt(r['tokens_to_target'] and r['tokens_to_target'] / 1e6, '.2f')}"
+            f"{' M' if r['tokens_to_target'] is not None else ''} "
             f"({_fmt(r['tokens_ratio_vs_adamw'], '.2f')}) | {_fmt(r['steps_to_target'], '.0f')} | "
             f"{_fmt(r['wall_s_to_target'], '.1f')} ({_fmt(r['wall_s_to_target_min'], '.1f')}-"
             f"{_fmt(r['wall_s_to_target_max'], '.1f')}) | {_fmt(r['wall_ratio_vs_adamw'], '.2f')} | "
