@@ -212,3 +212,29 @@ def test_dispatch_memoizes_the_planned_call(tmp_path, monkeypatch: pytest.Monkey
     assert chosen == ["called"]
     out = fn(x)
     assert out.shape == x.shape and torch.isfinite(out).all()
+
+
+def test_benchmark_times_the_impls_of_a_shape_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tools.ns_kernels: each implementation's first call (compilation, plan) comes first, then the timed calls
+    alternate between implementations, and a failing one keeps its error while the others get times.
+
+    Localises: impls timed one after another (the 2026-12 H200 table compared times taken seconds apart)."""
+    from tools import ns_kernels_measure as runner
+
+    log: list[str] = []
+
+    def impl(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        def fn(x: torch.Tensor) -> torch.Tensor:
+            log.append(name)
+            return x
+
+        return fn
+
+    def broken(x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no kernel for this shape")
+
+    monkeypatch.setattr(runner, "ns_impls", lambda dev: {"a": impl("a"), "b": impl("b"), "c": broken})
+    row = runner.measure_shape(("t", 8, 16, 1, "m", "r"), "cpu", False, lambda msg: None)
+    assert log == ["a", "b", "a", "b", "b", "a"]  # first calls, warm-up round, one rotated round
+    assert row["impls"]["a"]["ms"] >= 0 and row["impls"]["b"]["ms"] >= 0
+    assert "ms" not in row["impls"]["c"] and "no kernel" in row["impls"]["c"]["note"]
