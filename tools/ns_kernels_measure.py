@@ -295,12 +295,24 @@ class BenchMuon:
     def planned(self, x: torch.Tensor) -> torch.Tensor:
         return orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram)
 
+    def pack(self, key: tuple[int, int]) -> torch.Tensor:
+        """Momentum update and the bf16 NS input of one shape group, a tall shape's stored transposed (wide: the NS
+        needs no transposing copy), as optim.Muon's fused step does."""
+        r, c = key
+        grads = [p.grad for p in self.groups[key]]
+        return momentum_pack(grads, self.bufs[key], beta=self.beta, nesterov=self.nesterov, transpose=r > c)
+
+    def update(self, key: tuple[int, int], o: torch.Tensor) -> None:
+        """p <- p (1 - lr wd) - lr scale O for one shape group (O as `pack` laid it out)."""
+        r, c = key
+        apply_update(
+            self.groups[key], o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5, transposed=r > c
+        )
+
     @torch.no_grad()
     def step(self) -> None:
-        for (r, c), ps in self.groups.items():
-            x = momentum_pack([p.grad for p in ps], self.bufs[(r, c)], beta=self.beta, nesterov=self.nesterov)
-            o = self.ns(x)
-            apply_update(ps, o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5)
+        for key in self.groups:
+            self.update(key, self.ns(self.pack(key)))
 
     @torch.no_grad()
     def phase_ms(self, dev: str) -> dict[str, float]:
@@ -308,19 +320,14 @@ class BenchMuon:
         keys = list(self.groups)
 
         def pack() -> list[torch.Tensor]:
-            return [
-                momentum_pack(
-                    [p.grad for p in self.groups[k]], self.bufs[k], beta=self.beta, nesterov=self.nesterov
-                )
-                for k in keys
-            ]
+            return [self.pack(k) for k in keys]
 
         xs = pack()
         os_ = [self.ns(x) for x in xs]
 
         def upd() -> None:
             for k, o in zip(keys, os_, strict=True):
-                apply_update(self.groups[k], o, lr=self.lr, weight_decay=self.wd, scale=max(k) ** 0.5)
+                self.update(k, o)
 
         return {
             "pack_ms": median_ms(pack, dev),
