@@ -5,9 +5,9 @@ CUDA event is recorded, the call is made, a second event is recorded and waited 
 is the call's latency, and it includes every host gap between the call's kernels (Python dispatch, Triton's
 launcher, cuBLAS handle lookups) whenever the host launches slower than the GPU runs them.
 
-Why this quantity and not back-to-back throughput: an optimizer step starts on an idle GPU (Megatron's gradient
-clipping and its finite check read the gradient norm on the host before the step), and then issues one NS call per
-shape group with nothing else queued. A call whose GPU work is short next to the host cost of launching its kernels
+Why this quantity and not back-to-back throughput: optim.Muon's fused step reads its finite screens on the host
+(`optim.optimizers.fused._fused_step`) right before its NS calls, so they start on an idle GPU, one call per shape
+group with nothing else queued. A call whose GPU work is short next to the host cost of launching its kernels
 (one matrix of 1536 x 7168: ~0.5 ms of GEMMs behind ~20 launches) is then host-bound in the step, and a
 back-to-back loop, where the host runs ahead while the previous repeat computes, would hide exactly the cost that
 the step pays and that CUDA-graph replay removes. On large calls (tens of ms) the two quantities agree.
@@ -16,8 +16,8 @@ Interleaving: the functions compared are timed in rounds, one call of each per r
 function later than the previous one (round-robin rotation), and each function's median over the rounds is
 reported. A GPU at its power cap changes its clock by a few percent over seconds, and a host's launch speed drifts
 too; timed one after another, the later function would carry that drift, interleaved every function sees the same
-mix. One untimed-for-the-result warm-up round comes first (it estimates the round cost and brings the GPU to its
-steady clock). With `keep_within`, after `min_rounds` the functions slower than (1 + keep_within) times the best
+mix. A warm-up round comes first; its times are not kept (it estimates the cost of a round and brings the GPU to
+its steady clock). With `keep_within`, after `min_rounds` the functions slower than (1 + keep_within) times the best
 median are dropped, and the remaining rounds are spent on the close ones.
 """
 
