@@ -6,8 +6,9 @@ is the call's latency, and it includes every host gap between the call's kernels
 launcher, cuBLAS handle lookups) whenever the host launches slower than the GPU runs them.
 
 Why this quantity and not back-to-back throughput: optim.Muon's fused step reads its finite screens on the host
-(`optim.optimizers.fused._fused_step`) right before its NS calls, so they start on an idle GPU, one call per shape
-group with nothing else queued. A call whose GPU work is short next to the host cost of launching its kernels
+(`optim.optimizers.fused._fused_step`) right before its NS calls, one per shape group: the first starts on an idle
+GPU, and a later one is hidden behind earlier GPU work only while that work outlasts the host's launches (the
+per-call latency is then an upper bound). A call whose GPU work is short next to the host cost of launching its kernels
 (one matrix of 1536 x 7168: ~0.5 ms of GEMMs behind ~20 launches) is then host-bound in the step, and a
 back-to-back loop, where the host runs ahead while the previous repeat computes, would hide exactly the cost that
 the step pays and that CUDA-graph replay removes. On large calls (tens of ms) the two quantities agree.
