@@ -3,6 +3,7 @@ only)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import subprocess
@@ -15,7 +16,7 @@ import torch
 
 from optim import cost
 from optim.functional.newton_schulz import ns_coefficients
-from optim.kernels import orthogonalize, plan_for, sym_quack
+from optim.kernels import orthogonalize, plan_for, sym_quack, timing
 from optim.kernels.fused_step import apply_update, momentum_pack
 from optim.kernels.ns_batched import MatOps, TorchOps, orthogonalize_with
 
@@ -63,26 +64,17 @@ PRODUCT_SHAPES = (
 
 
 def median_ms(fn: Callable[[], object], dev: str, budget_ms: float = 400.0, warmup: int = 2) -> float:
-    """Median wall time of fn on the device (CUDA events; each repeat synchronized)."""
-    if dev != "cuda":  # CPU smoke only: one warm-up, one timed call (no timing claims on CPU)
+    """Median ms of fn alone after `warmup` calls: per-call latency on an idle GPU (`optim.kernels.timing`, the
+    timer of the plan and of `measure_shape`), as many repeats (5-40) as fit in about budget_ms. On CPU one
+    timed call (no timing claims)."""
+    for _ in range(warmup if dev == "cuda" else 1):
         fn()
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    for _ in range(warmup):
-        fn()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def once() -> float:
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        return float(s.elapsed_time(e))
-
-    first = once()
+    timer = timing.timer_for(dev)
+    first = timer(fn)
+    if dev != "cuda":
+        return first
     reps = max(5, min(40, int(budget_ms / max(first, 1e-3))))
-    return statistics.median([once() for _ in range(reps)])
+    return statistics.median([timer(fn) for _ in range(reps)])
 
 
 def polar64(x: torch.Tensor) -> torch.Tensor:
@@ -158,9 +150,16 @@ def ns_impls(dev: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     return impls
 
 
+# Interleaved timing of the implementations of one shape: about this many ms per implementation, 5-40 rounds.
+SHAPE_BUDGET_MS = 400.0
+
+
 def measure_shape(
     shape: tuple[str, int, int, int, str, str], dev: str, with_error: bool, log: Callable
 ) -> dict:
+    """Every NS implementation on one shape: first call apart (compilation, the plan's warm-up) with its error
+    against the fp64 polar factor, then all timed together in interleaved rounds (`optim.kernels.timing`: per-call
+    latency on an idle GPU, median per implementation), the protocol the plan times its candidates with."""
     name, rows, cols, batch, model, role = shape
     gen = torch.Generator(device=dev).manual_seed(1234)
     x = torch.randn(batch, rows, cols, device=dev, generator=gen)
@@ -174,6 +173,7 @@ def measure_shape(
         "role": role,
     }
     row["impls"] = {}
+    timed: dict[str, Callable[[], object]] = {}
     for impl, fn in ns_impls(dev).items():
         r: dict[str, Any] = {}
         try:
@@ -198,10 +198,23 @@ def measure_shape(
             if refs:
                 r["ortho_err"] = ortho_err(out, refs)
             del out
-            r["ms"] = median_ms(lambda f=fn, xx=x: f(xx), dev)
+            timed[impl] = functools.partial(fn, x)
         except Exception as e:  # noqa: BLE001 - one failing baseline must not lose the others
             r["note"] = f"error: {type(e).__name__}: {str(e)[:200]}"
         row["impls"][impl] = r
+    rounds = (5, 40) if dev == "cuda" else (1, 1)  # CPU: a smoke of the code path, no timing claims
+    medians, errors = timing.interleaved_medians(
+        timed,
+        timer=timing.timer_for(dev),
+        budget_ms=SHAPE_BUDGET_MS * len(timed),
+        min_rounds=rounds[0],
+        max_rounds=rounds[1],
+    )
+    for impl, r in row["impls"].items():
+        if impl in medians:
+            r["ms"] = medians[impl]
+        if impl in errors:
+            r["note"] = f"error while timed: {errors[impl]}"
         ms, err = r.get("ms", float("nan")), r.get("ortho_err", float("nan"))
         log(f"  {name} {impl}: {ms:.3f} ms err {err:.4f} {r.get('method', '')} {r.get('note', '')}")
     if dev == "cuda":
@@ -282,12 +295,24 @@ class BenchMuon:
     def planned(self, x: torch.Tensor) -> torch.Tensor:
         return orthogonalize(x, coeffs=QUINTIC, use_gram=self.use_gram)
 
+    def pack(self, key: tuple[int, int]) -> torch.Tensor:
+        """Momentum update and the bf16 NS input of one shape group, a tall shape's stored transposed (wide: the NS
+        needs no transposing copy), as optim.Muon's fused step does."""
+        r, c = key
+        grads = [p.grad for p in self.groups[key]]
+        return momentum_pack(grads, self.bufs[key], beta=self.beta, nesterov=self.nesterov, transpose=r > c)
+
+    def update(self, key: tuple[int, int], o: torch.Tensor) -> None:
+        """p <- p (1 - lr wd) - lr scale O for one shape group (O as `pack` laid it out)."""
+        r, c = key
+        apply_update(
+            self.groups[key], o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5, transposed=r > c
+        )
+
     @torch.no_grad()
     def step(self) -> None:
-        for (r, c), ps in self.groups.items():
-            x = momentum_pack([p.grad for p in ps], self.bufs[(r, c)], beta=self.beta, nesterov=self.nesterov)
-            o = self.ns(x)
-            apply_update(ps, o, lr=self.lr, weight_decay=self.wd, scale=max(r, c) ** 0.5)
+        for key in self.groups:
+            self.update(key, self.ns(self.pack(key)))
 
     @torch.no_grad()
     def phase_ms(self, dev: str) -> dict[str, float]:
@@ -295,19 +320,14 @@ class BenchMuon:
         keys = list(self.groups)
 
         def pack() -> list[torch.Tensor]:
-            return [
-                momentum_pack(
-                    [p.grad for p in self.groups[k]], self.bufs[k], beta=self.beta, nesterov=self.nesterov
-                )
-                for k in keys
-            ]
+            return [self.pack(k) for k in keys]
 
         xs = pack()
         os_ = [self.ns(x) for x in xs]
 
         def upd() -> None:
             for k, o in zip(keys, os_, strict=True):
-                apply_update(self.groups[k], o, lr=self.lr, weight_decay=self.wd, scale=max(k) ** 0.5)
+                self.update(k, o)
 
         return {
             "pack_ms": median_ms(pack, dev),
@@ -479,6 +499,9 @@ def run_all(
         res["emerging_optimizers"] = version("emerging-optimizers")
     except Exception:  # noqa: BLE001
         res["emerging_optimizers"] = None
+    from optim.kernels.plan import PLAN_VERSION
+
+    res["plan_version"] = PLAN_VERSION  # what the plan times and offers (optim.kernels.plan)
     res["quack_kernels"] = sym_quack.quack_version()
     res["quack_usable"] = device == "cuda" and sym_quack.usable(torch.device("cuda"))
     if device == "cuda":

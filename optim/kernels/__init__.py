@@ -88,9 +88,7 @@ def orthogonalize(
     restarts = frozenset(int(i) for i in restart_iterations)
     xb = x.unsqueeze(0) if x.ndim == 2 else x
     if xb.is_cuda and available():
-        planner = _planner()
-        method, key = planner.choose(xb, coeffs, eps, use_gram, restarts, dtype)
-        out = planner.run(method, key, xb, coeffs, eps, restarts, dtype)
+        out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype)(xb)
     else:
         out = orthogonalize_with(
             xb, coeffs, eps=eps, gram=use_gram, restarts=restarts, ops=TorchOps(), dtype=dtype

@@ -1,7 +1,7 @@
 """Measured per-shape plan: time each candidate NS method once, keep the fastest, cache the choice on disk.
 
 A plan key is (batch, m, n, input dtype, coefficients, use_gram, restarts) on one GPU with one torch and Triton
-version (and QuACK version, where installed and usable); the cache file (json) lives in $MUONBENCH_CACHE or
+version (and QuACK version, where installed and usable) and one plan version; the cache file (json) lives in $MUONBENCH_CACHE or
 ~/.cache/muonbench and records the times of every candidate, each candidate's first call (`first_call_s`: JIT
 compilation, graph capture) and the whole warm-up cost (`plan_s`), so a report can show why a method was chosen
 and what compiling it cost. An entry that lacks a candidate the current code offers (written before that kernel
@@ -19,8 +19,18 @@ Candidates (all bf16 operands, fp32 accumulation):
   that to cuBLAS (`optim.kernels.sym_quack`).
 - `gram_torch`, `gram_sym_<tile>`, `gram_quack_sym`, `gram_quack_all`: Gram-NS with restarts (only when
   use_gram=True).
-- `+graph`: the same body captured once in a CUDA graph and replayed (only for small problems, where launch
-  gaps dominate).
+- `+graph`: the same body captured once in a CUDA graph and replayed, for launch-sensitive problems
+  (`launch_sensitive`: 1.48 plain TFLOP and less at 5 steps; of the Qwen3-30B-A3B and Kimi K2 Muon shapes: attention
+  q and o, k / v, the MLA projections and the routers, not 7168 x 8192 and larger, not the expert batches), where
+  the host cost of launching a call's ~3k + 4 kernels is a visible share of the call.
+
+Timing (`optim.kernels.timing`, the same protocol as `tools.ns_kernels`): each candidate is first run once (compiled,
+captured, checked against cuBLAS), then all are timed in interleaved rounds, each call started on an idle GPU
+(per-call latency: what a call costs at the start of an optimizer step, host launch gaps included); median per
+candidate; after three rounds only the candidates within 10% of the best are timed further.
+
+Cache versioning: PLAN_VERSION is part of every key; a change of what is timed or how (protocol, candidate
+rules) bumps it, so entries measured under an older protocol are never reused (they stay in the file, unread).
 """
 
 from __future__ import annotations
@@ -28,7 +38,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -38,10 +47,26 @@ from pathlib import Path
 import torch
 
 from optim import cost
+from optim.kernels import timing
 from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
 
-# Problems with fewer plain FLOPs than this are also tried under CUDA graph replay (~0.3 ms at 700 TF/s).
-GRAPH_MAX_FLOPS = 2.0e11
+# Version of what the plan measures and offers; part of every cache key. 2: interleaved per-call-latency timing
+# (optim.kernels.timing) and graph variants by `launch_sensitive` (1: candidates timed one after another, graph
+# variants up to 2e11 plain FLOPs).
+PLAN_VERSION = 2
+# `launch_sensitive`: a problem's GEMM time estimated at the bf16 ceiling (H200, measured: 780 TF/s) against the host
+# time of launching its 3k + 4 kernels at HOST_LAUNCH_S each (an upper estimate for a Python launch, Triton's
+# launcher included). Graph variants are offered while the GEMM time is at most LAUNCH_RATIO times the launch time:
+# there a host that launches slower than usual makes the call host-bound (measured on the H200, 2026-12: 1536 x 7168,
+# 0.37 TFLOP, ~0.5 ms of GEMMs, took 0.83 to 1.29 ms per call on the same kernels). For 5 steps the bound is
+# 1.48 TFLOP. Above it the host runs ahead of the GPU and a graph only adds its input and output copies.
+CEILING_FLOPS = 780e12
+HOST_LAUNCH_S = 40e-6
+LAUNCH_RATIO = 2.5
+# Timing budget of the plan: about this many ms of timed calls per candidate (interleaved rounds, 3 to 25).
+BUDGET_MS_PER_CANDIDATE = 60.0
+# After three rounds, only candidates within this fraction of the best median are timed further.
+KEEP_WITHIN = 0.10
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
 TILE_NAMES = (
     "t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256", "tma128w4", "tma128k128",
@@ -59,15 +84,23 @@ def cache_path() -> Path:
     return Path(root) / "ns_plan.json"
 
 
+def env_string(gpu: str, torch_version: str, triton_version: str, quack_version: str | None) -> str:
+    """The environment part of a plan key: GPU name, software versions (QuACK's where the plan offers it) and
+    PLAN_VERSION; a change of any of them invalidates the cached choices."""
+    key = f"{gpu}|torch {torch_version}|triton {triton_version}"
+    key = f"{key}|quack {quack_version}" if quack_version is not None else key
+    return f"{key}|plan {PLAN_VERSION}"
+
+
+@functools.cache
 def env_key(device: torch.device) -> str:
-    """GPU name and software versions (QuACK's only where the plan offers it, so the keys of an install without it
-    stay as they were); a change of any of them invalidates the cached choices."""
+    """`env_string` of this process on `device` (looked up once per device: it sits on every call's path)."""
     import triton
 
     from optim.kernels import sym_quack
 
-    key = f"{torch.cuda.get_device_name(device)}|torch {torch.__version__}|triton {triton.__version__}"
-    return f"{key}|quack {sym_quack.quack_version()}" if sym_quack.usable(device) else key
+    quack = sym_quack.quack_version() if sym_quack.usable(device) else None
+    return env_string(torch.cuda.get_device_name(device), torch.__version__, triton.__version__, quack)
 
 
 def plan_key(
@@ -118,11 +151,18 @@ def skipped_tiles() -> frozenset[str]:
     return names
 
 
+def launch_sensitive(batch: int, m: int, n: int, num_steps: int) -> bool:
+    """Whether CUDA-graph variants are offered: estimated GEMM time <= LAUNCH_RATIO x host launch time (see
+    CEILING_FLOPS)."""
+    gemm_s = plain_flops(batch, m, n, num_steps) / CEILING_FLOPS
+    return gemm_s <= LAUNCH_RATIO * (3 * num_steps + 4) * HOST_LAUNCH_S
+
+
 def candidate_names(
     batch: int, m: int, n: int, num_steps: int, use_gram: bool, triton_ok: bool, quack_ok: bool = False
 ) -> list[str]:
-    """Methods worth timing for this problem (graph variants only for small ones; none of $MUONBENCH_NS_SKIP;
-    QuACK's with `quack_ok` and 16-byte operand rows)."""
+    """Methods worth timing for this problem (graph variants where `launch_sensitive`; none of
+    $MUONBENCH_NS_SKIP; QuACK's with `quack_ok` and 16-byte operand rows)."""
     from optim.kernels.sym_quack import aligned
 
     skip = skipped_tiles()
@@ -132,7 +172,7 @@ def candidate_names(
     bodies = [f"plain_{b}" for b in ("torch", *backends)]
     if use_gram:
         bodies += [f"gram_{b}" for b in ("torch", *backends)]
-    if plain_flops(batch, m, n, num_steps) <= GRAPH_MAX_FLOPS:
+    if launch_sensitive(batch, m, n, num_steps):
         bodies += [b + "+graph" for b in list(bodies)]
     return bodies
 
@@ -168,6 +208,11 @@ class Planner:
     loaded: bool = False
     complete: set[str] = field(default_factory=set)
     """Keys whose cached entry was found to cover every current candidate (checked once per process, not per call)."""
+    bodies: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    """(candidate, coefficients, eps, restarts, iterate dtype) -> its body, built once."""
+    fast: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
+    """`dispatch`'s memo: (shape, dtype, device, coefficients, eps, use_gram, restarts, iterate dtype) -> the chosen
+    candidate's call, so a planned call costs one dict lookup on the host, as little as the plan's timing saw."""
 
     def _load(self) -> None:
         self.loaded = True
@@ -205,13 +250,46 @@ class Planner:
         restarts: frozenset[int],
         dtype: torch.dtype = torch.bfloat16,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The orthogonalize body of candidate `name` (graph suffix ignored), built once per problem constants."""
         base = name.removesuffix("+graph")
+        bkey = (base, tuple(coeffs), eps, restarts, dtype)
+        cached = self.bodies.get(bkey)
+        if cached is not None:
+            return cached
         ops, gram = _ops(base), base.startswith("gram")
 
         def run(x: torch.Tensor) -> torch.Tensor:
             return orthogonalize_with(x, coeffs, eps=eps, gram=gram, restarts=restarts, ops=ops, dtype=dtype)
 
+        self.bodies[bkey] = run
         return run
+
+    def runner(
+        self,
+        name: str,
+        key: str,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The call that runs candidate `name` on problem `key`: what the plan times and what `dispatch` returns.
+        A `+graph` candidate captures its graph on the first call outside a capture and replays it after; inside
+        another capture it runs the body (the caller's graph records it)."""
+        body = self.body(name, coeffs, eps, restarts, dtype)
+        if not name.endswith("+graph"):
+            return body
+        gkey = f"{key}|{name}"
+
+        def replay(x: torch.Tensor) -> torch.Tensor:
+            if torch.cuda.is_current_stream_capturing():
+                return body(x)
+            graph = self.graphs.get(gkey)
+            if graph is None:
+                graph = self.graphs[gkey] = GraphRunner(body, x)
+            return graph(x)
+
+        return replay
 
     def run(
         self,
@@ -223,14 +301,27 @@ class Planner:
         restarts: frozenset[int],
         dtype: torch.dtype = torch.bfloat16,
     ) -> torch.Tensor:
-        body = self.body(name, coeffs, eps, restarts, dtype)
-        if not name.endswith("+graph") or torch.cuda.is_current_stream_capturing():
-            return body(x)
-        gkey = f"{key}|{name}"
-        runner = self.graphs.get(gkey)
-        if runner is None:
-            runner = self.graphs[gkey] = GraphRunner(body, x)
-        return runner(x)
+        """Candidate `name` on x (problem `key`)."""
+        return self.runner(name, key, coeffs, eps, restarts, dtype)(x)
+
+    def dispatch(
+        self,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        use_gram: bool,
+        restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The planned call for x's problem ((B, r, c) CUDA tensor): `choose` once, then a memo lookup."""
+        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
+        fn = self.fast.get(fkey)
+        if fn is None:
+            method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
+            fn = self.runner(method, key, coeffs, eps, restarts, dtype)
+            if key in self.complete:  # not the stand-in `choose` returns inside a capture before a full plan
+                self.fast[fkey] = fn
+        return fn
 
     def choose(
         self,
@@ -254,6 +345,7 @@ class Planner:
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
         entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype)
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
+        self.complete.add(key)
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
         # cached in the allocator: hand them back. (Measured on the H200: a Megatron process that planned
@@ -289,8 +381,8 @@ class Planner:
         key: str,
         dtype: torch.dtype = torch.bfloat16,
     ) -> dict[str, object]:
-        """Times every candidate on x (median of a few runs, CUDA events) after one warm-up call (timed apart:
-        `first_call_s`); drops failing or disagreeing ones."""
+        """Runs every candidate once on x (compilation, graph capture: `first_call_s`) and drops failing or
+        disagreeing ones, then times the rest in interleaved rounds (`optim.kernels.timing`, median per candidate)."""
         from optim.kernels import sym_quack, triton_importable
 
         t_start = time.perf_counter()
@@ -299,25 +391,34 @@ class Planner:
             nb, r, c, len(coeffs), use_gram, triton_importable(), sym_quack.usable(x.device)
         )
         ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
-        times: dict[str, float] = {}
+        fns: dict[str, Callable[[], object]] = {}
         first: dict[str, float] = {}
         rejected: dict[str, str] = {}
         for name in names:
             try:
+                call = self.runner(name, key, coeffs, eps, restarts, dtype)
                 t_first = time.perf_counter()
-                out = self.run(name, key, x, coeffs, eps, restarts, dtype)  # warm-up: compile, capture
+                out = call(x)  # warm-up: compile, capture
                 if x.is_cuda:
                     torch.cuda.synchronize(x.device)
                 first[name] = time.perf_counter() - t_first
                 err = float((out.float() - ref).norm() / ref.norm().clamp_min(1e-30))
+                del out
                 if not err < AGREE_RTOL:
                     rejected[name] = f"disagrees with plain_torch: rel err {err:.3g}"
                     continue
-                times[name] = _median_ms(
-                    functools.partial(self.run, name, key, x, coeffs, eps, restarts, dtype)
-                )
+                fns[name] = functools.partial(call, x)
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
                 rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
+        times, failed = timing.interleaved_medians(
+            fns,
+            timer=timing.timer_for(x.device),
+            budget_ms=BUDGET_MS_PER_CANDIDATE * len(fns),
+            min_rounds=3,
+            max_rounds=25,
+            keep_within=KEEP_WITHIN,
+        )
+        rejected.update(failed)
         if not times:
             # Nothing could be timed (e.g. out of memory while measuring next to a full model): use the cuBLAS body,
             # which is always valid, and say why once; the choice is not written to the on-disk cache.
@@ -345,20 +446,3 @@ class Planner:
             "first_call_s": first,
             "plan_s": time.perf_counter() - t_start,
         }
-
-
-def _median_ms(fn: Callable[[], object], budget_ms: float = 60.0) -> float:
-    """Median of CUDA-event timings; as many repeats (3..25) as fit in about budget_ms."""
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-
-    def once() -> float:
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end))
-
-    first = once()
-    reps = max(3, min(25, int(budget_ms / max(first, 1e-3))))
-    return statistics.median([once() for _ in range(reps)])

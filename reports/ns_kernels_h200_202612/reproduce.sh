@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Reproduces reports/ns_kernels_h200_202612 on one H200, offline, from the repository root (about 8 minutes).
+# Reproduces reports/ns_kernels_h200_202612 on one H200, offline, from the repository root (at most 9 minutes: every
+# step after the two test gates runs under a deadline; the tables are printed from whatever the steps wrote).
 # Needs: python3.12 with torch 2.11.0+cu130 and Triton; wheels of the package's dependencies in .whl/ (hydra-core,
 # omegaconf, emerging-optimizers, megatron-core) and of the `quack` extra in .whl_quack/ (the pins of pyproject.toml,
 # `pip download --no-deps`). Writes under $OUT (default ./out):
@@ -9,6 +10,7 @@
 #   optim_step.json                   tools.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1
 #   pytest_gpu.log                    all kernel GPU tests, in the time left
 #   env.txt                           versions, GPU, the commit ($MUONBENCH_GIT_SHA)
+# and prints the plan-against-peers table (ours / fastest peer) and both layer-step tables.
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -30,10 +32,21 @@ timeout 120 $T -k quack > "$OUT/pytest_quack.log" 2>&1 || export PYTHONPATH=.:/t
 tail -n 2 "$OUT"/pytest_new.log "$OUT"/pytest_quack.log
 echo "skip=${MUONBENCH_NS_SKIP:-} pythonpath=$PYTHONPATH" >> "$OUT/env.txt"
 R=$OUT/ns_kernels_h200_202612
-timeout "$(left 500)" python3 -m tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
+timeout "$(left 440)" python3 -m tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
 echo "bench rc=$? t=${SECONDS}s"
-MUONBENCH_CACHE=$R timeout "$(left 555)" python3 -m tools.optim_step device=cuda format=json \
+MUONBENCH_CACHE=$R timeout "$(left 490)" python3 -m tools.optim_step device=cuda format=json \
     impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
 echo "optim_step rc=$? t=${SECONDS}s"
-timeout "$(left 570)" $T > "$OUT/pytest_gpu.log" 2>&1
+timeout "$(left 525)" $T > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$? t=${SECONDS}s"; tail -n 3 "$OUT/pytest_gpu.log"
+# results.json is written after every shape, so the plan table prints even if the benchmark was cut short
+python3 - "$R/results.json" "$OUT/optim_step.json" <<'PY' || true
+import json, sys
+from tools.ns_kernels import render_markdown, render_plan
+from tools.optim_step import to_markdown
+res = json.load(open(sys.argv[1]))
+print("\n".join(render_plan(res)))
+md = render_markdown(res) if "steps" in res else ""
+print(md[md.find("## One-layer optimizer step"):] if "## One-layer" in md else "(no layer steps)")
+print(to_markdown(json.load(open(sys.argv[2]))))
+PY
