@@ -44,8 +44,14 @@ class Row:
 
     field: str
     """`section.name`: model, gpt_model, layers, train, ddp, optimizer, data, env, flops."""
-    bridge: str
-    engine: str
+    bridge: Any
+    """Bridge's value (dtypes and enums by name, functions by qualified name)."""
+    engine: Any
+    """The megatron engine's value, in the same form."""
+    bridge_origin: str = ""
+    """Who set Bridge's value: `recipes/` (our overrides) or `Bridge` (its recipe, preset or default); model only."""
+    engine_origin: str = ""
+    """Who set the engine's value: `megatron_model` or `Megatron-Core default`; model only."""
     kind: str
     """shape | perf | inert | unclassified | same (a `WATCHED` setting both sides agree on)."""
     note: str = ""
@@ -121,24 +127,19 @@ def _row(
 ) -> Row | None:
     """The row of one setting: always for shape fields, else only when the values differ."""
     b, e = _plain(bridge), _plain(engine)
+    values = {
+        "field": field,
+        "bridge": b,
+        "engine": e,
+        "bridge_origin": origin[0],
+        "engine_origin": origin[1],
+    }
     if field in SHAPE_FIELDS:
-        same = b == e
-        return Row(
-            field=field, bridge=repr(b), engine=repr(e), kind="shape", note="equal" if same else "DIFFERS"
-        )
-    ob, oe = origin
+        return Row(**values, kind="shape", note="equal" if b == e else "DIFFERS")
     if b == e:
-        if field in WATCHED:
-            return Row(field=field, bridge=repr(b) + (f" ({ob})" if ob else ""), engine=repr(e), kind="same")
-        return None
+        return Row(**values, kind="same") if field in WATCHED else None
     kind, note = classify(field, root)
-    return Row(
-        field=field,
-        bridge=repr(b) + (f" ({ob})" if ob else ""),
-        engine=repr(e) + (f" ({oe})" if oe else ""),
-        kind=kind,
-        note=note,
-    )
+    return Row(**values, kind=kind, note=note)
 
 
 def _model_rows(container: Any, plan: Any, root: RootConfig, cls: type, kw: dict[str, Any]) -> list[Row]:
@@ -331,9 +332,15 @@ def compare(args: list[str], *, hf_dir: Any = None) -> Diff:
 def render(diff: Diff) -> str:
     """The comparison as markdown: shapes, then the settings that can change the step time, then the inert ones."""
 
+    def cell(value: Any, origin: str) -> str:
+        return repr(value) + (f" ({origin})" if origin else "")
+
     def table(rows: list[Row], last: str) -> list[str]:
         out = [f"| field | Megatron-Bridge | megatron engine | {last} |", "|---|---|---|---|"]
-        return out + [f"| `{r.field}` | {r.bridge} | {r.engine} | {r.note} |" for r in rows]
+        return out + [
+            f"| `{r.field}` | {cell(r.bridge, r.bridge_origin)} | {cell(r.engine, r.engine_origin)} | {r.note} |"
+            for r in rows
+        ]
 
     lines = [
         f"# Megatron-Bridge vs the megatron engine: {diff.experiment}",
