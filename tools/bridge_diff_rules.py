@@ -193,6 +193,11 @@ RULES: dict[str, Rule] = {
         "SMs of the HybridEP dispatcher",
     ),
     "model.offload_modules": (INERT, "None and [] both mean no activation offloading"),
+    "model.moe_grouped_gemm": _rule(
+        PERF,
+        "TE's grouped-GEMM experts (True) or the local spec's experts (False; the engine's local layers run them "
+        "as torch grouped_mm, GroupedMMExperts)",
+    ),
     "model.gradient_accumulation_fusion": _rule(
         PERF,
         "weight gradients accumulated into main_grad inside the GEMM (off: a separate add per micro-batch)",
@@ -222,6 +227,12 @@ RULES: dict[str, Rule] = {
     "ddp.data_parallel_sharding_strategy": (
         INERT,
         "Megatron-FSDP only (use_megatron_fsdp is off on both sides)",
+    ),
+    "optimizer.optimizer": (PERF, "the name Megatron-Core's optimizer factory dispatches on"),
+    "optimizer.use_layer_wise_distributed_optimizer": _rule(
+        PERF,
+        "Megatron's Muon under LayerWiseDistributedOptimizer (each rank steps the matrices it owns) or not; at "
+        "DP = 1 one rank owns them all",
     ),
     "optimizer.fp8_recipe": _FP8,
     "optimizer.lr": _UPDATE_VALUE,

@@ -94,6 +94,24 @@ def test_no_unclassified_difference(diffs) -> None:
     assert diffs["as_is"].of_kind("unclassified") == []
 
 
+@pytest.mark.parametrize("variant", ["optimizer=muon", "optimizer=muon_megatron", "engine.layers=local"])
+def test_other_optimizers_and_layers_are_classified(variant: str, tmp_path) -> None:
+    """Ours, Megatron's Muon and the engine's local layers: every difference has a rule; only the layer row may
+    differ among the shapes (local layers are the one intended difference)."""
+    import_bridge()
+    from tools.bridge_diff import compare
+
+    diff = compare([SLICE, variant], hf_dir=tmp_path)
+    assert diff.of_kind("unclassified") == []
+    differing = [r.field for r in diff.of_kind("shape") if r.note != "equal"]
+    assert differing == (["layers.implementation"] if variant == "engine.layers=local" else [])
+    if variant == "optimizer=muon_megatron":
+        assert (diff.row("optimizer.optimizer").bridge, diff.row("optimizer.optimizer").engine) == (
+            "dist_muon",
+            "muon",
+        )
+
+
 def test_origins_show_who_sets_each_value(diffs) -> None:
     """Bridge's recipe turns permute fusion on; our recipes/ overrides turn router fusion and rope fusion on; the
     engine's megatron_model passes its values explicitly."""
