@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-example bench-bridge bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -43,6 +43,10 @@ bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_20261
 
 bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, ours (Muon), Megatron's Muon on the FLOP-matched Qwen3 slice
 	$(PY) -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw,muon,muon_megatron $(ARGS)
+
+BRIDGE_EXPERIMENT ?= h200/qwen3_30b_a3b_slice_flops_bridge_1gpu
+bridge-diff: $(STAMP) ## Settings that differ between Bridge's run and the megatron engine's (needs TE): ARGS="engine.moe_permute_fusion=true"
+	$(PY) -m tools.bridge_diff experiment=$(BRIDGE_EXPERIMENT) $(ARGS)
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs QuACK vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
 	$(PY) -m tools.ns_kernels $(ARGS)

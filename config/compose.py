@@ -352,6 +352,14 @@ def validate(root: schema.RootConfig) -> None:
                 root.engine.empty_unused_memory_level,
                 f"only the megatron engine has it (engine.name={root.engine.name!r})",
             )
+        for name in ("moe_permute_fusion", "apply_rope_fusion"):
+            if getattr(root.engine, name):
+                _fail(
+                    f"engine.{name}",
+                    True,
+                    f"only the megatron engine has it (engine.name={root.engine.name!r}; Megatron-Bridge's "
+                    "recipe sets its own fusions)",
+                )
         if root.bench.probes:
             _fail(
                 "bench.probes",

@@ -303,6 +303,12 @@ class EngineConfig:
     layers: str = "auto"
     """megatron: layer implementation: auto (Transformer Engine's layer specs where TE imports, else local) | te |
     local (Megatron-Core's local layers with SDPA attention and grouped-GEMM experts)."""
+    moe_permute_fusion: bool = False
+    """megatron: Transformer Engine's fused MoE token permute / unpermute (Megatron-Core `moe_permute_fusion`, on
+    in Megatron-Bridge's Qwen3 recipe); needs Transformer Engine to import, with TE or local layers."""
+    apply_rope_fusion: bool = False
+    """megatron: Transformer Engine's fused rotary embedding (Megatron-Core `apply_rope_fusion`, on in
+    Megatron-Bridge's benchmark settings); needs Transformer Engine to import, with TE or local layers."""
 
 
 @dataclass

@@ -85,11 +85,8 @@ class MegatronEngine(Engine):
         # MUONBENCH_MEGATRON_EXPERTS=sequential keeps Megatron's SequentialMLP (a fallback where torch lacks
         # grouped_mm); the choice is recorded in describe()["experts"].
         grouped = os.environ.get("MUONBENCH_MEGATRON_EXPERTS", "grouped_mm") != "sequential"
-        opts = mm.BuildOptions(
-            use_te=mm.use_te(cfg.engine.layers),
-            bf16=cfg.precision.params_dtype == "bf16",
-            grouped_mm_experts=grouped,
-        )
+        mm.check_fusions(cfg.engine)
+        opts = mm.build_options(cfg, use_te=mm.use_te(cfg.engine.layers), grouped_mm_experts=grouped)
         self.tconfig = mm.transformer_config(model, par, opts)
         self.model_chunks = self._build_model(mm, opts)
         self.ptimer = PhaseTimer(cuda=True)
@@ -134,9 +131,6 @@ class MegatronEngine(Engine):
         from megatron.core.distributed import DistributedDataParallel
         from megatron.core.transformer.module import Float16Module
 
-        from bench.engines import megatron_optim
-        from optim import megatron as om
-
         spec = mm.decoder_block_spec(self.tconfig, opts)
         module = mm.build_gpt_model(
             self.cfg.model,
@@ -148,12 +142,7 @@ class MegatronEngine(Engine):
         module.cuda(torch.cuda.current_device())
         if self.tconfig.bf16:
             module = Float16Module(self.tconfig, module)
-        ddp_cfg = om.ddp_config(
-            kind=megatron_optim.implementation(self.cfg),
-            distributed=True,
-            # ours with layer-wise ownership reduce-scatters gradients itself: DDP must not start its all-reduce
-            overlap_grad_reduce=self.cfg.parallelism.dp > 1 and not _ours_layerwise(self.cfg),
-        )
+        ddp_cfg = ddp_config(self.cfg)
         return [DistributedDataParallel(config=self.tconfig, ddp_config=ddp_cfg, module=module)]
 
     def _install_ns_overlap(self, built: Any) -> Any:
@@ -346,6 +335,19 @@ class MegatronEngine(Engine):
         if self._owns_pg and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_pg = False
+
+
+def ddp_config(cfg: RootConfig) -> Any:
+    """Megatron's `DistributedDataParallelConfig` of the engine's model for `cfg` (builds nothing)."""
+    from bench.engines import megatron_optim
+    from optim import megatron as om
+
+    return om.ddp_config(
+        kind=megatron_optim.implementation(cfg),
+        distributed=True,
+        # ours with layer-wise ownership reduce-scatters gradients itself: DDP must not start its all-reduce
+        overlap_grad_reduce=cfg.parallelism.dp > 1 and not _ours_layerwise(cfg),
+    )
 
 
 def _ours_layerwise(cfg: RootConfig) -> bool:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from config.schema import ModelConfig, ParallelismConfig
+from config.schema import EngineConfig, ModelConfig, ParallelismConfig, RootConfig
 
 
 def te_available() -> bool:
@@ -61,10 +61,39 @@ class BuildOptions:
     """Router softmax/sigmoid precision (MB recipes: fp32)."""
     force_balanced_router: bool = True
     """Forced-balanced routing as in the published perf runs (moe_router_force_load_balancing)."""
+    moe_permute_fusion: bool = False
+    """Transformer Engine's fused token permute / unpermute in the MoE dispatcher (`engine.moe_permute_fusion`)."""
+    apply_rope_fusion: bool = False
+    """Transformer Engine's fused rotary embedding on query and key (`engine.apply_rope_fusion`)."""
 
     def __post_init__(self) -> None:
         if self.dispatcher not in ("alltoall", "allgather"):
             raise ValueError(f"dispatcher={self.dispatcher!r} is not one of ('alltoall', 'allgather')")
+
+
+FUSION_OPTIONS = ("moe_permute_fusion", "apply_rope_fusion")
+"""`engine.*` options that turn on a Transformer Engine kernel of the same-named TransformerConfig field."""
+
+
+def check_fusions(engine: EngineConfig) -> None:
+    """Raise a ValueError naming the option when one of `FUSION_OPTIONS` is on and Transformer Engine (whose kernel
+    it runs, with TE or local layers alike) does not import here."""
+    for name in FUSION_OPTIONS:
+        if getattr(engine, name) and not te_available():
+            raise ValueError(
+                f"engine.{name}=True: runs a Transformer Engine kernel, and Transformer Engine does not import "
+                "here; allowed without it: False"
+            )
+
+
+def build_options(cfg: RootConfig, *, use_te: bool, grouped_mm_experts: bool = True) -> BuildOptions:
+    """The engine's `BuildOptions` for `cfg`; the layer implementation (`use_te`) is resolved by the caller."""
+    return BuildOptions(
+        use_te=use_te,
+        bf16=cfg.precision.params_dtype == "bf16",
+        grouped_mm_experts=grouped_mm_experts,
+        **{name: getattr(cfg.engine, name) for name in FUSION_OPTIONS},
+    )
 
 
 def moe_layer_pattern(model: ModelConfig) -> list[int]:
@@ -76,6 +105,15 @@ def moe_layer_pattern(model: ModelConfig) -> list[int]:
 
 def transformer_config(model: ModelConfig, par: ParallelismConfig, opts: BuildOptions) -> Any:
     """Megatron `TransformerConfig` (GQA) or `MLATransformerConfig` (MLA) for `model` under layout `par`."""
+    cls, kw = transformer_config_kwargs(model, par, opts)
+    return cls(**kw)
+
+
+def transformer_config_kwargs(
+    model: ModelConfig, par: ParallelismConfig, opts: BuildOptions
+) -> tuple[type, dict[str, Any]]:
+    """The config class and the keyword arguments `transformer_config` builds it from (every field not named keeps
+    Megatron-Core's default). Builds nothing: `tools.bridge_diff` reads the fields on a machine without CUDA or TE."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
@@ -107,6 +145,7 @@ def transformer_config(model: ModelConfig, par: ParallelismConfig, opts: BuildOp
         "use_cpu_initialization": opts.cpu_init,
         "cross_entropy_loss_fusion": True,
         "cross_entropy_fusion_impl": "native",
+        "apply_rope_fusion": opts.apply_rope_fusion,
     }
     if par.pp > 1 and par.vp > 1:
         kw["virtual_pipeline_model_parallel_size"] = par.vp
@@ -122,6 +161,7 @@ def transformer_config(model: ModelConfig, par: ParallelismConfig, opts: BuildOp
             moe_router_dtype=opts.router_dtype,
             moe_router_force_load_balancing=opts.force_balanced_router,
             moe_grouped_gemm=opts.use_te,
+            moe_permute_fusion=opts.moe_permute_fusion,
         )
         if model.moe_shared_expert_intermediate_size:
             kw["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size
@@ -132,17 +172,21 @@ def transformer_config(model: ModelConfig, par: ParallelismConfig, opts: BuildOp
         if model.moe_router_topk_scaling_factor != 1.0:
             kw["moe_router_topk_scaling_factor"] = model.moe_router_topk_scaling_factor
     if model.attention == "mla":
-        return MLATransformerConfig(
+        return MLATransformerConfig, {
             **kw,
-            q_lora_rank=model.q_lora_rank or None,
-            kv_lora_rank=model.kv_lora_rank,
-            qk_head_dim=model.qk_head_dim,
-            qk_pos_emb_head_dim=model.qk_pos_emb_head_dim,
-            v_head_dim=model.v_head_dim,
-            rope_type="rope",
-            rotary_base=model.rotary_base,
-        )
-    return TransformerConfig(**kw, num_query_groups=model.num_query_groups, kv_channels=model.kv_channels)
+            "q_lora_rank": model.q_lora_rank or None,
+            "kv_lora_rank": model.kv_lora_rank,
+            "qk_head_dim": model.qk_head_dim,
+            "qk_pos_emb_head_dim": model.qk_pos_emb_head_dim,
+            "v_head_dim": model.v_head_dim,
+            "rope_type": "rope",
+            "rotary_base": model.rotary_base,
+        }
+    return TransformerConfig, {
+        **kw,
+        "num_query_groups": model.num_query_groups,
+        "kv_channels": model.kv_channels,
+    }
 
 
 def decoder_block_spec(config: Any, opts: BuildOptions) -> Any:
@@ -171,14 +215,21 @@ def build_gpt_model(
     return GPTModel(
         config=config,
         transformer_layer_spec=spec,
-        vocab_size=padded_vocab_size(model, tp=config.tensor_model_parallel_size),
-        max_sequence_length=model.seq_length,
         pre_process=pre_process,
         post_process=post_process,
-        share_embeddings_and_output_weights=model.tie_embeddings,
-        position_embedding_type="rope",  # MLA layers carry their own rotary embedding; GPTModel skips it
-        rotary_base=int(model.rotary_base),
+        **gpt_model_kwargs(model, tp=config.tensor_model_parallel_size),
     )
+
+
+def gpt_model_kwargs(model: ModelConfig, *, tp: int) -> dict[str, Any]:
+    """The `GPTModel` arguments that fix shapes and embeddings (the rest of `build_gpt_model`'s call)."""
+    return {
+        "vocab_size": padded_vocab_size(model, tp=tp),
+        "max_sequence_length": model.seq_length,
+        "share_embeddings_and_output_weights": model.tie_embeddings,
+        "position_embedding_type": "rope",  # MLA layers carry their own rotary embedding; GPTModel skips it
+        "rotary_base": int(model.rotary_base),
+    }
 
 
 def padded_vocab_size(model: ModelConfig, *, tp: int) -> int:

@@ -105,3 +105,13 @@ def test_default_destination_is_the_sweeps_report_folder(runs, tmp_path, capsys)
     assert (sweep / "report" / "results.csv").exists()
     assert "its invocation is running (2 runs recorded so far)" in capsys.readouterr().err
     assert collect.main(["--out-dir", str(tmp_path / "runs"), "--strict"]) == 1
+
+
+def test_engine_layer_and_fusion_options_are_columns():
+    """Runs of one experiment that differ only in the megatron engine's layers or fusion options stay apart in
+    results.csv (the Bridge-vs-engine fusion ablation)."""
+    from bench.collect import run_row
+
+    cfg = {"engine": {"name": "megatron", "layers": "te", "moe_permute_fusion": True, "apply_rope_fusion": False}}
+    row = run_row({"run_id": "r", "status": "ok", "config": cfg})
+    assert (row["layers"], row["moe_permute_fusion"], row["apply_rope_fusion"]) == ("te", True, False)

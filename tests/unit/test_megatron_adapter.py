@@ -128,6 +128,51 @@ def test_transformer_config_mla_and_router(megatron_groups):
     assert mm.moe_layer_pattern(dataclasses.replace(_gqa_model(), num_dense_layers=0)) == [1, 1]
 
 
+def test_fusion_options_reach_the_transformer_config() -> None:
+    """engine.moe_permute_fusion / engine.apply_rope_fusion set the same-named TransformerConfig fields (the way
+    Megatron-Bridge's Qwen3 recipe does); off by default, so existing runs keep their configuration."""
+    import config
+
+    base = ["experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu", "engine.layers=te"]
+    default = mm.build_options(config.load(base), use_te=True)
+    flipped = mm.build_options(
+        config.load([*base, "engine.moe_permute_fusion=true", "engine.apply_rope_fusion=true"]), use_te=True
+    )
+    root = config.load(base)
+    _, kw_default = mm.transformer_config_kwargs(root.model, root.parallelism, default)
+    _, kw_flipped = mm.transformer_config_kwargs(root.model, root.parallelism, flipped)
+    assert (kw_default["moe_permute_fusion"], kw_default["apply_rope_fusion"]) == (False, False)
+    assert (kw_flipped["moe_permute_fusion"], kw_flipped["apply_rope_fusion"]) == (True, True)
+    assert {k for k in kw_flipped if kw_flipped[k] != kw_default[k]} == {
+        "moe_permute_fusion",
+        "apply_rope_fusion",
+    }
+    assert default.use_te and default.bf16 and kw_default["moe_grouped_gemm"]
+
+
+def test_transformer_config_is_built_from_its_kwargs(megatron_groups) -> None:
+    """`transformer_config` builds exactly what `transformer_config_kwargs` (read by tools.bridge_diff) declares."""
+    cls, kw = mm.transformer_config_kwargs(_gqa_model(), PAR, CPU_OPTS)
+    config = mm.transformer_config(_gqa_model(), PAR, CPU_OPTS)
+    assert type(config) is cls
+    assert {k: getattr(config, k) for k in kw if k != "activation_func"} == {
+        k: v for k, v in kw.items() if k != "activation_func"
+    }
+
+
+def test_fusion_options_need_transformer_engine() -> None:
+    """A fusion option on a machine without TE fails at setup naming the option, not deep in Megatron-Core."""
+    if mm.te_available():
+        pytest.skip("Transformer Engine imports here")
+    from config.schema import EngineConfig
+
+    mm.check_fusions(EngineConfig(name="megatron"))
+    with pytest.raises(ValueError, match=r"engine.moe_permute_fusion=True: .*allowed without it: False"):
+        mm.check_fusions(EngineConfig(name="megatron", moe_permute_fusion=True))
+    with pytest.raises(ValueError, match=r"engine.apply_rope_fusion=True"):
+        mm.check_fusions(EngineConfig(name="megatron", apply_rope_fusion=True))
+
+
 def test_gqa_routing_on_real_megatron_model(megatron_groups):
     """Routes of every parameter of a real Megatron GQA MoE model (dense first layer, routed + shared experts)."""
     gpt, _config = _build(_gqa_model())

@@ -43,6 +43,8 @@ def test_wrong_type_fails_at_compose() -> None:
         (["engine.device=cuda"], "engine.backend"),
         (["engine.manual_gc=true"], "engine.manual_gc"),
         (["engine.empty_unused_memory_level=1"], "engine.empty_unused_memory_level"),
+        (["engine.moe_permute_fusion=true"], "engine.moe_permute_fusion"),
+        (["engine=bridge", "hardware=h200", "engine.apply_rope_fusion=true"], "engine.apply_rope_fusion"),
         (["bench.probes=[gpu_energy]"], "bench.probes"),
         (["engine=megatron", "hardware=h200", "bench.probes=[no_such_probe]"], "bench.probes"),
         (["optimizer=muon_megatron", "optimizer.ns_precision=fp16"], "optimizer.ns_precision"),
