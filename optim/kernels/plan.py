@@ -17,6 +17,11 @@ Candidates (all bf16 operands, fp32 accumulation):
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
   8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
   that to cuBLAS (`optim.kernels.sym_quack`).
+- `plain_quack_all_<config>` (coop256x208_cl1x2, coop128x256_cl2x1; with the QuACK candidates, on SM90, where
+  `quack_configs_offered`): `plain_quack_all` with the general product in one of QuACK's explicit SM90 tile configs
+  (`sym_quack.GENERAL_CONFIGS`) instead of its default; offered on the expert batches and large single matrices,
+  where the general products take milliseconds, not on the launch-bound ones (one compilation per config and
+  process, ~2-3 s; a few timed calls per problem).
 - `gram_torch`, `gram_sym_<tile>`, `gram_quack_sym`, `gram_quack_all`: Gram-NS with restarts (only when
   use_gram=True).
 - `+graph`: the same body captured once in a CUDA graph and replayed, for launch-sensitive problems
@@ -135,19 +140,26 @@ def _ops(name: str) -> MatOps:
         from optim.kernels.sym_quack import QuackOps
 
         return QuackOps(general=backend == "quack_all")
+    if backend.startswith("quack_all_"):
+        from optim.kernels.sym_quack import QuackOps
+
+        return QuackOps(general=True, config=backend.removeprefix("quack_all_"))
     from optim.kernels.sym_triton import TILE_CONFIGS, TritonOps
 
     return TritonOps(TILE_CONFIGS[backend.removeprefix("sym_")])
 
 
 def skipped_tiles() -> frozenset[str]:
-    """Tile configs named in $MUONBENCH_NS_SKIP (comma-separated) are never tried: the way out when a compiler
-    cannot build one on some machine without raising (a crash cannot be caught by the plan's measurement).
-    Unknown names raise, naming the known ones."""
+    """Triton tile configs and QuACK general-product configs named in $MUONBENCH_NS_SKIP (comma-separated) are
+    never tried: the way out when a compiler cannot build one on some machine without raising (a crash cannot be
+    caught by the plan's measurement). Unknown names raise, naming the known ones."""
+    from optim.kernels.sym_quack import GENERAL_CONFIGS
+
     names = frozenset(t.strip() for t in os.environ.get("MUONBENCH_NS_SKIP", "").split(",") if t.strip())
-    unknown = names - set(TILE_NAMES)
+    known = [*TILE_NAMES, *GENERAL_CONFIGS]
+    unknown = names - set(known)
     if unknown:
-        raise ValueError(f"MUONBENCH_NS_SKIP={sorted(unknown)}: not tile configs; known: {list(TILE_NAMES)}")
+        raise ValueError(f"MUONBENCH_NS_SKIP={sorted(unknown)}: not tile or QuACK configs; known: {known}")
     return names
 
 
@@ -158,18 +170,36 @@ def launch_sensitive(batch: int, m: int, n: int, num_steps: int) -> bool:
     return gemm_s <= LAUNCH_RATIO * (3 * num_steps + 4) * HOST_LAUNCH_S
 
 
+def quack_configs_offered(batch: int, m: int, n: int, num_steps: int) -> bool:
+    """Whether QuACK's explicit general-product configs are worth their compilation and timing here: the problems
+    that are not `launch_sensitive` (expert batches, single matrices from 7168 x 8192 up), where the GPU time of
+    the general products, not the host, decides the call."""
+    return not launch_sensitive(batch, m, n, num_steps)
+
+
 def candidate_names(
-    batch: int, m: int, n: int, num_steps: int, use_gram: bool, triton_ok: bool, quack_ok: bool = False
+    batch: int,
+    m: int,
+    n: int,
+    num_steps: int,
+    use_gram: bool,
+    triton_ok: bool,
+    quack_ok: bool = False,
+    quack_configs: bool = False,
 ) -> list[str]:
     """Methods worth timing for this problem (graph variants where `launch_sensitive`; none of
-    $MUONBENCH_NS_SKIP; QuACK's with `quack_ok` and 16-byte operand rows)."""
-    from optim.kernels.sym_quack import aligned
+    $MUONBENCH_NS_SKIP; QuACK's with `quack_ok` and 16-byte operand rows; with `quack_configs` (an SM90 device)
+    also `plain_quack_all_<config>` where `quack_configs_offered`)."""
+    from optim.kernels.sym_quack import GENERAL_CONFIGS, aligned
 
     skip = skipped_tiles()
     backends = [f"sym_{t}" for t in TILE_NAMES if t not in skip] if triton_ok else []
-    if quack_ok and aligned(m, n):
+    quack = quack_ok and aligned(m, n)
+    if quack:
         backends += QUACK_BACKENDS
     bodies = [f"plain_{b}" for b in ("torch", *backends)]
+    if quack and quack_configs and quack_configs_offered(batch, m, n, num_steps):
+        bodies += [f"plain_quack_all_{c}" for c in GENERAL_CONFIGS if c not in skip]
     if use_gram:
         bodies += [f"gram_{b}" for b in ("torch", *backends)]
     if launch_sensitive(batch, m, n, num_steps):
@@ -367,7 +397,14 @@ class Planner:
         seen = set(entry.get("times_ms") or {}) | set(entry.get("rejected") or {})  # type: ignore[call-overload]
         nb, r, c = x.shape
         names = candidate_names(
-            nb, r, c, num_steps, use_gram, triton_importable(), sym_quack.usable(x.device)
+            nb,
+            r,
+            c,
+            num_steps,
+            use_gram,
+            triton_importable(),
+            sym_quack.usable(x.device),
+            sym_quack.configs_usable(x.device),
         )
         return [n for n in names if n not in seen]
 
@@ -388,7 +425,14 @@ class Planner:
         t_start = time.perf_counter()
         nb, r, c = x.shape
         names = candidate_names(
-            nb, r, c, len(coeffs), use_gram, triton_importable(), sym_quack.usable(x.device)
+            nb,
+            r,
+            c,
+            len(coeffs),
+            use_gram,
+            triton_importable(),
+            sym_quack.usable(x.device),
+            sym_quack.configs_usable(x.device),
         )
         ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
         fns: dict[str, Callable[[], object]] = {}

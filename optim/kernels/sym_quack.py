@@ -9,8 +9,10 @@ The symmetric GEMM computes the lower triangle of output tiles on a persistent t
 off-diagonal tile twice (itself and its mirror, both through TMA stores); on SM90 its tiles are 128 x 256 in
 2-CTA clusters (one 256 x 256 square per cluster), cooperative warp groups with a producer warp. That is the
 `MatOps.gram` / `MatOps.sym` contract of `optim.kernels.ns_batched`. `QuackOps(general=True)` also runs the
-general products (`apply`: X <- a X + P X, `full`) through gemm_add with QuACK's default SM90 config (no
-autotuning: its tuner compiles tens of configs per shape); `general=False` leaves them to cuBLAS.
+general products (`apply`: X <- a X + P X, `full`) through gemm_add with QuACK's default SM90 config (pingpong
+128 x 192 tiles, 2 x 1 clusters; no autotuning: its tuner compiles tens of configs per shape); `general=False`
+leaves them to cuBLAS. `QuackOps(general=True, config=NAME)` runs them with one of the explicit SM90 configs of
+GENERAL_CONFIGS instead (QuACK's `gemm_tuned.fn` with `config=`: no autotuning, no pruning).
 
 Nothing here is imported before a QuACK body runs: the plan lists the QuACK candidates from the installed
 version (package metadata, no import) and the device's compute capability (`usable`). The first call of each
@@ -21,6 +23,7 @@ warm-up separately. Operands need 16-byte rows for TMA: both matrix dimensions a
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -30,6 +33,39 @@ import torch
 QUACK_VERSION = "0.6.5"
 # Smallest compute capability the plan offers QuACK on (Hopper; QuACK also builds SM80 and SM100+ kernels).
 MIN_CAPABILITY = 9
+
+
+@dataclass(frozen=True, slots=True)
+class GeneralConfig:
+    """One SM90 GemmConfig of QuACK's general product (fields of `quack.gemm_config.GemmConfig`)."""
+
+    tile_m: int
+    tile_n: int
+    pingpong: bool
+    cluster_m: int
+    cluster_n: int
+
+
+# Explicit SM90 configs for the general product D = a C + P X (M = m, N = n, K = m, batched), picked from QuACK's
+# own tuning space (`quack.gemm_config._get_sm90_configs`) for the Muon shapes, where QuACK's default (pingpong
+# 128 x 192, 2 x 1 cluster) reached 500 (Qwen3 fc1 batch, K = 1536) and 275 TF/s (fc2, K = 768) of a 779 TF/s
+# bf16 ceiling on the H200. Per CTA and k-step the default loads 128 + 192 / 2 rows of A and B from L2 for
+# 2 x 128 x 192 MACs (110 FLOP per byte); the ones below load fewer bytes per FLOP, their tiles divide every
+# expert batch and large single matrix of tools.ns_kernels with at most 5% padding, and the cluster shape multicasts the
+# operand that the pair of CTAs shares:
+# - coop256x208_cl1x2: cooperative 256 x 208 (two warp groups of 128 x 208), 1 x 2 cluster sharing A: 158 FLOP
+#   per byte, the most of the tuning space; 208 fp32 accumulators per thread.
+# - coop128x256_cl2x1: cooperative 128 x 256 (two warp groups of 64 x 256, the widest wgmma), 2 x 1 cluster
+#   sharing B: 128 FLOP per byte with no padding on any of these shapes (m a multiple of 256, n of 256), 128
+#   accumulators per thread.
+# Cooperative tiles run the epilogue (read C, write D) between mainloops where pingpong overlaps it with the other
+# warp group's mainloop; at K = 768 that can cost more than the L2 traffic saves: the plan measures it.
+GENERAL_CONFIGS: dict[str, GeneralConfig] = {
+    "coop256x208_cl1x2": GeneralConfig(tile_m=256, tile_n=208, pingpong=False, cluster_m=1, cluster_n=2),
+    "coop128x256_cl2x1": GeneralConfig(tile_m=128, tile_n=256, pingpong=False, cluster_m=2, cluster_n=1),
+}
+# Compute capability of the configs above (QuACK builds them for SM90 only; SM100+ has other tile rules).
+CONFIG_CAPABILITY = 9
 
 
 @functools.cache
@@ -48,6 +84,11 @@ def usable(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= MIN_CAPABILITY
 
 
+def configs_usable(device: torch.device) -> bool:
+    """`usable` on an SM90 device: where the GENERAL_CONFIGS are offered."""
+    return usable(device) and torch.cuda.get_device_capability(device)[0] == CONFIG_CAPABILITY
+
+
 def aligned(m: int, n: int) -> bool:
     """Every operand row is a multiple of 16 bytes in bf16 / fp16 (TMA), for an (m, n) iterate and its m x m Gram."""
     return m % 8 == 0 and n % 8 == 0
@@ -60,12 +101,35 @@ def _iface() -> Any:
     return quack.gemm_interface
 
 
+@functools.cache
+def _gemm_config(name: str) -> Any:
+    """QuACK's GemmConfig of GENERAL_CONFIGS[name] (static persistent scheduler, as QuACK's SM90 tuning space)."""
+    from quack.gemm_config import GemmConfig
+
+    c = GENERAL_CONFIGS[name]
+    return GemmConfig(
+        tile_m=c.tile_m,
+        tile_n=c.tile_n,
+        pingpong=c.pingpong,
+        cluster_m=c.cluster_m,
+        cluster_n=c.cluster_n,
+        is_dynamic_persistent=False,
+        device_capacity=CONFIG_CAPABILITY,
+    )
+
+
 class QuackOps:
     """`MatOps` with the symmetric products in QuACK's gemm_symmetric; general products in QuACK's gemm_add
-    (`general=True`) or cuBLAS."""
+    (`general=True`; with `config`, one of GENERAL_CONFIGS) or cuBLAS."""
 
-    def __init__(self, *, general: bool) -> None:
+    def __init__(self, *, general: bool, config: str | None = None) -> None:
+        if config is not None and (not general or config not in GENERAL_CONFIGS):
+            raise ValueError(
+                f"config={config!r} with general={general}: a config needs general=True and one of "
+                f"{sorted(GENERAL_CONFIGS)}"
+            )
         self.general = general
+        self.config = config
 
     def gram(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = _iface().gemm_symmetric(x, x.mT)
@@ -93,7 +157,14 @@ class QuackOps:
     ) -> torch.Tensor:
         if not self.general:
             return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
-        out: torch.Tensor = _iface().gemm_add(a, b, d, alpha=float(alpha), beta=float(beta), tuned=False)
+        if self.config is None:
+            out: torch.Tensor = _iface().gemm_add(a, b, d, alpha=float(alpha), beta=float(beta), tuned=False)
+            return out
+        # gemm_add takes no config: its eager path calls gemm_tuned.fn (the function under the autotuner) with
+        # config=None; the same call with an explicit config compiles and runs that one
+        out = torch.empty(d.shape, dtype=a.dtype, device=a.device)
+        cfg = _gemm_config(self.config)
+        _iface().gemm_tuned.fn(a, b, out, d, alpha=float(alpha), beta=float(beta), config=cfg)
         return out
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
