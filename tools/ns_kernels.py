@@ -5,7 +5,8 @@ steps.
                                [error=0|1] [shapes=NAME,NAME]
 
 On a GPU: measures the bf16 matmul ceiling; the two symmetric products of an NS step alone (X X^T and
-b A + c A^2) by cuBLAS, each Triton tile config and QuACK; then per shape (every distinct Qwen3-30B-A3B and Kimi K2
+b A + c A^2) by cuBLAS, each Triton tile config and QuACK, and the general product X <- a X + P X by cuBLAS and
+each QuACK config the plan offers; then per shape (every distinct Qwen3-30B-A3B and Kimi K2
 matrix, experts batched) the median ms of each NS implementation (ours = the per-shape plan; cublas and quack =
 plain NS on one fixed backend; emerging-optimizers; torch.optim.Muon), nominal TFLOP/s on the plain-FLOP count,
 fraction of the ceiling and the orthogonality error against the fp64 polar factor, and the plan's fastest
@@ -262,6 +263,7 @@ def render_markdown(res: dict[str, Any]) -> str:
             f"{_fmt(r['ms_per_matrix'])} | {_fmt(r['tflops_plain'])} | {pct} | {_fmt(r['ortho_err'])} | {note} |"
         )
     lines += render_plan(res) + render_micro(res.get("product_micro") or [])
+    lines += render_general(res.get("general_micro") or [])
     lines += ["", "## One-layer optimizer step", "", OURS_LABEL + ".", ""]
     lines += [
         (
@@ -336,6 +338,34 @@ def render_micro(micro: list[dict[str, Any]]) -> list[str]:
             f"{_fmt(r.get('best_triton_ms'))} ({best or '-'}) | {_fmt(q)} | {_fmt(ratio)} | {errs} | "
             f"{_fmt(r.get('quack_first_s'))} |"
         )
+    return lines
+
+
+def render_general(micro: list[dict[str, Any]]) -> list[str]:
+    """The general product alone per backend: cuBLAS, QuACK's default config and each explicit one (ms, TFLOP/s of
+    the fastest, errors, QuACK's first calls)."""
+    if not micro:
+        return []
+    backends = list(dict.fromkeys(k.removesuffix("_ms") for r in micro for k in r if k.endswith("_ms")))
+    lines = [
+        "",
+        "## The general product of an NS step alone (ms)",
+        "",
+        "apply: X <- a X + P X with P of m x m and X of m x n (K = m), bf16 operands, fp32 accumulation;",
+        "`quack`: QuACK's default SM90 config (pingpong 128 x 192, 2 x 1 cluster), `quack_<config>`: the explicit",
+        "configs the plan also offers (`optim.kernels.sym_quack.GENERAL_CONFIGS`). TFLOP/s on 2 B m^2 n; err: largest",
+        "|out - fp32 product| over the largest |fp32 entry|; first call s: compilation included.",
+        "",
+        "| B x m x n | " + " | ".join(backends) + " | fastest (TFLOP/s) | err (same order) | QuACK first call s |",
+        "|---|" + "---|" * (len(backends) + 3),
+    ]
+    for r in micro:
+        best = r.get("best")
+        fastest = f"{best} ({_fmt(r.get(f'{best}_tflops'))})" if best else "-"
+        errs = " / ".join(_fmt(r.get(f"{b}_err"), 2) for b in backends)
+        first = " / ".join(_fmt(r.get(f"{b}_first_s"), 2) for b in backends if b.startswith("quack"))
+        cells = " | ".join(_fmt(r.get(f"{b}_ms")) for b in backends)
+        lines.append(f"| {r['batch']}x{r['m']}x{r['n']} | {cells} | {fastest} | {errs} | {first or '-'} |")
     return lines
 
 

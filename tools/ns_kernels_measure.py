@@ -479,6 +479,63 @@ def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
     return rows
 
 
+def general_backends() -> dict[str, MatOps]:
+    """Backends of the general product X <- a X + P X in `general_micro`: cuBLAS (baddbmm), and on SM90 QuACK's
+    gemm_add in its default config (`quack`) and in each explicit config (`quack_<config>`)."""
+    backends: dict[str, MatOps] = {"cublas": TorchOps()}
+    if sym_quack.usable(torch.device("cuda")):
+        backends["quack"] = sym_quack.QuackOps(general=True)
+    if sym_quack.configs_usable(torch.device("cuda")):
+        for name in sym_quack.GENERAL_CONFIGS:
+            backends[f"quack_{name}"] = sym_quack.QuackOps(general=True, config=name)
+    return backends
+
+
+def general_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The general product of a plain NS step alone, X <- a X + P X (P = b A + c A^2 of m x m, X of m x n, so
+    K = m), per backend of `general_backends`, on PRODUCT_SHAPES read as (B, m, n): median ms (first call apart:
+    compilation), TFLOP/s on 2 B m^2 n, and the largest error relative to the fp32 product's largest entry."""
+    a_coef, b, c = QUINTIC[0]
+    backends = general_backends()
+    rows = []
+    for nb, m, n in PRODUCT_SHAPES:
+        x = (torch.randn(nb, m, n, device="cuda") * n**-0.5).bfloat16()
+        g = torch.bmm(x, x.mT)
+        p = torch.baddbmm(g, g, g, beta=b, alpha=c)
+        prec = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision("highest")
+        ref = torch.baddbmm(x.float(), p.float(), x.float(), beta=a_coef)
+        torch.set_float32_matmul_precision(prec)
+        scale = float(ref.abs().max())
+        del g
+        r: dict[str, Any] = {"product": "apply", "batch": nb, "m": m, "n": n, "k": m}
+        for name, ops in backends.items():
+
+            def fn(o: MatOps = ops, pp: torch.Tensor = p, xx: torch.Tensor = x) -> torch.Tensor:
+                return o.apply(pp, xx, a_coef)
+
+            try:
+                t0 = time.perf_counter()
+                out = fn()
+                torch.cuda.synchronize()
+                r[f"{name}_first_s"] = time.perf_counter() - t0
+                r[f"{name}_err"] = float((out.float() - ref).abs().max()) / scale
+                del out
+                r[f"{name}_ms"] = median_ms(fn, "cuda", budget_ms=60.0)
+                r[f"{name}_tflops"] = 2 * nb * m * m * n / r[f"{name}_ms"] / 1e9
+            except Exception as e:  # noqa: BLE001 - a config that cannot run is reported, not fatal
+                r[f"{name}_ms"] = None
+                r.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:160]}"
+        timed = {k: r[f"{k}_ms"] for k in backends if r.get(f"{k}_ms")}
+        if timed:
+            r["best"] = min(timed, key=timed.__getitem__)
+        rows.append(r)
+        log(f"  apply {nb}x{m}x{n}: " + " ".join(f"{k} {v:.3g}" for k, v in timed.items()))
+        del x, p, ref
+        torch.cuda.empty_cache()
+    return rows
+
+
 def run_all(
     shapes: list[tuple[str, int, int, int, str, str]],
     *,
@@ -516,6 +573,7 @@ def run_all(
         res["device_name"] = "cpu"
     if device == "cuda":
         res["product_micro"] = product_micro(log)
+        res["general_micro"] = general_micro(log)
     res["shapes"] = []
     for s in shapes:
         log(f"shape {s[0]} {s[3]}x{s[1]}x{s[2]}")

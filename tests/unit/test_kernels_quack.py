@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from optim.functional.newton_schulz import ns_coefficients
+
 ROOT = Path(__file__).resolve().parents[2]
+QUINTIC = ns_coefficients("quintic", 5)
 
 
 def test_plan_lists_quack_candidates_only_when_usable_and_aligned() -> None:
@@ -45,7 +48,8 @@ import sys, torch
 from optim.kernels import sym_quack
 from optim.kernels.plan import Planner, _ops, candidate_names
 ops = _ops("plain_quack_all")
-assert isinstance(ops, sym_quack.QuackOps) and ops.general
+assert isinstance(ops, sym_quack.QuackOps) and ops.general and ops.config is None
+assert _ops("plain_quack_all_coop128x256_cl2x1").config == "coop128x256_cl2x1"
 assert not _ops("gram_quack_sym").general
 Planner().body("plain_quack_sym+graph", [(3.4445, -4.775, 2.0315)], 1e-7, frozenset())
 assert Planner.untried({"method": "plain_torch", "times_ms": {}}, torch.empty(2, 64, 64, device="meta"), 5, False)
@@ -58,6 +62,108 @@ print("ok")
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False, cwd=ROOT
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+# tools.ns_kernels shapes whose (B, m, n) problem gets the explicit general-product configs: the expert batches and
+# the single matrices from 7168 x 8192 up (not launch-bound), not attention q / o, k / v, MLA or routers.
+CONFIG_SHAPES = {
+    "qwen_fc1_x128", "qwen_fc2_x128", "k2_expert_half_x8", "k2_fc1_x6", "k2_fc2_x6", "k2_o", "k2_dense_fc2",
+    "k2_dense_fc1", "square_8192",
+}  # fmt: skip
+CONFIG_CANDIDATES = ["plain_quack_all_coop256x208_cl1x2", "plain_quack_all_coop128x256_cl2x1"]
+
+
+def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
+    """The explicit general-product configs appear as plain bodies only with the QuACK candidates (quack_ok, aligned
+    rows) on SM90 (quack_configs), only on the problems that are not launch-bound, never as Gram or graph bodies;
+    each name builds QuackOps with its config.
+
+    Localises: configs compiled and timed on launch-bound shapes (warm-up for nothing), offered off SM90, or a name
+    that does not map to its config."""
+    from optim.kernels.plan import _ops, candidate_names
+    from optim.kernels.sym_quack import GENERAL_CONFIGS, QuackOps
+    from tools.ns_kernels import SHAPES
+
+    assert list(GENERAL_CONFIGS) == [n.removeprefix("plain_quack_all_") for n in CONFIG_CANDIDATES]
+    offered = set()
+    for name, rows, cols, batch, _, _ in SHAPES:
+        m, n = min(rows, cols), max(rows, cols)
+        names = candidate_names(batch, m, n, 5, use_gram=True, triton_ok=True, quack_ok=True, quack_configs=True)
+        extra = [x for x in names if x.removesuffix("+graph").split("_", 1)[1].startswith("quack_all_")]
+        if extra:
+            offered.add(name)
+            assert extra == CONFIG_CANDIDATES, (name, extra)
+        # not on SM90, or no QuACK: none
+        assert not [x for x in candidate_names(batch, m, n, 5, True, True, quack_ok=True) if "coop" in x]
+        assert not [x for x in candidate_names(batch, m, n, 5, True, True, False, True) if "coop" in x]
+    assert offered == CONFIG_SHAPES
+    assert not any("coop" in x for x in candidate_names(128, 1536, 2044, 5, True, True, True, True))  # rows % 8
+    for cand in CONFIG_CANDIDATES:
+        ops = _ops(cand)
+        assert isinstance(ops, QuackOps) and ops.general and ops.config == cand.removeprefix("plain_quack_all_")
+    with pytest.raises(ValueError, match="needs general=True"):
+        QuackOps(general=False, config="coop128x256_cl2x1")
+    with pytest.raises(ValueError, match="coop999.*coop128x256_cl2x1"):
+        QuackOps(general=True, config="coop999")
+
+
+def test_ns_skip_env_drops_quack_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """$MUONBENCH_NS_SKIP names QuACK general-product configs as it names Triton tiles: a skipped config is not
+    offered (nor required of a cached entry); an unknown name raises naming both kinds."""
+    from optim.kernels.plan import Planner, candidate_names
+
+    monkeypatch.setenv("MUONBENCH_NS_SKIP", "coop256x208_cl1x2,tma128o")
+    names = candidate_names(128, 1536, 2048, 5, False, True, True, True)
+    assert [x for x in names if "coop" in x] == ["plain_quack_all_coop128x256_cl2x1"]
+    assert "plain_sym_tma128o" not in names and "plain_quack_all" in names
+    entry = {"method": "plain_torch", "times_ms": {n: 1.0 for n in names}}
+    assert Planner.untried(entry, torch.empty(128, 1536, 2048, device="meta"), 5, False) == []
+    monkeypatch.setenv("MUONBENCH_NS_SKIP", "coop1x1")
+    with pytest.raises(ValueError, match="coop1x1.*tma128.*coop256x208_cl1x2"):
+        candidate_names(1, 64, 64, 5, use_gram=False, triton_ok=True)
+
+
+def test_plan_drops_a_quack_config_that_fails_and_times_the_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A general-product config whose compilation raises is rejected with its error and never timed; the other
+    config and QuACK's default are timed. On CPU, QuACK's interface is replaced by torch products (QuACK needs an
+    SM90 GPU), the one under coop256x208_cl1x2 raising as a failed CuTe-DSL compilation would; the shape is
+    declared not launch-bound so the configs are offered."""
+    import types
+
+    import optim.kernels as k
+    from optim.kernels import plan as plan_mod
+    from optim.kernels import sym_quack
+
+    def gemm_symmetric(a, b, c=None, alpha=1.0, beta=1.0):  # type: ignore[no-untyped-def]
+        out = alpha * (a.float() @ b.float())
+        return (out if c is None else out + beta * c.float()).to(a.dtype)
+
+    def gemm_add(a, b, c, alpha=1.0, beta=1.0, tuned=True):  # type: ignore[no-untyped-def]
+        return torch.baddbmm(c.float(), a.float(), b.float(), beta=beta, alpha=alpha).to(a.dtype)
+
+    def gemm_tuned_fn(a, b, out, c, alpha=1.0, beta=1.0, config=None):  # type: ignore[no-untyped-def]
+        if config == "coop256x208_cl1x2":
+            raise RuntimeError("compile failed: tile 256x208")
+        out.copy_(gemm_add(a, b, c, alpha, beta))
+
+    iface = types.SimpleNamespace(
+        gemm_symmetric=gemm_symmetric, gemm_add=gemm_add, gemm_tuned=types.SimpleNamespace(fn=gemm_tuned_fn)
+    )
+    monkeypatch.setattr(sym_quack, "_iface", lambda: iface)
+    monkeypatch.setattr(sym_quack, "_gemm_config", lambda name: name)
+    monkeypatch.setattr(sym_quack, "usable", lambda device: True)
+    monkeypatch.setattr(sym_quack, "configs_usable", lambda device: True)
+    monkeypatch.setattr(k, "triton_importable", lambda: False)
+    monkeypatch.setattr(plan_mod, "launch_sensitive", lambda *args: False)
+    x = torch.randn(2, 64, 128)
+    entry = plan_mod.Planner().measure(x, QUINTIC, 1e-7, False, frozenset(), "test")
+    times, rejected = entry["times_ms"], entry["rejected"]
+    assert set(times) == {  # type: ignore[arg-type]
+        "plain_torch", "plain_quack_sym", "plain_quack_all", "plain_quack_all_coop128x256_cl2x1",
+    }  # fmt: skip
+    assert list(rejected) == ["plain_quack_all_coop256x208_cl1x2"]  # type: ignore[call-overload]
+    assert rejected["plain_quack_all_coop256x208_cl1x2"].startswith("RuntimeError: compile failed")  # type: ignore[index]
+    assert entry["method"] in times  # type: ignore[operator]
 
 
 def test_quack_extra_is_pinned_to_the_version_the_code_names() -> None:
@@ -130,7 +236,17 @@ def _result() -> dict[str, object]:
     micro |= {"best_triton": "ptma128", "best_triton_ms": 0.9, "ptma128_err": 0.004, "quack_ms": 0.866}
     micro |= {"quack_err": 0.004, "quack_first_s": 2.8}
     shape = {"name": "qwen_fc1_x128", "rows": 1536, "cols": 2048, "batch": 128, "impls": impls}
-    return {"device_name": "H200", "ceiling_tflops": 774.0, "shapes": [shape], "product_micro": [micro]}
+    general = {"product": "apply", "batch": 128, "m": 768, "n": 2048, "k": 768, "best": "quack_coop256x208_cl1x2"}
+    general |= {"cublas_ms": 1.1, "cublas_err": 0.003, "quack_ms": 0.9, "quack_err": 0.003, "quack_first_s": 0.01}
+    general |= {"quack_coop256x208_cl1x2_ms": 0.62, "quack_coop256x208_cl1x2_err": 0.003}
+    general |= {"quack_coop256x208_cl1x2_tflops": 399.0, "quack_coop256x208_cl1x2_first_s": 3.2}
+    return {
+        "device_name": "H200",
+        "ceiling_tflops": 774.0,
+        "shapes": [shape],
+        "product_micro": [micro],
+        "general_micro": [general],
+    }
 
 
 def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
@@ -148,6 +264,10 @@ def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
         "0.98 (plain_quack_all) | 1.01 | 0.99 (quack) | 1.02 |"
     ) in md
     assert "| poly | 128x1536x1536 | 1.2 | 0.9 (ptma128) | 0.866 | 1.04 | 0.004 / 0.004 / 0.004 | 2.8 |" in md
+    assert "| B x m x n | cublas | quack | quack_coop256x208_cl1x2 | fastest (TFLOP/s) |" in md
+    assert (
+        "| 128x768x2048 | 1.1 | 0.9 | 0.62 | quack_coop256x208_cl1x2 (399) | 0.003 / 0.003 / 0.003 | 0.01 / 3.2 |"
+    ) in md
 
 
 def test_bench_layer_step_has_split_and_cublas_columns_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
