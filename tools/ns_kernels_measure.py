@@ -481,13 +481,18 @@ def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
 
 def general_backends() -> dict[str, MatOps]:
     """Backends of the general product X <- a X + P X in `general_micro`: cuBLAS (baddbmm), and on SM90 QuACK's
-    gemm_add in its default config (`quack`) and in each explicit config (`quack_<config>`)."""
+    gemm_add in its default config (`quack`) and in each explicit config (`quack_<config>`) that
+    $MUONBENCH_NS_SKIP does not name (a config that crashes its compiler would end the run)."""
+    from optim.kernels.plan import skipped_tiles
+
     backends: dict[str, MatOps] = {"cublas": TorchOps()}
     if sym_quack.usable(torch.device("cuda")):
         backends["quack"] = sym_quack.QuackOps(general=True)
     if sym_quack.configs_usable(torch.device("cuda")):
+        skip = skipped_tiles()
         for name in sym_quack.GENERAL_CONFIGS:
-            backends[f"quack_{name}"] = sym_quack.QuackOps(general=True, config=name)
+            if name not in skip:
+                backends[f"quack_{name}"] = sym_quack.QuackOps(general=True, config=name)
     return backends
 
 

@@ -50,9 +50,9 @@ class GeneralConfig:
 # own tuning space (`quack.gemm_config._get_sm90_configs`) for the Muon shapes, where QuACK's default (pingpong
 # 128 x 192, 2 x 1 cluster) reached 500 (Qwen3 fc1 batch, K = 1536) and 275 TF/s (fc2, K = 768) of a 779 TF/s
 # bf16 ceiling on the H200. Per CTA and k-step the default loads 128 + 192 / 2 rows of A and B from L2 for
-# 2 x 128 x 192 MACs (110 FLOP per byte); the ones below load fewer bytes per FLOP, their tiles divide every
-# expert batch and large single matrix of tools.ns_kernels with at most 5% padding, and the cluster shape multicasts the
-# operand that the pair of CTAs shares:
+# 2 x 128 x 192 MACs (110 FLOP per byte); the ones below load fewer bytes per FLOP, their tiles cover every
+# expert batch and large single matrix of tools.ns_kernels with at most 5% padding, and the cluster multicasts
+# the operand that its pair of CTAs shares:
 # - coop256x208_cl1x2: cooperative 256 x 208 (two warp groups of 128 x 208), 1 x 2 cluster sharing A: 158 FLOP
 #   per byte, the most of the tuning space; 208 fp32 accumulators per thread.
 # - coop128x256_cl2x1: cooperative 128 x 256 (two warp groups of 64 x 256, the widest wgmma), 2 x 1 cluster

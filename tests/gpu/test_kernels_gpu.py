@@ -120,6 +120,27 @@ def test_quack_products_bf16(seed: int, bmk: tuple[int, int, int]) -> None:
     torch.testing.assert_close(applied, 0.25 * x.float() + s.float() @ x.float(), rtol=1e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("config", ["coop256x208_cl1x2", "coop128x256_cl2x1"])
+def test_quack_general_config_bf16(seed: int, config: str) -> None:
+    """Each explicit SM90 config of QuACK's general product as `apply` (X <- a X + P X) and `full` (negative beta)
+    against fp32 torch on every element, with the tolerance of test_quack_products_bf16; shapes whose M or N is
+    not a multiple of the tile (200, 136; 2048 = 9.85 x 208), and the Qwen3 fc2 batch's m x n."""
+    if not _quack_ok() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("quack-kernels not installed or GPU not SM90")
+    from optim.kernels.sym_quack import QuackOps
+
+    ops = QuackOps(general=True, config=config)
+    for nb, m, k in [(2, 256, 512), (3, 200, 136), (5, 384, 1024), (4, 768, 2048)]:
+        a = torch.randn(nb, m, k, device="cuda").bfloat16()
+        s = ((a.float() @ a.float().mT) / k).bfloat16()
+        x = a / k**0.5
+        applied = ops.apply(s, x, 0.25).float()
+        ref = 0.25 * x.float() + s.float() @ x.float()
+        torch.testing.assert_close(applied, ref, rtol=1e-2, atol=2e-2)
+        full = ops.full(s, x, 1.0, x, -2.0).float()  # alpha = 1 as in every NS body (one compiled epilogue)
+        torch.testing.assert_close(full, s.float() @ x.float() - 2.0 * x.float(), rtol=1e-2, atol=2e-2)
+
+
 def test_plan_measures_quack_and_reports_its_first_call(seed: int) -> None:
     """With quack-kernels installed on SM90+, the plan key names QuACK's version and the plan times or rejects both
     QuACK candidates, with their first call (compilation) recorded apart from the timed runs."""

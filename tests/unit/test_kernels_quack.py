@@ -88,7 +88,9 @@ def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
     offered = set()
     for name, rows, cols, batch, _, _ in SHAPES:
         m, n = min(rows, cols), max(rows, cols)
-        names = candidate_names(batch, m, n, 5, use_gram=True, triton_ok=True, quack_ok=True, quack_configs=True)
+        names = candidate_names(
+            batch, m, n, 5, use_gram=True, triton_ok=True, quack_ok=True, quack_configs=True
+        )
         extra = [x for x in names if x.removesuffix("+graph").split("_", 1)[1].startswith("quack_all_")]
         if extra:
             offered.add(name)
@@ -97,10 +99,13 @@ def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
         assert not [x for x in candidate_names(batch, m, n, 5, True, True, quack_ok=True) if "coop" in x]
         assert not [x for x in candidate_names(batch, m, n, 5, True, True, False, True) if "coop" in x]
     assert offered == CONFIG_SHAPES
-    assert not any("coop" in x for x in candidate_names(128, 1536, 2044, 5, True, True, True, True))  # rows % 8
+    unaligned = candidate_names(128, 1536, 2044, 5, True, True, True, True)  # rows not a multiple of 16 bytes
+    assert not any("coop" in x for x in unaligned)
     for cand in CONFIG_CANDIDATES:
         ops = _ops(cand)
-        assert isinstance(ops, QuackOps) and ops.general and ops.config == cand.removeprefix("plain_quack_all_")
+        assert (
+            isinstance(ops, QuackOps) and ops.general and ops.config == cand.removeprefix("plain_quack_all_")
+        )
     with pytest.raises(ValueError, match="needs general=True"):
         QuackOps(general=False, config="coop128x256_cl2x1")
     with pytest.raises(ValueError, match="coop999.*coop128x256_cl2x1"):
@@ -236,8 +241,21 @@ def _result() -> dict[str, object]:
     micro |= {"best_triton": "ptma128", "best_triton_ms": 0.9, "ptma128_err": 0.004, "quack_ms": 0.866}
     micro |= {"quack_err": 0.004, "quack_first_s": 2.8}
     shape = {"name": "qwen_fc1_x128", "rows": 1536, "cols": 2048, "batch": 128, "impls": impls}
-    general = {"product": "apply", "batch": 128, "m": 768, "n": 2048, "k": 768, "best": "quack_coop256x208_cl1x2"}
-    general |= {"cublas_ms": 1.1, "cublas_err": 0.003, "quack_ms": 0.9, "quack_err": 0.003, "quack_first_s": 0.01}
+    general = {
+        "product": "apply",
+        "batch": 128,
+        "m": 768,
+        "n": 2048,
+        "k": 768,
+        "best": "quack_coop256x208_cl1x2",
+    }
+    general |= {
+        "cublas_ms": 1.1,
+        "cublas_err": 0.003,
+        "quack_ms": 0.9,
+        "quack_err": 0.003,
+        "quack_first_s": 0.01,
+    }
     general |= {"quack_coop256x208_cl1x2_ms": 0.62, "quack_coop256x208_cl1x2_err": 0.003}
     general |= {"quack_coop256x208_cl1x2_tflops": 399.0, "quack_coop256x208_cl1x2_first_s": 3.2}
     return {
