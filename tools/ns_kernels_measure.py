@@ -454,17 +454,7 @@ def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
                 ) -> torch.Tensor:
                     return o.gram(xx) if p == "gram" else o.sym(aa, aa, c, aa, b)
 
-                try:
-                    t0 = time.perf_counter()
-                    out = fn()
-                    torch.cuda.synchronize()
-                    r[f"{name}_first_s"] = time.perf_counter() - t0
-                    r[f"{name}_err"] = float((out.float() - ref).abs().max()) / scale
-                    del out
-                    r[f"{name}_ms"] = median_ms(fn, "cuda", budget_ms=60.0)
-                except Exception as e:  # noqa: BLE001 - a config that cannot run is reported, not fatal
-                    r[f"{name}_ms"] = None
-                    r.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:160]}"
+                _time_product(r, name, fn, ref, scale)
             tri = {t: r[f"{t}_ms"] for t in TILE_CONFIGS if r.get(f"{t}_ms")}
             if tri:
                 r["best_triton"] = min(tri, key=tri.__getitem__)
@@ -477,6 +467,26 @@ def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
             del ref
         torch.cuda.empty_cache()
     return rows
+
+
+def _time_product(
+    r: dict[str, Any], name: str, fn: Callable[[], torch.Tensor], ref: torch.Tensor, scale: float
+) -> bool:
+    """One backend of a product row: first call apart (compilation), largest error against the fp32 `ref` over
+    `scale`, median ms. A backend that cannot run is reported in `errors`, not fatal. True when it was timed."""
+    try:
+        t0 = time.perf_counter()
+        out = fn()
+        torch.cuda.synchronize()
+        r[f"{name}_first_s"] = time.perf_counter() - t0
+        r[f"{name}_err"] = float((out.float() - ref).abs().max()) / scale
+        del out
+        r[f"{name}_ms"] = median_ms(fn, "cuda", budget_ms=60.0)
+        return True
+    except Exception as e:  # noqa: BLE001 - a config that cannot run is reported, not fatal
+        r[f"{name}_ms"] = None
+        r.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:160]}"
+        return False
 
 
 def general_backends() -> dict[str, MatOps]:
@@ -519,18 +529,8 @@ def general_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
             def fn(o: MatOps = ops, pp: torch.Tensor = p, xx: torch.Tensor = x) -> torch.Tensor:
                 return o.apply(pp, xx, a_coef)
 
-            try:
-                t0 = time.perf_counter()
-                out = fn()
-                torch.cuda.synchronize()
-                r[f"{name}_first_s"] = time.perf_counter() - t0
-                r[f"{name}_err"] = float((out.float() - ref).abs().max()) / scale
-                del out
-                r[f"{name}_ms"] = median_ms(fn, "cuda", budget_ms=60.0)
+            if _time_product(r, name, fn, ref, scale):
                 r[f"{name}_tflops"] = 2 * nb * m * m * n / r[f"{name}_ms"] / 1e9
-            except Exception as e:  # noqa: BLE001 - a config that cannot run is reported, not fatal
-                r[f"{name}_ms"] = None
-                r.setdefault("errors", {})[name] = f"{type(e).__name__}: {str(e)[:160]}"
         timed = {k: r[f"{k}_ms"] for k in backends if r.get(f"{k}_ms")}
         if timed:
             r["best"] = min(timed, key=timed.__getitem__)
