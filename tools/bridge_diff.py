@@ -251,28 +251,8 @@ def _env_rows(container: Any, root: RootConfig) -> list[Row]:
 def _engine_optimizer_config(root: RootConfig) -> Any | None:
     """The Megatron OptimizerConfig the engine's AdamW / Megatron Muon builder passes Megatron (None for ours)."""
     from bench.engines import megatron_optim
-    from config.convert import convert
-    from optim import megatron as om
 
-    kind = megatron_optim.implementation(root)
-    matrix, routing, adamw = convert(root.optimizer)
-    clip = root.optimizer.clip_grad
-    if kind == "adamw":  # optim.megatron.build_megatron_adamw(distributed=True)
-        return om.megatron_optimizer_config(
-            optimizer="adam", adamw=adamw, clip_grad=clip, use_distributed_optimizer=True
-        )
-    if kind == "megatron":  # optim.megatron.build_megatron_muon
-        tp_mode = root.parallelism.distribution.tp_mode
-        return om.megatron_optimizer_config(
-            optimizer="muon",
-            adamw=adamw,
-            clip_grad=clip,
-            use_distributed_optimizer=False,
-            muon=matrix,
-            routing=routing,
-            tp_mode=tp_mode if tp_mode != "auto" else "blockwise",
-        )
-    return None
+    return megatron_optim.megatron_config(root)
 
 
 def compare(args: list[str], *, hf_dir: Any = None) -> Diff:

@@ -59,6 +59,34 @@ def implementation(cfg: RootConfig) -> str:
     return opt.implementation
 
 
+ADAMW_DISTRIBUTED = True
+"""The engine's AdamW runs in Megatron's DistributedOptimizer."""
+
+
+def megatron_muon_tp_mode(cfg: RootConfig) -> str:
+    """The TP mode of Megatron's built-in Muon: TensorParallelMuon has no per-matrix choice, so "auto" runs its
+    blockwise mode."""
+    tp_mode = cfg.parallelism.distribution.tp_mode
+    return tp_mode if tp_mode != "auto" else "blockwise"
+
+
+def megatron_config(cfg: RootConfig) -> Any | None:
+    """The Megatron OptimizerConfig `build` hands Megatron for AdamW or Megatron's Muon; None for ours."""
+    from config.convert import convert
+    from optim import megatron as om
+
+    kind = implementation(cfg)
+    matrix, routing, adamw = convert(cfg.optimizer)
+    clip = cfg.optimizer.clip_grad
+    if kind == "adamw":
+        return om.megatron_adamw_config(adamw, clip_grad=clip, distributed=ADAMW_DISTRIBUTED)
+    if kind == "megatron":
+        return om.megatron_muon_config(
+            matrix, adamw, routing, clip_grad=clip, tp_mode=megatron_muon_tp_mode(cfg)
+        )
+    return None
+
+
 def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimizer:
     """The Megatron optimizer for `cfg.optimizer` over the DDP-wrapped `model_chunks`; NS calls timed by `timer`."""
     from optim import megatron as om
@@ -69,13 +97,13 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     matrix, routing, adamw = convert(cfg.optimizer)
     clip = cfg.optimizer.clip_grad
     if kind == "adamw":
-        opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=True)
+        opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=ADAMW_DISTRIBUTED)
         return BuiltOptimizer(optimizer=opt, kind=kind)
     tp_mode = cfg.parallelism.distribution.tp_mode
     if kind == "megatron":
-        # MCore's TensorParallelMuon has no per-matrix choice: "auto" runs its blockwise mode there.
-        tp_mode = tp_mode if tp_mode != "auto" else "blockwise"
-        opt = om.build_megatron_muon(model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=tp_mode)
+        opt = om.build_megatron_muon(
+            model_chunks, matrix, adamw, routing, clip_grad=clip, tp_mode=megatron_muon_tp_mode(cfg)
+        )
         _time_megatron_muon(opt, timer, matrix.num_ns_steps)
         return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=matrix.num_ns_steps)
     opt, routes = om.build_ours(

@@ -43,6 +43,8 @@ from optim.megatron.builders import (
     build_megatron_muon,
     build_ours,
     fuse_torch_adam,
+    megatron_adamw_config,
+    megatron_muon_config,
 )
 from optim.megatron.config import (
     IMPLEMENTATIONS,
@@ -83,7 +85,9 @@ __all__ = [
     "fuse_torch_adam",
     "install_ns_overlap",
     "matrix_shapes",
+    "megatron_adamw_config",
     "megatron_group",
+    "megatron_muon_config",
     "megatron_optimizer_config",
     "process_groups",
     "qkv_split",

@@ -58,6 +58,37 @@ def _inner_torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     return []
 
 
+def megatron_adamw_config(adamw: AdamWConfig, *, clip_grad: float, distributed: bool) -> Any:
+    """The OptimizerConfig `build_megatron_adamw` hands Megatron."""
+    return megatron_optimizer_config(
+        optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=distributed
+    )
+
+
+def megatron_muon_config(
+    muon: MuonConfig,
+    adamw: AdamWConfig,
+    routing: RoutingConfig,
+    *,
+    clip_grad: float,
+    tp_mode: str = "blockwise",
+) -> Any:
+    """The OptimizerConfig `build_megatron_muon` hands Megatron; ValueError for a routing it cannot follow."""
+    if not routing.router_to_matrix or routing.split_mla_kv_down or routing.split_gate_up:
+        raise ValueError(
+            f"routing={routing}: Megatron's built-in Muon always sends the router to Muon and splits only QKV"
+        )
+    return megatron_optimizer_config(
+        optimizer="muon",
+        adamw=adamw,
+        clip_grad=clip_grad,
+        use_distributed_optimizer=False,
+        muon=muon,
+        routing=routing,
+        tp_mode=tp_mode,
+    )
+
+
 def build_megatron_adamw(
     model_chunks: list[Any], adamw: AdamWConfig, *, clip_grad: float, distributed: bool
 ) -> Any:
@@ -65,10 +96,9 @@ def build_megatron_adamw(
     from megatron.core.optimizer import get_megatron_optimizer
 
     multi_tensor.install()
-    config = megatron_optimizer_config(
-        optimizer="adam", adamw=adamw, clip_grad=clip_grad, use_distributed_optimizer=distributed
+    opt = get_megatron_optimizer(
+        megatron_adamw_config(adamw, clip_grad=clip_grad, distributed=distributed), model_chunks
     )
-    opt = get_megatron_optimizer(config, model_chunks)
     fuse_torch_adam(opt)
     return opt
 
@@ -86,19 +116,7 @@ def build_megatron_muon(
     from megatron.core.optimizer import get_megatron_optimizer
 
     multi_tensor.install()
-    if not routing.router_to_matrix or routing.split_mla_kv_down or routing.split_gate_up:
-        raise ValueError(
-            f"routing={routing}: Megatron's built-in Muon always sends the router to Muon and splits only QKV"
-        )
-    config = megatron_optimizer_config(
-        optimizer="muon",
-        adamw=adamw,
-        clip_grad=clip_grad,
-        use_distributed_optimizer=False,
-        muon=muon,
-        routing=routing,
-        tp_mode=tp_mode,
-    )
+    config = megatron_muon_config(muon, adamw, routing, clip_grad=clip_grad, tp_mode=tp_mode)
     opt = get_megatron_optimizer(config, model_chunks, use_gloo_process_groups=False)
     fuse_torch_adam(opt)
     return opt
