@@ -259,4 +259,30 @@ def make_config_container(
     cfg.env_vars = {**cfg.env_vars, **plan.env_vars}
     plan.metadata["legacy_fields"] = renamed
     plan.metadata["node_adjustments"] = adapt_to_node(cfg)
+    plan.metadata["benchmark"].update(capture_in_warmup(cfg, root.bench.warmup_steps))
     return cfg, plan
+
+
+def capture_in_warmup(cfg: Any, warmup_steps: int) -> dict[str, Any]:
+    """Keep Transformer Engine's CUDA-graph capture out of the timed steps; returns what changed.
+
+    Bridge's loop captures the graphs during the iteration after `model.cuda_graph_warmup_steps` iterations (3 in
+    its recipes); the bench times every step after `bench.warmup_steps`. With fewer warm-up steps than that, the
+    capture is moved to the last warm-up step. The capture needs one eager step before it.
+
+    Raises:
+        ValueError: CUDA graphs are on and `warmup_steps` < 2.
+    """
+    if getattr(cfg.model, "cuda_graph_impl", "none") != "transformer_engine":
+        return {}
+    recipe = cfg.model.cuda_graph_warmup_steps
+    if warmup_steps > recipe:
+        return {}
+    if warmup_steps < 2:
+        raise ValueError(
+            f"bench.warmup_steps={warmup_steps}: this recipe captures Transformer Engine CUDA graphs "
+            f"(model.cuda_graph_impl=transformer_engine) after at least one eager step, and the capture must fall "
+            "in a warm-up step; use bench.warmup_steps >= 2"
+        )
+    cfg.model.cuda_graph_warmup_steps = warmup_steps - 1
+    return {"cuda_graph_warmup_steps": {"recipe": recipe, "used": warmup_steps - 1}}

@@ -244,6 +244,32 @@ def test_kimi_gradient_accumulation_fusion_recorded(built) -> None:
         assert cfg.model.gradient_accumulation_fusion is False
 
 
+def test_cuda_graph_capture_falls_in_warmup(built) -> None:
+    """Bridge captures TE CUDA graphs in iteration `cuda_graph_warmup_steps` (0-based); the bench times the steps
+    from `bench.warmup_steps` on, so the capture must come earlier, and the change is recorded."""
+    for name in ("qwen_adamw", "slice_muon", "qwen3_moe_tiny_adamw", "kimi_adamw"):
+        root, cfg, plan = built[name]
+        if cfg.model.cuda_graph_impl != "transformer_engine":
+            assert name.startswith("kimi")  # Kimi K2's published recipe runs without CUDA graphs
+            continue
+        assert cfg.model.cuda_graph_warmup_steps < root.bench.warmup_steps
+    # default bench (3 warm-up steps) against the recipe's 3: moved to the last warm-up step
+    root, cfg, plan = built["qwen3_moe_tiny_adamw"]
+    assert root.bench.warmup_steps == 3 and cfg.model.cuda_graph_warmup_steps == 2
+    assert plan.metadata["benchmark"]["cuda_graph_warmup_steps"] == {"recipe": 3, "used": 2}
+    root, cfg, plan = built["qwen_adamw"]  # published: 10 warm-up steps, the recipe's value stays
+    assert cfg.model.cuda_graph_warmup_steps == 3 and "cuda_graph_warmup_steps" not in plan.metadata["benchmark"]
+
+
+def test_cuda_graphs_need_two_warmup_steps(tmp_path) -> None:
+    import config
+    from recipes.bridge import make_config_container
+
+    root = config.load(["model=qwen3_moe_tiny", *SINGLE, "optimizer=adamw", "bench.warmup_steps=1"])
+    with pytest.raises(ValueError, match=r"bench.warmup_steps=1: .*bench.warmup_steps >= 2"):
+        make_config_container(root, hf_dir=tmp_path)
+
+
 # ---- signatures of the Bridge objects the engine and recipes call ---------------------------------------------
 
 
