@@ -57,8 +57,21 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.backend": ("gloo", "nccl"),
     "engine.ab_mode": ("published", "fair"),
     "engine.empty_unused_memory_level": (0, 1, 2),
+    "engine.moe_router_dtype": ("fp32", "fp64", "none"),
     "launcher.name": ("local", "slurm"),
 }
+
+
+MEGATRON_MODEL_OPTIONS = (
+    "moe_permute_fusion",
+    "apply_rope_fusion",
+    "moe_router_fusion",
+    "moe_router_dtype",
+    "grad_reduce_in_fp32",
+)
+"""`engine.*` options that set a Megatron-Core model or DDP field of the megatron engine; other engines keep the
+default."""
+_ENGINE_DEFAULTS = {f.name: f.default for f in fields(schema.EngineConfig)}
 
 
 class ConfigError(ValueError):
@@ -352,13 +365,14 @@ def validate(root: schema.RootConfig) -> None:
                 root.engine.empty_unused_memory_level,
                 f"only the megatron engine has it (engine.name={root.engine.name!r})",
             )
-        for name in ("moe_permute_fusion", "apply_rope_fusion"):
-            if getattr(root.engine, name):
+        for name in MEGATRON_MODEL_OPTIONS:
+            value, default = getattr(root.engine, name), _ENGINE_DEFAULTS[name]
+            if value != default:
                 _fail(
                     f"engine.{name}",
-                    True,
-                    f"only the megatron engine has it (engine.name={root.engine.name!r}; Megatron-Bridge's "
-                    "recipe sets its own fusions)",
+                    value,
+                    f"only the megatron engine has it (engine.name={root.engine.name!r}; allowed here: "
+                    f"{default!r}; Megatron-Bridge's recipe sets its own)",
                 )
         if root.bench.probes:
             _fail(

@@ -309,6 +309,17 @@ class EngineConfig:
     apply_rope_fusion: bool = False
     """megatron: Transformer Engine's fused rotary embedding (Megatron-Core `apply_rope_fusion`, on in
     Megatron-Bridge's benchmark settings); needs Transformer Engine to import, with TE or local layers."""
+    moe_router_fusion: bool = False
+    """megatron: Transformer Engine's fused router top-k with its score function and aux-loss scores (Megatron-Core
+    `moe_router_fusion`, on in Megatron-Bridge's benchmark settings); needs Transformer Engine to import, with TE
+    or local layers."""
+    moe_router_dtype: str = "fp32"
+    """megatron: precision of the router's logits, scores and aux loss (Megatron-Core `moe_router_dtype`): fp32 |
+    fp64 | none (the activations' dtype, bf16 here; Megatron-Core's None, as Megatron-Bridge's Qwen3 recipe)."""
+    grad_reduce_in_fp32: bool = True
+    """megatron: fp32 main-grad buffer, into which every micro-batch's weight gradients are added and which DDP
+    reduces (Megatron-Core DDP `grad_reduce_in_fp32`); false keeps it in the parameters' bf16, as Megatron-Bridge's
+    bf16 preset does."""
 
 
 @dataclass

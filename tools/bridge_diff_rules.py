@@ -139,7 +139,7 @@ RULES: dict[str, Rule] = {
     ),
     "model.moe_router_dtype": _rule(
         PERF,
-        "router logits, softmax and aux loss in fp32 (the engine) or in the activations' bf16 (None)",
+        "router logits, score function and aux loss in fp32 / fp64 or in the activations' bf16 (None)",
     ),
     "model.apply_rope_fusion": _rule(
         PERF,

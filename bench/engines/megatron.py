@@ -286,7 +286,8 @@ class MegatronEngine(Engine):
         return bool(ok), grad_norm
 
     def main_grads(self) -> dict[str, Any]:
-        """Name -> a copy of each parameter's accumulated gradient (`main_grad`, fp32) of the first chunk."""
+        """Name -> a copy of each parameter's accumulated gradient (`main_grad`: fp32, or the parameters' dtype
+        with `engine.grad_reduce_in_fp32=false`) of the first chunk."""
         return {n: p.main_grad.detach().clone() for n, p in self.model_chunks[0].named_parameters()}
 
     def set_main_grads(self, grads: dict[str, Any]) -> None:
@@ -347,6 +348,7 @@ def ddp_config(cfg: RootConfig) -> Any:
         distributed=True,
         # ours with layer-wise ownership reduce-scatters gradients itself: DDP must not start its all-reduce
         overlap_grad_reduce=cfg.parallelism.dp > 1 and not _ours_layerwise(cfg),
+        grad_reduce_in_fp32=cfg.engine.grad_reduce_in_fp32,
     )
 
 

@@ -58,20 +58,23 @@ class BuildOptions:
     """Initialise parameters on the CPU (unit tests); GPU runs initialise on the device."""
     bf16: bool = True
     router_dtype: str | None = "fp32"
-    """Router softmax/sigmoid precision (MB recipes: fp32)."""
+    """Router logits, softmax/sigmoid and aux-loss precision: fp32 | fp64 | None (the activations' dtype)
+    (`engine.moe_router_dtype`, none -> None)."""
     force_balanced_router: bool = True
     """Forced-balanced routing as in the published perf runs (moe_router_force_load_balancing)."""
     moe_permute_fusion: bool = False
     """Transformer Engine's fused token permute / unpermute in the MoE dispatcher (`engine.moe_permute_fusion`)."""
     apply_rope_fusion: bool = False
     """Transformer Engine's fused rotary embedding on query and key (`engine.apply_rope_fusion`)."""
+    moe_router_fusion: bool = False
+    """Transformer Engine's fused router top-k + score function and aux-loss scores (`engine.moe_router_fusion`)."""
 
     def __post_init__(self) -> None:
         if self.dispatcher not in ("alltoall", "allgather"):
             raise ValueError(f"dispatcher={self.dispatcher!r} is not one of ('alltoall', 'allgather')")
 
 
-FUSION_OPTIONS = ("moe_permute_fusion", "apply_rope_fusion")
+FUSION_OPTIONS = ("moe_permute_fusion", "apply_rope_fusion", "moe_router_fusion")
 """`engine.*` options that turn on a Transformer Engine kernel of the same-named TransformerConfig field."""
 
 
@@ -92,6 +95,7 @@ def build_options(cfg: RootConfig, *, use_te: bool, grouped_mm_experts: bool = T
         use_te=use_te,
         bf16=cfg.precision.params_dtype == "bf16",
         grouped_mm_experts=grouped_mm_experts,
+        router_dtype=None if cfg.engine.moe_router_dtype == "none" else cfg.engine.moe_router_dtype,
         **{name: getattr(cfg.engine, name) for name in FUSION_OPTIONS},
     )
 
@@ -162,6 +166,7 @@ def transformer_config_kwargs(
             moe_router_force_load_balancing=opts.force_balanced_router,
             moe_grouped_gemm=opts.use_te,
             moe_permute_fusion=opts.moe_permute_fusion,
+            moe_router_fusion=opts.moe_router_fusion,
         )
         if model.moe_shared_expert_intermediate_size:
             kw["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size

@@ -104,16 +104,19 @@ def megatron_optimizer_config(
     return OptimizerConfig(**kw)
 
 
-def ddp_config(*, kind: str, distributed: bool, overlap_grad_reduce: bool) -> Any:
+def ddp_config(
+    *, kind: str, distributed: bool, overlap_grad_reduce: bool, grad_reduce_in_fp32: bool = True
+) -> Any:
     """Megatron DDP settings matching the optimizer `kind` (adamw | ours | megatron): the distributed optimizer's
     reduce-scatter only for AdamW; Megatron's legacy layer-wise Muon and ours all-reduce gradients (every rank holds
-    full main grads and steps the matrices it owns)."""
+    full main grads and steps the matrices it owns). `grad_reduce_in_fp32=False` keeps the main-grad buffer in the
+    parameters' dtype (each optimizer casts its gradients to fp32 at the step)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     if kind not in ("adamw", *IMPLEMENTATIONS):
         raise ValueError(f"kind={kind!r} is not one of {('adamw', *IMPLEMENTATIONS)}")
     return DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
         overlap_grad_reduce=overlap_grad_reduce,
         use_distributed_optimizer=distributed and kind == "adamw",
         check_for_nan_in_grad=False,

@@ -21,7 +21,21 @@ if _SKIP:
     pytest.skip(_SKIP, allow_module_level=True)
 
 SLICE = "experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu"
-FLIPS = ["engine.moe_permute_fusion=true", "engine.apply_rope_fusion=true"]
+FLIPS = [
+    "engine.moe_permute_fusion=true",
+    "engine.apply_rope_fusion=true",
+    "engine.moe_router_fusion=true",
+    "engine.moe_router_dtype=none",
+    "engine.grad_reduce_in_fp32=false",
+]
+"""The engine options set to Bridge's values; each removes one row of `PERF_DIFF`."""
+FLIPPED_ROWS = {
+    "model.moe_permute_fusion",
+    "model.apply_rope_fusion",
+    "model.moe_router_fusion",
+    "model.moe_router_dtype",
+    "ddp.grad_reduce_in_fp32",
+}
 
 # (Bridge, engine) of every setting that differs and can change the step time on the one-GPU bf16 slice.
 PERF_DIFF: dict[str, tuple[Any, Any]] = {
@@ -47,7 +61,7 @@ PERF_DIFF: dict[str, tuple[Any, Any]] = {
 
 @pytest.fixture(scope="module")
 def diffs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The slice compared as configured and with the two engine flips (Bridge imports once)."""
+    """The slice compared as configured and with the engine options set to Bridge's values (Bridge imports once)."""
     import_bridge()
     from tools.bridge_diff import compare
 
@@ -114,7 +128,7 @@ def test_other_optimizers_and_layers_are_classified(variant: str, tmp_path) -> N
 
 def test_origins_show_who_sets_each_value(diffs) -> None:
     """Bridge's recipe turns permute fusion on; our recipes/ overrides turn router fusion and rope fusion on; the
-    engine's megatron_model passes its values explicitly."""
+    engine's megatron_model passes its values explicitly (from the engine options)."""
     diff = diffs["as_is"]
     origins = {
         name: (diff.row(name).bridge_origin, diff.row(name).engine_origin)
@@ -122,7 +136,7 @@ def test_origins_show_who_sets_each_value(diffs) -> None:
     }
     assert origins == {
         "model.moe_permute_fusion": ("Bridge", "megatron_model"),
-        "model.moe_router_fusion": ("recipes/", "Megatron-Core default"),
+        "model.moe_router_fusion": ("recipes/", "megatron_model"),
         "model.apply_rope_fusion": ("recipes/", "megatron_model"),
     }
 
@@ -149,12 +163,16 @@ def test_suspects_that_agree_are_shown(diffs) -> None:
 
 
 def test_engine_flips_remove_exactly_their_rows(diffs) -> None:
-    """engine.moe_permute_fusion=true engine.apply_rope_fusion=true set the two TransformerConfig fields as Bridge
-    does: those rows leave the table, every other difference stays."""
+    """engine.moe_permute_fusion=true engine.apply_rope_fusion=true engine.moe_router_fusion=true
+    engine.moe_router_dtype=none engine.grad_reduce_in_fp32=false set the four TransformerConfig fields and the DDP
+    field as Bridge does: those rows leave the table (no inert or same row appears for them), every other
+    difference stays with its values."""
     flipped = diffs["flipped"]
-    got = {r.field for r in flipped.of_kind("perf", "unclassified")}
-    assert got == set(PERF_DIFF) - {"model.moe_permute_fusion", "model.apply_rope_fusion"}
-    assert flipped.engine_overrides[-2:] == FLIPS
+    got = {r.field: (r.bridge, r.engine) for r in flipped.of_kind("perf", "unclassified")}
+    assert FLIPPED_ROWS <= set(PERF_DIFF)
+    assert got == {k: v for k, v in PERF_DIFF.items() if k not in FLIPPED_ROWS}
+    assert not FLIPPED_ROWS & {r.field for r in flipped.rows}
+    assert flipped.engine_overrides[-len(FLIPS) :] == FLIPS
     assert all(r.note == "equal" for r in flipped.of_kind("shape"))
 
 

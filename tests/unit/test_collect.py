@@ -108,10 +108,19 @@ def test_default_destination_is_the_sweeps_report_folder(runs, tmp_path, capsys)
 
 
 def test_engine_layer_and_fusion_options_are_columns():
-    """Runs of one experiment that differ only in the megatron engine's layers or fusion options stay apart in
-    results.csv (the Bridge-vs-engine fusion ablation)."""
+    """Runs of one experiment that differ only in the megatron engine's layers, fusion, router-dtype or
+    main-grad-buffer options stay apart in results.csv (the Bridge-vs-engine ablation)."""
     from bench.collect import run_row
 
-    cfg = {"engine": {"name": "megatron", "layers": "te", "moe_permute_fusion": True, "apply_rope_fusion": False}}
-    row = run_row({"run_id": "r", "status": "ok", "config": cfg})
-    assert (row["layers"], row["moe_permute_fusion"], row["apply_rope_fusion"]) == ("te", True, False)
+    engine = {
+        "name": "megatron",
+        "layers": "te",
+        "moe_permute_fusion": True,
+        "apply_rope_fusion": False,
+        "moe_router_fusion": True,
+        "moe_router_dtype": "none",
+        "grad_reduce_in_fp32": False,
+    }
+    row = run_row({"run_id": "r", "status": "ok", "config": {"engine": engine}})
+    assert {k: row[k] for k in engine if k != "name"} == {k: v for k, v in engine.items() if k != "name"}
+    assert row["engine"] == "megatron"

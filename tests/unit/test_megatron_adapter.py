@@ -129,25 +129,43 @@ def test_transformer_config_mla_and_router(megatron_groups):
 
 
 def test_fusion_options_reach_the_transformer_config() -> None:
-    """engine.moe_permute_fusion / engine.apply_rope_fusion set the same-named TransformerConfig fields (the way
-    Megatron-Bridge's Qwen3 recipe does); off by default, so existing runs keep their configuration."""
+    """engine.moe_permute_fusion / apply_rope_fusion / moe_router_fusion / moe_router_dtype set the same-named
+    TransformerConfig fields (the way Megatron-Bridge's Qwen3 recipe does, `none` as Megatron-Core's None);
+    defaults keep the engine's earlier configuration (fusions off, fp32 router)."""
     import config
 
     base = ["experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu", "engine.layers=te"]
-    default = mm.build_options(config.load(base), use_te=True)
-    flipped = mm.build_options(
-        config.load([*base, "engine.moe_permute_fusion=true", "engine.apply_rope_fusion=true"]), use_te=True
-    )
+    flips = [
+        "engine.moe_permute_fusion=true",
+        "engine.apply_rope_fusion=true",
+        "engine.moe_router_fusion=true",
+        "engine.moe_router_dtype=none",
+    ]
     root = config.load(base)
+    default = mm.build_options(root, use_te=True)
+    flipped = mm.build_options(config.load([*base, *flips]), use_te=True)
     _, kw_default = mm.transformer_config_kwargs(root.model, root.parallelism, default)
     _, kw_flipped = mm.transformer_config_kwargs(root.model, root.parallelism, flipped)
-    assert (kw_default["moe_permute_fusion"], kw_default["apply_rope_fusion"]) == (False, False)
-    assert (kw_flipped["moe_permute_fusion"], kw_flipped["apply_rope_fusion"]) == (True, True)
-    assert {k for k in kw_flipped if kw_flipped[k] != kw_default[k]} == {
-        "moe_permute_fusion",
-        "apply_rope_fusion",
-    }
+    names = ("moe_permute_fusion", "apply_rope_fusion", "moe_router_fusion", "moe_router_dtype")
+    assert [kw_default[k] for k in names] == [False, False, False, "fp32"]
+    assert [kw_flipped[k] for k in names] == [True, True, True, None]
+    assert {k for k in kw_flipped if kw_flipped[k] != kw_default[k]} == set(names)
     assert default.use_te and default.bf16 and kw_default["moe_grouped_gemm"]
+    fp64 = mm.build_options(config.load([*base, "engine.moe_router_dtype=fp64"]), use_te=True)
+    assert mm.transformer_config_kwargs(root.model, root.parallelism, fp64)[1]["moe_router_dtype"] == "fp64"
+
+
+def test_grad_reduce_in_fp32_reaches_the_ddp_config() -> None:
+    """engine.grad_reduce_in_fp32=false gives Megatron's DDP a main-grad buffer in the parameters' dtype (as
+    Megatron-Bridge's bf16 preset); the default keeps the fp32 buffer, for every optimizer kind."""
+    import config
+    from bench.engines.megatron import ddp_config
+
+    for opt in ("adamw", "muon", "muon_megatron"):
+        base = ["experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu", f"optimizer={opt}"]
+        flipped = config.load([*base, "engine.grad_reduce_in_fp32=false"])
+        assert ddp_config(config.load(base)).grad_reduce_in_fp32 is True
+        assert ddp_config(flipped).grad_reduce_in_fp32 is False
 
 
 def test_transformer_config_is_built_from_its_kwargs(megatron_groups) -> None:
@@ -171,6 +189,9 @@ def test_fusion_options_need_transformer_engine() -> None:
         mm.check_fusions(EngineConfig(name="megatron", moe_permute_fusion=True))
     with pytest.raises(ValueError, match=r"engine.apply_rope_fusion=True"):
         mm.check_fusions(EngineConfig(name="megatron", apply_rope_fusion=True))
+    with pytest.raises(ValueError, match=r"engine.moe_router_fusion=True"):
+        mm.check_fusions(EngineConfig(name="megatron", moe_router_fusion=True))
+    mm.check_fusions(EngineConfig(name="megatron", moe_router_dtype="none", grad_reduce_in_fp32=False))
 
 
 def test_gqa_routing_on_real_megatron_model(megatron_groups):
