@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tools.quality import config, corpus, summary, sweep
+from tools.quality import config, corpus, data, run, summary, sweep
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -155,7 +161,10 @@ def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsy
     best LR's extra seed), a deleted trial is the only one rerun, and other trial-defining keys are refused."""
     out = tmp_path / "q"
     assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0
-    assert "stopped: time_limit_s" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert re.search(
+        r"stopped: time_limit_s=1e-06: \d+ s used, next trial adamw ~0 s \(nothing measured", said
+    )
     assert not list((out / "trials").glob("*.json")) and (out / "corpus.json").exists()
     assert json.loads((out / "progress.json").read_text())["complete"] is False
 
@@ -181,6 +190,98 @@ def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsy
 
     with pytest.raises(ValueError, match=r"other settings: \{'steps': \(4, 6\)\}"):
         sweep.main(_args(out, "steps=6"))
+
+
+def test_sigterm_records_the_piece_and_a_rerun_resumes(tmp_path) -> None:
+    """SIGTERM in the second trial (after the first trial's file): exit 128 + 15, no file for the trial in
+    progress, the piece's line names the signal, trial and step, progress.json counts the finished trial, and a
+    rerun finishes the sweep. Localises a signal that kills the process before it records its piece."""
+    out, log_path = tmp_path / "q", tmp_path / "log"
+    args = _args(out, "steps=8", "prewarm_steps=1")
+    first, second = sweep.trial_id("adamw", 1e-3, 1234), sweep.trial_id("adamw", 3e-3, 1234)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the per-evaluation log lines reach the file at once
+    with open(log_path, "w") as log:
+        cmd = [sys.executable, "-m", "tools.quality", *args]
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=root, env=env)
+        deadline = time.monotonic() + 60
+        while "lr=3e-03 seed=1234 step" not in log_path.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text()[-2000:]
+            time.sleep(0.02)
+        assert (out / "trials" / f"{first}.json").exists()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, log_path.read_text()[-2000:]
+    piece = json.loads((out / "pieces.jsonl").read_text().splitlines()[-1])
+    stop = piece["interrupted"]
+    assert stop["signal"] == "SIGTERM" and stop["trial"] == second and 2 <= stop["step"] <= 8
+    assert piece["stopped"] == f"SIGTERM in trial {second} at step {stop['step']}/8"
+    finished = sorted(p.stem for p in (out / "trials").glob("*.json"))
+    assert finished == [first] and piece["trials_run"] == finished
+    assert json.loads((out / "progress.json").read_text()) == {"done": 1, "planned": 5, "complete": False}
+    assert piece["prewarm_step_s"]["adamw"] > 0  # prewarm_steps=1 runs 2 steps: no adamw trial was finished
+    kept = {i: (out / "trials" / f"{i}.json").read_text() for i in finished}
+
+    assert sweep.main(args) == 0
+    assert json.loads((out / "progress.json").read_text()) == {"done": 5, "planned": 5, "complete": True}
+    assert all((out / "trials" / f"{i}.json").read_text() == kept[i] for i in finished)
+    pieces = [json.loads(x) for x in (out / "pieces.jsonl").read_text().splitlines()]
+    assert len(pieces) == 2 and pieces[1]["stopped"] is None and pieces[1]["interrupted"] is None
+    assert set(pieces[1]["trials_run"]) == {p.stem for p in (out / "trials").glob("*.json")} - set(finished)
+
+
+def _done(name, trial_s, *, status="ok", eval_s=5.0):
+    return {"optimizer": name, "status": status, "trial_s": trial_s, "eval_s": eval_s}
+
+
+def test_estimate_prefers_own_trials_then_prewarm() -> None:
+    """The next trial's estimate: the optimizer's own finished trials, else its prewarm's seconds per step (the
+    other optimizers' trial times unused, their evaluation times used), else the others' mean. Localises the
+    estimate that let a 390 s SOAP-REKLS trial start on the 60 s of the other optimizers' trials."""
+    cfg = config.parse_cli(["profile=gpu"])  # 240 steps, an evaluation every 10: 24 evaluations
+    warm = run.Prewarm(seconds=30.0, num_steps=11, build_s=0.5, step_s=1.6, eval_s=0.25)
+    others = {"a": _done("adamw", 60.0, eval_s=5.0), "b": _done("muon", 62.0, eval_s=6.0)}
+    need, basis = sweep.estimate_trial_s("soap_rekls", cfg, others, warm)
+    assert need == pytest.approx(240 * 1.6 + 5.5 + 0.5) and basis == "prewarm: 1.60 s/step"
+    need, _ = sweep.estimate_trial_s("soap_rekls", cfg, {}, warm)
+    assert need == pytest.approx(240 * 1.6 + 24 * 0.25 + 0.5)
+    mine = others | {
+        "s1": _done("soap_rekls", 400.0),
+        "s2": _done("soap_rekls", 380.0),
+        "s3": _done("soap_rekls", 90.0, status="diverged"),
+        "s4": _done("soap_rekls", 0.0, status="error: RuntimeError: x"),
+    }
+    assert sweep.estimate_trial_s("soap_rekls", cfg, mine, warm) == (
+        390.0,
+        "mean of 2 finished soap_rekls trial(s)",
+    )
+    one_step = run.Prewarm(seconds=3.0, num_steps=1, build_s=0.5, step_s=None, eval_s=0.25)
+    for w in (None, one_step):
+        assert sweep.estimate_trial_s("soap_rekls", cfg, others, w) == (
+            61.0,
+            "mean of 2 other optimizers' trial(s)",
+        )
+    assert sweep.estimate_trial_s("soap_rekls", cfg, {}, None) == (0.0, "nothing measured yet")
+    assert (
+        sweep.num_evals(cfg) == 24 and sweep.num_evals(config.parse_cli(["steps=25", "eval_every=10"])) == 3
+    )
+
+
+def test_prewarm_covers_a_refresh_period_until_a_trial_is_done() -> None:
+    """SOAP-REKLS without a finished trial is prewarmed for 1 + precondition_frequency steps, so the timed steps
+    after the first include one eigenbasis refresh; with a finished trial, for prewarm_steps only. Localises a
+    per-step time that leaves out the periodic refresh."""
+    cfg = config.parse_cli(
+        ["profile=tiny", "prewarm_steps=1", "precondition_frequency=2", "hidden_size=32", "seq_len=16"]
+    )
+    tokens = torch.randint(0, 512, (20_000,), generator=torch.Generator().manual_seed(0))
+    val = data.fixed_val_batches(tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_batches=1)
+    prep = sweep.Prepared(vocab=512, train_tokens=tokens, val=val, corpus={})
+    warm = sweep._prewarm("soap_rekls", cfg, prep, {})
+    assert warm is not None and warm.num_steps == 3 and warm.step_s > 0 and warm.eval_s > 0
+    assert warm.seconds > warm.build_s + 2 * warm.step_s
+    again = sweep._prewarm("soap_rekls", cfg, prep, {"t": _done("soap_rekls", 9.0)})
+    assert again is not None and again.num_steps == 1 and again.step_s is None
+    assert sweep._prewarm("adamw", cfg, prep, {}).num_steps == 2
 
 
 def test_report_from_state_dir_only(tmp_path) -> None:

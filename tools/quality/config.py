@@ -162,10 +162,15 @@ class QualityConfig:
     """SOAP-REKLS: eigh refresh of the eigenbases every this many steps."""
     prewarm_steps: int = 0
     """Untimed steps of each optimizer on a throwaway model before its first trial in a process (kernel
-    compilation, NS plan measurement, cuBLAS / cuSOLVER workspaces)."""
+    compilation, NS plan measurement, cuBLAS / cuSOLVER workspaces), then one evaluation; 0 = no prewarm. For an
+    optimizer without a finished trial, at least 1 + its refresh period (1 + `precondition_frequency` for
+    SOAP-REKLS, 2 for the others): the mean time of the steps after the first estimates its trials."""
     time_limit_s: float = 0.0
-    """Stop between trials when the next one would end after this many seconds of the process; 0 = no limit.
-    A rerun with the same `out` resumes."""
+    """Start a trial only if its estimate says it ends within this many seconds of the process's start; 0 = no
+    limit. Estimate (`tools.quality.sweep.estimate_trial_s`): the mean duration of that optimizer's finished
+    trials; with none, steps x its prewarm's seconds per step + the evaluations + the build; without a prewarm
+    measurement, the other optimizers' mean. A rerun with the same `out` resumes. SIGTERM or SIGINT drops the
+    trial in progress, records the piece and exits with 128 + the signal number."""
     cache: str = ""
     """Directory of the encoded corpus; empty = $MUONBENCH_CACHE/quality (or ~/.cache/muontools/quality)."""
     lr_grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(LR_GRIDS))

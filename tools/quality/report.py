@@ -281,7 +281,8 @@ GPU-hours and cost at ${cfg["price_per_hour"]}/GPU-hour. Model TFLOP/s = tokens/
   (quintic, 5 steps), MOP's polar factor by {cfg["polar_method"]}; SOAP-REKLS: KL-Shampoo factors, eigh refresh
   every {cfg["precondition_frequency"]} step(s); AdamW betas (0.9, 0.95); weight decay {cfg["weight_decay"]};
   non-matrix parameters (embeddings, output layer, norms) use AdamW at the same LR in every run; gradient clip 1.0.
-- Untimed warm-up: {cfg["prewarm_steps"]} step(s) of each optimizer on a throwaway model per process.
+- Untimed warm-up: {cfg["prewarm_steps"]} step(s) of each optimizer on a throwaway model per process (at least 1 +
+  the refresh period for an optimizer without a finished trial, whose later steps are timed for `time_limit_s`).
 - Software: torch {versions.get("torch")}, transformers {versions.get("transformers")}, tokenizers
   {versions.get("tokenizers")}, Python {versions.get("python")}; git {last.get("git", {}).get("sha")};
   host {last.get("hardware", {}).get("hostname")}; {len(pieces)} piece(s), {progress["done"]}/{progress["planned"]} trials.
@@ -301,8 +302,9 @@ after removing {corpus["duplicates"]:,} duplicate and {corpus["skipped"]:,} empt
 {chr(10).join(trial_lines)}
 
 ## Reproduce
-`{command} out=<dir>` (one process; with `time_limit_s=S` it stops between trials and a rerun with the same `out` resumes),
-then `python -m tools.quality.report src=<out> dest=<report dir>`; `reproduce.sh` does both.
+`{command} out=<dir>` (one process; with `time_limit_s=S` it starts a trial only if its estimate ends inside S
+seconds, from that optimizer's finished trials or else its prewarm's seconds per step, and a rerun with the same
+`out` resumes; SIGTERM drops the trial in progress and records the piece), then `python -m tools.quality.report src=<out> dest=<report dir>`; `reproduce.sh` does both.
 """
     (dest / "README.md").write_text(doc)
     return table

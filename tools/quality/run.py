@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tools.quality.config import (  # noqa: F401 - re-exported: the bench's public names
@@ -160,24 +160,76 @@ def _train_step(model, opt, x, y, cfg: QualityConfig, events):
     return loss, time.perf_counter() - t1  # host time: the optimizer-step time on CPU only
 
 
-def prewarm(name: str, cfg: QualityConfig, train_tokens, vocab: int) -> float:
-    """`prewarm_steps` untimed steps of `name` on a throwaway model; returns the seconds they took."""
+class Interrupted(BaseException):
+    """A stop signal arrived (raised by the sweep's signal handler). A BaseException, so that the sweep's
+    `except Exception` never records the trial it interrupts as a failed one."""
+
+    def __init__(self, signum: int) -> None:
+        import signal
+
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.step: int | None = None
+        """The trial's step (1-based, as in its curve) in progress when the signal arrived; None outside a trial."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Prewarm:
+    """What an optimizer's prewarm measured, by the host clock (synchronised with the GPU after each part)."""
+
+    seconds: float
+    """The whole prewarm."""
+    num_steps: int
+    build_s: float
+    """Model, optimizer, batches and validation windows built."""
+    step_s: float | None
+    """Mean seconds of a training step after the first (the first compiles and allocates); None for one step."""
+    eval_s: float
+    """One evaluation on the validation windows."""
+
+
+def refresh_period(name: str, cfg: QualityConfig) -> int:
+    """Steps after which `name`'s per-step work repeats: SOAP-REKLS refreshes its eigenbases at step 1 and then
+    every `precondition_frequency` steps; the others do the same work every step."""
+    base, _ = VARIANTS.get(name, (name, {}))
+    return cfg.precondition_frequency if base == "soap_rekls" else 1
+
+
+def prewarm(name: str, cfg: QualityConfig, train_tokens, val, vocab: int, *, num_steps: int) -> Prewarm:
+    """`num_steps` untimed steps of `name` and one evaluation on a throwaway model (kernels compiled, plans
+    measured, workspaces allocated before the trial); returns their times. Steps 2 to `num_steps` cover whole
+    periods of the optimizer's work when `num_steps - 1` is a multiple of `refresh_period`."""
     import torch
 
     from tools.quality.data import Batches
 
-    if cfg.prewarm_steps <= 0:
-        return 0.0
+    assert num_steps >= 1, num_steps
+    sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     model = build_model(cfg, vocab)
     opt = build_opt(name, model, 1e-4, cfg)
     batches = Batches(train_tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + 10_000)
-    for _ in range(cfg.prewarm_steps):
+    val = [(x.to(cfg.device), y.to(cfg.device)) for x, y in val]
+    sync()
+    build_s = time.perf_counter() - t0
+    step_times = []
+    for _ in range(num_steps):
+        t = time.perf_counter()
         _train_step(model, opt, *batches.next(), cfg, None)
-    if cfg.device == "cuda":
-        torch.cuda.synchronize()
+        sync()
+        step_times.append(time.perf_counter() - t)
+    t = time.perf_counter()
+    evaluate(model, val, cfg)
+    eval_s = time.perf_counter() - t
     del model, opt
-    return time.perf_counter() - t0
+    later = step_times[1:]
+    return Prewarm(
+        seconds=time.perf_counter() - t0,
+        num_steps=num_steps,
+        build_s=build_s,
+        step_s=sum(later) / len(later) if later else None,
+        eval_s=eval_s,
+    )
 
 
 def train_one(
@@ -205,37 +257,42 @@ def train_one(
     status = "ok"
     seg_events: list[Any] = []
     seg_start = time.perf_counter()
-    for step in range(cfg.steps):
-        x, y = batches.next()
-        set_lr(opt, lr_at(step, cfg, lr))
-        events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
-        loss, host_opt_s = _train_step(model, opt, x, y, cfg, events)
-        if events:
-            seg_events.append(events)
-        else:
-            opt_time += host_opt_s
-        if (step + 1) % cfg.eval_every and step + 1 != cfg.steps:
-            continue
-        if cuda:
-            torch.cuda.synchronize()
-        wall += time.perf_counter() - seg_start
-        opt_time += sum(a.elapsed_time(b) for a, b in seg_events) / 1e3
-        seg_events = []
-        train_loss = loss.item()
-        t_eval = time.perf_counter()
-        v = evaluate(model, val, cfg)
-        eval_s += time.perf_counter() - t_eval
-        if not (math.isfinite(train_loss) and math.isfinite(v)):
-            status = "diverged"
-            break
-        tokens = (step + 1) * cfg.batch_size * cfg.seq_len
-        curve.append(
-            {"step": step + 1, "tokens": tokens, "train_loss": train_loss, "val_loss": v, "wall_s": wall}
-        )
-        log(
-            f"  {name:<18} lr={lr:.0e} seed={seed} step {step + 1:>5}/{cfg.steps} train {train_loss:.3f} val {v:.3f}"
-        )
-        seg_start = time.perf_counter()
+    step = 0
+    try:
+        for step in range(cfg.steps):
+            x, y = batches.next()
+            set_lr(opt, lr_at(step, cfg, lr))
+            events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
+            loss, host_opt_s = _train_step(model, opt, x, y, cfg, events)
+            if events:
+                seg_events.append(events)
+            else:
+                opt_time += host_opt_s
+            if (step + 1) % cfg.eval_every and step + 1 != cfg.steps:
+                continue
+            if cuda:
+                torch.cuda.synchronize()
+            wall += time.perf_counter() - seg_start
+            opt_time += sum(a.elapsed_time(b) for a, b in seg_events) / 1e3
+            seg_events = []
+            train_loss = loss.item()
+            t_eval = time.perf_counter()
+            v = evaluate(model, val, cfg)
+            eval_s += time.perf_counter() - t_eval
+            if not (math.isfinite(train_loss) and math.isfinite(v)):
+                status = "diverged"
+                break
+            tokens = (step + 1) * cfg.batch_size * cfg.seq_len
+            curve.append(
+                {"step": step + 1, "tokens": tokens, "train_loss": train_loss, "val_loss": v, "wall_s": wall}
+            )
+            log(
+                f"  {name:<18} lr={lr:.0e} seed={seed} step {step + 1:>5}/{cfg.steps} train {train_loss:.3f} val {v:.3f}"
+            )
+            seg_start = time.perf_counter()
+    except Interrupted as exc:
+        exc.step = step + 1
+        raise
     final = curve[-1]["val_loss"] if curve and status == "ok" else float("inf")
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     del model, opt

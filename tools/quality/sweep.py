@@ -8,26 +8,40 @@ Output directory (`out=`), all small (< 1 MB plus the tokenizer):
 - `trials/<optimizer>__lr<lr>__seed<seed>.json`: one finished trial each (curve and timings), written atomically
   when the trial ends; an existing file is never rerun (delete it to rerun that trial). A failed trial is
   recorded with its error, so the sweep never silently shrinks.
-- `pieces.jsonl`: one line per process (start, end, host, GPU, versions, git SHA, warm-up times, trials run);
-  `progress.json`: trials done / planned.
+- `pieces.jsonl`: one line per process (start, end, host, GPU, versions, git SHA, trials run, prewarm seconds,
+  seconds per step and per evaluation, why it stopped); `progress.json`: trials done / planned.
 - The report of the trials so far (`tools.quality.report`): README.md, results.csv, trials.csv, run.json, plots.
 
 Order: each optimizer's grid, then its extra seeds at the grid's best learning rate, optimizer by optimizer as
-listed. With `time_limit_s`, a trial starts only if the mean duration of the trials done so far (of that
-optimizer, else of all) says it ends inside the limit, so a piece stops cleanly between trials.
+listed. Before an optimizer's first trial in a process its prewarm runs (`prewarm_steps`; for an optimizer with
+no finished trial at least 1 + its refresh period, so the steps after the first, which are timed, cover its
+periodic work: 1 + `precondition_frequency` for SOAP-REKLS). With `time_limit_s`, a trial starts only if its
+estimate (`estimate_trial_s`) says it ends inside the limit: the mean duration of that optimizer's finished
+trials; with none, steps x the prewarm's seconds per step + the evaluations + the build; with no prewarm
+measurement, the mean of the other optimizers' trials. A piece stopped so ends between trials, and its line in
+`pieces.jsonl` names the optimizer and the estimate.
+
+SIGTERM or SIGINT during a piece: the trial in progress is dropped (no trial file), the piece's line (`stopped`
+and `interrupted`: signal, trial, step reached) and progress.json are written, the report is not (the next piece
+writes it), and the process exits with 128 + the signal number.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import signal
+import statistics
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tools.quality import run
 from tools.quality.config import QualityConfig, parse_cli
 
 
@@ -185,9 +199,39 @@ def model_size(cfg: QualityConfig, vocab: int) -> dict[str, Any]:
     }
 
 
+@dataclass(kw_only=True, slots=True)
+class Piece:
+    """What this process has done so far (its line in pieces.jsonl)."""
+
+    t0: float
+    warm: dict[str, run.Prewarm | None] = field(default_factory=dict)
+    """Prewarm measurement per optimizer (None: `prewarm_steps=0`)."""
+    ran: list[str] = field(default_factory=list)
+    where: str = "while preparing the corpus"
+    """What it is doing now, as the stop reason says it."""
+    trial: str | None = None
+    """The trial in progress, if any."""
+    prepare_s: float | None = None
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """SIGTERM and SIGINT raise `run.Interrupted` in the main thread inside the block; the previous handlers
+    are restored when it ends."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise run.Interrupted(signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from tqdm import tqdm
 
     from bench import record
     from tools.quality import report
@@ -203,8 +247,59 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out = Path(cfg.out)
     check_resume(cfg, out)
-    prep = prepare(cfg, out)
     gpu = torch.cuda.get_device_name() if cfg.device == "cuda" else None
+    total = num_planned(cfg)
+    piece = Piece(t0=t0)
+    stop, interrupted, signum = "", None, 0
+    with signals_raise():
+        try:
+            stop = _sweep(cfg, out, piece, started)
+        except run.Interrupted as exc:
+            signum = exc.signum
+            interrupted = {"signal": str(exc), "where": piece.where, "trial": piece.trial, "step": exc.step}
+            stop = f"{exc} {piece.where}" + (f" at step {exc.step}/{cfg.steps}" if exc.step else "")
+    num_done = len(load_trials(out))  # from disk: a trial written just before a signal counts
+    progress = {"done": num_done, "planned": total, "complete": not stop and num_done >= total}
+    record.write_json_atomic(out / "progress.json", progress)
+    warm = {k: w for k, w in piece.warm.items() if w is not None}
+    with open(out / "pieces.jsonl", "a") as fh:
+        line = {
+            "started": started,
+            "ended": record.now_iso(),
+            "seconds": round(time.perf_counter() - t0, 1),
+            "prepare_s": None if piece.prepare_s is None else round(piece.prepare_s, 1),
+            "prewarm_s": {k: round(w.seconds, 2) for k, w in warm.items()},
+            "prewarm_step_s": {k: None if w.step_s is None else round(w.step_s, 4) for k, w in warm.items()},
+            "prewarm_eval_s": {k: round(w.eval_s, 4) for k, w in warm.items()},
+            "trials_run": piece.ran,
+            "stopped": stop or None,
+            "interrupted": interrupted,
+            "gpu": gpu,
+            "hardware": record.hardware_info(),
+            "versions": record.package_versions() | _more_versions(),
+            "git": record.git_info(),
+            "argv": sys.argv[1:] if argv is None else argv,
+        }
+        fh.write(json.dumps(line) + "\n")
+    print(
+        f"quality sweep: {num_done}/{total} trials in {out}"
+        + (f"; stopped: {stop}; rerun the same command to resume" if stop else "")
+    )
+    if signum:
+        return 128 + signum
+    if num_done:
+        print(report.write_report(out, out))
+    return 0
+
+
+def _sweep(cfg: QualityConfig, out: Path, piece: Piece, started: str) -> str:
+    """Prepare the data, then run the missing trials; returns why it stopped early ('' when it did not)."""
+    from tqdm import tqdm
+
+    from bench import record
+
+    prep = prepare(cfg, out)
+    piece.prepare_s = prep.corpus["prepare_s"]
     if not (out / "meta.json").exists():
         record.write_json_atomic(
             out / "meta.json",
@@ -217,43 +312,17 @@ def main(argv: list[str] | None = None) -> int:
             },
         )
     done = load_trials(out)
-    prewarm_s: dict[str, float] = {}
-    ran: list[str] = []
-    stop = ""
     bar = tqdm(
         total=num_planned(cfg), initial=len(done), desc="quality trials", unit="trial", file=sys.stderr
     )
-    for name in cfg.optimizers:
-        stop = _run_optimizer(name, cfg, prep, out, done, prewarm_s, ran, bar, t0)
-        if stop:
-            break
-    bar.close()
-    total = num_planned(cfg)
-    progress = {"done": len(done), "planned": total, "complete": not stop and len(done) >= total}
-    record.write_json_atomic(out / "progress.json", progress)
-    with open(out / "pieces.jsonl", "a") as fh:
-        piece = {
-            "started": started,
-            "ended": record.now_iso(),
-            "seconds": round(time.perf_counter() - t0, 1),
-            "prepare_s": round(prep.corpus["prepare_s"], 1),
-            "prewarm_s": prewarm_s,
-            "trials_run": ran,
-            "stopped": stop or None,
-            "gpu": gpu,
-            "hardware": record.hardware_info(),
-            "versions": record.package_versions() | _more_versions(),
-            "git": record.git_info(),
-            "argv": sys.argv[1:] if argv is None else argv,
-        }
-        fh.write(json.dumps(piece) + "\n")
-    print(
-        f"quality sweep: {progress['done']}/{total} trials in {out}"
-        + (f"; stopped: {stop}; rerun the same command to resume" if stop else "")
-    )
-    if done:
-        print(report.write_report(out, out))
-    return 0
+    try:
+        for name in cfg.optimizers:
+            stop = _run_optimizer(name, cfg, prep, out, done, piece, bar)
+            if stop:
+                return stop
+    finally:
+        bar.close()
+    return ""
 
 
 def _more_versions() -> dict[str, str | None]:
@@ -268,11 +337,45 @@ def _more_versions() -> dict[str, str | None]:
     return out
 
 
-def _estimate(name: str, done: dict[str, dict[str, Any]]) -> float:
-    mine = [t["trial_s"] for t in done.values() if t["optimizer"] == name and "trial_s" in t]
-    every = [t["trial_s"] for t in done.values() if "trial_s" in t]
-    pool = mine or every
-    return sum(pool) / len(pool) if pool else 0.0
+def num_evals(cfg: QualityConfig) -> int:
+    """Evaluations in a trial: every `eval_every` steps and at the last step."""
+    return cfg.steps // cfg.eval_every + (cfg.steps % cfg.eval_every != 0)
+
+
+def estimate_trial_s(
+    name: str, cfg: QualityConfig, done: dict[str, dict[str, Any]], warm: run.Prewarm | None
+) -> tuple[float, str]:
+    """Seconds the next trial of `name` should take, and what the number rests on.
+
+    In order of preference: the mean `trial_s` of `name`'s finished trials (status ok); steps x the prewarm's
+    seconds per step + the evaluations (mean `eval_s` of the finished trials of any optimizer, else evaluations x
+    the prewarm's one) + the prewarm's build time; the mean `trial_s` of the other optimizers' trials; 0 when
+    nothing was measured yet.
+    """
+    ok = [t for t in done.values() if t["status"] == "ok" and "trial_s" in t]
+    mine = [t["trial_s"] for t in ok if t["optimizer"] == name]
+    if mine:
+        return statistics.fmean(mine), f"mean of {len(mine)} finished {name} trial(s)"
+    if warm is not None and warm.step_s is not None:
+        evals = [t["eval_s"] for t in ok if "eval_s" in t]
+        eval_s = statistics.fmean(evals) if evals else num_evals(cfg) * warm.eval_s
+        return cfg.steps * warm.step_s + eval_s + warm.build_s, f"prewarm: {warm.step_s:.2f} s/step"
+    if ok:
+        return statistics.fmean(t["trial_s"] for t in ok), f"mean of {len(ok)} other optimizers' trial(s)"
+    return 0.0, "nothing measured yet"
+
+
+def _prewarm(
+    name: str, cfg: QualityConfig, prep: Prepared, done: dict[str, dict[str, Any]]
+) -> run.Prewarm | None:
+    """`name`'s prewarm (None with `prewarm_steps=0`); without a finished trial of `name`, at least 1 + its
+    refresh period steps, so that its per-step time covers the periodic work."""
+    if cfg.prewarm_steps <= 0:
+        return None
+    num_steps = cfg.prewarm_steps
+    if not any(t["optimizer"] == name and t["status"] == "ok" for t in done.values()):
+        num_steps = max(num_steps, 1 + run.refresh_period(name, cfg))
+    return run.prewarm(name, cfg, prep.train_tokens, prep.val, prep.vocab, num_steps=num_steps)
 
 
 def _run_optimizer(
@@ -281,14 +384,11 @@ def _run_optimizer(
     prep: Prepared,
     out: Path,
     done: dict[str, dict[str, Any]],
-    prewarm_s: dict[str, float],
-    ran: list[str],
+    piece: Piece,
     bar: Any,
-    t0: float,
 ) -> str:
     """Run `name`'s missing trials (grid, then seeds); returns why it stopped early ('' when it did not)."""
     from bench import record
-    from tools.quality import run
 
     for phase in ("grid", "seeds"):
         todo = planned(name, cfg, done)
@@ -297,13 +397,19 @@ def _run_optimizer(
             tid = trial_id(name, lr, seed)
             if tid in done:
                 continue
-            need = _estimate(name, done)
-            elapsed = time.perf_counter() - t0
+            if name not in piece.warm:  # needed before the trial anyway; its measurement feeds the estimate
+                piece.where = f"in the prewarm of {name}"
+                piece.warm[name] = _prewarm(name, cfg, prep, done)
+                piece.where = "between trials"
+            need, basis = estimate_trial_s(name, cfg, done, piece.warm[name])
+            elapsed = time.perf_counter() - piece.t0
             if cfg.time_limit_s and elapsed + need > cfg.time_limit_s:
-                return f"time_limit_s={cfg.time_limit_s:g}: {elapsed:.0f} s used, next trial ~{need:.0f} s"
-            if name not in prewarm_s:
-                prewarm_s[name] = round(run.prewarm(name, cfg, prep.train_tokens, prep.vocab), 2)
+                return (
+                    f"time_limit_s={cfg.time_limit_s:g}: {elapsed:.0f} s used, next trial {name} ~{need:.0f} s "
+                    f"({basis})"
+                )
             bar.set_postfix_str(f"{name} lr={lr:g} seed={seed}")
+            piece.where, piece.trial = f"in trial {tid}", tid
             try:
                 trial = run.train_one(
                     name, lr, cfg, prep.train_tokens, prep.val, prep.vocab, bar.write, seed=seed
@@ -322,7 +428,8 @@ def _run_optimizer(
                 bar.write(f"  {tid} failed: {exc}")
             trial["finished"] = record.now_iso()
             record.write_json_atomic(out / "trials" / f"{tid}.json", trial)
+            piece.where, piece.trial = "between trials", None
             done[tid] = trial
-            ran.append(tid)
+            piece.ran.append(tid)
             bar.update(1)
     return ""
