@@ -183,3 +183,18 @@ def test_report_command_reproduces_config() -> None:
         )
         == "python -m tools.quality profile=cpu"
     )
+
+
+def test_report_names_the_commit_of_every_piece() -> None:
+    """A sweep resumed at another commit says which pieces ran where (it printed only the last piece's commit)."""
+    from tools.quality.report import commits_by_piece
+
+    def piece(sha: str | None) -> dict:
+        return {"git": {"sha": sha}} if sha else {}
+
+    assert commits_by_piece([piece("a98250187566"), piece("a98250187566")]) == "a982501"
+    assert (
+        commits_by_piece([piece("a98250187566"), piece("a98250187566"), piece("b454239e7a15")])
+        == "a982501 (pieces 1-2), b454239 (piece 3)"
+    )
+    assert commits_by_piece([piece("b454239e7a15"), piece(None)]) == "b454239 (piece 1), unknown (piece 2)"

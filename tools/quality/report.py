@@ -246,6 +246,7 @@ def write_report(src: Path, dest: Path | None = None) -> str:
     tok = corpus["tokenizer"]
     last = pieces[-1] if pieces else {}
     versions = last.get("versions", {})
+    commits = commits_by_piece(pieces)
     protocol = (
         qrun.__doc__.split("Protocol (written at the top of the report):")[1].split("Usage:")[0].strip()
     )
@@ -284,7 +285,7 @@ GPU-hours and cost at ${cfg["price_per_hour"]}/GPU-hour. Model TFLOP/s = tokens/
 - Untimed warm-up: {cfg["prewarm_steps"]} step(s) of each optimizer on a throwaway model per process (at least 1 +
   the refresh period for an optimizer without a finished trial, whose later steps are timed for `time_limit_s`).
 - Software: torch {versions.get("torch")}, transformers {versions.get("transformers")}, tokenizers
-  {versions.get("tokenizers")}, Python {versions.get("python")}; git {last.get("git", {}).get("sha")};
+  {versions.get("tokenizers")}, Python {versions.get("python")}; git {commits};
   host {last.get("hardware", {}).get("hostname")}; {len(pieces)} piece(s), {progress["done"]}/{progress["planned"]} trials.
 
 ## Corpus
@@ -308,6 +309,20 @@ seconds, from that optimizer's finished trials or else its prewarm's seconds per
 """
     (dest / "README.md").write_text(doc)
     return table
+
+
+def commits_by_piece(pieces: list[dict[str, Any]]) -> str:
+    """The commit of each piece, runs of equal commits merged: 'abc1234 (pieces 1-2), def5678 (piece 3)'."""
+    runs: list[tuple[str, int, int]] = []
+    for i, piece in enumerate(pieces, 1):
+        sha = str((piece.get("git") or {}).get("sha") or "unknown")[:7]
+        if runs and runs[-1][0] == sha:
+            runs[-1] = (sha, runs[-1][1], i)
+        else:
+            runs.append((sha, i, i))
+    if len(runs) == 1:
+        return runs[0][0]
+    return ", ".join(f"{sha} (piece {a})" if a == b else f"{sha} (pieces {a}-{b})" for sha, a, b in runs)
 
 
 def main(argv: list[str] | None = None) -> int:
