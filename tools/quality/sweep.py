@@ -378,6 +378,16 @@ def _prewarm(
     return run.prewarm(name, cfg, prep.train_tokens, prep.val, prep.vocab, num_steps=num_steps)
 
 
+def _ensure_prewarm(
+    name: str, cfg: QualityConfig, prep: Prepared, done: dict[str, dict[str, Any]], piece: Piece
+) -> None:
+    """`name`'s prewarm, once per process."""
+    if name not in piece.warm:
+        piece.where = f"in the prewarm of {name}"
+        piece.warm[name] = _prewarm(name, cfg, prep, done)
+        piece.where = "between trials"
+
+
 def _run_optimizer(
     name: str,
     cfg: QualityConfig,
@@ -397,17 +407,18 @@ def _run_optimizer(
             tid = trial_id(name, lr, seed)
             if tid in done:
                 continue
-            if name not in piece.warm:  # needed before the trial anyway; its measurement feeds the estimate
-                piece.where = f"in the prewarm of {name}"
-                piece.warm[name] = _prewarm(name, cfg, prep, done)
-                piece.where = "between trials"
-            need, basis = estimate_trial_s(name, cfg, done, piece.warm[name])
+            own = any(t["optimizer"] == name and t["status"] == "ok" for t in done.values())
+            if not own:  # the prewarm runs before the trial anyway; its measurement is the estimate
+                _ensure_prewarm(name, cfg, prep, done, piece)
+            need, basis = estimate_trial_s(name, cfg, done, piece.warm.get(name))
             elapsed = time.perf_counter() - piece.t0
             if cfg.time_limit_s and elapsed + need > cfg.time_limit_s:
                 return (
                     f"time_limit_s={cfg.time_limit_s:g}: {elapsed:.0f} s used, next trial {name} ~{need:.0f} s "
                     f"({basis})"
                 )
+            # with finished trials the estimate needs no prewarm: it runs only once the trial will
+            _ensure_prewarm(name, cfg, prep, done, piece)
             bar.set_postfix_str(f"{name} lr={lr:g} seed={seed}")
             piece.where, piece.trial = f"in trial {tid}", tid
             try:
