@@ -105,6 +105,24 @@ def eigh_host(f: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigh(f.cpu()).eigenvalues.to(f.device)
 
 
+def eigh_host_threads(f: torch.Tensor, threads: int) -> torch.Tensor:
+    """The host stack in `threads` chunks, one eigh per chunk from its own thread (torch releases the GIL)."""
+    chunks = list(f.cpu().chunk(threads))
+    with ThreadPoolExecutor(len(chunks)) as pool:
+        vals = list(pool.map(lambda c: torch.linalg.eigh(c).eigenvalues, chunks))
+    return torch.cat(vals).to(f.device)
+
+
+def eigh_magma(f: torch.Tensor) -> torch.Tensor:
+    """The batched call with MAGMA as torch's CUDA linear-algebra backend (cuSOLVER is the default)."""
+    previous = torch.backends.cuda.preferred_linalg_library()
+    torch.backends.cuda.preferred_linalg_library("magma")
+    try:
+        return torch.linalg.eigh(f).eigenvalues
+    finally:
+        torch.backends.cuda.preferred_linalg_library(previous)
+
+
 def timed(fn: Any, f: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
     """Median seconds of `repeats` calls after one untimed call; the last result."""
     res = fn(f)
@@ -128,6 +146,10 @@ def measure(census: Counter[int], device: str, streams: list[int], repeats: int)
         variants: list[tuple[str, Any]] = [("batched", eigh_batched)]
         variants += [(f"streams={s}", lambda x, s=s: eigh_streams(x, s)) for s in streams if s > 1]
         variants.append(("host", eigh_host))
+        threads = max(2, torch.get_num_threads())
+        variants.append((f"host_threads={threads}", lambda x, t=threads: eigh_host_threads(x, t)))
+        if f.is_cuda:
+            variants.append(("magma", eigh_magma))
         base_s, base = timed(eigh_batched, f, repeats)
         for name, fn in variants:
             sec, vals = (base_s, base) if name == "batched" else timed(fn, f, repeats)
