@@ -1,20 +1,25 @@
 """SOAP-REKLS's eigenbasis refresh on the quality model's factors: how the eigh of every Kronecker factor can run.
 
-    python -m experiments.soap_eigh.soap_eigh [profile=gpu] [device=cuda] [streams=2,4,8] [repeats=3] [out=FILE]
+    python -m experiments.soap_eigh.soap_eigh [profile=gpu] [device=cuda] [streams=2,4,8] [repeats=1] [out=FILE]
 
 The census comes from the real optimizer: `tools.quality`'s model of the profile and its SOAP-REKLS
 (`optim.optimizers.soap.SOAP`) give the side lengths of every preconditioned factor, counted per expert (gpu profile:
-824 of 512 and 256 of 256, about 1.6 s per step on one H200 with a refresh every 10 steps). For each side length, on
-random symmetric positive semi-definite factors of that count, one refresh is timed as
+824 of 512 and 256 of 256; SOAP-REKLS steps took about 1.6 s on one H200 with the single batched eigh per factor).
+For each side length, on random symmetric positive semi-definite factors of that count, one refresh is timed as
 
-- `batched`: one `torch.linalg.eigh` over the stack (what `optim.functional.soap_math.eigh_descending` does per
-  parameter);
+- `batched`: one `torch.linalg.eigh` over the stack (what `optim.functional.soap_math.eigh_descending` did per
+  parameter before it used streams);
 - `streams=S`: the stack split in S chunks, each eigh on its own CUDA stream from its own host thread (cuSOLVER's
   per-matrix calls are latency-bound at these sizes; the GIL is released inside them);
-- `host`: copied to the host, eigh there with torch's threads, copied back.
+- `host`: copied to the host, eigh there with torch's threads, copied back; `host_threads=T`: chunks from T threads;
+- `magma`: the batched call with MAGMA as the backend (CUDA only);
+- `product`: `optim.functional.soap_math.eigh_descending` itself (on CUDA: 8 streams), compared through
+  diag(Q^T F Q) of its eigenvectors.
 
-Prints a table (ms per refresh, speedup over `batched`, the largest eigenvalue difference against `batched`) and
-writes it as JSON to `out` when given. Diagnostic only: nothing in `optim/` uses the variants.
+Each variant runs once untimed, then `repeats` timed calls (median). Prints each table row as soon as it is measured
+(ms per refresh, speedup over `batched`, the largest eigenvalue difference against `batched`) and writes the table as
+JSON to `out` when given. One eigh runs on the calling thread before any threaded variant: torch's lazy load of its
+CUDA linear-algebra library is not thread-safe.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ ALLOWED = ("profile", "device", "streams", "repeats", "out")
 def parse_args(argv: list[str]) -> dict[str, str]:
     """key=value arguments; an unknown key raises ValueError naming the allowed set."""
     args = {"profile": "gpu", "device": "cuda" if torch.cuda.is_available() else "cpu", "streams": "2,4,8"}
-    args["repeats"] = "3"
+    args["repeats"] = "1"
     for a in argv:
         k, sep, v = a.partition("=")
         if not sep or k not in ALLOWED:
@@ -123,6 +128,13 @@ def eigh_magma(f: torch.Tensor) -> torch.Tensor:
         torch.backends.cuda.preferred_linalg_library(previous)
 
 
+def eigh_product(f: torch.Tensor) -> torch.Tensor:
+    """The optimizer's refresh (`eigh_descending`), as ascending diag(Q^T F Q) to compare with the eigenvalues."""
+    from optim.functional.soap_math import approx_eigvals, eigh_descending
+
+    return approx_eigvals(f, eigh_descending(f)).flip(-1)
+
+
 def timed(fn: Any, f: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
     """Median seconds of `repeats` calls after one untimed call; the last result."""
     res = fn(f)
@@ -138,8 +150,15 @@ def timed(fn: Any, f: torch.Tensor, repeats: int) -> tuple[float, torch.Tensor]:
     return statistics.median(times), res
 
 
-def measure(census: Counter[int], device: str, streams: list[int], repeats: int) -> list[dict[str, Any]]:
-    """One row per (side length, variant): seconds per refresh, speedup over batched, eigenvalue difference."""
+def measure(
+    census: Counter[int], device: str, streams: list[int], repeats: int, *, show: bool = False
+) -> list[dict[str, Any]]:
+    """One row per (side length, variant): seconds per refresh, speedup over batched, eigenvalue difference.
+    `show` prints the table header, then each row as soon as it is measured."""
+    # torch's lazy linalg load on this thread, before any threaded variant (it races between threads)
+    torch.linalg.eigh(torch.eye(2, device=device))
+    if show:
+        print(HEADER, flush=True)
     rows: list[dict[str, Any]] = []
     for k, count in sorted(census.items()):
         f = random_factors(count, k, device)
@@ -150,39 +169,41 @@ def measure(census: Counter[int], device: str, streams: list[int], repeats: int)
         variants.append((f"host_threads={threads}", lambda x, t=threads: eigh_host_threads(x, t)))
         if f.is_cuda:
             variants.append(("magma", eigh_magma))
+        variants.append(("product", eigh_product))
         base_s, base = timed(eigh_batched, f, repeats)
         for name, fn in variants:
             sec, vals = (base_s, base) if name == "batched" else timed(fn, f, repeats)
             err = float((vals - base).abs().max() / base.abs().max().clamp_min(1e-30))
-            rows.append(
-                {"k": k, "count": count, "variant": name, "s": sec, "speedup": base_s / sec, "rel_err": err}
-            )
+            row = {"k": k, "count": count, "variant": name, "s": sec, "speedup": base_s / sec, "rel_err": err}
+            rows.append(row)
+            if show:
+                print(table_row(row), flush=True)
     return rows
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| side | factors | variant | ms per refresh | x batched | max eigenvalue diff (rel) |"]
-    lines.append("|---|---|---|---|---|---|")
-    for r in rows:
-        lines.append(
-            f"| {r['k']} | {r['count']} | {r['variant']} | {r['s'] * 1e3:.1f} | {r['speedup']:.2f} | {r['rel_err']:.1e} |"
-        )
-    return "\n".join(lines)
+HEADER = (
+    "| side | factors | variant | ms per refresh | x batched | max eigenvalue diff (rel) |\n"
+    "|---|---|---|---|---|---|"
+)
+
+
+def table_row(r: dict[str, Any]) -> str:
+    ms, x, err = f"{r['s'] * 1e3:.1f}", f"{r['speedup']:.2f}", f"{r['rel_err']:.1e}"
+    return f"| {r['k']} | {r['count']} | {r['variant']} | {ms} | {x} | {err} |"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     census = factor_census(args["profile"])
-    streams = [int(s) for s in args["streams"].split(",") if s]
-    rows = measure(census, args["device"], streams, int(args["repeats"]))
     env = {
         "device": torch.cuda.get_device_name() if args["device"].startswith("cuda") else "cpu",
         "torch": torch.__version__,
         "host_threads": torch.get_num_threads(),
         "census": dict(sorted(census.items())),
     }
-    print(env)
-    print(table(rows))
+    print(env, flush=True)
+    streams = [int(s) for s in args["streams"].split(",") if s]
+    rows = measure(census, args["device"], streams, int(args["repeats"]), show=True)
     if "out" in args:
         Path(args["out"]).write_text(json.dumps({"env": env, "rows": rows}, indent=1) + "\n")
     return 0

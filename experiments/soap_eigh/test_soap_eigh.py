@@ -23,14 +23,19 @@ def test_census_of_the_tiny_quality_model() -> None:
     assert all(k <= 8192 for k in census)
 
 
-def test_variants_agree_with_batched_eigh() -> None:
-    from experiments.soap_eigh.soap_eigh import measure
+def test_variants_agree_with_batched_eigh(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every variant, the optimizer's own `eigh_descending` (`product`) included, gives the batched eigenvalues;
+    with `show`, the header and every row are printed."""
+    from experiments.soap_eigh.soap_eigh import HEADER, measure, table_row
 
-    rows = measure({16: 6, 8: 3}, "cpu", [2, 3], repeats=1)
+    rows = measure({16: 6, 8: 3}, "cpu", [2, 3], repeats=1, show=True)
     threads = max(2, torch.get_num_threads())
-    assert {r["variant"] for r in rows} == {"batched", "streams=2", "streams=3", "host", f"host_threads={threads}"}
+    variants = {"batched", "streams=2", "streams=3", "host", f"host_threads={threads}", "product"}
+    assert {r["variant"] for r in rows} == variants
+    assert len(rows) == 2 * len(variants)
     assert all(r["rel_err"] < 1e-5 for r in rows)
     assert all(r["s"] > 0 for r in rows)
+    assert capsys.readouterr().out.splitlines() == [*HEADER.splitlines(), *(table_row(r) for r in rows)]
 
 
 def test_unknown_argument_names_the_allowed_keys() -> None:
@@ -39,4 +44,5 @@ def test_unknown_argument_names_the_allowed_keys() -> None:
     with pytest.raises(ValueError, match=r"key in \['profile', 'device', 'streams', 'repeats', 'out'\]"):
         parse_args(["precondition=10"])
     assert parse_args(["streams=4"])["streams"] == "4"
+    assert parse_args([])["repeats"] == "1"
     assert torch.get_num_threads() >= 1

@@ -207,3 +207,87 @@ def test_config_validation() -> None:
         SOAPConfig(precondition_frequency=0)
     with pytest.raises(ValueError, match="shampoo_beta=1.5"):
         SOAPConfig(shampoo_beta=1.5)
+
+
+def _sym_stack(*lead: int, k: int, seed: int = 0) -> torch.Tensor:
+    g = torch.randn(*lead, k, k, generator=torch.Generator().manual_seed(seed))
+    return g @ g.mT / k
+
+
+@pytest.mark.parametrize("streams", [1, 2, 3, 7, 20])
+def test_eigh_chunks_equal_the_single_call(streams: int) -> None:
+    """Localises a chunk split that drops, repeats or reorders matrices, a chunk start off the single call's
+    alignment (k = 9: LAPACK's last bits depend on it), or chunk math that differs from the single call. With
+    `streams` given, a host stack runs the chunk path from plain threads."""
+    from optim.functional.soap_math import approx_eigvals, eigh_descending
+
+    for f in (_sym_stack(10, k=32), _sym_stack(2, 9, k=16, seed=1), _sym_stack(300, k=9, seed=2)):
+        ref = eigh_descending(f)
+        out = eigh_descending(f, streams=streams)
+        assert out.shape == f.shape and out.dtype == f.dtype
+        assert torch.equal(out, ref)
+        vals = torch.linalg.eigvalsh(f).flip(-1)
+        torch.testing.assert_close(approx_eigvals(f, out), vals, atol=1e-5, rtol=1e-5)
+
+
+def test_eigh_chunk_fp64_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Localises a lost fp64 retry in the chunk path: the failing chunk alone is recomputed in fp64 and cast back,
+    and an error of the fp64 retry reaches the caller.
+
+    No input makes LAPACK fail in fp32 only, or in both precisions, reliably (a NaN fails at k = 12, not at
+    k = 32), so the call fails where a matrix carries a marker in its corner: 123 fails in fp32, -7 in both; every
+    other call is the real eigh."""
+    from optim.functional import soap_math
+
+    real = torch.linalg.eigh
+    calls: list[tuple[torch.dtype, int]] = []
+
+    def eigh(a: torch.Tensor) -> torch.return_types.linalg_eigh:
+        calls.append((a.dtype, a.shape[0]))
+        if (a[:, 0, 0] == -7.0).any() or (a.dtype == torch.float32 and (a[:, 0, 0] == 123.0).any()):
+            raise torch.linalg.LinAlgError("injected failure")
+        return real(a)
+
+    f = _sym_stack(12, k=32)
+    f[9, 0, 0] = 123.0
+    monkeypatch.setattr(torch.linalg, "eigh", eigh)
+    out = soap_math.eigh_descending(f, streams=3)  # chunks [0, 4), [4, 8), [8, 12)
+    assert sorted(calls, key=str) == sorted([(torch.float32, 4)] * 3 + [(torch.float64, 4)], key=str)
+    bad = _sym_stack(12, k=32)
+    bad[5, 0, 0] = -7.0
+    with pytest.raises(torch.linalg.LinAlgError, match="injected failure"):
+        soap_math.eigh_descending(bad, streams=3)
+    monkeypatch.setattr(torch.linalg, "eigh", real)
+    assert torch.equal(out[:8], real(f[:8]).eigenvectors.flip(-1))
+    assert torch.equal(out[8:], real(f[8:].double()).eigenvectors.float().flip(-1))
+
+
+@pytest.mark.parametrize("streams", [0, -2, 2.5, True, "4"])
+def test_eigh_streams_validation(streams: object) -> None:
+    from optim.functional.soap_math import eigh_descending
+
+    with pytest.raises(ValueError, match=r"streams=.*; allowed: None \(automatic\) or an int >= 1"):
+        eigh_descending(_sym_stack(4, k=6), streams=streams)  # type: ignore[arg-type]
+
+
+def test_soap_steps_unchanged_by_eigh_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Localises an optimizer-visible difference of the chunked refresh: REKLS on an expert stack, with every
+    eigh run in up to 3 chunks from threads, steps bitwise like the single call."""
+    from functools import partial
+
+    from optim.functional import soap_math
+
+    def run() -> torch.Tensor:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(8, 32, 64, generator=gen).requires_grad_()
+        opt = SOAP([w], SOAPConfig(lr=0.01))
+        for _ in range(3):
+            w.grad = torch.randn(8, 32, 64, generator=gen)
+            opt.step()
+        return w.detach()
+
+    ref = run()
+    monkeypatch.setattr(soap_math, "eigh_descending", partial(soap_math.eigh_descending, streams=3))
+    out = run()
+    assert not torch.equal(out, torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(0)))
+    assert torch.equal(out, ref)
