@@ -21,7 +21,7 @@ pool, start after the caller's stream, and the caller's stream waits on them all
 cuSOLVER call as in the batched eigh, so the result is identical; the fp64 retry is per chunk (a failing chunk is
 recomputed in fp64, the others keep their fp32 result). Measured on one NVIDIA H200 (torch 2.11.0+cu130, 16 host
 cores, muonbench commit ffc939b, 2026-12-02), seconds per refresh of random PSD fp32 factors in the count of the
-quality model's census (`experiments/soap_eigh/`):
+quality model's census (`reports/soap_eigh_h200_202612/`):
 
     k    count  batched  streams=4  streams=8  streams=16  host (1 call)  MAGMA
     512  824    12.015   3.646      2.105      2.529       8.938          25.8
