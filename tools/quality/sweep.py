@@ -159,6 +159,15 @@ def prepare(cfg: QualityConfig, out: Path) -> Prepared:
             "trained_on_bytes": sum(f.size for f in tok_sample),
         },
     }
+    if stored_path.exists():
+        stored = json.loads(stored_path.read_text())
+        here = {"train_tokens": info["train_tokens"], "val_tokens": info["val_tokens"]}
+        if any(stored.get(k) != v for k, v in here.items()):
+            raise ValueError(
+                f"the tokenizer here encodes the corpus to {here}, the sweep in {stored_path} to "
+                f"{ {k: stored.get(k) for k in here} }: another tokenizer (tokenizers version, or "
+                f"{out / 'tokenizer.json'} lost and retrained differently); the sweep cannot resume (use a new out directory)"
+            )
     counts = dict(zip([f.name for f in encoded], train_counts, strict=True))
     counts |= dict(zip([f.name for f in val], val_counts, strict=True))
     info["packages"] = pc.manifest(scan, counts)
