@@ -1,0 +1,32 @@
+"""experiments.soap_step on the CPU: the real SOAP-REKLS on the tiny quality model, every part labelled."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from experiments.soap_step.soap_step import PARTS, REFRESH, labelled_parts, run
+
+
+def test_breakdown_of_the_tiny_model(tmp_path: Path) -> None:
+    """Refresh steps are told apart and cost more; every SOAP part shows up under its label; the JSON is written."""
+    out = tmp_path / "soap_step.json"
+    res = run(["profile=tiny", "device=cpu", "steps=4", "precondition_frequency=2", f"out={out}"])
+    assert json.loads(out.read_text())["step_ms"] == res["step_ms"]
+    assert len(res["step_ms"]) == 4 and len(res["refresh_step_ms"]) == 2
+    assert min(res["refresh_step_ms"]) > res["plain_step_ms_median"]
+    parts = res["profile"]["parts"]
+    assert set(parts) == set(PARTS) | {REFRESH}
+    # one refresh every 2 steps: half the steps call eigh, once per factor (two per SOAP tensor)
+    assert parts["eigh_descending"]["calls_per_step"] == res["soap_tensors"]
+    assert parts["finite_flags"]["calls_per_step"] == 2
+
+
+def test_labels_are_removed_afterwards() -> None:
+    from optim.functional import soap_math
+    from optim.optimizers import soap
+
+    before = soap_math.rotate, soap.SOAP._refresh, soap.finite_flags
+    with labelled_parts():
+        assert soap_math.rotate is not before[0]
+    assert (soap_math.rotate, soap.SOAP._refresh, soap.finite_flags) == before
