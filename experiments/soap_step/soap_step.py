@@ -11,11 +11,14 @@ gradients on random tokens, then times `opt.step()` on those gradients:
   `torch.profiler.record_function` label for the profiled steps: host time and device time per label, the number
   of kernels launched per step, and the kernels that take the most device time.
 
-    python -m experiments.soap_step.soap_step profile=gpu device=cuda steps=10 out=soap_step.json
+    python -m experiments.soap_step.soap_step profile=gpu device=cuda steps=10 profile_steps=3 out=soap_step.json
 
-Arguments are the quality bench's (`tools.quality.config`) plus `steps` (profiled steps after the warm-up, which
-runs until the first refresh after step 1 is behind it), `out` (JSON file; printed too) and `tf32=1` (fp32 matmuls
-at TF32, to see what they weigh; the bench runs them at full fp32).
+Arguments are the quality bench's (`tools.quality.config`) plus `steps` (timed steps after the warm-up, which runs
+until the first refresh after step 1 is behind it), `profile_steps` (then profiled, 3 by default, refresh steps
+skipped unless `profile_refresh=1`: a run that profiled 10 steps with a refresh in them did not finish within
+170 s on the H200), `out` (JSON file, written before profiling and again after; printed too) and `tf32=1` (fp32
+matmuls at TF32, to see what they weigh; the bench runs them at full fp32). Each step's time is printed as it is
+measured.
 """
 
 from __future__ import annotations
@@ -140,7 +143,13 @@ def summarize(prof: torch.profiler.profile, steps: int, top: int = 15) -> dict[s
     }
 
 
+def _write(out: str, result: dict[str, Any]) -> None:
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1) + "\n")
+
+
 def run(argv: list[str]) -> dict[str, Any]:
+    """Timed steps first (printed as measured; the JSON written before profiling starts), then the profile."""
     import torch.nn.functional as F
 
     from tools.quality import run as qrun
@@ -148,6 +157,8 @@ def run(argv: list[str]) -> dict[str, Any]:
 
     kv = dict(a.split("=", 1) for a in argv if "=" in a)
     steps = int(kv.pop("steps", "10"))
+    profile_steps = int(kv.pop("profile_steps", "3"))
+    profile_refresh = kv.pop("profile_refresh", "0") in ("1", "true")
     out = kv.pop("out", "")
     if kv.pop("tf32", "0") in ("1", "true"):  # what fp32 matmuls at TF32 would change (not the bench's setting)
         torch.set_float32_matmul_precision("high")
@@ -163,38 +174,54 @@ def run(argv: list[str]) -> dict[str, Any]:
     loss.backward()
     _sync(device)
     period = cfg.precondition_frequency
+    done = 0  # steps taken; step done+1 refreshes when done % period == 0
+
+    def step(label: str) -> float:
+        nonlocal done
+        refresh = done % period == 0
+        ms = timed_step(opt, device)
+        done += 1
+        print(f"{label} step {done:3d}{' (refresh)' if refresh else ''}: {ms:9.1f} ms", flush=True)
+        return ms
+
     warm = period + 1  # step 1 (first eigh) and the first periodic refresh behind us
-    t_warm = [timed_step(opt, device) for _ in range(warm)]
-    t = [timed_step(opt, device) for _ in range(steps)]
-    refresh = [ms for i, ms in enumerate(t) if (warm + i) % period == 0]  # 0-based step index warm+i: t-1
-    plain = [ms for i, ms in enumerate(t) if (warm + i) % period != 0]
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    with labelled_parts(), torch.profiler.profile(activities=acts) as prof:
-        for _ in range(steps):
-            opt.step()
-        _sync(device)
-    n_params = sum(p.numel() for p in model.parameters())
+    t_warm = [step("warm-up") for _ in range(warm)]
+    first = done
+    t = [step("timed") for _ in range(steps)]
+    refresh = [ms for i, ms in enumerate(t) if (first + i) % period == 0]
+    plain = sorted(ms for i, ms in enumerate(t) if (first + i) % period != 0)
     soap_params = [p for p in opt.state if "Q_L" in opt.state[p] or "Q_R" in opt.state[p]]
-    result = {
-        "config": {**cfg.as_dict(), "steps_profiled": steps},
+    result: dict[str, Any] = {
+        "config": {**cfg.as_dict(), "steps": steps, "profile_steps": profile_steps},
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "torch": torch.__version__,
         "tf32_matmul": bool(torch.backends.cuda.matmul.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "params": n_params,
+        "params": sum(p.numel() for p in model.parameters()),
         "soap_tensors": len(soap_params),
         "soap_shapes": sorted({tuple(p.shape) for p in soap_params}),
         "warmup_ms": t_warm,
         "step_ms": t,
         "refresh_step_ms": refresh,
-        "plain_step_ms_median": sorted(plain)[len(plain) // 2] if plain else None,
-        "profile": summarize(prof, steps),
+        "plain_step_ms_median": plain[len(plain) // 2] if plain else None,
     }
-    text = json.dumps(result, indent=1)
-    if out:
-        Path(out).write_text(text + "\n")
+    _write(out, result)
+    if profile_steps <= 0:
+        return result
+    # refresh steps (one eigh per factor) are profiled only on request: see the module doc
+    while not profile_refresh and any((done + i) % period == 0 for i in range(profile_steps)):
+        step("skipped")
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    print(f"profiling steps {done + 1}-{done + profile_steps}", flush=True)
+    with labelled_parts(), torch.profiler.profile(activities=acts) as prof:
+        for _ in range(profile_steps):
+            opt.step()
+        _sync(device)
+    result["profiled_steps"] = [done + 1, done + profile_steps]
+    result["profile"] = summarize(prof, profile_steps)
+    _write(out, result)
     return result
 
 

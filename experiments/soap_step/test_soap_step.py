@@ -11,8 +11,9 @@ from experiments.soap_step.soap_step import PARTS, REFRESH, labelled_parts, run
 def test_breakdown_of_the_tiny_model(tmp_path: Path) -> None:
     """Refresh steps are told apart and cost more; every SOAP part shows up under its label; the JSON is written."""
     out = tmp_path / "soap_step.json"
-    res = run(["profile=tiny", "device=cpu", "steps=4", "precondition_frequency=2", f"out={out}"])
-    assert json.loads(out.read_text())["step_ms"] == res["step_ms"]
+    args = ["profile=tiny", "device=cpu", "steps=4", "precondition_frequency=2", "profile_refresh=1", "profile_steps=4"]
+    res = run([*args, f"out={out}"])
+    assert json.loads(out.read_text())["profile"] == res["profile"]
     assert len(res["step_ms"]) == 4 and len(res["refresh_step_ms"]) == 2
     assert min(res["refresh_step_ms"]) > res["plain_step_ms_median"]
     parts = res["profile"]["parts"]
@@ -20,6 +21,16 @@ def test_breakdown_of_the_tiny_model(tmp_path: Path) -> None:
     # one refresh every 2 steps: half the steps call eigh, once per factor (two per SOAP tensor)
     assert parts["eigh_descending"]["calls_per_step"] == res["soap_tensors"]
     assert parts["finite_flags"]["calls_per_step"] == 2
+    assert res["profiled_steps"] == [3 + 4 + 1, 3 + 4 + 4]
+
+
+def test_profile_skips_refresh_steps_unless_asked(capsys) -> None:  # type: ignore[no-untyped-def]
+    """By default the profiled steps avoid the refresh (skipped steps are printed), so no eigh is profiled."""
+    res = run(["profile=tiny", "device=cpu", "steps=2", "precondition_frequency=3", "profile_steps=2"])
+    assert "eigh_descending" not in res["profile"]["parts"]
+    lo, hi = res["profiled_steps"]
+    assert all((s - 1) % 3 != 0 for s in range(lo, hi + 1))
+    assert "(refresh)" in capsys.readouterr().out
 
 
 def test_labels_are_removed_afterwards() -> None:
