@@ -1,24 +1,25 @@
 """Where a SOAP-REKLS optimizer step spends its time on the quality bench's model.
 
-The quality report measures SOAP-REKLS's optimizer step (557 ms on one H200 for the 123 M-parameter `gpu` profile,
-against Muon's 10 ms) but not its parts. This probe builds the same model and optimizer, computes one set of
-gradients on random tokens, then times `opt.step()` on those gradients:
+The quality report measures SOAP-REKLS's optimizer step (557 ms on one H200 for the 123 M-parameter `gpu`
+profile, against Muon's 10 ms) but not its parts. This probe builds the same model and optimizer, computes one
+set of gradients on random tokens, then times `opt.step()` on those gradients:
 
 - per step with CUDA events (host clock on CPU), refresh steps (an eigh of every factor, every
   `precondition_frequency` steps) apart from the others;
-- per part, with each of SOAP's pieces (`optim.functional.soap_math`: the KL factor statistics, the rotations into
-  and out of the eigenbasis, the Adam direction, the refresh and its eigh, the finiteness screens) wrapped in a
-  `torch.profiler.record_function` label for the profiled steps: host time and device time per label, the number
-  of kernels launched per step, and the kernels that take the most device time.
+- per part, with each of SOAP's pieces (`optim.functional.soap_math`: the KL factor statistics, the rotations
+  into and out of the eigenbasis, the Adam direction, the refresh and its eigh, the finiteness screens)
+  wrapped in a `torch.profiler.record_function` label for the profiled steps: host time and device time per
+  label, the number of kernels launched per step, and the kernels that take the most device time.
 
-    python -m experiments.soap_step.soap_step profile=gpu device=cuda steps=10 profile_steps=3 out=soap_step.json
+    python -m experiments.soap_step.soap_step profile=gpu device=cuda steps=10 profile_steps=3 \\
+        out=soap_step.json
 
-Arguments are the quality bench's (`tools.quality.config`) plus `steps` (timed steps after the warm-up, which runs
-until the first refresh after step 1 is behind it), `profile_steps` (then profiled, 3 by default, refresh steps
-skipped unless `profile_refresh=1`: a run that profiled 10 steps with a refresh in them did not finish within
-170 s on the H200), `out` (JSON file, written before profiling and again after; printed too) and `tf32=1` (fp32
-matmuls at TF32, to see what they weigh; the bench runs them at full fp32). Each step's time is printed as it is
-measured.
+Arguments are the quality bench's (`tools.quality.config`) plus `steps` (timed steps after the warm-up, which
+runs until the first refresh after step 1 is behind it), `profile_steps` (then profiled, 3 by default, refresh
+steps skipped unless `profile_refresh=1`: a run that profiled 10 steps with a refresh in them did not finish
+within 170 s on the H200), `out` (JSON file, written before profiling and again after; printed too) and
+`tf32=1` (fp32 matmuls at TF32, to see what they weigh; the bench runs them at full fp32). Each step's time is
+printed as it is measured.
 """
 
 from __future__ import annotations
@@ -160,7 +161,10 @@ def run(argv: list[str]) -> dict[str, Any]:
     profile_steps = int(kv.pop("profile_steps", "3"))
     profile_refresh = kv.pop("profile_refresh", "0") in ("1", "true")
     out = kv.pop("out", "")
-    if kv.pop("tf32", "0") in ("1", "true"):  # what fp32 matmuls at TF32 would change (not the bench's setting)
+    if kv.pop("tf32", "0") in (
+        "1",
+        "true",
+    ):  # what fp32 matmuls at TF32 would change (not the bench's setting)
         torch.set_float32_matmul_precision("high")
     cfg = parse_cli([f"{k}={v}" for k, v in kv.items()])
     device = cfg.device

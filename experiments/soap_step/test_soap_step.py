@@ -9,9 +9,17 @@ from experiments.soap_step.soap_step import PARTS, REFRESH, labelled_parts, run
 
 
 def test_breakdown_of_the_tiny_model(tmp_path: Path) -> None:
-    """Refresh steps are told apart and cost more; every SOAP part shows up under its label; the JSON is written."""
+    """Refresh steps are told apart and cost more; every SOAP part shows up under its label; the JSON is
+    written."""
     out = tmp_path / "soap_step.json"
-    args = ["profile=tiny", "device=cpu", "steps=4", "precondition_frequency=2", "profile_refresh=1", "profile_steps=4"]
+    args = [
+        "profile=tiny",
+        "device=cpu",
+        "steps=4",
+        "precondition_frequency=2",
+        "profile_refresh=1",
+        "profile_steps=4",
+    ]
     res = run([*args, f"out={out}"])
     assert json.loads(out.read_text())["profile"] == res["profile"]
     assert len(res["step_ms"]) == 4 and len(res["refresh_step_ms"]) == 2
