@@ -3,8 +3,9 @@
     python -m bench.collect                       # the latest `bench.run` invocation -> <its sweep dir>/report/
     python -m bench.collect --runs runs/ --name my_study      # -> reports/my_study/
 
-Writes `results.csv` (one row per run) and `steps.csv` (one row per run and step, the loss and time curves the
-report plots). By default, for the invocation `<out-dir>/LATEST.json` names, into `<sweep dir>/report/` (a single
+Writes `results.csv` (one row per run), `steps.csv` (one row per run and step, the loss and time curves the
+report plots) and `run.json` (the report's provenance: for every run its status, commit, versions, host, command
+and times; the commits, hosts and version sets the report spans; the command that collected it and when). By default, for the invocation `<out-dir>/LATEST.json` names, into `<sweep dir>/report/` (a single
 run: `<run dir>/report/`), where git does not track; with `--name`, `--runs` or `--reports` into
 `<reports>/<name>/`. Failed runs are rows too, with their status and error, so a sweep never silently shrinks. A
 broken record (unreadable or missing `run.json`, a bad line in `steps.jsonl`) is skipped alone and named with its
@@ -167,22 +168,75 @@ def read_records(run_dirs: list[Path], problems: list[str]) -> list[tuple[Path, 
     return out
 
 
+REPORT_SCHEMA = "muonbench.report/1"
+
+
+def provenance(records: list[dict[str, Any]], *, command: list[str], skipped: list[str]) -> dict[str, Any]:
+    """The report's `run.json`: each run's provenance, and what the report spans (commits, hosts, versions)."""
+
+    def host(rec: dict[str, Any]) -> str:
+        hw = rec.get("hardware") or {}
+        gpu = f"{hw.get('gpu_count')} x {hw['gpu_name']}" if hw.get("gpu_name") else "no GPU"
+        return f"{hw.get('hostname')} ({hw.get('cpu_count')} x {hw.get('cpu_model')}; {gpu})"
+
+    runs = [
+        {
+            "run_id": rec.get("run_id"),
+            "status": rec.get("status"),
+            "start_time": rec.get("start_time"),
+            "end_time": rec.get("end_time"),
+            "duration_s": rec.get("duration_s"),
+            "git": rec.get("git"),
+            "host": host(rec),
+            "hardware": rec.get("hardware"),
+            "versions": rec.get("versions"),
+            "command": " ".join(rec.get("command") or []),
+            "overrides": rec.get("overrides"),
+        }
+        for rec in records
+    ]
+    version_sets = []
+    for rec in records:
+        if (v := rec.get("versions")) not in version_sets:
+            version_sets.append(v)
+    return {
+        "schema": REPORT_SCHEMA,
+        "collected": record.now_iso(),
+        "collected_by": " ".join(command),
+        "collected_at_git": record.git_info(),
+        "commits": sorted({str((r.get("git") or {}).get("sha")) for r in records}),
+        "hosts": sorted({host(r) for r in records}),
+        "versions": version_sets[0] if len(version_sets) == 1 else version_sets,
+        "runs": runs,
+        "skipped_records": skipped,
+    }
+
+
 class BrokenRecords(ValueError):
     """`--strict` and some run record could not be read whole."""
 
 
 def collect(
-    run_dirs: list[Path], dest: Path, *, problems: list[str] | None = None, strict: bool = False
+    run_dirs: list[Path],
+    dest: Path,
+    *,
+    problems: list[str] | None = None,
+    strict: bool = False,
+    command: list[str] | None = None,
 ) -> tuple[Any, Any]:
-    """Write `dest/results.csv` and `dest/steps.csv`; returns the two DataFrames. Broken records are skipped and
-    named in `problems` (warned when None); `strict` raises ValueError listing them instead."""
+    """Write `dest/results.csv`, `dest/steps.csv` and `dest/run.json` (`provenance`; `command`: what collected);
+    returns the two DataFrames. Broken records are skipped and named in `problems`
+    (warned when None) and in run.json; `strict` raises ValueError listing them instead.
+
+    `command` defaults to this process's sys.argv."""
     import pandas as pd
 
     found: list[str] = []
-    rows, steps = [], []
+    rows, steps, recs = [], [], []
     for d, rec in read_records(run_dirs, found):
         rows.append(run_row(rec))
         steps.extend(step_rows(rec, d, found))
+        recs.append(rec)
     if strict and found:
         raise BrokenRecords("broken run records (--strict):\n  " + "\n  ".join(found))
     if problems is None:
@@ -195,6 +249,8 @@ def collect(
     dest.mkdir(parents=True, exist_ok=True)
     results.to_csv(dest / "results.csv", index=False)
     step_df.to_csv(dest / "steps.csv", index=False)
+    argv = command if command is not None else sys.argv
+    record.write_json_atomic(dest / "run.json", provenance(recs, command=argv, skipped=found))
     return results, step_df
 
 
@@ -261,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             dest = default_report_dir(manifest)
         if args.strict and problems:
             raise BrokenRecords("--strict: " + "; ".join(problems))
-        results, _ = collect(run_dirs, dest, problems=problems, strict=args.strict)
+        cmd = ["python", "-m", "bench.collect", *(sys.argv[1:] if argv is None else argv)]
+        results, _ = collect(run_dirs, dest, problems=problems, strict=args.strict, command=cmd)
     except BrokenRecords as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -271,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     for msg in problems:
         print(f"warning: {msg}", file=sys.stderr)
     print(terminal_table(results))
-    print(f"== {len(results)} runs -> {dest / 'results.csv'}, {dest / 'steps.csv'}")
+    print(f"== {len(results)} runs -> {dest / 'results.csv'}, {dest / 'steps.csv'}, {dest / 'run.json'}")
     return 0
 
 

@@ -35,6 +35,32 @@ def test_collect_one_row_per_run_including_failed(runs, tmp_path):
     assert on_disk.shape == results.shape
 
 
+def test_collect_writes_the_reports_provenance(runs, tmp_path):
+    """run.json names every run with its status, commit, host and versions, and what collected the report."""
+    _root, dirs = runs
+    collect.collect(dirs, tmp_path, command=["python", "-m", "bench.collect", "--name", "x"])
+    prov = record.read_json(tmp_path / "run.json")
+    assert prov["schema"] == collect.REPORT_SCHEMA
+    assert prov["collected_by"] == "python -m bench.collect --name x"
+    assert [r["run_id"] for r in prov["runs"]] == ["0_adamw", "1_muon", "2_muon"]
+    assert [r["status"] for r in prov["runs"]] == ["ok", "ok", "error"]
+    shas = {r["git"]["sha"] for r in prov["runs"]}
+    assert prov["commits"] == sorted(shas) and all(len(s) == 40 for s in shas)
+    assert prov["versions"]["python"] and "torch" in prov["versions"]  # one version set: stated once
+    assert len(prov["hosts"]) == 1 and "no GPU" in prov["hosts"][0]
+    assert all(r["command"] for r in prov["runs"]) and prov["skipped_records"] == []
+
+
+def test_provenance_lists_each_version_set_and_skipped_records(runs, tmp_path):
+    """Runs with different versions keep each set; a broken record is named in run.json."""
+    _root, dirs = runs
+    recs = [record.read_json(d / "run.json") for d in dirs[:2]]
+    recs[1] = {**recs[1], "versions": {**recs[1]["versions"], "torch": "0.0-other"}}
+    prov = collect.provenance(recs, command=["c"], skipped=["x/run.json: missing; run skipped"])
+    assert isinstance(prov["versions"], list) and len(prov["versions"]) == 2
+    assert prov["skipped_records"] == ["x/run.json: missing; run skipped"]
+
+
 def test_collect_cli_uses_latest_manifest(runs, tmp_path, capsys):
     root, dirs = runs
     record.write_json_atomic(
