@@ -37,8 +37,8 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
 	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
 
-EXAMPLE_REPORT := smoke_cpu_202611
-bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202611/ from the latest sweep (after make bench)
+EXAMPLE_REPORT := smoke_cpu_202612
+bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (after make bench)
 	$(PY) -m bench.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.report --name $(EXAMPLE_REPORT)
 
 bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, ours (Muon), Megatron's Muon on the FLOP-matched Qwen3 slice
