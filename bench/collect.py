@@ -171,8 +171,15 @@ def read_records(run_dirs: list[Path], problems: list[str]) -> list[tuple[Path, 
 REPORT_SCHEMA = "muonbench.report/1"
 
 
-def provenance(records: list[dict[str, Any]], *, command: list[str], skipped: list[str]) -> dict[str, Any]:
-    """The report's `run.json`: each run's provenance, and what the report spans (commits, hosts, versions)."""
+def provenance(
+    records: list[dict[str, Any]],
+    *,
+    command: list[str],
+    skipped: list[str],
+    git: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The report's `run.json`: each run's provenance, and what the report spans (commits, hosts, versions).
+    `git`: the collecting tree's state (default: read now)."""
 
     def host(rec: dict[str, Any]) -> str:
         hw = rec.get("hardware") or {}
@@ -203,7 +210,7 @@ def provenance(records: list[dict[str, Any]], *, command: list[str], skipped: li
         "schema": REPORT_SCHEMA,
         "collected": record.now_iso(),
         "collected_by": " ".join(command),
-        "collected_at_git": record.git_info(),
+        "collected_at_git": git if git is not None else record.git_info(),
         "commits": sorted({str((r.get("git") or {}).get("sha")) for r in records}),
         "hosts": sorted({host(r) for r in records}),
         "versions": version_sets[0] if len(version_sets) == 1 else version_sets,
@@ -231,6 +238,7 @@ def collect(
     `command` defaults to this process's sys.argv."""
     import pandas as pd
 
+    git = record.git_info()  # before this report's own files change the tree
     found: list[str] = []
     rows, steps, recs = [], [], []
     for d, rec in read_records(run_dirs, found):
@@ -250,7 +258,7 @@ def collect(
     results.to_csv(dest / "results.csv", index=False)
     step_df.to_csv(dest / "steps.csv", index=False)
     argv = command if command is not None else sys.argv
-    record.write_json_atomic(dest / "run.json", provenance(recs, command=argv, skipped=found))
+    record.write_json_atomic(dest / "run.json", provenance(recs, command=argv, skipped=found, git=git))
     return results, step_df
 
 
