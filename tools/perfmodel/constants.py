@@ -32,12 +32,12 @@ H200_GEMM_CEILING_TFLOPS = Sourced(
 HBM_EFFICIENCY = Sourced(
     value=0.72,
     source="our H200: torch.optim.AdamW(fused=True) on 622.9 M fp32 params in 5.01 ms, 28 B/param "
-    "(param, grad, m, v read; param, m, v written) = 3.48 TB/s of 4.8 TB/s datasheet (docs/references.md: H200 measurements",
+    "(param, grad, m, v read; param, m, v written) = 3.48 TB/s of 4.8 TB/s datasheet (docs/references.md: H200 measurements)",
 )
 NS_CALL_HOST_MS = Sourced(
     value=0.33,
     source="our H200: one EO newton_schulz call (5 steps) on 512x2048 (12 GFLOP, GPU floor 0.017 ms) takes "
-    "0.330 ms: the host cost of one NS call when the GPU is idle (docs/references.md: H200 measurements",
+    "0.330 ms: the host cost of one NS call when the GPU is idle (docs/references.md: H200 measurements)",
 )
 NS_CALL_FIXED_LAUNCHES = Sourced(
     value=5.0,
@@ -48,7 +48,7 @@ EO_MUON_PARAM_HOST_MS = Sourced(
     value=0.755,
     source="our H200: EO Muon v0.3.0 optimizer.step() on one Qwen3 layer, 260 matrices in 196.4 ms, nearly all "
     "launch-bound (GPU floor 30.8 ms): 0.755 ms per matrix for the whole per-parameter Python loop "
-    "(weight decay, momentum, Nesterov, NS, scale, update) (docs/references.md: H200 measurements. Not used by the model (the "
+    "(weight decay, momentum, Nesterov, NS, scale, update) (docs/references.md: H200 measurements). Not used by the model (the "
     "published profile charges one NS call per matrix, NS_CALL_HOST_MS); the calibration report shows "
     "what it would predict",
 )
@@ -134,12 +134,12 @@ class HardwareEfficiency:
 
 _H200_BF16 = Sourced(
     value=H200_GEMM_CEILING_TFLOPS.value / H200_PEAK_BF16_TFLOPS,
-    source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (docs/references.md: H200 measurements",
+    source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (docs/references.md: H200 measurements)",
 )
 _X86_HOST = Sourced(
     value=0.755,
     source="our H200 (x86 HGX host), per matrix inside a real optimizer step: EO Muon 196.4 ms / 260 matrices = "
-    "0.755 ms (docs/references.md: H200 measurements; other in-situ measurements 0.486 (kernel run, EO step, 126.3 ms / 260) and "
+    "0.755 ms (docs/references.md: H200 measurements); other in-situ measurements 0.486 (kernel run, EO step, 126.3 ms / 260) and "
     "0.785 (Megatron built-in Muon, 1.22 s NS / 1,554 matrices, reports/megatron_h200_202611): the middle one",
 )
 _GRACE_HOST = Sourced(

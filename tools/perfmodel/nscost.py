@@ -2,7 +2,7 @@
 
 GPU time comes from a per-shape efficiency curve measured on our H200 and scaled by the hardware's bf16 GEMM
 rate (NS runs bf16 GEMMs under MCore's fp32_matmul_prec "medium"): `optim.distributed.assignment.CostModel`, whose
-analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md: H200 measurements. When the kernel
+analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md: H200 measurements). When the kernel
 benchmark has written `reports/ns_kernels_h200_202611/results.json`, its per-shape milliseconds replace the curve
 (`ns_data`: EO's NS for `published`, our kernels for `ours`), scaled by the ratio of GEMM rates. Host time of one
 call is measured (constants; for our kernels, from the same results).

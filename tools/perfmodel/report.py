@@ -1,7 +1,8 @@
 """The committed performance-model report: calibration against Table 1, `ours` predictions and sweeps.
 
 `python -m tools.project report=reports/perfmodel_gb300_202611` writes README.md, results.csv (one row per predicted
-configuration, `study` column) and one PNG per sweep (drawn from the rows, never from live state).
+configuration, `study` column), one PNG per sweep (drawn from the rows, never from live state) and run.json (what
+generated the report: command, commit, date, versions, the measured inputs it reads).
 """
 
 from __future__ import annotations
@@ -303,5 +304,29 @@ def write_report(out_dir: str) -> str:
         ns_hosts={p: nscost.ns_data(p).host_ms for p in ("published", "ours")},
     )
     (out / "README.md").write_text(text)
+    _write_run_json(out, files, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")})
     assert not any(isinstance(v, float) and math.isnan(v) for r in rows for v in r.values())
     return str(out / "README.md")
+
+
+def _write_run_json(out: Path, files: list[str], *, ns_sources: dict[str, str]) -> None:
+    """The report's provenance. A model, not a measurement: no hardware is read; the measured inputs are named."""
+    from bench import record
+
+    record.write_json_atomic(
+        out / "run.json",
+        {
+            "schema": "muonbench.report/perfmodel",
+            "generated": record.now_iso(),
+            "command": COMMAND
+            if out.name == "perfmodel_gb300_202611"
+            else f"python -m tools.project report={out}",
+            "git": record.git_info(),
+            "versions": record.package_versions(),
+            "measured_inputs": {
+                "ns_cost": ns_sources,
+                "h200_check": "reports/megatron_h200_202611 (run records; tools/perfmodel/h200.py)",
+            },
+            "files": ["README.md", "results.csv", *files],
+        },
+    )
