@@ -261,6 +261,9 @@ def h200_check() -> str:
 
 def write_report(out_dir: str) -> str:
     """Compute everything, write the report folder, return the README path."""
+    from bench import record
+
+    git = record.git_info()  # before this report's own files change the tree
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     base = {row.experiment: calibrate.load_row(row) for row in calibrate.TABLE1}
@@ -304,12 +307,14 @@ def write_report(out_dir: str) -> str:
         ns_hosts={p: nscost.ns_data(p).host_ms for p in ("published", "ours")},
     )
     (out / "README.md").write_text(text)
-    _write_run_json(out, files, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")})
+    _write_run_json(
+        out, files, git=git, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")}
+    )
     assert not any(isinstance(v, float) and math.isnan(v) for r in rows for v in r.values())
     return str(out / "README.md")
 
 
-def _write_run_json(out: Path, files: list[str], *, ns_sources: dict[str, str]) -> None:
+def _write_run_json(out: Path, files: list[str], *, git: dict[str, Any], ns_sources: dict[str, str]) -> None:
     """The report's provenance. A model, not a measurement: no hardware is read; the measured inputs are named."""
     from bench import record
 
@@ -321,7 +326,7 @@ def _write_run_json(out: Path, files: list[str], *, ns_sources: dict[str, str]) 
             "command": COMMAND
             if out.name == "perfmodel_gb300_202611"
             else f"python -m tools.project report={out}",
-            "git": record.git_info(),
+            "git": git,
             "versions": record.package_versions(),
             "measured_inputs": {
                 "ns_cost": ns_sources,
