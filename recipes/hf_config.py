@@ -11,7 +11,7 @@ offline mode, so the recipe resolves the file locally.
 - Kimi K2 (family deepseek_v3): the published config names model_type `kimi_k2` with remote code that only
   subclasses DeepSeek-V3's config; we write `model_type: deepseek_v3` (transformers' own DeepseekV3Config, no remote
   code) and keep the architecture name `KimiK2ForCausalLM`, by which Bridge picks its Kimi K2 bridge.
-Values not in `ModelConfig` are the published configs' (docs/references.md: Qwen3-30B-A3B and Kimi K2 configs).
+Values not in `ModelConfig` are the published configs' (docs/references.md#model-shapes).
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ CPU_SHAPES: list[tuple[str, int, int, int, str, str]] = [
     ("tiny_wide", 32, 48, 1, "tiny", "cpu smoke"),
     ("tiny_tall_x3", 64, 40, 3, "tiny", "cpu smoke"),
 ]
-# EO SYRK autotunes every new shape (up to 180 configs x 2 keys); these finished quickly before (docs/references.md: H200 measurements.
+# EO SYRK autotunes every new shape (up to 180 configs x 2 keys); these finished quickly before (docs/references.md#h200-baseline).
 EO_SYRK_DEFAULT = ("qwen_q", "k2_o")
 NUM_STEPS = 5
 OURS_LABEL = (

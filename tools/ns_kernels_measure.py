@@ -588,7 +588,7 @@ def run_all(
     for row in res["shapes"]:
         if device == "cuda" and "eo_plain" in row["impls"]:
             row["impls"]["eo_syrk"] = syrk.get(row["name"]) or {
-                "note": "skipped: EO SYRK autotunes minutes per new shape (docs/references.md: H200 measurements); run with eo_syrk=NAME"
+                "note": "skipped: EO SYRK autotunes minutes per new shape (docs/references.md#h200-baseline); run with eo_syrk=NAME"
             }
     layers = CPU_LAYERS if device == "cpu" else LAYERS
     res["steps"] = {}

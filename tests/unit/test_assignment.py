@@ -34,7 +34,7 @@ def test_ping_pong_matches_megatron_legacy() -> None:
 
 
 def test_ns_flops_matches_anchor_table() -> None:
-    """Plain count of docs/references.md: Newton-Schulz FLOP count: K2 o_proj 7168x8192 = 12.10 TFLOP, Qwen expert fc2 2048x768 = 0.0287."""
+    """Plain count of docs/references.md#ns-flops: K2 o_proj 7168x8192 = 12.10 TFLOP, Qwen expert fc2 2048x768 = 0.0287."""
     assert ns_flops((7168, 8192)) == pytest.approx(12.10e12, rel=2e-3)
     assert ns_flops((2048, 768)) == pytest.approx(0.0287e12, rel=5e-3)
     assert canonical((2048, 768)) == (768, 2048)
@@ -82,7 +82,7 @@ def test_cost_table_overrides_model(tmp_path) -> None:
 
 
 def test_cost_model_tracks_h200_batched_measurements() -> None:
-    """docs/references.md: H200 measurements: 128 x 1536x2048 batched 32.6 ms, 128 x 2048x768 9.76 ms, 8 x 2048x7168 9.72 ms."""
+    """docs/references.md#h200-baseline: 128 x 1536x2048 batched 32.6 ms, 128 x 2048x768 9.76 ms, 8 x 2048x7168 9.72 ms."""
     model = CostModel()
     assert model.group_ms((1536, 2048), 128) == pytest.approx(32.6, rel=0.15)
     assert model.group_ms((2048, 768), 128) == pytest.approx(9.76, rel=0.15)

@@ -91,7 +91,7 @@ def test_experiment_composes(name: str) -> None:
 
 
 def test_published_experiments_match_the_blog_setups() -> None:
-    """The numbers behind NVIDIA's Table 1 (docs/references.md: NVIDIA Muon blog and Megatron-Bridge recipes: layouts, batch, precision, optimizer path."""
+    """The numbers behind NVIDIA's Table 1 (docs/references.md#nvidia-table1, #mb-perf-recipes): layouts, batch, precision, optimizer path."""
     kimi = load(["experiment=gb300/kimi_k2_muon"])
     p = kimi.parallelism
     assert (p.world_size, p.tp, p.pp, p.vp, p.ep, p.dp, p.expert_dp, p.mbs, p.gbs) == (

@@ -1,6 +1,7 @@
 """FLOP accounting (bench/flops.py): Megatron model FLOPs, NS FLOPs per matrix, per step and per GPU, and the CLI.
 
-Published numbers come from docs/references.md: published model FLOPs; NVIDIA Muon blog and Megatron-Bridge recipes; Newton-Schulz FLOP count; Newton-Schulz FLOP count; hand-computed ones are written out factor by factor.
+Published numbers come from docs/references.md (#megatron-flops, #nvidia-table1, #mb-perf-recipes, #ns-flops);
+hand-computed ones are written out factor by factor.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def test_ns_flops_formulas_by_hand() -> None:
     ],
 )
 def test_ns_flops_anchor_table(shape: tuple[int, int], tflop: tuple[float, float, float]) -> None:
-    """docs/references.md: Newton-Schulz FLOP count per-matrix table (k = 5), all three conventions, to the table's printed precision."""
+    """docs/references.md#ns-flops per-matrix table (k = 5), all three conventions, to the table's printed precision."""
     for conv, want in zip(flops.CONVENTIONS, tflop, strict=True):
         assert rel(flops.ns_flops(*shape, 5, conv), want * 1e12) < 0.02, (shape, conv)
 
@@ -138,7 +139,7 @@ def test_ns_flops_rejects_bad_input() -> None:
 
 # ------------------------------------------------------------------------------------------------ enumeration
 def test_enumeration_counts_and_numel(cfgs) -> None:
-    """Muon-managed parameters (docs/references.md: model configurations: Kimi ~1.024 T, Qwen ~29.9 B) and the per-layer matrix counts."""
+    """Muon-managed parameters (docs/references.md#model-shapes: Kimi ~1.024 T, Qwen ~29.9 B) and the per-layer matrix counts."""
     kimi = flops.enumerate_ns_matrices(cfgs["kimi_k2"])
     qwen = flops.enumerate_ns_matrices(cfgs["qwen3_30b_a3b"])
     assert rel(sum(m.count * m.rows * m.cols for m in kimi), 1.024e12) < 0.005
@@ -180,7 +181,7 @@ def test_splits_preserve_elements(cfgs, option: str) -> None:
     [("kimi_k2", 8.82e16, 6.16e16, 4.64e16), ("qwen3_30b_a3b", 1.035e15, 7.12e14, 5.95e14)],
 )
 def test_ns_per_step_published(cfgs, model: str, plain: float, syrk: float, gram: float) -> None:
-    """docs/references.md: Newton-Schulz FLOP count: NS FLOPs of one optimizer step with MCore's QKV split."""
+    """docs/references.md#ns-flops: NS FLOPs of one optimizer step with MCore's QKV split."""
     mats = flops.enumerate_ns_matrices(cfgs[model])
     for conv, want in zip(flops.CONVENTIONS, (plain, syrk, gram), strict=True):
         assert rel(flops.ns_flops_per_step(mats, 5, conv), want) < 0.005, conv
@@ -204,7 +205,7 @@ def test_stage_layers_kimi(cfgs) -> None:
 
 
 def test_ns_per_gpu_qwen_dp8_ep8(cfgs) -> None:
-    """docs/references.md: Newton-Schulz FLOP count: 16 experts x 48 layers x 2 = 1,536 expert matrices + 24 of 192 attention per GPU, 1.29e14."""
+    """docs/references.md#ns-flops: 16 experts x 48 layers x 2 = 1,536 expert matrices + 24 of 192 attention per GPU, 1.29e14."""
     load_ = flops.ns_load_per_gpu(cfgs["qwen3_30b_a3b"], cfgs["dp8_ep8"])
     assert rel(load_["mean"]["plain"], 1.29e14) < 0.005
     assert rel(load_["max"]["plain"], load_["mean"]["plain"]) < 1e-9  # LPT balances this layout exactly
@@ -214,7 +215,7 @@ def test_ns_per_gpu_qwen_dp8_ep8(cfgs) -> None:
 
 
 def test_ns_per_gpu_kimi_pp4_dp64_ep64(cfgs) -> None:
-    """docs/references.md: Newton-Schulz FLOP count: 3.44e14 = the mean over 256 GPUs; the max is PP rank 0 (15 MoE layers x 6 experts x 2 = 180
+    """docs/references.md#ns-flops: 3.44e14 = the mean over 256 GPUs; the max is PP rank 0 (15 MoE layers x 6 experts x 2 = 180
     expert matrices, plus the dense layer's fc1 whole on one DP rank)."""
     model, par = cfgs["kimi_k2"], cfgs["pp4_dp64_ep64"]
     load_ = flops.ns_load_per_gpu(model, par)

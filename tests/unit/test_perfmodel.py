@@ -168,7 +168,7 @@ def test_choose_tp_mode() -> None:
 
 
 def test_ns_curve_matches_h200_measurements() -> None:
-    """The per-shape NS curve reproduces the GPU-bound H200 anchor points (docs/references.md: H200 measurements within 10%."""
+    """The per-shape NS curve reproduces the GPU-bound H200 anchor points (docs/references.md#h200-baseline) within 10%."""
     h200 = nscost.load_hardware("h200")
     for (rows, cols), ms in {
         (4096, 2048): 0.822,

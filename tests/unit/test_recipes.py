@@ -212,7 +212,7 @@ def test_qwen3_layout_matches_published() -> None:
 # Published settings, benchmark policy, A/B modes
 # --------------------------------------------------------------------------------------------------------------
 def test_kimi_published_model_and_muon_settings() -> None:
-    """docs/references.md: NVIDIA Muon blog and Megatron-Bridge recipes: recompute mla_up_proj, flex/hybridep, forced balance, and MB's dist_muon branch."""
+    """docs/references.md#nvidia-table1, #mb-perf-recipes: recompute mla_up_proj, flex/hybridep, forced balance, and MB's dist_muon branch."""
     o = _plan("experiment=gb300/kimi_k2_muon").overrides
     m, opt = o["model"], o["optimizer"]
     assert (m["recompute_granularity"], m["recompute_modules"]) == ("selective", ["mla_up_proj"])

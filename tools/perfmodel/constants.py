@@ -1,7 +1,7 @@
 """Every constant of the performance model, each with its source.
 
 Three kinds: datasheet rows (conf/hardware/*.yaml, read through `HardwareConfig`), our own H200 measurements
-(docs/references.md: H200 measurements), and values taken from papers or public
+(docs/references.md#h200-baseline), and values taken from papers or public
 benchmarks. Exactly one value per hardware row may be fitted to published throughput (`FITTED`); it is named there
 with the numbers it was fitted to.
 """
@@ -22,22 +22,22 @@ class Sourced:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Our H200 measurements (docs/references.md: H200 measurements)
+# Our H200 measurements (docs/references.md#h200-baseline)
 # --------------------------------------------------------------------------------------------------------------
 H200_PEAK_BF16_TFLOPS = 989.0  # datasheet dense bf16 (conf/hardware/h200.yaml)
 H200_GEMM_CEILING_TFLOPS = Sourced(
     value=701.0,
-    source="our H200 bf16 GEMM 8192^3, torch 2.11.0+cu130 (docs/references.md: H200 measurements; 714 in a repeat)",
+    source="our H200 bf16 GEMM 8192^3, torch 2.11.0+cu130 (docs/references.md#h200-baseline; 714 in a repeat)",
 )
 HBM_EFFICIENCY = Sourced(
     value=0.72,
     source="our H200: torch.optim.AdamW(fused=True) on 622.9 M fp32 params in 5.01 ms, 28 B/param "
-    "(param, grad, m, v read; param, m, v written) = 3.48 TB/s of 4.8 TB/s datasheet (docs/references.md: H200 measurements)",
+    "(param, grad, m, v read; param, m, v written) = 3.48 TB/s of 4.8 TB/s datasheet (docs/references.md#h200-baseline)",
 )
 NS_CALL_HOST_MS = Sourced(
     value=0.33,
     source="our H200: one EO newton_schulz call (5 steps) on 512x2048 (12 GFLOP, GPU floor 0.017 ms) takes "
-    "0.330 ms: the host cost of one NS call when the GPU is idle (docs/references.md: H200 measurements)",
+    "0.330 ms: the host cost of one NS call when the GPU is idle (docs/references.md#h200-baseline)",
 )
 NS_CALL_FIXED_LAUNCHES = Sourced(
     value=5.0,
@@ -48,7 +48,7 @@ EO_MUON_PARAM_HOST_MS = Sourced(
     value=0.755,
     source="our H200: EO Muon v0.3.0 optimizer.step() on one Qwen3 layer, 260 matrices in 196.4 ms, nearly all "
     "launch-bound (GPU floor 30.8 ms): 0.755 ms per matrix for the whole per-parameter Python loop "
-    "(weight decay, momentum, Nesterov, NS, scale, update) (docs/references.md: H200 measurements). Not used by the model (the "
+    "(weight decay, momentum, Nesterov, NS, scale, update) (docs/references.md#h200-baseline). Not used by the model (the "
     "published profile charges one NS call per matrix, NS_CALL_HOST_MS); the calibration report shows "
     "what it would predict",
 )
@@ -104,7 +104,7 @@ MUON_ELEMENTWISE_BYTES_PER_PARAM = Sourced(
     value=44.0,
     source="Muon update outside NS: grad 4 read, momentum 4 read + 4 written, Nesterov input 4 written + 4 read, "
     "bf16 cast 2 written, NS output 4 written + 4 read, master 4 read + 4 written, bf16 param 2 written "
-    "(EO Muon v0.3.0 step, docs/references.md: emerging-optimizers Muon",
+    "(EO Muon v0.3.0 step, docs/references.md#emerging-optimizers)",
 )
 MAIN_GRAD_BYTES_PER_PARAM = Sourced(
     value=8.0,
@@ -134,12 +134,12 @@ class HardwareEfficiency:
 
 _H200_BF16 = Sourced(
     value=H200_GEMM_CEILING_TFLOPS.value / H200_PEAK_BF16_TFLOPS,
-    source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (docs/references.md: H200 measurements)",
+    source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (docs/references.md#h200-baseline)",
 )
 _X86_HOST = Sourced(
     value=0.755,
     source="our H200 (x86 HGX host), per matrix inside a real optimizer step: EO Muon 196.4 ms / 260 matrices = "
-    "0.755 ms (docs/references.md: H200 measurements); other in-situ measurements 0.486 (kernel run, EO step, 126.3 ms / 260) and "
+    "0.755 ms (docs/references.md#h200-baseline); other in-situ measurements 0.486 (kernel run, EO step, 126.3 ms / 260) and "
     "0.785 (Megatron built-in Muon, 1.22 s NS / 1,554 matrices, reports/megatron_h200_202611): the middle one",
 )
 _GRACE_HOST = Sourced(

@@ -2,7 +2,7 @@
 
 GPU time comes from a per-shape efficiency curve measured on our H200 and scaled by the hardware's bf16 GEMM
 rate (NS runs bf16 GEMMs under MCore's fp32_matmul_prec "medium"): `optim.distributed.assignment.CostModel`, whose
-analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md: H200 measurements). When the kernel
+analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md#h200-baseline). When the kernel
 benchmark has written `reports/ns_kernels_h200_202611/results.json`, its per-shape milliseconds replace the curve
 (`ns_data`: EO's NS for `published`, our kernels for `ours`), scaled by the ratio of GEMM rates. Host time of one
 call is measured (constants; for our kernels, from the same results).
@@ -27,7 +27,7 @@ KERNEL_RESULTS = Path(__file__).resolve().parents[2] / "reports" / "ns_kernels_h
 TP_MODES = cost.TP_MODES
 HALF_EFF_DIM = (
     CostModel().half_eff_dim
-)  # short side at half the ceiling, fitted to docs/references.md: H200 measurements (assignment.py)
+)  # short side at half the ceiling, fitted to docs/references.md#h200-baseline (assignment.py)
 
 
 def ns_rate(hw: HardwareConfig) -> float:
@@ -70,7 +70,7 @@ def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
         return NSData(
             table={},
             host_ms=anchor_host,
-            source="docs/references.md: H200 measurements curve (no kernel results yet)",
+            source="docs/references.md#h200-baseline curve (no kernel results yet)",
         )
     data: Any = json.loads(path.read_text())
     ceiling = float(data.get("ceiling_tflops", C.H200_GEMM_CEILING_TFLOPS.value))

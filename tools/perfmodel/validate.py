@@ -26,8 +26,8 @@ LAYERS: dict[str, tuple[str, int, bool]] = {
 """results.json step name -> (model config, EP size, router included)."""
 IMPLS = {"eo_muon": ("muon", "published"), "ours": ("muon", "ours"), "adamw_fused": ("adamw", "published")}
 TRANSCRIBED: tuple[tuple[str, str, float, str], ...] = (
-    ("qwen3_30b_a3b_layer", "eo_muon", 196.4, "docs/references.md: H200 measurements (first H200 run)"),
-    ("qwen3_30b_a3b_layer", "adamw_fused", 5.01, "docs/references.md: H200 measurements (first H200 run)"),
+    ("qwen3_30b_a3b_layer", "eo_muon", 196.4, "docs/references.md#h200-baseline (first H200 run)"),
+    ("qwen3_30b_a3b_layer", "adamw_fused", 5.01, "docs/references.md#h200-baseline (first H200 run)"),
 )
 """Layer steps measured in other runs: (layer, impl, ms, source)."""
 
