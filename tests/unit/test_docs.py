@@ -59,13 +59,13 @@ def test_links_resolve(doc: Path):
     assert not broken, f"{doc.relative_to(REPO)}: unresolved {broken}"
 
 
-def test_reference_anchors_cited_in_config_exist():
-    """Config comments cite `docs/references.md#<anchor>`; each anchor must exist there."""
+def test_reference_anchors_cited_exist():
+    """Configs, docs and code cite `docs/references.md#<anchor>`; each anchor must exist there."""
     anchors = set(ANCHOR.findall((REPO / "docs/references.md").read_text()))
     cited = {
         (p.relative_to(REPO).as_posix(), a)
         for p in _tracked()
-        if p.suffix in {".yaml", ".md"} and p.exists()
+        if p.suffix in {".yaml", ".md", ".py"} and p.exists()
         for a in re.findall(r"docs/references\.md#([\w-]+)", p.read_text())
     }
     assert cited, "no citation of docs/references.md found: the check itself is broken"
