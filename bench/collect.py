@@ -5,8 +5,9 @@
 
 Writes `results.csv` (one row per run), `steps.csv` (one row per run and step, the loss and time curves the
 report plots) and `run.json` (the report's provenance: for every run its status, commit, versions, host, command
-and times; the commits, hosts and version sets the report spans; the command that collected it and when). By default, for the invocation `<out-dir>/LATEST.json` names, into `<sweep dir>/report/` (a single
-run: `<run dir>/report/`), where git does not track; with `--name`, `--runs` or `--reports` into
+and times; the commits, hosts and version sets the report spans; the command that collected it and when). By
+default, for the invocation `<out-dir>/LATEST.json` names, into `<sweep dir>/report/` (a single run:
+`<run dir>/report/`), where git does not track; with `--name`, `--runs` or `--reports` into
 `<reports>/<name>/`. Failed runs are rows too, with their status and error, so a sweep never silently shrinks. A
 broken record (unreadable or missing `run.json`, a bad line in `steps.jsonl`) is skipped alone and named with its
 file and line in a warning; `--strict` makes any of them an error (exit 1, nothing written). No torch import.
@@ -231,11 +232,9 @@ def collect(
     strict: bool = False,
     command: list[str] | None = None,
 ) -> tuple[Any, Any]:
-    """Write `dest/results.csv`, `dest/steps.csv` and `dest/run.json` (`provenance`; `command`: what collected);
-    returns the two DataFrames. Broken records are skipped and named in `problems`
-    (warned when None) and in run.json; `strict` raises ValueError listing them instead.
-
-    `command` defaults to this process's sys.argv."""
+    """Write `dest/results.csv`, `dest/steps.csv` and `dest/run.json` (`provenance`; `command`: what collected,
+    default this process's sys.argv); returns the two DataFrames. Broken records are skipped and named in
+    `problems` (warned when None) and in run.json; `strict` raises ValueError listing them instead."""
     import pandas as pd
 
     git = record.git_info()  # before this report's own files change the tree

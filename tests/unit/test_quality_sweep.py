@@ -192,6 +192,18 @@ def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsy
         sweep.main(_args(out, "steps=6"))
 
 
+def test_resume_refuses_a_tokenizer_that_encodes_other_token_counts(tmp_path) -> None:
+    """A sweep resumed with a lost and retrained (or another version's) tokenizer would mix token streams: the
+    counts stored in corpus.json must match what the tokenizer here encodes."""
+    out = tmp_path / "q"
+    assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0
+    stored = json.loads((out / "corpus.json").read_text())
+    assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0  # same tokenizer: resumes
+    (out / "corpus.json").write_text(json.dumps({**stored, "val_tokens": stored["val_tokens"] + 1}))
+    with pytest.raises(ValueError, match="another tokenizer"):
+        sweep.main(_args(out, "time_limit_s=1e-6"))
+
+
 def test_sigterm_records_the_piece_and_a_rerun_resumes(tmp_path) -> None:
     """SIGTERM in the second trial (after the first trial's file): exit 128 + 15, no file for the trial in
     progress, the piece's line names the signal, trial and step, progress.json counts the finished trial, and a

@@ -308,24 +308,24 @@ def write_report(out_dir: str) -> str:
     )
     (out / "README.md").write_text(text)
     _write_run_json(
-        out, files, git=git, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")}
+        out_dir, files, git=git, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")}
     )
     assert not any(isinstance(v, float) and math.isnan(v) for r in rows for v in r.values())
     return str(out / "README.md")
 
 
-def _write_run_json(out: Path, files: list[str], *, git: dict[str, Any], ns_sources: dict[str, str]) -> None:
+def _write_run_json(
+    out_dir: str, files: list[str], *, git: dict[str, Any], ns_sources: dict[str, str]
+) -> None:
     """The report's provenance. A model, not a measurement: no hardware is read; the measured inputs are named."""
     from bench import record
 
     record.write_json_atomic(
-        out / "run.json",
+        Path(out_dir) / "run.json",
         {
             "schema": "muonbench.report/perfmodel",
             "generated": record.now_iso(),
-            "command": COMMAND
-            if out.name == "perfmodel_gb300_202611"
-            else f"python -m tools.project report={out}",
+            "command": f"python -m tools.project report={out_dir}",
             "git": git,
             "versions": record.package_versions(),
             "measured_inputs": {
