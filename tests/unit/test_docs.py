@@ -72,9 +72,9 @@ def test_reference_anchors_cited_exist():
     assert not {(f, a) for f, a in cited if a not in anchors}
 
 
-def test_every_report_folder_has_readme_and_reproduce():
-    """A report folder is an artefact a user can regenerate: README.md (protocol, command, provenance) and one
-    reproduce.sh. `golden/` holds regression rows, not a report."""
+def test_every_report_folder_has_readme_reproduce_and_run_json():
+    """A report folder is an artefact a user can regenerate: README.md (protocol, command), one reproduce.sh and
+    run.json (provenance: commit, versions, host, command, date). `golden/` holds regression rows, not a report."""
     folders = {
         p.relative_to(REPO / "reports").parts[0] for p in _tracked() if p.is_relative_to(REPO / "reports")
     }
@@ -83,10 +83,10 @@ def test_every_report_folder_has_readme_and_reproduce():
     missing = [
         f"{d}/{name}"
         for d in sorted(folders)
-        for name in ("README.md", "reproduce.sh")
+        for name in ("README.md", "reproduce.sh", "run.json")
         if not (REPO / "reports" / d / name).is_file()
     ]
-    assert not missing, f"report folders without their README.md / reproduce.sh: {missing}"
+    assert not missing, f"report folders without their README.md / reproduce.sh / run.json: {missing}"
 
 
 def test_report_folders_follow_naming():
