@@ -178,7 +178,7 @@ def test_report_command_reproduces_config() -> None:
                 seed=1234,
                 steps=400,
                 optimizers=["adamw", "muon", "mop", "soap_rekls"],
-                out="reports/quality_cpu_202611",
+                out="reports/quality_cpu_202612",
             )
         )
         == "python -m tools.quality profile=cpu"

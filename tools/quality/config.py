@@ -58,7 +58,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hidden_size": 128,
         "num_layers": 2,
         "price_per_hour": 0.0,
-        "out": "reports/quality_cpu_202611",
+        "out": "reports/quality_cpu_202612",
     },
     # One H200, ~7 minutes for 22 trials: 122.8 M total / 34.7 M active parameters (conf/model/qwen3_moe_125m),
     # 240 steps of 128 x 512 tokens = 15.7 M tokens per trial, 25 evaluations. Throughput estimate: 169.9 MFLOP
@@ -141,7 +141,7 @@ class QualityConfig:
     weight_decay: float = 0.01
     price_per_hour: float = 0.0
     optimizers: tuple[str, ...] = ("adamw", "muon", "mop", "soap_rekls")
-    out: str = "reports/quality_cpu_202611"
+    out: str = "reports/quality_cpu_202612"
     corpus: str = "stdlib"
     """stdlib: top-level stdlib modules, every 10th held out; python_packages: every `.py` file of site-packages
     and the stdlib, deduplicated, held out by path hash (tools.quality.corpus)."""
