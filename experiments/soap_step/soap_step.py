@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from experiments.step_profile.step_profile import device_time_us, profile_step
+
 PARTS = {
     "kl_factor_updates": "optim.functional.soap_math",
     "approx_eigvals": "optim.functional.soap_math",
@@ -63,11 +65,10 @@ def labelled_parts() -> Iterator[None]:
 
         return inner
 
-    for name, module_name in PARTS.items():
-        for mod in {importlib.import_module(module_name), soap.sm}:
-            if hasattr(mod, name):
-                saved.append((mod, name, getattr(mod, name)))
-                setattr(mod, name, wrap(getattr(mod, name), name))
+    for name, module_name in PARTS.items():  # soap.py calls these through its module attributes
+        mod = importlib.import_module(module_name)
+        saved.append((mod, name, getattr(mod, name)))
+        setattr(mod, name, wrap(getattr(mod, name), name))
     cls = soap.SOAP
     saved.append((cls, "_refresh", cls._refresh))
     cls._refresh = wrap(cls._refresh, REFRESH)  # type: ignore[method-assign]
@@ -102,14 +103,11 @@ def summarize(prof: torch.profiler.profile, steps: int, top: int = 15) -> dict[s
     events = prof.key_averages()
     labels = set(PARTS) | {REFRESH}
 
-    def dev_us(e: Any) -> float:
-        return float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0) or 0.0)
-
     parts = {
         e.key: {
             "calls_per_step": e.count / steps,
             "host_ms_per_step": e.cpu_time_total / 1e3 / steps,
-            "device_ms_per_step": dev_us(e) / 1e3 / steps,
+            "device_ms_per_step": device_time_us(e) / 1e3 / steps,
         }
         for e in events
         if e.key in labels
@@ -215,14 +213,15 @@ def run(argv: list[str]) -> dict[str, Any]:
     # refresh steps (one eigh per factor) are profiled only on request: see the module doc
     while not profile_refresh and any((done + i) % period == 0 for i in range(profile_steps)):
         step("skipped")
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if device == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
     print(f"profiling steps {done + 1}-{done + profile_steps}", flush=True)
-    with labelled_parts(), torch.profiler.profile(activities=acts) as prof:
+
+    def profiled() -> None:
         for _ in range(profile_steps):
             opt.step()
         _sync(device)
+
+    with labelled_parts():
+        _, prof = profile_step(profiled, cuda=device == "cuda")
     result["profiled_steps"] = [done + 1, done + profile_steps]
     result["profile"] = summarize(prof, profile_steps)
     _write(out, result)

@@ -55,7 +55,7 @@ def _is_kernel(ev: Any) -> bool:
     return _on_device(ev) and not str(getattr(ev, "name", "")).startswith(PREFIX)
 
 
-def _device_time_us(ev: Any) -> float:
+def device_time_us(ev: Any) -> float:
     for attr in ("device_time_total", "cuda_time_total"):
         v = getattr(ev, attr, None)
         if v is not None:
@@ -77,13 +77,13 @@ def summarize(events: Iterable[Any], phase_wall_s: dict[str, float] | None = Non
             ph = name[len(PREFIX) :]
             cur = phases.setdefault(ph, {"kernel_s": 0.0})
             if _on_device(ev):  # the range's GPU-side annotation: its span on the stream, not kernel time
-                cur["gpu_span_s"] = float(cur.get("gpu_span_s") or 0.0) + _device_time_us(ev) / 1e6
+                cur["gpu_span_s"] = float(cur.get("gpu_span_s") or 0.0) + device_time_us(ev) / 1e6
             else:
-                cur["kernel_s"] = float(cur["kernel_s"] or 0.0) + _device_time_us(ev) / 1e6
+                cur["kernel_s"] = float(cur["kernel_s"] or 0.0) + device_time_us(ev) / 1e6
         elif _is_kernel(ev):
             t = (
-                _device_time_us(ev)
-                if _device_time_us(ev)
+                device_time_us(ev)
+                if device_time_us(ev)
                 else float(getattr(ev, "self_device_time_total", 0.0))
             )
             kernels.setdefault(name, []).append(t)
