@@ -93,6 +93,8 @@ VERSION_PACKAGES = (
     "numpy",
     "triton",
     "transformer-engine",
+    "quack-kernels",
+    "nvidia-cutlass-dsl",
 )
 PROTOCOL_TEXT = (
     "warm-up steps excluded; steady window = the remaining steps; step time = median over the window, spread = IQR "

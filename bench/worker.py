@@ -100,6 +100,14 @@ def _write_error(run_dir: Path, rank: RankInfo, exc: BaseException) -> dict[str,
     return err
 
 
+def _record_ns_plan(run_dir: Path) -> None:
+    """The NS plan entries this process ran (`optim.kernels.plans_in_use`) as run.json's `ns_plan`, if any."""
+    kernels = sys.modules.get("optim.kernels")  # imported by the optimizer when it orthogonalized anything
+    plans = kernels.plans_in_use() if kernels is not None else {}
+    if plans:
+        record.update_run_json(run_dir, ns_plan=plans)
+
+
 def run(run_dir: Path) -> None:
     """Run the benchmark of `run_dir` on this rank."""
     import torch.distributed as dist
@@ -153,6 +161,7 @@ def run(run_dir: Path) -> None:
             bar.close()
         if log is not None:
             log.close()
+            _record_ns_plan(run_dir)
             if divergence is None:
                 record.finalize(run_dir, status=record.Status.OK)
             else:

@@ -356,7 +356,9 @@ def render_general(micro: list[dict[str, Any]]) -> list[str]:
         "configs the plan also offers (`optim.kernels.sym_quack.GENERAL_CONFIGS`). TFLOP/s on 2 B m^2 n; err: largest",
         "|out - fp32 product| over the largest |fp32 entry|; first call s: compilation included.",
         "",
-        "| B x m x n | " + " | ".join(backends) + " | fastest (TFLOP/s) | err (same order) | QuACK first call s |",
+        "| B x m x n | "
+        + " | ".join(backends)
+        + " | fastest (TFLOP/s) | err (same order) | QuACK first call s |",
         "|---|" + "---|" * (len(backends) + 3),
     ]
     for r in micro:

@@ -12,6 +12,9 @@ per-parameter work is represented); on CUDA the default scale is 1 (full shapes)
 - `optim_muon`: optim.Muon (EO v0.3.0 defaults, lr 1e-4; on CUDA its fused step path, `MuonConfig.fused_step`).
 - `optim_muon_split`: the same with each expert fc1 orthogonalized as its gate and up halves apart (768 x 2048
   each at scale 1; `MuonConfig.split_gate_up` in a Megatron run).
+- `optim_muon_fp16`: optim.Muon with `ns_precision="fp16"` (the fp16 iterate of the Megatron slice recipes).
+- `optim_muon_vouched`: optim.Muon told before each step that the gradients are finite (`assume_finite_grads`),
+  as the Megatron wrapper does after its global gradient-norm check: no gradient screen.
 - `optim_muon_no_ns`: optim.Muon with its orthogonalization replaced by the identity: everything of the step
   except Newton-Schulz (momentum, finite check, stacking, scaling, weight decay, update).
 - `optim_muon_unfused`, `optim_muon_unfused_no_ns`: the same with `fused_step=False` (the multi-tensor torch path;
@@ -37,6 +40,8 @@ IMPLS = (
     "adamw_foreach",
     "optim_muon",
     "optim_muon_split",
+    "optim_muon_fp16",
+    "optim_muon_vouched",
     "optim_muon_no_ns",
     "optim_muon_unfused",
     "optim_muon_unfused_no_ns",
@@ -70,12 +75,25 @@ def _factories(device: str, scale: float) -> dict[str, Callable[[list[Any]], Any
         opt._orthogonalize = lambda x: (x, None)
         return opt
 
+    def vouched(ps: list[Any]) -> Any:
+        opt = Muon(ps, MuonConfig(lr=1e-4))
+        step = opt.step
+
+        def vouched_step(closure: Any = None) -> Any:
+            opt.assume_finite_grads()
+            return step(closure)
+
+        opt.step = vouched_step  # type: ignore[method-assign]
+        return opt
+
     out: dict[str, Callable[[list[Any]], Any]] = {
         "adamw_foreach": lambda ps: torch.optim.AdamW(ps, lr=1e-4, foreach=True),
         "optim_muon": lambda ps: Muon(ps, MuonConfig(lr=1e-4)),
         "optim_muon_split": lambda ps: Muon(
             ps, MuonConfig(lr=1e-4), splits={p: halves for p in ps if tuple(p.shape) == fc1}
         ),
+        "optim_muon_fp16": lambda ps: Muon(ps, MuonConfig(lr=1e-4, ns_precision="fp16")),
+        "optim_muon_vouched": vouched,
         "optim_muon_no_ns": no_ns,
         "optim_muon_unfused": lambda ps: Muon(ps, MuonConfig(lr=1e-4, fused_step=False)),
         "optim_muon_unfused_no_ns": lambda ps: no_ns(ps, fused=False),

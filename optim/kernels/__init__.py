@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from optim.kernels.ns_batched import Coeff, TorchOps, orthogonalize_with
+from optim.kernels.ns_batched import Coeff, TorchOps, normalize_with_norms, orthogonalize_with
 
-__all__ = ["available", "orthogonalize", "plan_for", "triton_importable"]
+__all__ = ["available", "orthogonalize", "plan_for", "plans_in_use", "triton_importable"]
 
 if TYPE_CHECKING:
     from optim.kernels.plan import Planner
@@ -68,6 +68,7 @@ def orthogonalize(
     use_gram: bool = False,
     restart_iterations: Sequence[int] = (2,),
     dtype: torch.dtype = torch.bfloat16,
+    sumsq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Newton-Schulz orthogonalization of each matrix of x, one (a, b, c) per iteration.
 
@@ -79,6 +80,9 @@ def orthogonalize(
         restart_iterations: Gram-NS iterations before which X and its Gram matrix are re-formed.
         dtype: the iterate's dtype: bf16, or fp16 (8x more accurate at the same GEMM rate; a I folded into P, see
             `optim.kernels.ns_batched`).
+        sumsq: the squared Frobenius norm of each matrix of x, (B,) fp32, when the caller has it (the fused Muon
+            pack computes it in its pass): the normalization then skips its norm pass. Used for a contiguous wide
+            (m <= n) stack; ignored otherwise.
 
     Returns:
         Tensor of x's shape and dtype (possibly with transposed strides for tall matrices).
@@ -87,7 +91,27 @@ def orthogonalize(
     coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
     restarts = frozenset(int(i) for i in restart_iterations)
     xb = x.unsqueeze(0) if x.ndim == 2 else x
-    if xb.is_cuda and available():
+    if sumsq is not None and xb.is_contiguous() and xb.size(-2) <= xb.size(-1):
+        if sumsq.shape != (xb.size(0),):
+            raise ValueError(
+                f"sumsq.shape={tuple(sumsq.shape)}: one squared norm per matrix, ({xb.size(0)},)"
+            )
+        xn = normalize_with_norms(xb, sumsq, eps, dtype)
+        if xb.is_cuda and available():
+            out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype, normalized=True)(xn)
+        else:
+            out = orthogonalize_with(
+                xn,
+                coeffs,
+                eps=eps,
+                gram=use_gram,
+                restarts=restarts,
+                ops=TorchOps(),
+                dtype=dtype,
+                normalized=True,
+            )
+        out = out.to(x.dtype)
+    elif xb.is_cuda and available():
         out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype)(xb)
     else:
         out = orthogonalize_with(
@@ -113,3 +137,17 @@ def plan_for(
     planner = _planner()
     _, key = planner.choose(xb, coeffs, eps, use_gram, frozenset(restart_iterations), dtype)
     return dict(planner.choices[key])
+
+
+def plans_in_use() -> dict[str, dict[str, object]]:
+    """Plan key -> {method, times_ms, rejected} of every NS problem this process has planned (the entries its
+    dispatches run, with every candidate's measured time); empty when nothing was orthogonalized on the GPU. For a
+    run record: which body ran each shape, e.g. whether QuACK's products were chosen."""
+    if _PLANNER is None:
+        return {}
+    keep = ("method", "times_ms", "rejected", "fallback")
+    return {
+        key: {f: entry[f] for f in keep if f in entry}
+        for key, entry in _PLANNER.choices.items()
+        if key in _PLANNER.complete
+    }

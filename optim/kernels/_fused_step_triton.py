@@ -9,16 +9,27 @@ import triton.language as tl
 
 @triton.jit
 def momentum_pack_kernel(
-    g_ptrs, b_ptrs, out_ptr, numel, beta, NESTEROV: tl.constexpr, WRITE_BUF: tl.constexpr, BLOCK: tl.constexpr
+    g_ptrs,
+    b_ptrs,
+    out_ptr,
+    part_ptr,
+    numel,
+    beta,
+    NESTEROV: tl.constexpr,
+    WRITE_BUF: tl.constexpr,
+    SUMSQ: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
+    """`SUMSQ`: also the sum of squares of this block's bf16 output at part_ptr[i, pid] (one partial per program,
+    summed by the caller: deterministic, no atomics)."""
     pid = tl.program_id(0)
     i = tl.program_id(1)
     g_ptr = tl.load(g_ptrs + i).to(tl.pointer_type(tl.float32))
     b_ptr = tl.load(b_ptrs + i).to(tl.pointer_type(tl.float32))
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
-    g = tl.load(g_ptr + offs, mask=mask)
-    buf = tl.load(b_ptr + offs, mask=mask)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    buf = tl.load(b_ptr + offs, mask=mask, other=0.0)
     buf = buf + (1.0 - beta) * (g - buf)
     if WRITE_BUF:
         tl.store(b_ptr + offs, buf, mask=mask)
@@ -26,7 +37,11 @@ def momentum_pack_kernel(
         u = g + beta * (buf - g)
     else:
         u = buf
-    tl.store(out_ptr + i.to(tl.int64) * numel + offs, u.to(tl.bfloat16), mask=mask)
+    ub = u.to(tl.bfloat16)
+    tl.store(out_ptr + i.to(tl.int64) * numel + offs, ub, mask=mask)
+    if SUMSQ:
+        uf = ub.to(tl.float32)
+        tl.store(part_ptr + i.to(tl.int64) * tl.num_programs(0) + pid, tl.sum(uf * uf, axis=0))
 
 
 @triton.jit
@@ -46,15 +61,18 @@ def momentum_pack_t_kernel(
     g_ptrs,
     b_ptrs,
     out_ptr,
+    part_ptr,
     R,
     C,
     beta,
     NESTEROV: tl.constexpr,
     WRITE_BUF: tl.constexpr,
+    SUMSQ: tl.constexpr,
     BR: tl.constexpr,
     BC: tl.constexpr,
 ):
-    """momentum_pack_kernel for an (R, C) parameter whose NS input is stored transposed, (C, R) row-major."""
+    """momentum_pack_kernel for an (R, C) parameter whose NS input is stored transposed, (C, R) row-major; the
+    partial sum of squares of tile (pid_r, pid_c) at part_ptr[i, pid_r * tiles_c + pid_c]."""
     pid_r = tl.program_id(0)
     pid_c = tl.program_id(1)
     i = tl.program_id(2)
@@ -64,8 +82,8 @@ def momentum_pack_t_kernel(
     cols = pid_c * BC + tl.arange(0, BC)
     mask = (rows[:, None] < R) & (cols[None, :] < C)
     offs = rows[:, None] * C + cols[None, :]
-    g = tl.load(g_ptr + offs, mask=mask)
-    buf = tl.load(b_ptr + offs, mask=mask)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0)
+    buf = tl.load(b_ptr + offs, mask=mask, other=0.0)
     buf = buf + (1.0 - beta) * (g - buf)
     if WRITE_BUF:
         tl.store(b_ptr + offs, buf, mask=mask)
@@ -73,9 +91,15 @@ def momentum_pack_t_kernel(
         u = g + beta * (buf - g)
     else:
         u = buf
+    ub = u.to(tl.bfloat16)
     t_offs = cols[:, None] * R + rows[None, :]
     t_mask = (cols[:, None] < C) & (rows[None, :] < R)
-    tl.store(out_ptr + i.to(tl.int64) * R * C + t_offs, tl.trans(u.to(tl.bfloat16)), mask=t_mask)
+    tl.store(out_ptr + i.to(tl.int64) * R * C + t_offs, tl.trans(ub), mask=t_mask)
+    if SUMSQ:
+        uf = ub.to(tl.float32)
+        tiles = tl.num_programs(0) * tl.num_programs(1)
+        part = i.to(tl.int64) * tiles + pid_r * tl.num_programs(1) + pid_c
+        tl.store(part_ptr + part, tl.sum(tl.sum(uf * uf, axis=1), axis=0))
 
 
 @triton.jit
@@ -106,3 +130,16 @@ def scale_cast_kernel(x_ptr, s_ptr, out_ptr, numel, BLOCK: tl.constexpr):
     s = tl.load(s_ptr + i)
     x = tl.load(x_ptr + i * numel + offs, mask=mask).to(tl.float32)
     tl.store(out_ptr + i * numel + offs, (x * s).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def nonfinite_kernel(x_ptrs, flag_ptr, numel, BLOCK: tl.constexpr):
+    """flag[i] = 1 where tensor i (fp32, numel elements, address at x_ptrs[i]) holds a NaN or an Inf; flag is
+    zeroed by the caller and only ever set, so concurrent programs need no atomics."""
+    pid = tl.program_id(0)
+    i = tl.program_id(1)
+    x_ptr = tl.load(x_ptrs + i).to(tl.pointer_type(tl.float32))
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < numel, other=0.0)
+    bad = tl.max(((x - x) != 0.0).to(tl.int32), axis=0)  # x - x is 0 for finite x, NaN for NaN and +-Inf
+    tl.store(flag_ptr + i, bad, mask=bad > 0)

@@ -3,6 +3,9 @@
 - `momentum_pack(grads, bufs, beta, nesterov)`: buf <- buf + (1 - beta)(g - buf) in place, and the NS input
   (g + beta (buf - g) with Nesterov, else buf) written as one stacked (B, r, c) bf16 tensor. 14 bytes per
   element (read g, buf; write buf, bf16 input) instead of ~40 through separate foreach, stack and cast kernels.
+- `momentum_pack_with_norms`: the same pass, also returning each NS matrix's squared Frobenius norm (the NS entry's
+  normalization and the momentum screen of the fused Muon step, with no pass of their own).
+- `nonfinite(tensors)`: per-tensor NaN/Inf flags of same-shape tensors in one launch (the gradient screen).
 - `apply_update(params, update, lr, weight_decay, scale)`: p <- p (1 - lr wd) - lr scale update[i], decoupled
   weight decay fused; reads the stacked bf16 NS output once.
 
@@ -108,46 +111,126 @@ def momentum_pack(
     when `transpose`. `checked`: the caller guarantees fp32 contiguous tensors on one device (see `_fast_ok`).
     `write_buf=False`: the NS input of the updated momentum, the buffers left unchanged (10 bytes per element; the
     speculative NS of `OrthogonalizedOptimizer.speculate`, whose momentum is written at the step)."""
+    out, _ = _pack(grads, bufs, beta, nesterov, transpose, checked, write_buf, pieces=0)
+    return out
+
+
+def momentum_pack_with_norms(
+    grads: Sequence[torch.Tensor],
+    bufs: Sequence[torch.Tensor],
+    *,
+    beta: float,
+    nesterov: bool,
+    transpose: bool = False,
+    pieces: int = 1,
+    checked: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`momentum_pack` that also returns the squared Frobenius norm of every NS matrix it wrote: (B * pieces,) fp32,
+    the sum of squares of the bf16 values of matrix i's piece j at [i * pieces + j], where a (r, c) matrix is
+    `pieces` equal row blocks (r / pieces, c) (`transpose=False`; a transposed stack is one piece per matrix).
+
+    The sums come from the same pass (one fp32 partial per Triton program, added up by one small reduction
+    afterwards, in a fixed order: deterministic), so the NS entry needs no norm pass of its own, and a NaN or Inf
+    anywhere in a matrix makes its sum non-finite (the momentum screen of the fused Muon step)."""
+    if pieces < 1 or (pieces > 1 and (transpose or grads[0].size(0) % pieces)):
+        raise ValueError(
+            f"pieces={pieces} with transpose={transpose}, rows={grads[0].size(0)}: pieces must be >= 1 and divide "
+            "the rows of an untransposed stack"
+        )
+    out, sumsq = _pack(grads, bufs, beta, nesterov, transpose, checked, True, pieces=pieces)
+    assert sumsq is not None
+    return out, sumsq
+
+
+def _sumsq_of(out: torch.Tensor, pieces: int) -> torch.Tensor:
+    """(B * pieces,) fp32 sums of squares of the (B, r, c) stack `out` cut into `pieces` row blocks per matrix."""
+    return out.reshape(out.size(0) * pieces, -1).float().square().sum(-1)
+
+
+def _pack(
+    grads: Sequence[torch.Tensor],
+    bufs: Sequence[torch.Tensor],
+    beta: float,
+    nesterov: bool,
+    transpose: bool,
+    checked: bool,
+    write_buf: bool,
+    pieces: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """momentum_pack (`pieces=0`) or momentum_pack_with_norms (`pieces >= 1`)."""
     if not _fast_ok([*grads, *bufs], checked) or (transpose and grads[0].ndim != 2):
-        return momentum_pack_torch(
+        out = momentum_pack_torch(
             grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose, write_buf=write_buf
         )
+        return out, (_sumsq_of(out, pieces) if pieces else None)
     import triton
 
     from optim.kernels._fused_step_triton import momentum_pack_kernel, momentum_pack_t_kernel
 
     nb, numel = len(grads), grads[0].numel()
     shape = tuple(grads[0].shape)
-    out = torch.empty(
-        (nb, *(shape[::-1] if transpose else shape)), dtype=torch.bfloat16, device=grads[0].device
-    )
+    dev = grads[0].device
+    out = torch.empty((nb, *(shape[::-1] if transpose else shape)), dtype=torch.bfloat16, device=dev)
     block = 2048
+    if transpose:
+        r, c = shape
+        grid: tuple[int, int, int] | tuple[int, int] = (triton.cdiv(r, _TILE_R), triton.cdiv(c, _TILE_C), nb)
+        parts_per_matrix = grid[0] * grid[1]
+    else:
+        grid = (triton.cdiv(numel, block), nb)
+        parts_per_matrix = grid[0]
+    # The partials of a piece are whole programs' sums only when each program lies in one piece.
+    by_parts = pieces == 1 or (pieces > 1 and (numel // pieces) % block == 0)
+    parts = (
+        torch.empty((nb, parts_per_matrix), dtype=torch.float32, device=dev) if pieces and by_parts else out
+    )
     try:
         if transpose:
-            r, c = shape
-            grid = (triton.cdiv(r, _TILE_R), triton.cdiv(c, _TILE_C), nb)
             momentum_pack_t_kernel[grid](
-                _ptrs(grads), _ptrs(bufs), out, r, c, float(beta),
-                NESTEROV=nesterov, WRITE_BUF=write_buf, BR=_TILE_R, BC=_TILE_C, num_warps=4,
+                _ptrs(grads), _ptrs(bufs), out, parts, r, c, float(beta),
+                NESTEROV=nesterov, WRITE_BUF=write_buf, SUMSQ=parts is not out, BR=_TILE_R, BC=_TILE_C,
+                num_warps=4,
             )  # fmt: skip
         else:
-            momentum_pack_kernel[(triton.cdiv(numel, block), nb)](
-                _ptrs(grads),
-                _ptrs(bufs),
-                out,
-                numel,
-                float(beta),
-                NESTEROV=nesterov,
-                WRITE_BUF=write_buf,
-                BLOCK=block,
-                num_warps=8,
-            )
+            momentum_pack_kernel[grid](
+                _ptrs(grads), _ptrs(bufs), out, parts, numel, float(beta),
+                NESTEROV=nesterov, WRITE_BUF=write_buf, SUMSQ=parts is not out, BLOCK=block, num_warps=8,
+            )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - before any store (compile/launch); recorded, torch path from now on
         TRITON_FAILURE.append(f"momentum_pack: {type(e).__name__}: {str(e)[:300]}")
-        return momentum_pack_torch(
+        out = momentum_pack_torch(
             grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose, write_buf=write_buf
         )
-    return out
+        return out, (_sumsq_of(out, pieces) if pieces else None)
+    if not pieces:
+        return out, None
+    if parts is out:  # pieces that split a program's block: one norm pass over the output
+        return out, _sumsq_of(out, pieces)
+    return out, parts.view(nb * pieces, -1).sum(-1)
+
+
+def nonfinite(tensors: Sequence[torch.Tensor], *, checked: bool = False) -> torch.Tensor:
+    """(len(tensors),) int32 on their device: 1 where the tensor holds a NaN or an Inf, else 0. Tensors of one
+    shape; on CUDA (fp32 contiguous) one Triton launch reads each once (4 bytes per element), with no per-tensor
+    outputs or host work (`torch._foreach_norm` made one output tensor and launch group per tensor: ~1 ms of host
+    time for the ~260 matrices of a Qwen3-30B-A3B layer on the H200). Elsewhere the torch reference."""
+    if not _fast_ok(tensors, checked):
+        return torch.stack([(~torch.isfinite(t)).any() for t in tensors]).to(torch.int32)
+    import triton
+
+    from optim.kernels._fused_step_triton import nonfinite_kernel
+
+    numel = tensors[0].numel()
+    flags = torch.zeros(len(tensors), dtype=torch.int32, device=tensors[0].device)
+    block = 4096
+    try:
+        nonfinite_kernel[(triton.cdiv(numel, block), len(tensors))](
+            _ptrs(tensors), flags, numel, BLOCK=block, num_warps=8
+        )
+    except Exception as e:  # noqa: BLE001 - see momentum_pack
+        TRITON_FAILURE.append(f"nonfinite: {type(e).__name__}: {str(e)[:300]}")
+        return torch.stack([(~torch.isfinite(t)).any() for t in tensors]).to(torch.int32)
+    return flags
 
 
 def apply_update(

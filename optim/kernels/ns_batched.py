@@ -121,6 +121,21 @@ def normalize_to(
     return out
 
 
+def normalize_with_norms(
+    x: torch.Tensor, sumsq: torch.Tensor, eps: float, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
+    """`normalize_to` of a contiguous (B, m, n) stack, m <= n, whose squared Frobenius norms (B,) fp32 are known
+    (`optim.kernels.fused_step.momentum_pack_with_norms`): one scale-and-cast pass, no norm pass."""
+    inv = sumsq.sqrt().clamp_min(eps).reciprocal()
+    if x.is_cuda:
+        from optim.kernels.fused_step import scale_cast
+
+        return scale_cast(x, inv, dtype)
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    torch.mul(x, inv.view(-1, 1, 1), out=out)
+    return out
+
+
 def plain_iterations(
     x: torch.Tensor, coeffs: Sequence[Coeff], ops: MatOps, *, fold: bool = False
 ) -> torch.Tensor:
@@ -168,11 +183,24 @@ def orthogonalize_with(
     restarts: frozenset[int],
     ops: MatOps,
     dtype: torch.dtype = torch.bfloat16,
+    normalized: bool = False,
 ) -> torch.Tensor:
     """Normalize, iterate in `dtype` (bf16, or fp16 with a I folded into P) and restore layout and dtype; x is
-    (B, r, c)."""
+    (B, r, c). `normalized`: x is already the iterate (B, m, n), m <= n, contiguous, in `dtype`, each matrix
+    divided by its Frobenius norm (`normalize_with_norms`): the normalization pass is skipped."""
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError(f"dtype={dtype}: the batched NS iterates in torch.bfloat16 or torch.float16")
+    if normalized:
+        if x.dtype != dtype or x.size(-2) > x.size(-1):
+            raise ValueError(
+                f"normalized=True needs the iterate: dtype {dtype} with rows <= cols; got {x.dtype}, "
+                f"{tuple(x.shape)}"
+            )
+        return (
+            gram_iterations(x, coeffs, restarts, ops)
+            if gram
+            else plain_iterations(x, coeffs, ops, fold=dtype == torch.float16)
+        )
     transpose = x.size(-2) > x.size(-1)
     xb = normalize_to(x, eps, transpose, dtype)
     if gram:

@@ -279,17 +279,21 @@ class Planner:
         eps: float,
         restarts: frozenset[int],
         dtype: torch.dtype = torch.bfloat16,
+        normalized: bool = False,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The orthogonalize body of candidate `name` (graph suffix ignored), built once per problem constants."""
+        """The orthogonalize body of candidate `name` (graph suffix ignored), built once per problem constants;
+        `normalized`: the body of an input that is already the normalized iterate (`orthogonalize_with`)."""
         base = name.removesuffix("+graph")
-        bkey = (base, tuple(coeffs), eps, restarts, dtype)
+        bkey = (base, tuple(coeffs), eps, restarts, dtype, normalized)
         cached = self.bodies.get(bkey)
         if cached is not None:
             return cached
         ops, gram = _ops(base), base.startswith("gram")
 
         def run(x: torch.Tensor) -> torch.Tensor:
-            return orthogonalize_with(x, coeffs, eps=eps, gram=gram, restarts=restarts, ops=ops, dtype=dtype)
+            return orthogonalize_with(
+                x, coeffs, eps=eps, gram=gram, restarts=restarts, ops=ops, dtype=dtype, normalized=normalized
+            )
 
         self.bodies[bkey] = run
         return run
@@ -302,14 +306,15 @@ class Planner:
         eps: float,
         restarts: frozenset[int],
         dtype: torch.dtype = torch.bfloat16,
+        normalized: bool = False,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
         """The call that runs candidate `name` on problem `key`: what the plan times and what `dispatch` returns.
         A `+graph` candidate captures its graph on the first call outside a capture and replays it after; inside
-        another capture it runs the body (the caller's graph records it)."""
-        body = self.body(name, coeffs, eps, restarts, dtype)
+        another capture it runs the body (the caller's graph records it). `normalized`: see `body`."""
+        body = self.body(name, coeffs, eps, restarts, dtype, normalized)
         if not name.endswith("+graph"):
             return body
-        gkey = f"{key}|{name}"
+        gkey = f"{key}|{name}|normalized" if normalized else f"{key}|{name}"
 
         def replay(x: torch.Tensor) -> torch.Tensor:
             if torch.cuda.is_current_stream_capturing():
@@ -342,13 +347,16 @@ class Planner:
         use_gram: bool,
         restarts: frozenset[int],
         dtype: torch.dtype = torch.bfloat16,
+        normalized: bool = False,
     ) -> Callable[[torch.Tensor], torch.Tensor]:
-        """The planned call for x's problem ((B, r, c) CUDA tensor): `choose` once, then a memo lookup."""
-        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
+        """The planned call for x's problem ((B, r, c) CUDA tensor): `choose` once, then a memo lookup.
+        `normalized`: the returned call takes the normalized iterate of x instead of x (`body`); the method is the
+        one planned for x."""
+        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype, normalized)
         fn = self.fast.get(fkey)
         if fn is None:
             method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
-            fn = self.runner(method, key, coeffs, eps, restarts, dtype)
+            fn = self.runner(method, key, coeffs, eps, restarts, dtype, normalized)
             if key in self.complete:  # not the stand-in `choose` returns inside a capture before a full plan
                 self.fast[fkey] = fn
         return fn

@@ -44,6 +44,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         nonfinite_events: list[tuple[str, int, str]]
         _fused_static: tuple[tuple[int, ...], list[torch.Tensor], dict[int, dict[str, Any]]] | None
         _fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None
+        _packed_sumsq: torch.Tensor | None
 
         def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
         def _shape_scale(self, rows: int, cols: int) -> float: ...
@@ -158,73 +159,94 @@ class FusedStepMixin(torch.optim.Optimizer):
     ) -> None:
         """Step `params` with the fused kernels of `optim.kernels.fused_step`, one bucket per (group, shape):
 
-        momentum update in place + bf16 NS input in one pass (`momentum_pack`), one `_orthogonalize` call on the
-        (B, r, c) bf16 stack (stored (B, c, r) for tall matrices: the NS runs on the short side without transpose
-        copies), then p <- p (1 - lr wd) - lr scale O in one pass (`apply_update`). ~24 bytes per
-        element instead of ~70 through separate foreach, stack, cast, scale and update kernels. Differences from
-        the unfused path: the NS input is rounded to bf16 before the Frobenius normalization (the bf16 NS rounds
-        it after), and decay and update are one multiply-add (fp32 rounding).
+        momentum update in place + bf16 NS input + each NS matrix's squared norm in one pass
+        (`momentum_pack_with_norms`), one `_orthogonalize` call on the (B, r, c) bf16 stack (stored (B, c, r) for
+        tall matrices: the NS runs on the short side without transpose copies), normalized with those norms (no
+        norm pass), then p <- p (1 - lr wd) - lr scale O in one pass (`apply_update`). ~24 bytes per element
+        instead of ~70 through separate foreach, stack, cast, scale and update kernels. Differences from the
+        unfused path: the NS input is rounded to bf16 before the Frobenius normalization (the bf16 NS rounds it
+        after), and decay and update are one multiply-add (fp32 rounding).
 
-        Non-finite handling as the unfused path: gradients are screened first (one host sync, per parameter);
-        a parameter with a NaN/Inf gradient keeps its weight and momentum (skip) or raises; skipped when the caller
-        vouched for the gradients (`assume_finite_grads`). The momentum is
-        updated in place, so a momentum that overflows fp32 from finite gradients (screened on the NS input,
-        a second sync) cannot be rolled back: that raises `NonFiniteError` whatever the policy."""
+        Non-finite handling as the unfused path: gradients are screened first (`fused_step.nonfinite`, one launch
+        per bucket and one host sync); a parameter with a NaN/Inf gradient keeps its weight and momentum (skip) or
+        raises; no screen when the caller vouched for the gradients (`assume_finite_grads`). The momentum is
+        updated in place, so a momentum that overflows fp32 from finite gradients cannot be rolled back: that
+        raises `NonFiniteError` whatever the policy, before any weight is written. Its screen is the pack's norms
+        (a NaN/Inf makes a norm non-finite), read with one host sync once every NS of the step is queued, so the
+        GPU does not wait on the host between the pack and the NS."""
         from optim.kernels import fused_step as fs
-        from optim.optimizers.base import NonFiniteError
 
         cfg = self.config
-        # max-abs norms: NaN/Inf propagate, and unlike an L1 norm they cannot overflow on finite values
-        if grads_known_finite:
-            finite = [True] * len(params)
-        else:
-            amax = torch._foreach_norm([p.grad for p in params], float("inf"))  # type: ignore[misc]
-            finite = torch.isfinite(torch.stack(amax)).tolist()  # one host sync
-        skipped = {id(p) for p, ok in zip(params, finite, strict=True) if not ok}
+        # Host work that does not depend on the screen is done before its sync: the buckets (cached), the state.
+        every = self._buckets_of(params, set())
+        skipped: set[int] = set()
+        if not grads_known_finite:
+            flags = [fs.nonfinite([p.grad for p in b.params], checked=True) for b in every]  # type: ignore[misc]
+            bad = torch.cat(flags).tolist() if len(flags) > 1 else flags[0].tolist()  # one host sync
+            ordered = [p for b in every for p in b.params]
+            skipped = {id(p) for p, f in zip(ordered, bad, strict=True) if f}
         events = []
         if skipped:
             names = param_names(self.param_groups)  # only events need names
             events = [
                 (names[id(p)], self.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
             ]
+        handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
         usable = self._usable_speculation(params, skipped, spec or [])
         done = {id(p) for sp in usable for p in sp.params}
-        buckets = self._buckets_of([p for p in params if id(p) not in done] if done else params, skipped)
-        handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
+        buckets = (
+            every
+            if not (done or skipped)
+            else self._buckets_of([p for p in params if id(p) not in done], skipped)
+        )
         for p in params:
-            st = self.state[p]
-            if st:
-                st["step"] += 1
-            else:  # a skipped parameter's first step: its state starts here, as on the unfused path
-                st["step"], st["momentum_buffer"] = 1, torch.zeros_like(p)
+            self.state[p]["step"] += 1  # `_buckets_of(params, ...)` created every missing state
         packed = []
         for b in buckets:
             ps = b.params
-            x = fs.momentum_pack(
+            k = self._fused_pieces(ps[0])
+            x, sumsq = fs.momentum_pack_with_norms(
                 [p.grad for p in ps],  # type: ignore[misc]
                 b.bufs,
                 beta=b.group["momentum"],
                 nesterov=cfg.nesterov,
                 transpose=ps[0].size(0) > ps[0].size(1),  # NS input in its wide orientation
+                pieces=k,
                 checked=True,
             )
-            packed.append((b.group, ps, x))
+            packed.append((b, x, sumsq))
         if not packed and not usable:
             return
-        amaxes = [sp.amax for sp in usable]
-        if packed:
-            amaxes += torch._foreach_norm([x for _, _, x in packed], float("inf"))
-        if not all(host_flags([torch.isfinite(torch.stack(amaxes)).all()])):
-            names = param_names(self.param_groups)
-            every = [p for _, ps, _ in packed for p in ps] + [p for sp in usable for p in sp.params]
-            raise NonFiniteError([(names[id(p)], self.state[p]["step"], "momentum") for p in every])
-        self._apply_speculation(usable)
+        screens = [sp.amax for sp in usable] + [s for _, _, s in packed]
         packed.reverse()
+        orths = []
         while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
-            group, ps, x = packed.pop()
-            orth, mscale = self._orthogonalize(self._as_pieces(ps[0], x))
+            b, x, sumsq = packed.pop()
+            self._packed_sumsq = sumsq
+            try:
+                orth, mscale = self._orthogonalize(self._as_pieces(b.params[0], x))
+            finally:
+                self._packed_sumsq = None
             del x
-            self._apply_fused_update(group, ps, orth, mscale)
+            orths.append((b, orth, mscale))
+        if not all(host_flags([torch.isfinite(torch.cat([s.reshape(-1) for s in screens])).all()])):
+            self._raise_if_momentum_nonfinite(usable, [b for b, _, _ in orths])
+        self._apply_speculation(usable)
+        for b, orth, mscale in orths:
+            self._apply_fused_update(b.group, b.params, orth, mscale)
+
+    def _raise_if_momentum_nonfinite(self, usable: list[_Speculation], buckets: list[_FusedBucket]) -> None:
+        """The momentum screen failed: raise `NonFiniteError` if a momentum buffer holds a NaN/Inf (a norm can also
+        overflow fp32 from finite values larger than ~1e19; then the step goes on)."""
+        from optim.optimizers.base import NonFiniteError
+
+        every = [(p, buf) for b in buckets for p, buf in zip(b.params, b.bufs, strict=True)]
+        every += [(p, buf) for sp in usable for p, buf in zip(sp.params, sp.bufs, strict=True)]
+        amax = torch._foreach_norm([buf for _, buf in every], float("inf"))
+        finite = host_flags([torch.isfinite(a) for a in amax])
+        if not all(finite):
+            names = param_names(self.param_groups)
+            raise NonFiniteError([(names[id(p)], self.state[p]["step"], "momentum") for p, _ in every])
 
     def _as_pieces(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The packed (B, rows, cols) NS input of a bucket of parameters shaped like `p`, as (B k, rows / k, cols)

@@ -96,6 +96,7 @@ class Muon(OrthogonalizedOptimizer):
                 use_gram=cfg.use_gram_ns,
                 restart_iterations=cfg.gram_restart_iterations,
                 dtype=NS_DTYPES[cfg.ns_precision],
+                sumsq=self._packed_sumsq,  # the fused pack's norms of x, when it made x
             )
             return out.to(x.dtype), None
         out = newton_schulz(

@@ -100,6 +100,10 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         self.nonfinite_events: list[tuple[str, int, str]] = []
         """Every (parameter name, step, "grad" | "momentum") whose update was skipped or raised."""
         self._grads_known_finite = False
+        self._packed_sumsq: torch.Tensor | None = None
+        """Squared Frobenius norms of the stack the fused step passes to the `_orthogonalize` call it is making
+        (`fused_step.momentum_pack_with_norms`), None at any other time; the orthogonalize may use them to skip
+        its norm pass."""
         # Host-side structures of the fused path, rebuilt only when the parameter set or the state changes:
         # (ids of the statically eligible parameters, that list) and (ids of the stepped parameters, buckets).
         # With ~1,500 expert matrices the per-parameter Python of building them took ~7 ms per step on the H200,

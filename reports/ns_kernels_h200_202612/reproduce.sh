@@ -44,7 +44,7 @@ R=$OUT/ns_kernels_h200_202612
 timeout "$(left 440)" python3 -m tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
 echo "bench rc=$? t=${SECONDS}s"
 MUONBENCH_CACHE=$R timeout "$(left 490)" python3 -m tools.optim_step device=cuda format=json \
-    impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
+    impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_fp16,optim_muon_vouched,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
 echo "optim_step rc=$? t=${SECONDS}s"
 timeout "$(left 525)" $T > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$? t=${SECONDS}s"; tail -n 3 "$OUT/pytest_gpu.log"

@@ -244,6 +244,38 @@ def test_fused_step_kernels(seed: int) -> None:
     assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE
 
 
+@pytest.mark.parametrize(("shape", "pieces", "transpose"), [((300, 70), 1, False), ((300, 70), 1, True),
+                                                          ((64, 4096), 2, False), ((6, 70), 2, False)])  # fmt: skip
+def test_pack_norms_and_nonfinite_kernels(shape, pieces, transpose) -> None:
+    """Triton momentum pack with norms: the same stack and buffers as the torch reference, and each matrix's (piece's)
+    squared norm of the bf16 stack, from program partials (64 x 4096 in 2 pieces: one piece per 2048-element block)
+    or from the stack (6 x 70 in 2 pieces: pieces split a block); a NaN makes exactly its matrix's norm non-finite.
+    The nonfinite kernel flags exactly the tensors with a NaN or an Inf."""
+    from optim.kernels import fused_step
+    from optim.kernels.fused_step import momentum_pack_torch, momentum_pack_with_norms, nonfinite
+
+    g = [torch.randn(*shape, device="cuda") for _ in range(5)]
+    b1 = [torch.randn(*shape, device="cuda") for _ in range(5)]
+    b2 = [t.clone() for t in b1]
+    x, sumsq = momentum_pack_with_norms(g, b1, beta=0.95, nesterov=True, transpose=transpose, pieces=pieces)
+    ref = momentum_pack_torch(g, b2, beta=0.95, nesterov=True, transpose=transpose)
+    torch.testing.assert_close(x.float(), ref.float(), rtol=1e-2, atol=1e-2)
+    for u, v in zip(b1, b2, strict=True):
+        torch.testing.assert_close(u, v)
+    want = x.float().reshape(5 * pieces, -1).square().sum(-1)
+    torch.testing.assert_close(sumsq, want, rtol=1e-5, atol=0)
+    bad = [t.clone() for t in g]
+    bad[1].view(-1)[-1] = float("nan")
+    bad[3].view(-1)[0] = float("-inf")
+    _, s_bad = momentum_pack_with_norms(
+        bad, [t.clone() for t in b2], beta=0.95, nesterov=False, transpose=transpose, pieces=pieces
+    )
+    finite = torch.isfinite(s_bad.view(5, pieces)).all(1).tolist()
+    assert finite == [True, False, True, False, True]
+    assert nonfinite(bad).tolist() == [0, 1, 0, 1, 0] and nonfinite(g).tolist() == [0] * 5
+    assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE
+
+
 @pytest.mark.parametrize(("nesterov", "split"), [(True, False), (False, False), (True, True)])
 def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
     """optim.Muon with the fused Triton momentum-pack / update kernels (default on CUDA) vs the multi-tensor torch

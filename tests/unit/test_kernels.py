@@ -211,6 +211,42 @@ def test_fused_step_references(seed: int) -> None:
     assert torch.equal(xs, x) and all(torch.equal(u, v) for u, v in zip(kept, b0, strict=True))
 
 
+def test_pack_norms_screen_and_prenormalized_orthogonalize(seed: int) -> None:
+    """momentum_pack_with_norms returns each NS matrix's (or row-block piece's) squared norm of the bf16 values it
+    wrote, and a NaN makes that one non-finite; nonfinite flags exactly the tensors with a NaN/Inf; orthogonalize
+    with those norms equals orthogonalize normalizing by itself (torch path; the Triton ones in tests/gpu)."""
+    from optim.kernels import orthogonalize
+    from optim.kernels.fused_step import momentum_pack_with_norms, nonfinite
+
+    g = [torch.randn(8, 12) for _ in range(3)]
+    b0 = [torch.randn(8, 12) for _ in range(3)]
+    bufs = [t.clone() for t in b0]
+    x, sumsq = momentum_pack_with_norms(g, bufs, beta=0.9, nesterov=True)
+    assert torch.equal(x, momentum_pack_torch(g, [t.clone() for t in b0], beta=0.9, nesterov=True))
+    torch.testing.assert_close(sumsq, x.float().square().sum((1, 2)))
+    xp, sp = momentum_pack_with_norms(g, [t.clone() for t in b0], beta=0.9, nesterov=True, pieces=2)
+    assert torch.equal(xp, x) and sp.shape == (6,)
+    torch.testing.assert_close(sp, x.float().view(6, 4, 12).square().sum((1, 2)))
+    xt, st = momentum_pack_with_norms(g, [t.clone() for t in b0], beta=0.9, nesterov=True, transpose=True)
+    assert torch.equal(xt, x.mT) and torch.allclose(st, sumsq)
+    with pytest.raises(ValueError, match="pieces=3"):
+        momentum_pack_with_norms(g, bufs, beta=0.9, nesterov=True, pieces=3)
+    bad = [t.clone() for t in g]
+    bad[1][3, 4] = float("nan")
+    bad[2][0, 0] = float("inf")
+    _, s_bad = momentum_pack_with_norms(bad, [t.clone() for t in b0], beta=0.9, nesterov=False)
+    assert torch.isfinite(s_bad).tolist() == [True, False, False]
+    assert nonfinite(bad).tolist() == [0, 1, 1] and nonfinite(g).tolist() == [0, 0, 0]
+    coeffs = [(3.4445, -4.775, 2.0315)] * 5
+    for dtype in (torch.bfloat16, torch.float16):
+        ref = orthogonalize(x, coeffs=coeffs, dtype=dtype)
+        got = orthogonalize(x, coeffs=coeffs, dtype=dtype, sumsq=sumsq)
+        assert got.dtype == x.dtype and got.shape == x.shape
+        torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=2e-2)
+    with pytest.raises(ValueError, match="sumsq.shape"):
+        orthogonalize(x, coeffs=coeffs, sumsq=sumsq[:2])
+
+
 def test_cached_plan_missing_a_new_candidate_is_measured_again() -> None:
     """A cache entry written before a kernel existed names the candidates it never tried (so `choose` measures
     again); one that timed or rejected every current candidate, or a fallback, names none."""
@@ -415,6 +451,7 @@ def test_symmetric_kernels_compile_for_hopper() -> None:
     from optim.kernels._fused_step_triton import (
         momentum_pack_kernel,
         momentum_pack_t_kernel,
+        nonfinite_kernel,
         scale_cast_kernel,
     )
 
@@ -454,10 +491,11 @@ def test_symmetric_kernels_compile_for_hopper() -> None:
     compile_(
         scale_cast_kernel, {"BLOCK": 4096}, {"x_ptr": "*bf16", "s_ptr": "*fp32", "out_ptr": "*fp16"}, (8, 1)
     )
-    ptrs = {"g_ptrs": "*i64", "b_ptrs": "*i64", "out_ptr": "*bf16", "beta": "fp32"}
-    for write_buf in (True, False):  # the step's pack and the speculative one (buffers untouched)
-        compile_(
-            momentum_pack_kernel, {"NESTEROV": True, "WRITE_BUF": write_buf, "BLOCK": 2048}, ptrs, (8, 1)
-        )
-        consts = {"NESTEROV": True, "WRITE_BUF": write_buf, "BR": 64, "BC": 64}
+    ptrs = {"g_ptrs": "*i64", "b_ptrs": "*i64", "out_ptr": "*bf16", "part_ptr": "*fp32", "beta": "fp32"}
+    # the step's pack (with the norms' partial sums) and the speculative one (buffers untouched, no norms)
+    for write_buf, sumsq in ((True, True), (False, False)):
+        consts = {"NESTEROV": True, "WRITE_BUF": write_buf, "SUMSQ": sumsq, "BLOCK": 2048}
+        compile_(momentum_pack_kernel, consts, ptrs, (8, 1))
+        consts = {"NESTEROV": True, "WRITE_BUF": write_buf, "SUMSQ": sumsq, "BR": 64, "BC": 64}
         compile_(momentum_pack_t_kernel, consts, ptrs, (4, 1))
+    compile_(nonfinite_kernel, {"BLOCK": 4096}, {"x_ptrs": "*i64", "flag_ptr": "*i32"}, (8, 1))

@@ -258,7 +258,9 @@ def test_cuda_graph_capture_falls_in_warmup(built) -> None:
     assert root.bench.warmup_steps == 3 and cfg.model.cuda_graph_warmup_steps == 2
     assert plan.metadata["benchmark"]["cuda_graph_warmup_steps"] == {"recipe": 3, "used": 2}
     root, cfg, plan = built["qwen_adamw"]  # published: 10 warm-up steps, the recipe's value stays
-    assert cfg.model.cuda_graph_warmup_steps == 3 and "cuda_graph_warmup_steps" not in plan.metadata["benchmark"]
+    assert (
+        cfg.model.cuda_graph_warmup_steps == 3 and "cuda_graph_warmup_steps" not in plan.metadata["benchmark"]
+    )
 
 
 def test_cuda_graphs_need_two_warmup_steps(tmp_path) -> None:

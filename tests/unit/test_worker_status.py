@@ -57,3 +57,31 @@ def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
     assert rec["divergence"] == {"step": first_bad, "loss": str(losses[first_bad])}
     assert len(losses) == first_bad + 1 < 8  # stopped there
     assert all(math.isfinite(x) for x in losses[:first_bad])
+
+
+def test_ns_plan_of_the_process_is_recorded(tmp_path, monkeypatch):
+    """The NS plan entries a process ran (`optim.kernels.plans_in_use`) land in its run.json as `ns_plan`: complete
+    entries only, with method and candidate times; nothing is written when no NS was planned."""
+    from optim import kernels
+    from optim.kernels.plan import Planner
+
+    record.write_json_atomic(tmp_path / "run.json", {"run_id": "plan"})
+    monkeypatch.setattr(kernels, "_PLANNER", None)
+    worker._record_ns_plan(tmp_path)
+    assert "ns_plan" not in record.read_json(tmp_path / "run.json")
+    planner = Planner()
+    planner.loaded = True
+    planner.choices = {
+        "k_used": {
+            "method": "plain_quack_all",
+            "times_ms": {"plain_quack_all": 1.0, "plain_torch": 1.4},
+            "x": 1,
+        },
+        "k_half": {"method": "plain_torch"},
+    }
+    planner.complete = {"k_used"}
+    monkeypatch.setattr(kernels, "_PLANNER", planner)
+    worker._record_ns_plan(tmp_path)
+    assert record.read_json(tmp_path / "run.json")["ns_plan"] == {
+        "k_used": {"method": "plain_quack_all", "times_ms": {"plain_quack_all": 1.0, "plain_torch": 1.4}}
+    }
