@@ -236,17 +236,18 @@ class FusedStepMixin(torch.optim.Optimizer):
             self._apply_fused_update(b.group, b.params, orth, mscale)
 
     def _raise_if_momentum_nonfinite(self, usable: list[_Speculation], buckets: list[_FusedBucket]) -> None:
-        """The momentum screen failed: raise `NonFiniteError` if a momentum buffer holds a NaN/Inf (a norm can also
-        overflow fp32 from finite values larger than ~1e19; then the step goes on)."""
+        """The momentum screen failed: raise `NonFiniteError` if a momentum buffer of the step holds a NaN/Inf, or
+        a speculative NS input did (its momentum is written only after this check); otherwise a norm overflowed
+        fp32 from finite values larger than ~1e19, and the step goes on."""
         from optim.optimizers.base import NonFiniteError
 
-        every = [(p, buf) for b in buckets for p, buf in zip(b.params, b.bufs, strict=True)]
-        every += [(p, buf) for sp in usable for p, buf in zip(sp.params, sp.bufs, strict=True)]
-        amax = torch._foreach_norm([buf for _, buf in every], float("inf"))
-        finite = host_flags([torch.isfinite(a) for a in amax])
-        if not all(finite):
+        bufs = [buf for b in buckets for buf in b.bufs]
+        checks = [torch.isfinite(a) for a in torch._foreach_norm(bufs, float("inf"))] if bufs else []
+        checks += [torch.isfinite(sp.amax) for sp in usable]
+        if not all(host_flags(checks)):
             names = param_names(self.param_groups)
-            raise NonFiniteError([(names[id(p)], self.state[p]["step"], "momentum") for p, _ in every])
+            every = [p for b in buckets for p in b.params] + [p for sp in usable for p in sp.params]
+            raise NonFiniteError([(names[id(p)], self.state[p]["step"], "momentum") for p in every])
 
     def _as_pieces(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The packed (B, rows, cols) NS input of a bucket of parameters shaped like `p`, as (B k, rows / k, cols)

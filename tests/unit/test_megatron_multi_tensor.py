@@ -94,7 +94,8 @@ def test_copy_this_to_that_matches_megatrons_loop_in_bf16_and_fp32_modes():
 
 def test_finite_global_norm_lets_the_fused_step_skip_its_grad_screen(monkeypatch):
     """build_ours' chain passes a finite Megatron grad norm to our matrix optimizer (assume_finite_grads); the
-    fused step then skips its screen (no foreach norm), once; NaN / inf / tensor norms vouch for nothing."""
+    fused step then skips its gradient screen (`fused_step.nonfinite`), once; NaN / inf / tensor norms vouch for
+    nothing."""
     from megatron.core.optimizer import ChainedOptimizer
 
     from optim.configs import MuonConfig
@@ -111,19 +112,21 @@ def test_finite_global_norm_lets_the_fused_step_skip_its_grad_screen(monkeypatch
     monkeypatch.setattr(ChainedOptimizer, "__init__", lambda self, parts: None)
     chain = finite_norm_chain([], [muon])
     assert isinstance(chain, ChainedOptimizer)
+    from optim.kernels import fused_step
+
     screened = []
-    real_norm = torch._foreach_norm
+    real_screen = fused_step.nonfinite
     monkeypatch.setattr(
-        torch, "_foreach_norm", lambda ts, *a, **k: screened.append(len(ts)) or real_norm(ts, *a, **k)
+        fused_step, "nonfinite", lambda ts, **k: screened.append(len(ts)) or real_screen(ts, **k)
     )
     for p in ps:
         p.grad = torch.randn_like(p)
     assert chain.get_grad_norm() == 0.5 and muon._grads_known_finite
     muon.step()
-    assert not muon._grads_known_finite and screened == [
-        2
-    ]  # only the packed-input check (one bucket per shape)
-    screened.clear()
+    assert not muon._grads_known_finite and screened == []  # no gradient screen
     assert math.isnan(chain.get_grad_norm()) and not muon._grads_known_finite
     muon.step()
-    assert screened == [2, 2]  # the NaN norm vouched for nothing: the gradient screen is back
+    assert screened == [
+        1,
+        1,
+    ]  # the NaN norm vouched for nothing: the gradient screen is back (one per bucket)

@@ -220,6 +220,35 @@ def test_nonfinite_grad_raise_leaves_everything(monkeypatch):
         assert opt.state[p]["step"] == 1
 
 
+def test_nonfinite_momentum_raises_before_any_weight_and_overflowing_norms_do_not(monkeypatch):
+    """Gradients vouched finite (no gradient screen) but one is NaN: its momentum turns NaN, the pack's norm screen
+    fails, and NonFiniteError ("momentum") is raised before any weight is written. Finite momentum whose squared
+    norm overflows fp32 fails the same screen, but the step goes on (the exact check finds no NaN/Inf)."""
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
+    ps = [torch.randn(8, 12).requires_grad_(True) for _ in range(2)]
+    opt = Muon(ps, MuonConfig(nonfinite_policy="skip"))
+    ps[0].grad = torch.randn(8, 12)
+    ps[1].grad = torch.randn(8, 12)
+    ps[1].grad[2, 3] = float("nan")
+    before = [p.detach().clone() for p in ps]
+    opt.assume_finite_grads()
+    with pytest.raises(NonFiniteError, match="momentum"):
+        opt.step()
+    assert all(torch.equal(p.detach(), b) for p, b in zip(ps, before, strict=True))
+    qs = [torch.randn(8, 12).requires_grad_(True) for _ in range(2)]
+    opt = Muon(qs, MuonConfig(nonfinite_policy="raise"))
+    for q in qs:
+        q.grad = torch.full((8, 12), 1e20)  # momentum 5e18 per element: finite, its squared norm is not
+    exact_checks = []
+    real = Muon._raise_if_momentum_nonfinite
+    monkeypatch.setattr(
+        Muon, "_raise_if_momentum_nonfinite", lambda self, *a: exact_checks.append(1) or real(self, *a)
+    )
+    opt.step()
+    assert exact_checks == [1]  # the norm screen failed, the exact check passed
+    assert opt.nonfinite_events == [] and all(torch.isfinite(q).all() for q in qs)
+
+
 def test_fused_step_false_never_fuses(monkeypatch):
     """fused_step=False: the real `_fused_available` says no even where kernels exist."""
     monkeypatch.setattr("optim.optimizers.muon.kernels_available", lambda: True)
