@@ -196,13 +196,10 @@ def orthogonalize_with(
                 f"normalized=True needs the iterate: dtype {dtype} with rows <= cols; got {x.dtype}, "
                 f"{tuple(x.shape)}"
             )
-        return (
-            gram_iterations(x, coeffs, restarts, ops)
-            if gram
-            else plain_iterations(x, coeffs, ops, fold=dtype == torch.float16)
-        )
-    transpose = x.size(-2) > x.size(-1)
-    xb = normalize_to(x, eps, transpose, dtype)
+        transpose, xb = False, x
+    else:
+        transpose = x.size(-2) > x.size(-1)
+        xb = normalize_to(x, eps, transpose, dtype)
     if gram:
         out = gram_iterations(xb, coeffs, restarts, ops)
     else:
