@@ -158,11 +158,15 @@ def _pack(
     pieces: int,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """momentum_pack (`pieces=0`) or momentum_pack_with_norms (`pieces >= 1`)."""
-    if not _fast_ok([*grads, *bufs], checked) or (transpose and grads[0].ndim != 2):
+
+    def reference() -> tuple[torch.Tensor, torch.Tensor | None]:
         out = momentum_pack_torch(
             grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose, write_buf=write_buf
         )
         return out, (_sumsq_of(out, pieces) if pieces else None)
+
+    if not _fast_ok([*grads, *bufs], checked) or (transpose and grads[0].ndim != 2):
+        return reference()
     import triton
 
     from optim.kernels._fused_step_triton import momentum_pack_kernel, momentum_pack_t_kernel
@@ -180,7 +184,7 @@ def _pack(
         grid = (triton.cdiv(numel, block), nb)
         parts_per_matrix = grid[0]
     # The partials of a piece are whole programs' sums only when each program lies in one piece.
-    by_parts = pieces == 1 or (pieces > 1 and (numel // pieces) % block == 0)
+    by_parts = pieces == 1 or (numel // max(pieces, 1)) % block == 0
     parts = (
         torch.empty((nb, parts_per_matrix), dtype=torch.float32, device=dev) if pieces and by_parts else out
     )
@@ -198,10 +202,7 @@ def _pack(
             )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - before any store (compile/launch); recorded, torch path from now on
         TRITON_FAILURE.append(f"momentum_pack: {type(e).__name__}: {str(e)[:300]}")
-        out = momentum_pack_torch(
-            grads, bufs, beta=beta, nesterov=nesterov, transpose=transpose, write_buf=write_buf
-        )
-        return out, (_sumsq_of(out, pieces) if pieces else None)
+        return reference()
     if not pieces:
         return out, None
     if parts is out:  # pieces that split a program's block: one norm pass over the output
@@ -215,7 +216,7 @@ def nonfinite(tensors: Sequence[torch.Tensor], *, checked: bool = False) -> torc
     outputs or host work (`torch._foreach_norm` made one output tensor and launch group per tensor: ~1 ms of host
     time for the ~260 matrices of a Qwen3-30B-A3B layer on the H200). Elsewhere the torch reference."""
     if not _fast_ok(tensors, checked):
-        return torch.stack([(~torch.isfinite(t)).any() for t in tensors]).to(torch.int32)
+        return _nonfinite_torch(tensors)
     import triton
 
     from optim.kernels._fused_step_triton import nonfinite_kernel
@@ -229,8 +230,12 @@ def nonfinite(tensors: Sequence[torch.Tensor], *, checked: bool = False) -> torc
         )
     except Exception as e:  # noqa: BLE001 - see momentum_pack
         TRITON_FAILURE.append(f"nonfinite: {type(e).__name__}: {str(e)[:300]}")
-        return torch.stack([(~torch.isfinite(t)).any() for t in tensors]).to(torch.int32)
+        return _nonfinite_torch(tensors)
     return flags
+
+
+def _nonfinite_torch(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([(~torch.isfinite(t)).any() for t in tensors]).to(torch.int32)
 
 
 def apply_update(

@@ -182,7 +182,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         skipped: set[int] = set()
         if not grads_known_finite:
             flags = [fs.nonfinite([p.grad for p in b.params], checked=True) for b in every]  # type: ignore[misc]
-            bad = torch.cat(flags).tolist() if len(flags) > 1 else flags[0].tolist()  # one host sync
+            bad = torch.cat(flags).tolist()  # one host sync
             ordered = [p for b in every for p in b.params]
             skipped = {id(p) for p, f in zip(ordered, bad, strict=True) if f}
         events = []
