@@ -210,19 +210,29 @@ def _pack(
     return out, parts.view(nb * pieces, -1).sum(-1)
 
 
-def nonfinite(tensors: Sequence[torch.Tensor], *, checked: bool = False) -> torch.Tensor:
+def nonfinite(
+    tensors: Sequence[torch.Tensor], *, checked: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """(len(tensors),) int32 on their device: 1 where the tensor holds a NaN or an Inf, else 0. Tensors of one
     shape; on CUDA (fp32 contiguous) one Triton launch reads each once (4 bytes per element), with no per-tensor
     outputs or host work (`torch._foreach_norm` made one output tensor and launch group per tensor: ~1 ms of host
-    time for the ~260 matrices of a Qwen3-30B-A3B layer on the H200). Elsewhere the torch reference."""
+    time for the ~260 matrices of a Qwen3-30B-A3B layer on the H200). Elsewhere the torch reference.
+
+    `out`: a zeroed (len(tensors),) int32 tensor to write the flags into (e.g. a slice of one buffer for several
+    shape groups, read back with one copy); returned."""
+    if out is not None and (out.shape != (len(tensors),) or out.dtype != torch.int32):
+        raise ValueError(
+            f"out: shape {tuple(out.shape)}, dtype {out.dtype}; need ({len(tensors)},) torch.int32, zeroed"
+        )
     if not _fast_ok(tensors, checked):
-        return _nonfinite_torch(tensors)
+        flags = _nonfinite_torch(tensors)
+        return flags if out is None else out.copy_(flags)
     import triton
 
     from optim.kernels._fused_step_triton import nonfinite_kernel
 
     numel = tensors[0].numel()
-    flags = torch.zeros(len(tensors), dtype=torch.int32, device=tensors[0].device)
+    flags = torch.zeros(len(tensors), dtype=torch.int32, device=tensors[0].device) if out is None else out
     block = 4096
     try:
         nonfinite_kernel[(triton.cdiv(numel, block), len(tensors))](
@@ -230,7 +240,7 @@ def nonfinite(tensors: Sequence[torch.Tensor], *, checked: bool = False) -> torc
         )
     except Exception as e:  # noqa: BLE001 - see momentum_pack
         TRITON_FAILURE.append(f"nonfinite: {type(e).__name__}: {str(e)[:300]}")
-        return _nonfinite_torch(tensors)
+        return flags.copy_(_nonfinite_torch(tensors))
     return flags
 
 

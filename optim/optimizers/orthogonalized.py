@@ -114,6 +114,9 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         self._fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None = (
             None  # key: ids, state id / size
         )
+        # (shape, pieces) the fused path has orthogonalized (their NS plans are measured), and its side streams.
+        self._fused_seen: set[tuple[tuple[int, ...], int]] = set()
+        self._fused_streams: dict[torch.device, torch.cuda.Stream] = {}
         # Speculative NS (`speculate`): results waiting for the step, whether the caller confirmed them, the
         # orthogonalize function speculation calls (instrumented apart from the step's), and per-step counts.
         self._spec: list[_Speculation] = []

@@ -280,7 +280,8 @@ def test_pack_norms_and_nonfinite_kernels(shape, pieces, transpose) -> None:
 def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
     """optim.Muon with the fused Triton momentum-pack / update kernels (default on CUDA) vs the multi-tensor torch
     path: same momentum, same updates up to the bf16 rounding of the NS input; bucket sizes and a tall shape of a
-    real MoE layer; with `split`, two fused fc1 (1536 x 2048) split into gate / up halves (fused as views)."""
+    real MoE layer; with `split`, two fused fc1 (1536 x 2048) split into gate / up halves (fused as views). The
+    smallest bucket takes the fused path's side stream from the second step on."""
     from optim.configs import MuonConfig
     from optim.functional.split import RowSplit
     from optim.kernels import fused_step
@@ -304,6 +305,8 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
             for p, g in zip(ps, gs, strict=True):
                 p.grad = g
             opt.step()
+        # from the second step the (128, 2048) bucket (<= 1/16 of the elements) ran on the side stream
+        assert bool(opt._fused_streams) is fused
         runs[fused] = (ps, [opt.state[p]["momentum_buffer"] for p in ps])
     assert not fused_step.TRITON_FAILURE, fused_step.TRITON_FAILURE
     for p0, b0, p1, b1, i in zip(*runs[False], *runs[True], init, strict=True):
