@@ -11,6 +11,7 @@ Tested against the reference in tests/unit/test_muon_fused.py and tests/gpu/test
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -177,14 +178,16 @@ class FusedStepMixin(torch.optim.Optimizer):
         raises; no screen when the caller vouched for the gradients (`assume_finite_grads`). The momentum is
         updated in place, so a momentum that overflows fp32 from finite gradients cannot be rolled back: that
         raises `NonFiniteError` whatever the policy, before any weight is written. Its screen is the pack's norms
-        (a NaN/Inf makes a norm non-finite), read with one host sync once every NS of the step is queued, so the
-        GPU does not wait on the host between the pack and the NS.
+        (a NaN/Inf makes a norm non-finite); the host reads it once the largest bucket's NS is queued, waiting for
+        the packs only (an event after a copy to pinned memory), so the GPU never waits on the host between the
+        pack and the NS, and each bucket's update is queued right behind its NS: the step returns while its NS
+        still runs.
 
         Launch order: buckets largest first (the host launches the others while the GPU runs the largest), and
         the buckets holding at most 1/16 of the step's elements (`_side_buckets`: single attention matrices beside
-        expert stacks) pack and orthogonalize on a side stream, beside the large buckets' memory-bound packs; the
-        current stream waits for it before the momentum screen. Results do not depend on the order or the
-        stream."""
+        expert stacks) pack, orthogonalize and update on a side stream, beside the large buckets' memory-bound
+        packs; the current stream waits for the side stream's packs before the momentum screen and for all of its
+        work before the step returns. Results do not depend on the order or the stream."""
         from optim.kernels import fused_step as fs
 
         cfg = self.config
@@ -220,47 +223,71 @@ class FusedStepMixin(torch.optim.Optimizer):
         side_bs = self._side_buckets(buckets) if not usable else []
         main_bs = [b for b in buckets if all(b is not sb for sb in side_bs)]
         side = self._side_stream(params[0].device) if side_bs else None
-        if side is not None:
-            side.wait_stream(torch.cuda.current_stream(side.device))  # the gradients, the screen
+        main = torch.cuda.current_stream(side.device) if side is not None else None
+        if side is not None and main is not None:
+            side.wait_stream(main)  # the gradients, the screen
         # The largest bucket's pack is launched first; the host launches the rest while the GPU runs it.
         packed = [self._pack_bucket(b, grads.get(id(b))) for b in main_bs[:1]]
-        side_done: list[tuple[_FusedBucket, torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        side_packed: list[tuple[_FusedBucket, torch.Tensor, torch.Tensor]] = []
+        side_orths: list[tuple[_FusedBucket, torch.Tensor, torch.Tensor | None]] = []
         if side is not None:
             with torch.cuda.stream(side):
-                for b in side_bs:
-                    _, x, sumsq = self._pack_bucket(b, grads.get(id(b)))
-                    orth, mscale = self._orthogonalize_packed(b, x, sumsq)
-                    side_done.append((b, orth, mscale, sumsq))
+                side_packed = [self._pack_bucket(b, grads.get(id(b))) for b in side_bs]
+                side_norms = side.record_event()
+                side_orths = [(b, *self._orthogonalize_packed(b, x, s)) for b, x, s in side_packed]
         packed += [self._pack_bucket(b, grads.get(id(b))) for b in main_bs[1:]]
-        if not packed and not usable and not side_done:
+        if not packed and not usable and not side_packed:
             return
         screens = [sp.amax for sp in usable] + [s for _, _, s in packed]
+        if side is not None and main is not None:
+            main.wait_event(side_norms)
+            for _, _, s in side_packed:
+                s.record_stream(main)  # made on the side stream, read on this one
+                screens.append(s)
+        momentum_finite = self._queue_finite_check(screens)
         packed.reverse()
-        orths = []
-        while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
+        largest = []
+        if packed:  # queued before the host waits for the screen: the GPU runs it meanwhile
             b, x, sumsq = packed.pop()
-            orths.append((b, *self._orthogonalize_packed(b, x, sumsq)))
+            largest.append((b, *self._orthogonalize_packed(b, x, sumsq)))
             del x
-        if side is not None:
-            main = torch.cuda.current_stream(side.device)
-            main.wait_stream(side)
-            for b, orth, mscale, sumsq in side_done:
-                for t in (orth, mscale, sumsq):
-                    if t is not None:
-                        t.record_stream(main)  # allocated on the side stream, read on this one
-                orths.append((b, orth, mscale))
-                screens.append(sumsq)
-        self._fused_seen.update(
-            (tuple(b.params[0].shape), self._fused_pieces(b.params[0])) for b, _, _ in orths
-        )
-        # host work while the GPU runs the NS
+        # host work while the GPU runs
         for p in params:
             self.state[p]["step"] += 1  # `_buckets_of(params, ...)` created every missing state
-        if not all(host_flags([torch.isfinite(torch.cat([s.reshape(-1) for s in screens])).all()])):
-            self._raise_if_momentum_nonfinite(usable, [b for b, _, _ in orths])
+        self._fused_seen.update((tuple(b.params[0].shape), self._fused_pieces(b.params[0])) for b in buckets)
+        if not momentum_finite():  # waits for the packs only, not for the NS
+            self._raise_if_momentum_nonfinite(usable, buckets)
+        # No weight is written before this point. Each bucket's update follows its NS on its stream.
         self._apply_speculation(usable)
-        for b, orth, mscale in orths:
+        if side is not None:
+            with torch.cuda.stream(side):
+                for b, orth, mscale in side_orths:
+                    self._apply_fused_update(b.group, b.params, orth, mscale)
+        for b, orth, mscale in largest:
             self._apply_fused_update(b.group, b.params, orth, mscale)
+        while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
+            b, x, sumsq = packed.pop()
+            orth, mscale = self._orthogonalize_packed(b, x, sumsq)
+            del x
+            self._apply_fused_update(b.group, b.params, orth, mscale)
+        if side is not None and main is not None:
+            main.wait_stream(side)  # the step's work is on the current stream when it returns
+
+    def _queue_finite_check(self, screens: list[torch.Tensor]) -> Callable[[], bool]:
+        """Queue "every screen value is finite" and return a call that waits for that result alone (on CUDA: a
+        copy to pinned host memory and an event, so the host does not wait for work queued after it)."""
+        ok = torch.isfinite(torch.cat([s.reshape(-1) for s in screens])).all()
+        if not ok.is_cuda:
+            return lambda: bool(ok)
+        host = torch.empty((), dtype=torch.bool, pin_memory=True)
+        host.copy_(ok, non_blocking=True)
+        done = torch.cuda.current_stream(ok.device).record_event()
+
+        def read() -> bool:
+            done.synchronize()
+            return bool(host)
+
+        return read
 
     def _pack_bucket(
         self, b: _FusedBucket, grads: list[torch.Tensor] | None

@@ -315,6 +315,33 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
         assert rel < 2e-2, rel
 
 
+@pytest.mark.parametrize("bad", [0, 4])
+def test_muon_fused_momentum_screen_on_cuda_raises_before_any_weight(bad):
+    """CUDA fused step with a side-stream bucket (from the second step on): gradients vouched finite but one holds
+    a NaN (in the large bucket, or in the side stream's small one): NonFiniteError ("momentum") is raised before
+    any weight is written, although the largest bucket's NS was queued before the host read the screen."""
+    from optim.configs import MuonConfig
+    from optim.optimizers.base import NonFiniteError
+    from optim.optimizers.muon import Muon
+
+    shapes = [(768, 2048)] * 4 + [(128, 2048)]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ps = [torch.randn(*s, device="cuda", generator=gen) * 0.02 for s in shapes]
+    opt = Muon(ps, MuonConfig(lr=0.02))
+    for _ in range(2):
+        for p in ps:
+            p.grad = torch.randn(p.shape, device="cuda", generator=gen)
+        opt.step()
+    assert opt._fused_streams  # the (128, 2048) bucket ran on the side stream
+    before = [p.clone() for p in ps]
+    ps[bad].grad[3, 5] = float("nan")
+    opt.assume_finite_grads()
+    with pytest.raises(NonFiniteError, match="momentum"):
+        opt.step()
+    torch.cuda.synchronize()
+    assert all(torch.equal(p, b) for p, b in zip(ps, before, strict=True))
+
+
 @pytest.mark.parametrize("shape", [(4, 256, 640), (3, 384, 200), (8, 768, 2048)])
 def test_fp16_iterate_every_method_beats_bf16(shape: tuple[int, int, int]) -> None:
     """ns_precision=fp16 on CUDA: every plain candidate (cuBLAS, Triton symmetric tiles, graphs) with a I folded
