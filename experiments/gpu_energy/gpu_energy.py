@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 # nvmlClocksEventReasons bits (nvml.h): the ones that lower the clock under load.
 EVENT_REASONS = {
@@ -120,3 +120,67 @@ class PhaseEnergy:
         self.values[f"sm_mhz_end_{name}"] = r1.sm_mhz
         self.values[f"power_capped_end_{name}"] = float(bool(r1.reasons & 0x4))
         self._last = (t1, r1)
+
+
+SMI_FIELDS = ("power.draw", "clocks.sm", "temperature.gpu")
+
+
+def parse_smi(text: str) -> list[tuple[float, float, float]]:
+    """(power W, SM clock MHz, temperature C) per line of `nvidia-smi --query-gpu=<SMI_FIELDS>
+    --format=csv,noheader,nounits` output; lines that are not three numbers (e.g. "[N/A]") are skipped."""
+    out = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            power, mhz, temp = (float(p) for p in parts)
+        except ValueError:
+            continue
+        out.append((power, mhz, temp))
+    return out
+
+
+class SmiSampler:
+    """Power, SM clock and temperature polled by `nvidia-smi` in the background while the `with` block runs (one
+    sample per `period_ms`); no nvidia-ml-py needed. Without nvidia-smi on the path, `samples` stays empty."""
+
+    def __init__(self, period_ms: int = 100, device_index: int = 0) -> None:
+        self.period_ms, self.device_index = period_ms, device_index
+        self.samples: list[tuple[float, float, float]] = []
+        self._proc: Any = None
+
+    def __enter__(self) -> Self:
+        import shutil
+        import subprocess
+
+        if shutil.which("nvidia-smi"):
+            self._proc = subprocess.Popen(
+                ["nvidia-smi", f"--id={self.device_index}", f"--query-gpu={','.join(SMI_FIELDS)}",
+                 "--format=csv,noheader,nounits", "-lms", str(self.period_ms)],
+                stdout=subprocess.PIPE, text=True,
+            )  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            self.samples = parse_smi(self._proc.communicate()[0])
+
+    def medians(self) -> dict[str, float]:
+        """Median power (W), SM clock (MHz) and temperature (C) of the samples; empty without samples."""
+        import statistics
+
+        if not self.samples:
+            return {}
+        cols = list(zip(*self.samples, strict=True))
+        return {
+            name: statistics.median(col)
+            for name, col in zip(("power_w", "sm_mhz", "temp_c"), cols, strict=True)
+        }
+
+
+def energy_meter_or_none(device_index: int = 0) -> EnergyMeter | None:
+    """An `EnergyMeter` when nvidia-ml-py and the device answer, else None (the caller goes without joules)."""
+    try:
+        return EnergyMeter(device_index)
+    except Exception:  # noqa: BLE001 - no pynvml, no driver, or an NVML error: energy is optional there
+        return None

@@ -122,3 +122,21 @@ def test_probe_keys_cover_what_phase_energy_writes() -> None:
     pe.mark("fwd_bwd")
     pe.mark("optim")
     assert set(pe.values) | {"t_wall"} == set(Probe.keys)
+
+
+def test_parse_smi_reads_numbers_and_skips_the_rest() -> None:
+    from experiments.gpu_energy.gpu_energy import parse_smi
+
+    text = "683.12, 1425, 54\n[N/A], 1980, 40\n690.0, 1365, 55\n"
+    assert parse_smi(text) == [(683.12, 1425.0, 54.0), (690.0, 1365.0, 55.0)]
+
+
+def test_smi_sampler_without_nvidia_smi_has_no_samples(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from experiments.gpu_energy.gpu_energy import SmiSampler
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with SmiSampler() as smi:
+        pass
+    assert smi.samples == [] and smi.medians() == {}

@@ -9,7 +9,8 @@ energy, not its idle-GPU speed. This script times every plain candidate of a sha
 - `capped_ms`: the mean per call of a block of back-to-back calls lasting about `block_ms` (the GPU at its cap
   after the first block), median over `rounds` blocks, the candidates rotated per round;
 
-and samples power and SM clock with nvidia-smi during the capped blocks.
+and samples power and SM clock with nvidia-smi during the capped blocks (and reads the joules per call from NVML
+when nvidia-ml-py is present).
 
 Usage: `python -m experiments.ns_plan_hot.hot_plan [shapes=128x1536x2048,128x768x2048] [block_ms=300] [rounds=5]
 [candidates=a,b,...] [out=hot_plan.json]` (one CUDA GPU; QuACK's candidates when quack-kernels is installed).
@@ -19,9 +20,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from typing import Any
+
+from experiments.gpu_energy.gpu_energy import SmiSampler, energy_meter_or_none
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -60,6 +62,7 @@ def main(argv: list[str]) -> int:
     dev = torch.device("cuda")
     planner = Planner()
     quack = sym_quack.usable(dev)
+    meter = energy_meter_or_none(dev.index or 0)
     res: dict[str, Any] = {"block_ms": block_ms, "rounds": rounds, "shapes": {}}
     for b, m, n in shapes:
         names = [
@@ -82,37 +85,30 @@ def main(argv: list[str]) -> int:
             fns[c] = lambda run=run, x=x: run(x)
         torch.cuda.synchronize()
         idle, errors = interleaved_medians(fns, timer=latency_ms, budget_ms=3000, min_rounds=3, max_rounds=15)
-        smi = subprocess.Popen(
-            [
-                "nvidia-smi",
-                "--query-gpu=power.draw,clocks.sm",
-                "--format=csv,noheader,nounits",
-                "-lms",
-                "100",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
         capped: dict[str, list[float]] = {c: [] for c in idle}
+        joules: dict[str, list[float]] = {c: [] for c in idle}
         start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        for r in range(rounds + 1):  # round 0 brings the GPU to its cap; not kept
-            for c in rotation(list(idle), r):
-                k = max(3, round(block_ms / idle[c]))
-                start.record()
-                for _ in range(k):
-                    fns[c]()
-                end.record()
-                end.synchronize()
-                if r:
-                    capped[c].append(start.elapsed_time(end) / k)
-        smi.terminate()
-        samples = [line.split(", ") for line in smi.communicate()[0].splitlines() if line.count(",") == 1]
+        with SmiSampler(100, dev.index or 0) as smi:
+            for r in range(rounds + 1):  # round 0 brings the GPU to its cap; not kept
+                for c in rotation(list(idle), r):
+                    k = max(3, round(block_ms / idle[c]))
+                    e0 = meter.read().energy_j if meter is not None else 0.0
+                    start.record()
+                    for _ in range(k):
+                        fns[c]()
+                    end.record()
+                    end.synchronize()
+                    if r:
+                        capped[c].append(start.elapsed_time(end) / k)
+                        if meter is not None:
+                            joules[c].append((meter.read().energy_j - e0) / k)
         rows = {
             c: {
                 "idle_ms": idle[c],
                 "capped_ms": statistics.median(capped[c]),
                 "capped_over_idle": statistics.median(capped[c]) / idle[c],
+                "capped_j_per_call": statistics.median(joules[c]) if joules[c] else None,
             }
             for c in idle
         }
@@ -123,8 +119,7 @@ def main(argv: list[str]) -> int:
             "errors": errors,
             "fastest_idle": by_idle[0],
             "fastest_capped": by_capped[0],
-            "power_w_median": statistics.median(float(s[0]) for s in samples) if samples else None,
-            "sm_mhz_median": statistics.median(float(s[1]) for s in samples) if samples else None,
+            "nvidia_smi_medians": smi.medians(),
         }
         print(f"{b}x{m}x{n}: fastest idle {by_idle[0]}, fastest capped {by_capped[0]}", flush=True)
         for c in by_capped[:8]:

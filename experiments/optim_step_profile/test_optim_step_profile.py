@@ -9,3 +9,12 @@ def test_kernel_families() -> None:
     assert family("kernel_cutlass_kernel_quackgemm_symmetricGemmSymmetricSm90_o") == "sym"
     assert family("kernel_cutlass_kernel_quackgemm_default_epiGemmDefaultSm90_o") == "gemm"
     assert family("some_other_kernel_with_a_long_name" * 3) == ("some_other_kernel_with_a_long_name" * 3)[:60]
+
+
+def test_interleaved_rejects_unknown_variants() -> None:
+    import pytest
+
+    from experiments.optim_step_profile.interleaved import main
+
+    with pytest.raises(ValueError, match="variants"):
+        main(["variants=optim_muon,fast"])
