@@ -121,8 +121,8 @@ class FusedStepMixin(torch.optim.Optimizer):
 
     def _buckets_of(self, params: list[torch.Tensor], skipped: set[int]) -> list[_FusedBucket]:
         """(group, shape, split pieces, device) buckets of `params` less `skipped` ids, largest first, momentum state
-        created where missing; cached for the common case (nothing skipped) until the parameter list or the state changes (a new state
-        dict, entries added or removed; `load_state_dict` drops the cache itself)."""
+        created where missing; cached for the common case (nothing skipped) until the parameter list or the state
+        changes (a new state dict, entries added or removed; `load_state_dict` drops the cache itself)."""
         key = (*map(id, params), id(self.state), len(self.state))
         if not skipped and self._fused_buckets is not None and self._fused_buckets[0] == key:
             return self._fused_buckets[1]
@@ -143,8 +143,8 @@ class FusedStepMixin(torch.optim.Optimizer):
                 b.params.append(p)
                 b.bufs.append(st["momentum_buffer"])
         # Largest first: each step launches its element-wise passes and NS bucket by bucket, and while the GPU works
-        # through the largest bucket the host has launched the small ones (small first, the GPU waited on each
-        # launch: ~1.5 ms of gaps per Qwen3-30B-A3B layer step measured on the H200).
+        # through the largest bucket the host launches the small ones (small first, the GPU waited on each launch:
+        # with the other host gaps, 1.7-2.3 ms of GPU idle time per Qwen3-30B-A3B layer step, profiled on the H200).
         out = sorted(buckets.values(), key=lambda b: -len(b.params) * b.params[0].numel())
         # the fused kernels' contract, checked once per build instead of per tensor every step
         for b in out:
