@@ -76,18 +76,16 @@ CPU_OPTS = mm.BuildOptions(
 
 
 @pytest.fixture(scope="module")
-def megatron_groups():
-    """A one-process gloo group and Megatron's parallel state (TP=PP=EP=1)."""
-    import os
-
+def megatron_groups(tmp_path_factory):
+    """A one-process gloo group and Megatron's parallel state (TP=PP=EP=1); rendezvous through a file, so no TCP
+    port is needed (a fixed one fails whenever another process on the machine holds it)."""
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
 
     started = False
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29581")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        store = dist.FileStore(str(tmp_path_factory.mktemp("gloo") / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         started = True
     ps.initialize_model_parallel(1, 1)
     yield
