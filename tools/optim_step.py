@@ -1,7 +1,7 @@
 """Time one optimizer step over a Qwen3-30B-A3B-layer-shaped parameter set: optim.Muon vs AdamW vs EO Muon.
 
-Usage: `python -m tools.optim_step [device=cpu|cuda] [format=md|json] [scale=F] [repeats=N] [threads=N]
-[impls=a,b,...]`.
+Usage: `python -m tools.optim_step [device=cpu|cuda] [format=md|json] [scale=F] [repeats=N] [warmup=N]
+[threads=N] [impls=a,b,...]`.
 
 Parameters are one Qwen3-30B-A3B layer as separate fp32 matrices (q 4096x2048, k and v 512x2048, o 2048x4096,
 128 experts of fc1 1536x2048 (gate and up fused) and fc2 2048x768), 260 parameters, with fixed random
@@ -22,9 +22,12 @@ per-parameter work is represented); on CUDA the default scale is 1 (full shapes)
 - `optim_mop_pe`: optim.MOP with polar_method="polar_express".
 - `eo_muon`: emerging-optimizers 0.3.0 Muon (when installed; loops over parameters).
 
-Protocol: one warm-up step, then `repeats` timed steps (CUDA: synchronized around each step), median and IQR of
-the wall time in ms, and the median process CPU time (the steadier number on a shared CPU; on CUDA it only shows
-host work and sync waits). Each step is a real update (parameters move), which does not change the work done.
+Protocol: `warmup` untimed steps (default 1), then `repeats` timed steps (CUDA: synchronized around each step),
+median and IQR of the wall time in ms, and the median process CPU time (the steadier number on a shared CPU; on CUDA
+it only shows host work and sync waits). Each step is a real update (parameters move), which does not change the
+work done. On an H200 the step runs at the GPU's power cap: the first steps after an idle GPU are ~10% faster than
+the steps after them (reports/ns_kernels_h200_202612, "After this run"). Every step's time is in the JSON output;
+`warmup=20` times the capped steady state alone.
 """
 
 from __future__ import annotations
@@ -108,8 +111,8 @@ def _factories(device: str, scale: float) -> dict[str, Callable[[list[Any]], Any
     return out
 
 
-def time_step(opt: Any, device: str, repeats: int) -> tuple[list[float], list[float]]:
-    """(wall ms, process CPU ms) of `repeats` steps after one warm-up step (CUDA synchronized around each).
+def time_step(opt: Any, device: str, repeats: int, warmup: int = 1) -> tuple[list[float], list[float]]:
+    """(wall ms, process CPU ms) of `repeats` steps after `warmup` untimed steps (CUDA synchronized around each).
 
     On a shared CPU the process CPU time is the steadier number (time spent preempted is not counted); it sums
     over intra-op threads, so compare it at threads=1.
@@ -120,7 +123,8 @@ def time_step(opt: Any, device: str, repeats: int) -> tuple[list[float], list[fl
         if device == "cuda":
             torch.cuda.synchronize()
 
-    opt.step()
+    for _ in range(warmup):
+        opt.step()
     sync()
     wall, cpu = [], []
     for _ in range(repeats):
@@ -134,7 +138,13 @@ def time_step(opt: Any, device: str, repeats: int) -> tuple[list[float], list[fl
 
 
 def run(
-    *, device: str, scale: float, repeats: int, threads: int = 0, impls: tuple[str, ...] = IMPLS
+    *,
+    device: str,
+    scale: float,
+    repeats: int,
+    threads: int = 0,
+    impls: tuple[str, ...] = IMPLS,
+    warmup: int = 1,
 ) -> dict[str, Any]:
     """Measure every implementation; returns a JSON-able dict (config, env, one row per implementation)."""
     import torch
@@ -153,6 +163,7 @@ def run(
         "device_name": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "scale": scale,
         "repeats": repeats,
+        "warmup": warmup,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "rows": [],
@@ -162,7 +173,7 @@ def run(
             continue
         ps = make_params(spec, device)
         opt = make(ps)
-        ts, cs = time_step(opt, device, repeats)
+        ts, cs = time_step(opt, device, repeats, warmup)
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0], ts[0], ts[0]]
         res["rows"].append(
             {
@@ -185,7 +196,7 @@ def to_markdown(res: dict[str, Any]) -> str:
     head = (
         f"Qwen3-30B-A3B layer optimizer step, device={res['device']} ({res['device_name']}), scale={res['scale']}, "
         f"{res['num_params']} params, {res['numel'] / 1e6:.2f} M elements, torch {res['torch']}, "
-        f"{res['threads']} threads; one warm-up step, median and IQR of {res['repeats']} steps."
+        f"{res['threads']} threads; {res['warmup']} warm-up step(s), median and IQR of {res['repeats']} steps."
     )
     lines = [
         head,
@@ -201,13 +212,13 @@ def to_markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: key=value arguments (device, format, scale, repeats, threads, impls)."""
+    """CLI entry: key=value arguments (device, format, scale, repeats, warmup, threads, impls)."""
     from config.cli_help import module_help
 
     if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
         return 0
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    allowed = {"device", "format", "scale", "repeats", "threads", "impls"}
+    allowed = {"device", "format", "scale", "repeats", "warmup", "threads", "impls"}
     if set(args) - allowed:
         raise ValueError(f"unknown arguments {sorted(set(args) - allowed)}; allowed: {sorted(allowed)}")
     device = args.get("device", "cpu")
@@ -220,12 +231,16 @@ def main(argv: list[str] | None = None) -> int:
     if set(impls) - set(IMPLS):
         raise ValueError(f"impls={sorted(set(impls) - set(IMPLS))} not among {IMPLS}")
     scale = float(args.get("scale", 1.0 if device == "cuda" else 1 / 16))
+    warmup = int(args.get("warmup", 1))
+    if warmup < 0:
+        raise ValueError(f"warmup={warmup}: the number of untimed steps must be >= 0")
     res = run(
         device=device,
         scale=scale,
         repeats=int(args.get("repeats", 10 if device == "cuda" else 5)),
         threads=int(args.get("threads", 0)),
         impls=impls,
+        warmup=warmup,
     )
     print(json.dumps(res, indent=1) if fmt == "json" else to_markdown(res))
     return 0

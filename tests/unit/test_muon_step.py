@@ -210,7 +210,21 @@ def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         "optim_muon_no_ns",
     ]
     assert all(r["median_ms"] > 0 and len(r["times_ms"]) == 2 for r in res["rows"])
+    assert res["warmup"] == 1
     with pytest.raises(ValueError, match="device='tpu'"):
         optim_step.main(["device=tpu"])
+    with pytest.raises(ValueError, match="warmup=-1"):
+        optim_step.main(["warmup=-1"])
     with pytest.raises(ValueError, match="not among"):
         optim_step.main(["impls=sgd"])
+
+
+def test_optim_step_harness_runs_warmup_then_repeats() -> None:
+    """tools.optim_step.time_step: `warmup` untimed steps, then `repeats` timed ones, all real updates."""
+    from tools.optim_step import time_step
+
+    p = torch.nn.Parameter(torch.ones(3))
+    p.grad = torch.ones(3)
+    opt = torch.optim.Adam([p], lr=0.1)
+    wall, cpu = time_step(opt, "cpu", repeats=3, warmup=2)
+    assert len(wall) == len(cpu) == 3 and opt.state[p]["step"] == 5
