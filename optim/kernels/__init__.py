@@ -91,32 +91,27 @@ def orthogonalize(
     coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
     restarts = frozenset(int(i) for i in restart_iterations)
     xb = x.unsqueeze(0) if x.ndim == 2 else x
+    xin, normalized = xb, False
     if sumsq is not None and xb.is_contiguous() and xb.size(-2) <= xb.size(-1):
         if sumsq.shape != (xb.size(0),):
             raise ValueError(
                 f"sumsq.shape={tuple(sumsq.shape)}: one squared norm per matrix, ({xb.size(0)},)"
             )
-        xn = normalize_with_norms(xb, sumsq, eps, dtype)
-        if xb.is_cuda and available():
-            out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype, normalized=True)(xn)
-        else:
-            out = orthogonalize_with(
-                xn,
-                coeffs,
-                eps=eps,
-                gram=use_gram,
-                restarts=restarts,
-                ops=TorchOps(),
-                dtype=dtype,
-                normalized=True,
-            )
-        out = out.to(x.dtype)
-    elif xb.is_cuda and available():
-        out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype)(xb)
+        xin, normalized = normalize_with_norms(xb, sumsq, eps, dtype), True
+    if xb.is_cuda and available():
+        out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype, normalized=normalized)(xin)
     else:
         out = orthogonalize_with(
-            xb, coeffs, eps=eps, gram=use_gram, restarts=restarts, ops=TorchOps(), dtype=dtype
+            xin,
+            coeffs,
+            eps=eps,
+            gram=use_gram,
+            restarts=restarts,
+            ops=TorchOps(),
+            dtype=dtype,
+            normalized=normalized,
         )
+    out = out.to(x.dtype)  # the normalized iterate's body returns its own dtype
     return out.squeeze(0) if x.ndim == 2 else out
 
 

@@ -221,7 +221,8 @@ class FusedStepMixin(torch.optim.Optimizer):
         )
         # Buckets too small to fill the GPU with their NS run on a side stream, beside the large buckets' packs.
         side_bs = self._side_buckets(buckets) if not usable else []
-        main_bs = [b for b in buckets if all(b is not sb for sb in side_bs)]
+        side_ids = {id(b) for b in side_bs}
+        main_bs = [b for b in buckets if id(b) not in side_ids]
         side = self._side_stream(params[0].device) if side_bs else None
         main = torch.cuda.current_stream(side.device) if side is not None else None
         if side is not None and main is not None:
