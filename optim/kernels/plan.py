@@ -17,9 +17,10 @@ Candidates (all bf16 operands, fp32 accumulation):
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
   8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
   that to cuBLAS (`optim.kernels.sym_quack`).
-- `plain_quack_all_<config>` (coop256x208_cl1x2, coop128x256_cl2x1; with the QuACK candidates, on SM90, where
-  `quack_configs_offered`): `plain_quack_all` with the general product in one of QuACK's explicit SM90 tile configs
-  (`sym_quack.GENERAL_CONFIGS`) instead of its default; offered on the expert batches and large single matrices,
+- `plain_quack_all_<config>` (coop256x208_cl1x2, coop128x256_cl2x1, sym128pp; with the QuACK candidates, on SM90,
+  where `quack_configs_offered`): `plain_quack_all` with the general product in one of QuACK's explicit SM90 tile
+  configs (`sym_quack.GENERAL_CONFIGS`), or the symmetric products in another tile config than QuACK's fixed one
+  (`sym_quack.SYMMETRIC_CONFIGS`), instead of its default; offered on the expert batches and large single matrices,
   where the general products take milliseconds, not on the launch-bound ones (one compilation per config and
   process, ~2-3 s; a few timed calls per problem).
 - `gram_torch`, `gram_sym_<tile>`, `gram_quack_sym`, `gram_quack_all`: Gram-NS with restarts (only when
@@ -153,10 +154,10 @@ def skipped_tiles() -> frozenset[str]:
     """Triton tile configs and QuACK general-product configs named in $MUONBENCH_NS_SKIP (comma-separated) are
     never tried: the way out when a compiler cannot build one on some machine without raising (a crash cannot be
     caught by the plan's measurement). Unknown names raise, naming the known ones."""
-    from optim.kernels.sym_quack import GENERAL_CONFIGS
+    from optim.kernels.sym_quack import GENERAL_CONFIGS, SYMMETRIC_CONFIGS
 
     names = frozenset(t.strip() for t in os.environ.get("MUONBENCH_NS_SKIP", "").split(",") if t.strip())
-    known = [*TILE_NAMES, *GENERAL_CONFIGS]
+    known = [*TILE_NAMES, *GENERAL_CONFIGS, *SYMMETRIC_CONFIGS]
     unknown = names - set(known)
     if unknown:
         raise ValueError(f"MUONBENCH_NS_SKIP={sorted(unknown)}: not tile or QuACK configs; known: {known}")
@@ -189,8 +190,8 @@ def candidate_names(
 ) -> list[str]:
     """Methods worth timing for this problem (graph variants where `launch_sensitive`; none of
     $MUONBENCH_NS_SKIP; QuACK's with `quack_ok` and 16-byte operand rows; with `quack_configs` (an SM90 device)
-    also `plain_quack_all_<config>` where `quack_configs_offered`)."""
-    from optim.kernels.sym_quack import GENERAL_CONFIGS, aligned
+    also `plain_quack_all_<config>`, general-product and symmetric-product configs, where `quack_configs_offered`)."""
+    from optim.kernels.sym_quack import GENERAL_CONFIGS, SYMMETRIC_CONFIGS, aligned
 
     skip = skipped_tiles()
     backends = [f"sym_{t}" for t in TILE_NAMES if t not in skip] if triton_ok else []
@@ -199,7 +200,7 @@ def candidate_names(
         backends += QUACK_BACKENDS
     bodies = [f"plain_{b}" for b in ("torch", *backends)]
     if quack and quack_configs and quack_configs_offered(batch, m, n, num_steps):
-        bodies += [f"plain_quack_all_{c}" for c in GENERAL_CONFIGS if c not in skip]
+        bodies += [f"plain_quack_all_{c}" for c in (*GENERAL_CONFIGS, *SYMMETRIC_CONFIGS) if c not in skip]
     if use_gram:
         bodies += [f"gram_{b}" for b in ("torch", *backends)]
     if launch_sensitive(batch, m, n, num_steps):

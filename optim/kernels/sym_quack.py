@@ -12,7 +12,10 @@ off-diagonal tile twice (itself and its mirror, both through TMA stores); on SM9
 general products (`apply`: X <- a X + P X, `full`) through gemm_add with QuACK's default SM90 config (pingpong
 128 x 192 tiles, 2 x 1 clusters; no autotuning: its tuner compiles tens of configs per shape); `general=False`
 leaves them to cuBLAS. `QuackOps(general=True, config=NAME)` runs them with one of the explicit SM90 configs of
-GENERAL_CONFIGS instead (QuACK's `gemm_tuned.fn` with `config=`: no autotuning, no pruning).
+GENERAL_CONFIGS instead (QuACK's `gemm_tuned.fn` with `config=`: no autotuning, no pruning), or, for a NAME of
+SYMMETRIC_CONFIGS, runs the symmetric products in that tile config (QuACK's symmetric dispatch,
+`quack.gemm_symmetric.gemm_symmetric`, which takes the tile arguments that its interface fixes per architecture)
+and the general products in QuACK's default.
 
 Nothing here is imported before a QuACK body runs: the plan lists the QuACK candidates from the installed
 version (package metadata, no import) and the device's compute capability (`usable`). The first call of each
@@ -64,6 +67,33 @@ GENERAL_CONFIGS: dict[str, GeneralConfig] = {
     "coop256x208_cl1x2": GeneralConfig(tile_m=256, tile_n=208, pingpong=False, cluster_m=1, cluster_n=2),
     "coop128x256_cl2x1": GeneralConfig(tile_m=128, tile_n=256, pingpong=False, cluster_m=2, cluster_n=1),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class SymmetricConfig:
+    """One SM90 tile config of QuACK's symmetric GEMM (arguments of `quack.gemm_symmetric.gemm_symmetric`). Its
+    persistent triangular schedule needs one square output tile per cluster: tile_n == tile_m * cluster_m."""
+
+    tile_m: int
+    tile_n: int
+    cluster_m: int
+    pingpong: bool
+
+    def __post_init__(self) -> None:
+        if self.tile_n != self.tile_m * self.cluster_m:
+            raise ValueError(
+                f"tile_m={self.tile_m}, tile_n={self.tile_n}, cluster_m={self.cluster_m}: a cluster's output tile "
+                "must be square (tile_n == tile_m * cluster_m)"
+            )
+
+
+# QuACK fixes 128 x 256 tiles in 2 x 1 clusters (cooperative) for its SM90 symmetric GEMM. On the short-K polynomial
+# step b A + c A^2 (K = m = 768: Qwen3's fc2 and split gate/up halves) 128 x 128 pingpong tiles, one warp group's
+# epilogue (read A, write two tiles) overlapping the other's mainloop, were 15-19% faster, and within 3% on X X^T
+# at K = 2048 (experiments/quack_sym_tiles); on fc1's X X^T (m = 1536) 16% slower. The plan measures it per shape.
+SYMMETRIC_CONFIGS: dict[str, SymmetricConfig] = {
+    "sym128pp": SymmetricConfig(tile_m=128, tile_n=128, cluster_m=1, pingpong=True),
+}
 # Compute capability of the configs above (QuACK builds them for SM90 only; SM100+ has other tile rules).
 CONFIG_CAPABILITY = 9
 
@@ -85,7 +115,7 @@ def usable(device: torch.device) -> bool:
 
 
 def configs_usable(device: torch.device) -> bool:
-    """`usable` on an SM90 device: where the GENERAL_CONFIGS are offered."""
+    """`usable` on an SM90 device: where the GENERAL_CONFIGS and SYMMETRIC_CONFIGS are offered."""
     return usable(device) and torch.cuda.get_device_capability(device)[0] == CONFIG_CAPABILITY
 
 
@@ -99,6 +129,13 @@ def _iface() -> Any:
     import quack.gemm_interface
 
     return quack.gemm_interface
+
+
+@functools.cache
+def _symmetric_dispatch() -> Any:
+    import quack.gemm_symmetric
+
+    return quack.gemm_symmetric.gemm_symmetric
 
 
 @functools.cache
@@ -119,19 +156,50 @@ def _gemm_config(name: str) -> Any:
 
 
 class QuackOps:
-    """`MatOps` with the symmetric products in QuACK's gemm_symmetric; general products in QuACK's gemm_add
-    (`general=True`; with `config`, one of GENERAL_CONFIGS) or cuBLAS."""
+    """`MatOps` with the symmetric products in QuACK's gemm_symmetric (with a SYMMETRIC_CONFIGS `config`, in that
+    tile config); general products in QuACK's gemm_add (`general=True`; with a GENERAL_CONFIGS `config`, in that
+    config) or cuBLAS."""
 
     def __init__(self, *, general: bool, config: str | None = None) -> None:
-        if config is not None and (not general or config not in GENERAL_CONFIGS):
+        known = [*GENERAL_CONFIGS, *SYMMETRIC_CONFIGS]
+        if config is not None and (not general or config not in known):
             raise ValueError(
-                f"config={config!r} with general={general}: a config needs general=True and one of "
-                f"{sorted(GENERAL_CONFIGS)}"
+                f"config={config!r} with general={general}: a config needs general=True and one of {known}"
             )
         self.general = general
         self.config = config
+        self.symmetric = SYMMETRIC_CONFIGS.get(config) if config is not None else None
+
+    def _symmetric_product(
+        self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float
+    ) -> torch.Tensor:
+        """alpha a b^T (+ beta c) for a symmetric result, (l, m, k) operands, in self.symmetric's tiles (B passed
+        as QuACK's dispatch takes it: operand-shaped (l, m, k), as its interface relabels b^T)."""
+        cfg = self.symmetric
+        assert cfg is not None
+        out = torch.empty((*a.shape[:-1], a.shape[-2]), dtype=a.dtype, device=a.device)
+        _symmetric_dispatch()(
+            a,
+            b,
+            out,
+            c,
+            None,
+            tile_M=cfg.tile_m,
+            tile_N=cfg.tile_n,
+            cluster_M=cfg.cluster_m,
+            cluster_N=1,
+            pingpong=cfg.pingpong,
+            persistent=True,
+            is_dynamic_persistent=False,
+            max_swizzle_size=8,
+            alpha=float(alpha),
+            beta=float(beta) if c is not None else 1.0,
+        )
+        return out
 
     def gram(self, x: torch.Tensor) -> torch.Tensor:
+        if self.symmetric is not None:
+            return self._symmetric_product(x, x, None, 1.0, 1.0)
         out: torch.Tensor = _iface().gemm_symmetric(x, x.mT)
         return out
 
@@ -144,8 +212,10 @@ class QuackOps:
         beta: float,
         diag: float = 0.0,
     ) -> torch.Tensor:
-        if d is None:
-            out: torch.Tensor = _iface().gemm_symmetric(a, b.mT, alpha=float(alpha))
+        if self.symmetric is not None:
+            out = self._symmetric_product(a, b, d, alpha, beta)
+        elif d is None:
+            out = _iface().gemm_symmetric(a, b.mT, alpha=float(alpha))
         else:
             out = _iface().gemm_symmetric(a, b.mT, d, alpha=float(alpha), beta=float(beta))
         if diag:  # no identity term in QuACK's epilogue: one strided add over the diagonal
@@ -157,7 +227,7 @@ class QuackOps:
     ) -> torch.Tensor:
         if not self.general:
             return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
-        if self.config is None:
+        if self.config is None or self.symmetric is not None:
             out: torch.Tensor = _iface().gemm_add(a, b, d, alpha=float(alpha), beta=float(beta), tuned=False)
             return out
         # gemm_add takes no config: its eager path calls gemm_tuned.fn (the function under the autotuner) with

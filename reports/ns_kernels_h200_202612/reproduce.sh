@@ -5,8 +5,8 @@
 # omegaconf, emerging-optimizers, megatron-core) and of the `quack` extra in .whl_quack/ (the pins of pyproject.toml,
 # `pip download --no-deps`). Writes under $OUT (default ./out):
 #   pytest_new.log, pytest_quack.log  the new Triton configs and QuACK's products against fp32 (run first: a config
-#                                     that fails there is kept out of the plan, QuACK's explicit general-product
-#                                     configs too; QuACK dropped if its own products fail)
+#                                     that fails there is kept out of the plan, QuACK's explicit general- and
+#                                     symmetric-product configs too; QuACK dropped if its own products fail)
 #   ns_kernels_h200_202612/           tools.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
 #   optim_step.json                   tools.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1
 #   pytest_gpu.log                    all kernel GPU tests, in the time left
@@ -31,10 +31,11 @@ timeout 100 $T -k "sym_mm_bf16 and (g8 or g4 or ptma)" > "$OUT/pytest_new.log" 2
     export MUONBENCH_NS_SKIP=tma128g8,tma256g4,ptma128,ptma256,ptma128o
 Q_LOG=$OUT/pytest_quack.log
 if ! timeout 150 $T -k quack -rf > "$Q_LOG" 2>&1; then
-    if ! grep -q '^FAILED' "$Q_LOG" || grep '^FAILED' "$Q_LOG" | grep -qv general_config; then
+    if ! grep -q '^FAILED' "$Q_LOG" || grep '^FAILED' "$Q_LOG" | grep -v general_config | grep -qv sym128pp; then
         export PYTHONPATH=.:/tmp/site  # QuACK's products failed, or the run crashed or timed out: no QuACK
-    else  # only explicit general-product configs failed: those are kept out of the plan
+    else  # only explicit configs failed: those are kept out of the plan
         bad=$(grep -o 'general_config_bf16\[[a-z0-9_]*' "$Q_LOG" | cut -d[ -f2 | sort -u | paste -sd,)
+        grep '^FAILED' "$Q_LOG" | grep -q sym128pp && bad=${bad:+$bad,}sym128pp
         export MUONBENCH_NS_SKIP=${MUONBENCH_NS_SKIP:+$MUONBENCH_NS_SKIP,}$bad
     fi
 fi

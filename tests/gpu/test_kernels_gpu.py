@@ -89,15 +89,17 @@ def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     assert torch.equal(out3[eye == 0], out[eye == 0])
 
 
+@pytest.mark.parametrize("config", [None, "sym128pp"])
 @pytest.mark.parametrize("bmk", [(2, 256, 512), (3, 200, 136), (1, 576, 1792), (5, 384, 1024)])
-def test_quack_products_bf16(seed: int, bmk: tuple[int, int, int]) -> None:
+def test_quack_products_bf16(seed: int, bmk: tuple[int, int, int], config: str | None) -> None:
     """QuACK's symmetric GEMM as `MatOps.gram` / `sym` (with D, with the diagonal term) and gemm_add as `full` /
-    `apply`, against fp32 torch on every element; M = 200 is not a multiple of its 128 x 256 tile."""
-    if not _quack_ok():
-        pytest.skip("quack-kernels not installed or GPU older than SM90")
+    `apply`, against fp32 torch on every element, in QuACK's fixed tile config and in each SYMMETRIC_CONFIGS one;
+    M = 200 is not a multiple of the tiles."""
+    if not _quack_ok() or (config is not None and torch.cuda.get_device_capability()[0] != 9):
+        pytest.skip("quack-kernels not installed or GPU older than SM90 (explicit configs: not SM90)")
     from optim.kernels.sym_quack import QuackOps
 
-    ops = QuackOps(general=True)
+    ops = QuackOps(general=True, config=config)
     nb, m, k = bmk
     a = torch.randn(nb, m, k, device="cuda").bfloat16()
     ref = a.float() @ a.float().mT

@@ -70,7 +70,9 @@ CONFIG_SHAPES = {
     "qwen_fc1_x128", "qwen_fc2_x128", "k2_expert_half_x8", "k2_fc1_x6", "k2_fc2_x6", "k2_o", "k2_dense_fc2",
     "k2_dense_fc1", "square_8192",
 }  # fmt: skip
-CONFIG_CANDIDATES = ["plain_quack_all_coop256x208_cl1x2", "plain_quack_all_coop128x256_cl2x1"]
+CONFIG_CANDIDATES = [
+    "plain_quack_all_coop256x208_cl1x2", "plain_quack_all_coop128x256_cl2x1", "plain_quack_all_sym128pp",
+]  # fmt: skip
 
 
 def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
@@ -81,10 +83,11 @@ def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
     Localises: configs compiled and timed on launch-bound shapes (warm-up for nothing), offered off SM90, or a name
     that does not map to its config."""
     from optim.kernels.plan import _ops, candidate_names
-    from optim.kernels.sym_quack import GENERAL_CONFIGS, QuackOps
+    from optim.kernels.sym_quack import GENERAL_CONFIGS, SYMMETRIC_CONFIGS, QuackOps
     from tools.ns_kernels import SHAPES
 
-    assert list(GENERAL_CONFIGS) == [n.removeprefix("plain_quack_all_") for n in CONFIG_CANDIDATES]
+    configs = [*GENERAL_CONFIGS, *SYMMETRIC_CONFIGS]
+    assert configs == [n.removeprefix("plain_quack_all_") for n in CONFIG_CANDIDATES]
     offered = set()
     for name, rows, cols, batch, _, _ in SHAPES:
         m, n = min(rows, cols), max(rows, cols)
@@ -96,20 +99,32 @@ def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
             offered.add(name)
             assert extra == CONFIG_CANDIDATES, (name, extra)
         # not on SM90, or no QuACK: none
-        assert not [x for x in candidate_names(batch, m, n, 5, True, True, quack_ok=True) if "coop" in x]
-        assert not [x for x in candidate_names(batch, m, n, 5, True, True, False, True) if "coop" in x]
+        assert not set(CONFIG_CANDIDATES) & set(candidate_names(batch, m, n, 5, True, True, quack_ok=True))
+        assert not set(CONFIG_CANDIDATES) & set(candidate_names(batch, m, n, 5, True, True, False, True))
     assert offered == CONFIG_SHAPES
     unaligned = candidate_names(128, 1536, 2044, 5, True, True, True, True)  # rows not a multiple of 16 bytes
-    assert not any("coop" in x for x in unaligned)
+    assert not any("quack" in x for x in unaligned)
     for cand in CONFIG_CANDIDATES:
         ops = _ops(cand)
-        assert (
-            isinstance(ops, QuackOps) and ops.general and ops.config == cand.removeprefix("plain_quack_all_")
-        )
+        name = cand.removeprefix("plain_quack_all_")
+        assert isinstance(ops, QuackOps) and ops.general and ops.config == name
+        # a symmetric-product config leaves the general product in QuACK's default, and the other way round
+        assert (ops.symmetric is not None) == (name in SYMMETRIC_CONFIGS)
     with pytest.raises(ValueError, match="needs general=True"):
         QuackOps(general=False, config="coop128x256_cl2x1")
-    with pytest.raises(ValueError, match="coop999.*coop128x256_cl2x1"):
+    with pytest.raises(ValueError, match="coop999.*coop128x256_cl2x1.*sym128pp"):
         QuackOps(general=True, config="coop999")
+
+
+def test_symmetric_config_needs_one_square_tile_per_cluster() -> None:
+    """QuACK's triangular schedule assigns one square output tile per cluster; a config breaking that (128 x 128
+    tiles in 2-CTA clusters wrote wrong products on the H200, experiments/quack_sym_tiles) is refused on
+    construction, naming the rule."""
+    from optim.kernels.sym_quack import SYMMETRIC_CONFIGS, SymmetricConfig
+
+    with pytest.raises(ValueError, match="tile_n == tile_m \\* cluster_m"):
+        SymmetricConfig(tile_m=128, tile_n=128, cluster_m=2, pingpong=False)
+    assert all(c.tile_n == c.tile_m * c.cluster_m for c in SYMMETRIC_CONFIGS.values())
 
 
 def test_ns_skip_env_drops_quack_configs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,9 +132,9 @@ def test_ns_skip_env_drops_quack_configs(monkeypatch: pytest.MonkeyPatch) -> Non
     offered (nor required of a cached entry); an unknown name raises naming both kinds."""
     from optim.kernels.plan import Planner, candidate_names
 
-    monkeypatch.setenv("MUONBENCH_NS_SKIP", "coop256x208_cl1x2,tma128o")
+    monkeypatch.setenv("MUONBENCH_NS_SKIP", "coop256x208_cl1x2,tma128o,sym128pp")
     names = candidate_names(128, 1536, 2048, 5, False, True, True, True)
-    assert [x for x in names if "coop" in x] == ["plain_quack_all_coop128x256_cl2x1"]
+    assert [x for x in names if "quack_all_" in x] == ["plain_quack_all_coop128x256_cl2x1"]
     assert "plain_sym_tma128o" not in names and "plain_quack_all" in names
     entry = {"method": "plain_torch", "times_ms": {n: 1.0 for n in names}}
     assert Planner.untried(entry, torch.empty(128, 1536, 2048, device="meta"), 5, False) == []
@@ -151,10 +166,15 @@ def test_plan_drops_a_quack_config_that_fails_and_times_the_rest(monkeypatch: py
             raise RuntimeError("compile failed: tile 256x208")
         out.copy_(gemm_add(a, b, c, alpha, beta))
 
+    def symmetric_dispatch(a, b, out, c, semaphore, *, alpha=1.0, beta=1.0, **tiles):  # type: ignore[no-untyped-def]
+        assert semaphore is None and tiles["tile_N"] == tiles["tile_M"] * tiles["cluster_M"], tiles
+        out.copy_(gemm_symmetric(a, b.mT, c, alpha, beta))
+
     iface = types.SimpleNamespace(
         gemm_symmetric=gemm_symmetric, gemm_add=gemm_add, gemm_tuned=types.SimpleNamespace(fn=gemm_tuned_fn)
     )
     monkeypatch.setattr(sym_quack, "_iface", lambda: iface)
+    monkeypatch.setattr(sym_quack, "_symmetric_dispatch", lambda: symmetric_dispatch)
     monkeypatch.setattr(sym_quack, "_gemm_config", lambda name: name)
     monkeypatch.setattr(sym_quack, "usable", lambda device: True)
     monkeypatch.setattr(sym_quack, "configs_usable", lambda device: True)
@@ -165,6 +185,7 @@ def test_plan_drops_a_quack_config_that_fails_and_times_the_rest(monkeypatch: py
     times, rejected = entry["times_ms"], entry["rejected"]
     assert set(times) == {  # type: ignore[arg-type]
         "plain_torch", "plain_quack_sym", "plain_quack_all", "plain_quack_all_coop128x256_cl2x1",
+        "plain_quack_all_sym128pp",
     }  # fmt: skip
     assert list(rejected) == ["plain_quack_all_coop256x208_cl1x2"]  # type: ignore[call-overload]
     assert rejected["plain_quack_all_coop256x208_cl1x2"].startswith("RuntimeError: compile failed")  # type: ignore[index]
