@@ -315,27 +315,37 @@ def render_plan(res: dict[str, Any]) -> list[str]:
 
 
 def render_micro(micro: list[dict[str, Any]]) -> list[str]:
-    """The symmetric products alone: cuBLAS, best Triton config, QuACK (ms, errors, QuACK's first call)."""
+    """The symmetric products alone: cuBLAS, best Triton config, QuACK in its fixed tiles and, where measured, in each
+    of its explicit symmetric tile configs (ms, errors, QuACK's first call)."""
     if not micro:
         return []
+    from optim.kernels.sym_quack import SYMMETRIC_CONFIGS
+
+    configs = [f"quack_{c}" for c in SYMMETRIC_CONFIGS if any(f"quack_{c}_ms" in r for r in micro)]
+    extra_head = "".join(f" QuACK {c.removeprefix('quack_')} |" for c in configs)
     lines = [
         "",
         "## The two symmetric products of an NS step alone (ms)",
         "",
         "gram: X X^T (K = n); poly: b A + c A^2 with the epilogue reading A (K = m). cuBLAS computes the full",
-        "product; Triton and QuACK one triangle. err: largest |out - fp32 product| over the largest |fp32 entry|.",
+        "product; Triton and QuACK one triangle (QuACK: its fixed SM90 tiles, 128 x 256 in 2-CTA clusters; other",
+        "columns: its explicit tile configs). err: largest |out - fp32 product| over the largest |fp32 entry|.",
         "Every Triton config's time is in results.json.",
         "",
-        "| product | B x m x K | cuBLAS | best Triton | QuACK | Triton / QuACK | err cuBLAS / Triton / QuACK | QuACK first call s |",
-        "|---|---|---|---|---|---|---|---|",
+        (
+            f"| product | B x m x K | cuBLAS | best Triton | QuACK |{extra_head} Triton / QuACK | "
+            "err cuBLAS / Triton / QuACK | QuACK first call s |"
+        ),
+        "|---|---|---|---|---|" + "---|" * len(configs) + "---|---|---|",
     ]
     for r in micro:
         best, q = r.get("best_triton"), r.get("quack_ms")
         ratio = r["best_triton_ms"] / q if (best and q) else None
         errs = " / ".join(_fmt(r.get(f"{n}_err"), 2) for n in ("cublas", best or "-", "quack"))
+        extra = "".join(f" {_fmt(r.get(f'{c}_ms'))} |" for c in configs)
         lines.append(
             f"| {r['product']} | {r['batch']}x{r['m']}x{r['k']} | {_fmt(r.get('cublas_ms'))} | "
-            f"{_fmt(r.get('best_triton_ms'))} ({best or '-'}) | {_fmt(q)} | {_fmt(ratio)} | {errs} | "
+            f"{_fmt(r.get('best_triton_ms'))} ({best or '-'}) | {_fmt(q)} |{extra} {_fmt(ratio)} | {errs} | "
             f"{_fmt(r.get('quack_first_s'))} |"
         )
     return lines

@@ -420,8 +420,9 @@ def measure_layer(name: str, spec: list[tuple[int, int, int]], dev: str, log: Ca
 
 def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
     """The two symmetric products of a plain NS step alone, per backend: X X^T (K = n) and b A + c A^2 (K = m, the
-    epilogue reading A), by cuBLAS (the full product), each Triton tile config and QuACK's gemm_symmetric; median
-    ms (first call apart: compilation) and the largest error relative to the fp32 product's largest entry."""
+    epilogue reading A), by cuBLAS (the full product), each Triton tile config and QuACK's gemm_symmetric (its fixed
+    tiles, `quack`, and on SM90 each SYMMETRIC_CONFIGS config, `quack_<config>`); median ms (first call apart:
+    compilation) and the largest error relative to the fp32 product's largest entry."""
     from optim.kernels.sym_triton import TILE_CONFIGS, TritonOps
 
     _, b, c = QUINTIC[0]
@@ -431,6 +432,13 @@ def product_micro(log: Callable[[str], None]) -> list[dict[str, Any]]:
     }
     if sym_quack.usable(torch.device("cuda")):
         backends["quack"] = sym_quack.QuackOps(general=False)
+    if sym_quack.configs_usable(torch.device("cuda")):
+        from optim.kernels.plan import skipped_tiles
+
+        skip = skipped_tiles()
+        for name in sym_quack.SYMMETRIC_CONFIGS:
+            if name not in skip:
+                backends[f"quack_{name}"] = sym_quack.QuackOps(general=True, config=name)
     rows = []
     for nb, m, k in PRODUCT_SHAPES:
         # rows of unit norm: A = X X^T is O(1)

@@ -309,6 +309,22 @@ def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
     ) in md
 
 
+def test_product_table_shows_quack_symmetric_configs_where_measured() -> None:
+    """render_micro: a column per QuACK symmetric tile config that the run measured (SYMMETRIC_CONFIGS), between
+    QuACK's fixed tiles and the ratio; no such column when no row has one."""
+    from tools.ns_kernels import render_micro
+
+    res = _result()
+    (micro,) = res["product_micro"]
+    plain = render_micro([micro])
+    assert not any("sym128pp" in line for line in plain)
+    md = render_micro([micro | {"quack_sym128pp_ms": 0.71, "quack_sym128pp_err": 0.004}])
+    header = next(line for line in md if line.startswith("| product"))
+    assert "| QuACK | QuACK sym128pp | Triton / QuACK |" in header
+    assert "| poly | 128x1536x1536 | 1.2 | 0.9 (ptma128) | 0.866 | 0.71 | 1.04 |" in "\n".join(md)
+    assert len(md[md.index(header) + 1].split("|")) == len(header.split("|"))
+
+
 def test_bench_layer_step_has_split_and_cublas_columns_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """tools.ns_kernels device=cpu: the fixed-cuBLAS NS column and optim.Muon with split gate/up halves run; the
     split step moves the parameters differently from the joint one (a different orthogonalization)."""
