@@ -151,9 +151,9 @@ def _ops(name: str) -> MatOps:
 
 
 def skipped_tiles() -> frozenset[str]:
-    """Triton tile configs and QuACK general-product configs named in $MUONBENCH_NS_SKIP (comma-separated) are
-    never tried: the way out when a compiler cannot build one on some machine without raising (a crash cannot be
-    caught by the plan's measurement). Unknown names raise, naming the known ones."""
+    """Triton tile configs and QuACK general- and symmetric-product configs named in $MUONBENCH_NS_SKIP
+    (comma-separated) are never tried: the way out when a compiler cannot build one on some machine without raising
+    (a crash cannot be caught by the plan's measurement). Unknown names raise, naming the known ones."""
     from optim.kernels.sym_quack import GENERAL_CONFIGS, SYMMETRIC_CONFIGS
 
     names = frozenset(t.strip() for t in os.environ.get("MUONBENCH_NS_SKIP", "").split(",") if t.strip())
