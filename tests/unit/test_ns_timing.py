@@ -185,6 +185,25 @@ def test_plan_times_the_survivors_and_picks_the_lowest_median(
     assert isinstance(rejected, dict) and "plain_torch+graph" in rejected and "gram_sym_t128" in rejected
 
 
+def test_pick_takes_the_graph_twin_within_the_preference() -> None:
+    """The fastest median wins, except that its graph twin within GRAPH_PREFERENCE takes its place; a graph
+    further behind, another candidate's graph, or a graph that is itself fastest are handled as plain medians.
+
+    Localises: a plan that takes a plain call of a launch-sensitive problem for a 2% edge (12288 x 1536 on the
+    H200: timed at 1.26 ms plain, 1.29 ms as a graph; the plain call then took 2.11 ms)."""
+    pref = plan_mod.GRAPH_PREFERENCE
+    assert 0 < pref < 0.1
+    q_up = {"plain_sym_tma128s5": 1.258, "plain_sym_tma128s5+graph": 1.287, "plain_torch+graph": 1.400}
+    assert plan_mod.pick(q_up) == "plain_sym_tma128s5+graph"
+    far = {"a": 1.0, "a+graph": 1.0 + pref + 0.01, "b+graph": 1.001}
+    assert plan_mod.pick(far) == "a"
+    assert plan_mod.pick({"a": 1.0, "b+graph": 1.01}) == "a"  # not a's twin
+    assert plan_mod.pick({"a": 1.0, "a+graph": 0.9}) == "a+graph"
+    assert plan_mod.pick({"plain_quack_all": 19.2}) == "plain_quack_all"
+    with pytest.raises(ValueError, match="times_ms is empty"):
+        plan_mod.pick({})
+
+
 def test_dispatch_memoizes_the_planned_call(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     """`dispatch` plans a problem once and then returns the same call without looking at the plan again; a
     different problem (coefficients) is planned apart; the stand-in used inside a capture before any plan is not
