@@ -6,7 +6,8 @@ version (and QuACK version, where installed and usable) and one plan version; th
 compilation, graph capture) and the whole warm-up cost (`plan_s`), so a report can show why a method was chosen
 and what compiling it cost. An entry that lacks a candidate the current code offers (written before that kernel
 existed) is measured again. Nothing is guessed: a candidate is
-only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, and was the fastest by median.
+only chosen after it ran, matched the cuBLAS reference within bf16 tolerance, and was the fastest by median (or
+the CUDA-graph twin of the fastest, within 5% of it: `pick`).
 
 Candidates (all bf16 operands, fp32 accumulation):
 - `plain_torch`: plain iteration on torch.bmm / baddbmm (cuBLAS), alpha/beta fused in the GEMM epilogue.
