@@ -1,12 +1,16 @@
 """Time one optimizer step over a Qwen3-30B-A3B-layer-shaped parameter set: optim.Muon vs AdamW vs EO Muon.
 
 Usage: `python -m tools.optim_step [device=cpu|cuda] [format=md|json] [scale=F] [repeats=N] [warmup=N]
-[threads=N] [impls=a,b,...]`.
+[threads=N] [impls=a,b,...] [layout=separate|buckets]`.
 
 Parameters are one Qwen3-30B-A3B layer as separate fp32 matrices (q 4096x2048, k and v 512x2048, o 2048x4096,
 128 experts of fc1 1536x2048 (gate and up fused) and fc2 2048x768), 260 parameters, with fixed random
 gradients. On CPU each dimension is multiplied by `scale` (default 1/16, experts kept at 128 so the
-per-parameter work is represented); on CUDA the default scale is 1 (full shapes). Implementations:
+per-parameter work is represented); on CUDA the default scale is 1 (full shapes). `layout=buckets` lays the
+matrices out as optim.distributed's layer-wise optimizer holds a rank's owned matrices: views of flat fp32 buffers
+of at most `LayerWiseConfig.bucket_numel` (40 M) elements, consecutive in model order (the fused Muon step then
+writes each expert bucket's update from its last NS product, `optim.optimizers.fused._fold_targets`); `separate`
+(the default): one allocation per matrix, as a module's own parameters. Implementations:
 
 - `adamw_foreach`: torch.optim.AdamW(foreach=True), the memory-bound reference.
 - `optim_muon`: optim.Muon (EO v0.3.0 defaults, lr 1e-4; on CUDA its fused step path, `MuonConfig.fused_step`).
@@ -111,6 +115,40 @@ def _factories(device: str, scale: float) -> dict[str, Callable[[list[Any]], Any
     return out
 
 
+LAYOUTS = ("separate", "buckets")
+
+
+def lay_out(ps: list[Any], layout: str, bucket_numel: int | None = None) -> list[Any]:
+    """The parameters (with their gradients) in `layout` (see the module docstring); the same values. Buffers of
+    at most `bucket_numel` elements (default: `LayerWiseConfig.bucket_numel`)."""
+    import torch
+
+    from optim.distributed.layerwise import LayerWiseConfig
+
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
+    if layout == "separate" or not ps:
+        return ps
+    limit = LayerWiseConfig().bucket_numel if bucket_numel is None else bucket_numel
+    groups: list[list[Any]] = [[]]
+    for p in ps:
+        if groups[-1] and sum(q.numel() for q in groups[-1]) + p.numel() > limit:
+            groups.append([])
+        groups[-1].append(p)
+    out = []
+    for group in groups:
+        flat = torch.empty(sum(p.numel() for p in group), dtype=group[0].dtype, device=group[0].device)
+        at = 0
+        for p in group:
+            view = flat[at : at + p.numel()].view(p.shape)
+            view.copy_(p.detach())
+            q = torch.nn.Parameter(view)
+            q.grad = p.grad
+            out.append(q)
+            at += p.numel()
+    return out
+
+
 def time_step(opt: Any, device: str, repeats: int, warmup: int = 1) -> tuple[list[float], list[float]]:
     """(wall ms, process CPU ms) of `repeats` steps after `warmup` untimed steps (CUDA synchronized around each).
 
@@ -145,6 +183,7 @@ def run(
     threads: int = 0,
     impls: tuple[str, ...] = IMPLS,
     warmup: int = 1,
+    layout: str = "separate",
 ) -> dict[str, Any]:
     """Measure every implementation; returns a JSON-able dict (config, env, one row per implementation)."""
     import torch
@@ -164,6 +203,7 @@ def run(
         "scale": scale,
         "repeats": repeats,
         "warmup": warmup,
+        "layout": layout,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "rows": [],
@@ -171,7 +211,7 @@ def run(
     for name, make in _factories(device, scale).items():
         if name not in impls:
             continue
-        ps = make_params(spec, device)
+        ps = lay_out(make_params(spec, device), layout)
         opt = make(ps)
         ts, cs = time_step(opt, device, repeats, warmup)
         q = statistics.quantiles(ts, n=4) if len(ts) > 1 else [ts[0], ts[0], ts[0]]
@@ -195,7 +235,8 @@ def to_markdown(res: dict[str, Any]) -> str:
     """The result as a markdown table with its protocol line."""
     head = (
         f"Qwen3-30B-A3B layer optimizer step, device={res['device']} ({res['device_name']}), scale={res['scale']}, "
-        f"{res['num_params']} params, {res['numel'] / 1e6:.2f} M elements, torch {res['torch']}, "
+        f"{res['num_params']} params ({res.get('layout', 'separate')} layout), {res['numel'] / 1e6:.2f} M elements, "
+        f"torch {res['torch']}, "
         f"{res['threads']} threads; {res['warmup']} warm-up step(s), median and IQR of {res['repeats']} steps."
     )
     lines = [
@@ -212,13 +253,13 @@ def to_markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry: key=value arguments (device, format, scale, repeats, warmup, threads, impls)."""
+    """CLI entry: key=value arguments (device, format, scale, repeats, warmup, threads, impls, layout)."""
     from config.cli_help import module_help
 
     if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
         return 0
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
-    allowed = {"device", "format", "scale", "repeats", "warmup", "threads", "impls"}
+    allowed = {"device", "format", "scale", "repeats", "warmup", "threads", "impls", "layout"}
     if set(args) - allowed:
         raise ValueError(f"unknown arguments {sorted(set(args) - allowed)}; allowed: {sorted(allowed)}")
     device = args.get("device", "cpu")
@@ -232,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"impls={sorted(set(impls) - set(IMPLS))} not among {IMPLS}")
     scale = float(args.get("scale", 1.0 if device == "cuda" else 1 / 16))
     warmup = int(args.get("warmup", 1))
+    layout = args.get("layout", "separate")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
     if warmup < 0:
         raise ValueError(f"warmup={warmup}: the number of untimed steps must be >= 0")
     res = run(
@@ -241,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         threads=int(args.get("threads", 0)),
         impls=impls,
         warmup=warmup,
+        layout=layout,
     )
     print(json.dumps(res, indent=1) if fmt == "json" else to_markdown(res))
     return 0

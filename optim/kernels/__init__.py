@@ -2,6 +2,9 @@
 
 Public contract (used by the optimizers):
 - `available()`: CUDA present and Triton importable.
+- `orthogonalize_deferred(x, sumsq, *, coeffs, eps, use_gram, restart_iterations)`: the same for a packed wide
+  stack with known norms, stopped before the last product where the planned method allows it
+  (`ns_batched.LastProduct`: the caller adds X_k to its fp32 parameters in that product's GEMM).
 - `orthogonalize(x, *, coeffs, eps, use_gram, restart_iterations)`: approximate polar factor of each matrix of
   a 2-D (m, n) or 3-D (B, m, n) tensor, in x's dtype. The short side is the Gram side (tall inputs are
   transposed), each matrix is divided by its Frobenius norm (clamped at eps), the iteration runs on bf16
@@ -21,9 +24,24 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from optim.kernels.ns_batched import Coeff, TorchOps, normalize_with_norms, orthogonalize_with
+from optim.kernels.ns_batched import (
+    Coeff,
+    LastProduct,
+    TorchOps,
+    normalize_with_norms,
+    orthogonalize_with,
+    plain_until_last,
+)
 
-__all__ = ["available", "orthogonalize", "plan_for", "plans_in_use", "triton_importable"]
+__all__ = [
+    "LastProduct",
+    "available",
+    "orthogonalize",
+    "orthogonalize_deferred",
+    "plan_for",
+    "plans_in_use",
+    "triton_importable",
+]
 
 if TYPE_CHECKING:
     from optim.kernels.plan import Planner
@@ -113,6 +131,38 @@ def orthogonalize(
         )
     out = out.to(x.dtype)  # the normalized iterate's body returns its own dtype
     return out.squeeze(0) if x.ndim == 2 else out
+
+
+def orthogonalize_deferred(
+    x: torch.Tensor,
+    sumsq: torch.Tensor,
+    *,
+    coeffs: Sequence[Coeff],
+    eps: float = 1e-7,
+    use_gram: bool = False,
+    restart_iterations: Sequence[int] = (2,),
+    dtype: torch.dtype = torch.bfloat16,
+) -> LastProduct | None:
+    """`orthogonalize` of a contiguous wide (B, m, n) stack, m <= n, with known squared norms `sumsq` (B,), run up to
+    its last product (`LastProduct`), or None (nothing run) where the method planned for x's problem does not end
+    in a product that accumulates into fp32 (`plan.deferrable`; on CPU: the torch body, always deferrable). The
+    caller then either finishes with `LastProduct.into` on its parameters or calls `orthogonalize`."""
+    _check(x, coeffs)
+    if x.ndim != 3 or not x.is_contiguous() or x.size(-2) > x.size(-1) or sumsq.shape != (x.size(0),):
+        raise ValueError(
+            f"orthogonalize_deferred: x {tuple(x.shape)} (contiguous={x.is_contiguous()}), sumsq "
+            f"{tuple(sumsq.shape)}; need a contiguous (B, m, n) stack with m <= n and sumsq (B,)"
+        )
+    coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
+    restarts = frozenset(int(i) for i in restart_iterations)
+    if x.is_cuda and available():
+        run = _planner().deferred(x, coeffs, eps, use_gram, restarts, dtype)
+        if run is None:
+            return None
+        return run(normalize_with_norms(x, sumsq, eps, dtype))
+    if use_gram:
+        return None
+    return plain_until_last(normalize_with_norms(x, sumsq, eps, dtype), coeffs, TorchOps())
 
 
 def plan_for(

@@ -13,6 +13,10 @@
   the same pass (the Frobenius normalization at the NS entry: 4 bytes per element; torch's broadcast multiply ran
   at less than half of that bandwidth on the H200, 9.6 ms per Qwen3 slice step).
 
+- `stacked_runs(tensors)`: the tensors as few (n, r, c) views as possible (runs of equally strided tensors of one
+  storage, e.g. matrices laid out back to back in one buffer): where a bucket's parameters are such runs, its last NS
+  product can write the update into them (`optim.kernels.ns_batched.LastProduct`).
+
 `transpose=True` (momentum_pack) writes each NS input as (c, r) and `transposed=True` (apply_update) reads each
 update as (c, r): a tall (r > c) matrix is orthogonalized in its wide orientation (Newton-Schulz iterates on the
 short side) without the two strided transpose copies (in and out) that the NS entry and the update would otherwise
@@ -324,3 +328,46 @@ def _scale_cast_torch(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) 
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
     torch.mul(x, scale.view(-1, *([1] * (x.ndim - 1))), out=out)
     return out
+
+
+def storage_order(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Indices of `tensors` sorted by (storage address, offset): matrices of one buffer in memory order."""
+    return sorted(
+        range(len(tensors)),
+        key=lambda i: (tensors[i].untyped_storage().data_ptr(), tensors[i].storage_offset()),
+    )
+
+
+def stacked_runs(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Contiguous same-shape 2-D `tensors`, in order, as (n, r, c) views: each view covers a maximal run of
+    consecutive tensors that share a storage at one stride (offset i of the run = offset 0 + i * stride, stride >=
+    r * c); writing a view writes those tensors. One view per tensor where nothing is shared."""
+    runs: list[torch.Tensor] = []
+    i = 0
+    while i < len(tensors):
+        t0 = tensors[i]
+        if t0.ndim != 2 or not t0.is_contiguous():
+            raise ValueError(
+                f"stacked_runs: tensor {i} is {tuple(t0.shape)}, contiguous={t0.is_contiguous()}"
+            )
+        base, off0, numel = t0.untyped_storage().data_ptr(), t0.storage_offset(), t0.numel()
+        j, stride = i + 1, 0
+        while j < len(tensors):
+            t = tensors[j]
+            step = t.storage_offset() - off0
+            ok = (
+                t.shape == t0.shape
+                and t.dtype == t0.dtype
+                and t.is_contiguous()
+                and t.untyped_storage().data_ptr() == base
+                and step >= (j - i) * numel
+                and (stride == 0 or step == (j - i) * stride)
+            )
+            if not ok:
+                break
+            stride = stride or int(step)
+            j += 1
+        n = j - i
+        runs.append(t0.as_strided((n, *t0.shape), (stride or numel, t0.size(1), 1)))
+        i = j
+    return runs

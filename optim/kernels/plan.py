@@ -52,12 +52,21 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
 from optim import cost
 from optim.kernels import timing
-from optim.kernels.ns_batched import Coeff, MatOps, TorchOps, orthogonalize_with
+from optim.kernels.ns_batched import (
+    AccumulatingOps,
+    Coeff,
+    LastProduct,
+    MatOps,
+    TorchOps,
+    orthogonalize_with,
+    plain_until_last,
+)
 
 # Version of what the plan measures, offers and picks; part of every cache key. 3: `pick` prefers a graph variant
 # within GRAPH_PREFERENCE of its plain twin (2: interleaved per-call-latency timing (optim.kernels.timing) and graph
@@ -157,6 +166,12 @@ def _ops(name: str) -> MatOps:
     from optim.kernels.sym_triton import TILE_CONFIGS, TritonOps
 
     return TritonOps(TILE_CONFIGS[backend.removeprefix("sym_")])
+
+
+def deferrable(name: str) -> bool:
+    """Whether candidate `name`'s last product can be left to `Planner.deferred`: a plain body whose general
+    products run in QuACK's gemm_add (its gemm_add_inplace accumulates into fp32 at the same rate), not a graph."""
+    return name == "plain_quack_all" or (name.startswith("plain_quack_all_") and not name.endswith("+graph"))
 
 
 def skipped_tiles() -> frozenset[str]:
@@ -265,6 +280,10 @@ class Planner:
     fast: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     """`dispatch`'s memo: (shape, dtype, device, coefficients, eps, use_gram, restarts, iterate dtype) -> the chosen
     candidate's call, so a planned call costs one dict lookup on the host, as little as the plan's timing saw."""
+    fast_deferred: dict[tuple[object, ...], Callable[[torch.Tensor], LastProduct] | None] = field(
+        default_factory=dict
+    )
+    """`deferred`'s memo, the same way."""
 
     def _load(self) -> None:
         self.loaded = True
@@ -381,6 +400,32 @@ class Planner:
             fn = self.runner(method, key, coeffs, eps, restarts, dtype, normalized)
             if key in self.complete:  # not the stand-in `choose` returns inside a capture before a full plan
                 self.fast[fkey] = fn
+        return fn
+
+    def deferred(
+        self,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        use_gram: bool,
+        restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> Callable[[torch.Tensor], LastProduct] | None:
+        """For x's planned problem ((B, m, n) CUDA, m <= n): the call that runs the planned body on the normalized
+        iterate up to its last product (`plain_until_last`), or None where the plan chose a method whose last
+        product is not one GEMM that can accumulate into fp32 tensors (`DEFERRABLE`: QuACK's general product; not a
+        graph replay, Gram-NS, or a cuBLAS product, whose fp32 accumulation would cost a pass of its own)."""
+        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
+        if fkey in self.fast_deferred:
+            return self.fast_deferred[fkey]
+        method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
+        fn: Callable[[torch.Tensor], LastProduct] | None = None
+        if deferrable(method):
+            fn = functools.partial(
+                plain_until_last, coeffs=list(coeffs), ops=cast(AccumulatingOps, _ops(method))
+            )
+        if key in self.complete:
+            self.fast_deferred[fkey] = fn
         return fn
 
     def choose(

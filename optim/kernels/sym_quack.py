@@ -4,6 +4,7 @@ quack-kernels (the `quack` extra of this package, pinned; https://github.com/Dao
 
     gemm_symmetric(A, B, C, alpha=, beta=) = alpha A B + beta C    for a product known to be symmetric
     gemm_add(A, B, C, alpha=, beta=)       = alpha A B + beta C    general
+    gemm_add_inplace(A, B, D, alpha=, beta=) : D <- alpha A B + beta D  (D fp32, any strides: `accumulate`)
 
 The symmetric GEMM computes the lower triangle of output tiles on a persistent triangular schedule and writes each
 off-diagonal tile twice (itself and its mirror, both through TMA stores); on SM90 its tiles are 128 x 256 in
@@ -31,6 +32,8 @@ from importlib import metadata
 from typing import Any
 
 import torch
+
+from optim.kernels.ns_batched import TorchOps
 
 # The version this code was written and measured against (the `quack` extra pins it).
 QUACK_VERSION = "0.6.5"
@@ -239,3 +242,13 @@ class QuackOps:
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
         return self.full(p, x, 1.0, x, beta)
+
+    def accumulate(
+        self, p: torch.Tensor, x: torch.Tensor, out: torch.Tensor, alpha: float, beta: float
+    ) -> None:
+        """out <- beta out + alpha p x in one GEMM into the fp32 out, any strides (QuACK's gemm_add_inplace,
+        its default config); with `general=False` cuBLAS's product, added in fp32 (`TorchOps.accumulate`)."""
+        if not self.general:
+            TorchOps().accumulate(p, x, out, alpha, beta)
+            return
+        _iface().gemm_add_inplace(p, x, out, alpha=float(alpha), beta=float(beta), tuned=False)

@@ -21,18 +21,34 @@ from optim.optimizers.base import handle_nonfinite, host_flags, param_names
 
 if TYPE_CHECKING:
     from optim.functional.split import RowSplit
+    from optim.kernels.ns_batched import LastProduct
     from optim.optimizers.speculative import _Speculation
     from optim.optimizers.tp import TPSpec
 
 
+# A bucket's NS result: the orthogonalized stack and its per-matrix scale (or None), or the NS stopped before its last
+# product (`optim.kernels.ns_batched.LastProduct`), which then writes the update.
+type _Orthogonalized = tuple[torch.Tensor, torch.Tensor | None] | LastProduct
+
+# Set (to the error text) when a last product failed to write its update; later steps take the ordinary update.
+FOLD_FAILURE: list[str] = []
+
+# A bucket's update is written by its last NS product (`_fold_targets`) only where its parameters are this few runs
+# of one buffer (at least this many matrices per run on average) or one run: a product per run, each large enough
+# that its launch does not stall the GPU.
+MIN_FOLD_RUN = 4
+
+
 @dataclass(slots=True)
 class _FusedBucket:
-    """Parameters of one (group, shape, split pieces, device) stepped together by the fused path, and their momentum
-    buffers."""
+    """Parameters of one (group, shape, split pieces, device) stepped together by the fused path (in memory order),
+    their momentum buffers, and `targets`: the parameters as a few strided views in the NS orientation, in order
+    (`_fold_targets`), or None."""
 
     group: dict[str, Any]
     params: list[torch.Tensor]
     bufs: list[torch.Tensor]
+    targets: list[torch.Tensor] | None = None
 
 
 class FusedStepMixin(torch.optim.Optimizer):
@@ -123,6 +139,8 @@ class FusedStepMixin(torch.optim.Optimizer):
         """(group, shape, split pieces, device) buckets of `params` less `skipped` ids, largest first, momentum state
         created where missing; cached for the common case (nothing skipped) until the parameter list or the state
         changes (a new state dict, entries added or removed; `load_state_dict` drops the cache itself)."""
+        from optim.kernels import fused_step as fs
+
         key = (*map(id, params), id(self.state), len(self.state))
         if not skipped and self._fused_buckets is not None and self._fused_buckets[0] == key:
             return self._fused_buckets[1]
@@ -142,6 +160,10 @@ class FusedStepMixin(torch.optim.Optimizer):
                     b = buckets[bkey] = _FusedBucket(group, [], [])
                 b.params.append(p)
                 b.bufs.append(st["momentum_buffer"])
+        for b in buckets.values():  # memory order: matrices of one buffer form runs (`_fold_targets`)
+            order = fs.storage_order(b.params)
+            b.params, b.bufs = [b.params[i] for i in order], [b.bufs[i] for i in order]
+            b.targets = self._fold_targets(b.params)
         # Largest first: each step launches its element-wise passes and NS bucket by bucket, and while the GPU works
         # through the largest bucket the host launches the small ones (small first, the GPU waited on each launch:
         # with the other host gaps, 1.7-2.3 ms of GPU idle time per Qwen3-30B-A3B layer step, profiled on the H200).
@@ -230,12 +252,12 @@ class FusedStepMixin(torch.optim.Optimizer):
         # The largest bucket's pack is launched first; the host launches the rest while the GPU runs it.
         packed = [self._pack_bucket(b, grads.get(id(b))) for b in main_bs[:1]]
         side_packed: list[tuple[_FusedBucket, torch.Tensor, torch.Tensor]] = []
-        side_orths: list[tuple[_FusedBucket, torch.Tensor, torch.Tensor | None]] = []
+        side_orths: list[tuple[_FusedBucket, _Orthogonalized]] = []
         if side is not None:
             with torch.cuda.stream(side):
                 side_packed = [self._pack_bucket(b, grads.get(id(b))) for b in side_bs]
                 side_norms = side.record_event()
-                side_orths = [(b, *self._orthogonalize_packed(b, x, s)) for b, x, s in side_packed]
+                side_orths = [(b, self._ns_of_bucket(b, x, s)) for b, x, s in side_packed]
         packed += [self._pack_bucket(b, grads.get(id(b))) for b in main_bs[1:]]
         if not packed and not usable and not side_packed:
             return
@@ -250,7 +272,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         largest = []
         if packed:  # queued before the host waits for the screen: the GPU runs it meanwhile
             b, x, sumsq = packed.pop()
-            largest.append((b, *self._orthogonalize_packed(b, x, sumsq)))
+            largest.append((b, self._ns_of_bucket(b, x, sumsq)))
             del x
         # host work while the GPU runs
         for p in params:
@@ -262,15 +284,15 @@ class FusedStepMixin(torch.optim.Optimizer):
         self._apply_speculation(usable)
         if side is not None:
             with torch.cuda.stream(side):
-                for b, orth, mscale in side_orths:
-                    self._apply_fused_update(b.group, b.params, orth, mscale)
-        for b, orth, mscale in largest:
-            self._apply_fused_update(b.group, b.params, orth, mscale)
+                for b, done_ns in side_orths:
+                    self._update_bucket(b, done_ns)
+        for b, done_ns in largest:
+            self._update_bucket(b, done_ns)
         while packed:  # pop, so that each bf16 stack is freed once its bucket is orthogonalized
             b, x, sumsq = packed.pop()
-            orth, mscale = self._orthogonalize_packed(b, x, sumsq)
+            done_ns = self._ns_of_bucket(b, x, sumsq)
             del x
-            self._apply_fused_update(b.group, b.params, orth, mscale)
+            self._update_bucket(b, done_ns)
         if side is not None and main is not None:
             main.wait_stream(side)  # the step's work is on the current stream when it returns
 
@@ -317,6 +339,70 @@ class FusedStepMixin(torch.optim.Optimizer):
             return self._orthogonalize(self._as_pieces(b.params[0], x))
         finally:
             self._packed_sumsq = None
+
+    def _ns_of_bucket(self, b: _FusedBucket, x: torch.Tensor, sumsq: torch.Tensor) -> _Orthogonalized:
+        """The bucket's NS: stopped before its last product where the bucket has fold targets and the NS allows
+        it (`_ns_deferred`), the update then written by that product (`_update_bucket`); else the whole NS."""
+        if b.targets is not None and not FOLD_FAILURE:
+            last = self._ns_deferred(self._as_pieces(b.params[0], x), sumsq)
+            if last is not None:
+                return last
+        return self._orthogonalize_packed(b, x, sumsq)
+
+    def _ns_deferred(self, x: torch.Tensor, sumsq: torch.Tensor) -> LastProduct | None:
+        """NS of a packed wide stack up to its last product (`optim.kernels.orthogonalize_deferred`), or None where
+        this optimizer or the planned NS method cannot defer it (subclasses opt in)."""
+        return None
+
+    def _update_bucket(self, b: _FusedBucket, done_ns: _Orthogonalized) -> None:
+        """p <- p (1 - lr wd) - lr scale O for the bucket: through `apply_update`, or, for a deferred NS, by its
+        last product accumulating into the bucket's `targets` (one GEMM per run of parameters)."""
+        from optim.kernels.ns_batched import LastProduct
+
+        if not isinstance(done_ns, LastProduct):
+            self._apply_fused_update(b.group, b.params, *done_ns)
+            return
+        assert b.targets is not None
+        lr, (rows, cols) = b.group["lr"], b.params[0].shape
+        k = self._fused_pieces(b.params[0])
+        wd = b.group["weight_decay"] if self.config.weight_decay_method == "decoupled" else 0.0
+        alpha, beta = -lr * self._shape_scale(rows // k, cols), 1.0 - lr * wd
+        at = 0
+        for view in b.targets:
+            try:
+                done_ns.into(view, alpha=alpha, beta=beta, start=at)
+            except Exception as e:  # noqa: BLE001 - raised before its GEMM ran (compile, launch): recorded, and
+                # this bucket's remaining matrices and later steps take the ordinary update
+                FOLD_FAILURE.append(f"{type(e).__name__}: {str(e)[:300]}")
+                self._apply_fused_update(b.group, b.params[at // k :], done_ns.result(at), None)
+                return
+            at += view.size(0)
+
+    def _fold_targets(self, params: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """A bucket's parameters (memory order) as views in the NS orientation that its last NS product can
+        accumulate into: one (n k, r / k, c) view per run of parameters laid out at one stride in one buffer
+        (`fused_step.stacked_runs`; (n, c, r) through a transpose for tall matrices; split pieces of a run only where
+        its matrices are back to back), or None where the runs are too short (`MIN_FOLD_RUN`) or not CUDA."""
+        from optim.kernels import fused_step as fs
+
+        if not params[0].is_cuda:
+            return None
+        runs = fs.stacked_runs(params)
+        if len(runs) > 1 and len(params) < MIN_FOLD_RUN * len(runs):
+            return None
+        k = self._fused_pieces(params[0])
+        rows, cols = params[0].shape
+        views = []
+        for v in runs:
+            # TMA: a 16-byte aligned base and 16-byte multiples for every stride but the unit one
+            if v.data_ptr() % 16 or any(st % 4 for st in v.stride() if st != 1):
+                return None
+            if k > 1:
+                if len(v) > 1 and v.stride(0) != rows * cols:
+                    return None
+                v = v.as_strided((len(v) * k, rows // k, cols), ((rows // k) * cols, cols, 1))
+            views.append(v.mT if rows > cols else v)
+        return views
 
     def _side_buckets(self, buckets: list[_FusedBucket]) -> list[_FusedBucket]:
         """The buckets whose pack and NS run on a side stream, beside the other buckets' packs: those holding at

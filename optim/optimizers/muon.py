@@ -9,7 +9,7 @@ that package is importable and reports itself available (bf16 iterate only); oth
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -19,6 +19,9 @@ from optim.functional.split import RowSplit
 from optim.optimizers.base import config_from
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 from optim.optimizers.tp import TPModeFn, TPSpec
+
+if TYPE_CHECKING:
+    from optim.kernels.ns_batched import LastProduct
 
 _kernels: Any
 try:
@@ -109,6 +112,24 @@ class Muon(OrthogonalizedOptimizer):
             restart_iterations=cfg.gram_restart_iterations,
         )
         return out, None
+
+    def _ns_deferred(self, x: torch.Tensor, sumsq: torch.Tensor) -> LastProduct | None:
+        """The fused step's NS of a packed stack stopped before its last product, which then writes the update
+        into the parameters (`optim.kernels.orthogonalize_deferred`); None where the planned method cannot."""
+        cfg = self.config
+        if not self._use_kernels(x):
+            return None
+        assert _kernels is not None
+        last: LastProduct | None = _kernels.orthogonalize_deferred(
+            x,
+            sumsq,
+            coeffs=self.coefficients,
+            eps=cfg.eps,
+            use_gram=cfg.use_gram_ns,
+            restart_iterations=cfg.gram_restart_iterations,
+            dtype=NS_DTYPES[cfg.ns_precision],
+        )
+        return last
 
     def _tp_ns_kwargs(self) -> dict[str, Any]:
         cfg = self.config

@@ -317,6 +317,142 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
         assert rel < 2e-2, rel
 
 
+def _defer_with_quack_or_torch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Make optim.Muon's fused step defer every bucket's last product (whatever the plan chose for these small
+    test shapes) to QuACK's accumulating GEMM where installed, else to the torch reference; returns a list that
+    counts the `LastProduct.into` calls."""
+    from optim.kernels import ns_batched
+    from optim.kernels.ns_batched import TorchOps, normalize_with_norms, plain_until_last
+    from optim.optimizers.muon import Muon
+
+    ops: ns_batched.AccumulatingOps = TorchOps()
+    if _quack_ok():
+        from optim.kernels.sym_quack import QuackOps
+
+        ops = QuackOps(general=True)
+    calls = [0]
+    into = ns_batched.LastProduct.into
+
+    def counted(self, out, *, alpha, beta, start=0):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        into(self, out, alpha=alpha, beta=beta, start=start)
+
+    def deferred(self, x, sumsq):  # type: ignore[no-untyped-def]
+        xin = normalize_with_norms(x, sumsq, self.config.eps)
+        return plain_until_last(xin, self.coefficients, ops)
+
+    monkeypatch.setattr(ns_batched.LastProduct, "into", counted)
+    monkeypatch.setattr(Muon, "_ns_deferred", deferred)
+    return calls
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_muon_fused_step_writes_update_from_last_product(split, monkeypatch: pytest.MonkeyPatch):
+    """Matrices laid out back to back in flat buffers (as the layer-wise optimizer's shard buckets hold them; two
+    buffers, so the wide bucket is two runs): the fused step writes each bucket's update from the last NS product
+    into the buffers (wide, tall through transposed views, split gate / up pieces) and matches the multi-tensor
+    torch path as the unfolded fused step does; the gap between matrices stays untouched."""
+    from optim.configs import MuonConfig
+    from optim.functional.split import RowSplit
+    from optim.optimizers.muon import Muon
+
+    calls = _defer_with_quack_or_torch(monkeypatch)
+    shapes = [(768, 2048)] * 8 + [(2048, 768)] * 4 + [(1536, 2048)] * 4 * split
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    init = [torch.randn(*s, device="cuda", generator=gen) * 0.02 for s in shapes]
+    grads = [[torch.randn(*s, device="cuda", generator=gen) for s in shapes] for _ in range(3)]
+    # a 64-element gap after each matrix (none between the split ones: their pieces fold only back to back)
+    gaps = [0 if p.shape == (1536, 2048) else 64 for p in init]
+    halves_of = (range(4), range(4, len(init)))
+    bufs = [torch.full((sum(init[i].numel() + gaps[i] for i in h),), 7.0, device="cuda") for h in halves_of]
+    laid, holes = [], []
+    for buf, h in zip(bufs, halves_of, strict=True):
+        at = 0
+        for i in h:
+            laid.append(buf[at : at + init[i].numel()].view(init[i].shape).copy_(init[i]))
+            at += init[i].numel()
+            holes.append(buf[at : at + gaps[i]])
+            at += gaps[i]
+    runs = {}
+    for name, ps in (("reference", [p.clone() for p in init]), ("folded", laid)):
+        halves = RowSplit(num_groups=1, sizes=(768, 768))
+        splits = {p: halves for p in ps if p.shape == (1536, 2048)}
+        opt = Muon(ps, MuonConfig(lr=0.02, weight_decay=0.1, fused_step=name == "folded"), splits=splits)
+        for gs in grads:
+            for p, g in zip(ps, gs, strict=True):
+                p.grad = g
+            opt.step()
+        runs[name] = ps
+    # per step: the wide bucket's two runs, the tall bucket's run, the split bucket's run
+    assert calls[0] == 3 * (3 + split), calls
+    for p0, p1, i in zip(runs["reference"], runs["folded"], init, strict=True):
+        rel = float((p1 - p0).norm() / (p0 - i).norm())
+        assert rel < 2e-2, rel
+    assert all(bool((h == 7.0).all()) for h in holes)
+
+
+def test_muon_folded_update_falls_back_when_a_last_product_fails(monkeypatch: pytest.MonkeyPatch):
+    """A last product that raises (e.g. a GEMM that cannot compile for some layout) before writing: the bucket's
+    remaining matrices get the ordinary update, the failure is recorded, later steps do not fold; the weights are
+    those of the unfolded step."""
+    from optim.configs import MuonConfig
+    from optim.kernels import ns_batched
+    from optim.optimizers import fused
+    from optim.optimizers.muon import Muon
+
+    monkeypatch.setattr(fused, "FOLD_FAILURE", [])
+    calls = _defer_with_quack_or_torch(monkeypatch)
+    counted = ns_batched.LastProduct.into
+
+    def second_fails(self, out, *, alpha, beta, start=0):  # type: ignore[no-untyped-def]
+        if start:
+            raise RuntimeError("cannot compile (simulated)")
+        counted(self, out, alpha=alpha, beta=beta, start=start)
+
+    monkeypatch.setattr(ns_batched.LastProduct, "into", second_fails)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    init = torch.randn(8, 768, 2048, device="cuda", generator=gen) * 0.02
+    grads = [torch.randn(8, 768, 2048, device="cuda", generator=gen) for _ in range(2)]
+    bufs = [torch.empty(4 * 768 * 2048 + 64, device="cuda") for _ in range(2)]  # two runs of four
+    laid = [
+        bufs[i // 4][(i % 4) * 768 * 2048 :][: 768 * 2048].view(768, 2048).copy_(init[i]) for i in range(8)
+    ]
+    ref = [p.clone() for p in init.unbind(0)]
+    for ps, fused_step in ((ref, False), (laid, True)):
+        opt = Muon(ps, MuonConfig(lr=0.02, weight_decay=0.1, fused_step=fused_step))
+        for g in grads:
+            for p, gi in zip(ps, g.unbind(0), strict=True):
+                p.grad = gi
+            opt.step()
+    assert calls[0] == 1 and len(fused.FOLD_FAILURE) == 1 and "simulated" in fused.FOLD_FAILURE[0]
+    for p0, p1, i in zip(ref, laid, init.unbind(0), strict=True):
+        assert float((p1 - p0).norm() / (p0 - i).norm()) < 2e-2
+
+
+def test_muon_folded_update_raises_before_any_weight(monkeypatch: pytest.MonkeyPatch):
+    """With the update written by the last NS product, a non-finite momentum still raises before any weight is
+    written: the largest bucket's NS is queued before the screen is read, its last product only after."""
+    from optim.configs import MuonConfig
+    from optim.optimizers.base import NonFiniteError
+    from optim.optimizers.muon import Muon
+
+    calls = _defer_with_quack_or_torch(monkeypatch)
+    buf = torch.randn(8 * 768 * 2048, device="cuda") * 0.02
+    ps = list(buf.view(8, 768, 2048).unbind(0))
+    opt = Muon(ps, MuonConfig(lr=0.02))
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt.step()
+    assert calls[0] == 1
+    before = buf.clone()
+    ps[3].grad[3, 5] = float("nan")
+    opt.assume_finite_grads()
+    with pytest.raises(NonFiniteError, match="momentum"):
+        opt.step()
+    torch.cuda.synchronize()
+    assert torch.equal(buf, before) and calls[0] == 1
+
+
 @pytest.mark.parametrize("bad", [0, 4])
 def test_muon_fused_momentum_screen_on_cuda_raises_before_any_weight(bad):
     """CUDA fused step with a side-stream bucket (from the second step on): gradients vouched finite but one holds

@@ -217,6 +217,24 @@ def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
         optim_step.main(["warmup=-1"])
     with pytest.raises(ValueError, match="not among"):
         optim_step.main(["impls=sgd"])
+    with pytest.raises(ValueError, match="layout='flat'"):
+        optim_step.main(["layout=flat"])
+
+
+def test_optim_step_bucket_layout_views_flat_buffers() -> None:
+    """layout=buckets: the same values and gradients, as views of flat buffers of at most bucket_numel elements,
+    consecutive in model order (what the layer-wise optimizer holds), so the matrices form few stacked runs."""
+    from optim.kernels.fused_step import stacked_runs
+    from tools.ns_kernels_measure import make_params
+    from tools.optim_step import lay_out
+
+    ps = make_params([(4, 6, 7), (6, 4, 3)], "cpu")
+    laid = lay_out(ps, "buckets", bucket_numel=5 * 24)
+    assert lay_out(ps, "separate") is ps
+    assert all(torch.equal(a, b) and a.grad is b.grad for a, b in zip(ps, laid, strict=True))
+    storages = [q.untyped_storage().data_ptr() for q in laid]
+    assert len(set(storages)) == 2  # 7 x 24 + 3 x 24 elements in buffers of at most 120
+    assert [len(r) for r in stacked_runs(laid[:7])] == [5, 2]
 
 
 def test_optim_step_harness_runs_warmup_then_repeats() -> None:
