@@ -28,6 +28,7 @@ from optim.kernels.ns_batched import (
     Coeff,
     LastProduct,
     TorchOps,
+    inverse_norms,
     normalize_with_norms,
     orthogonalize_with,
     plain_until_last,
@@ -115,6 +116,11 @@ def orthogonalize(
             raise ValueError(
                 f"sumsq.shape={tuple(sumsq.shape)}: one squared norm per matrix, ({xb.size(0)},)"
             )
+        if xb.is_cuda and available() and xb.dtype == dtype:
+            inside = _planner().prescaled(xb, coeffs, eps, use_gram, restarts, dtype)
+            if inside is not None:  # the normalization in the first step's products, no pass of its own
+                out = inside(xb, inverse_norms(sumsq, eps)).to(x.dtype)
+                return out.squeeze(0) if x.ndim == 2 else out
         xin, normalized = normalize_with_norms(xb, sumsq, eps, dtype), True
     if xb.is_cuda and available():
         out = _planner().dispatch(xb, coeffs, eps, use_gram, restarts, dtype, normalized=normalized)(xin)
@@ -155,14 +161,15 @@ def orthogonalize_deferred(
         )
     coeffs = [(float(a), float(b), float(c)) for a, b, c in coeffs]
     restarts = frozenset(int(i) for i in restart_iterations)
+    scale = inverse_norms(sumsq, eps)
     if x.is_cuda and available():
         run = _planner().deferred(x, coeffs, eps, use_gram, restarts, dtype)
-        if run is None:
-            return None
-        return run(normalize_with_norms(x, sumsq, eps, dtype))
+        return None if run is None else run(x, scale)
     if use_gram:
         return None
-    return plain_until_last(normalize_with_norms(x, sumsq, eps, dtype), coeffs, TorchOps())
+    if dtype != torch.bfloat16:  # an unnormalized stack may not fit fp16's range: normalize first
+        return plain_until_last(normalize_with_norms(x, sumsq, eps, dtype), coeffs, TorchOps())
+    return plain_until_last(x.to(dtype), coeffs, TorchOps(), scale)
 
 
 def plan_for(

@@ -58,6 +58,7 @@ import torch
 
 from optim import cost
 from optim.kernels import timing
+from optim.kernels.fused_step import scale_cast
 from optim.kernels.ns_batched import (
     AccumulatingOps,
     Coeff,
@@ -65,6 +66,7 @@ from optim.kernels.ns_batched import (
     MatOps,
     TorchOps,
     orthogonalize_with,
+    plain_iterations,
     plain_until_last,
 )
 
@@ -174,6 +176,21 @@ def deferrable(name: str) -> bool:
     return name == "plain_quack_all" or (name.startswith("plain_quack_all_") and not name.endswith("+graph"))
 
 
+def prescalable(name: str, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether candidate `name` can normalize each matrix inside its first step (`FoldingOps.first_step`): a
+    `deferrable` body, the bf16 iterate, and QuACK's per-matrix scaled symmetric kernel usable on `device`."""
+    from optim.kernels.sym_quack import first_step_usable
+
+    return deferrable(name) and dtype == torch.bfloat16 and first_step_usable(device)
+
+
+def _prescaled_body(
+    g: torch.Tensor, scale: torch.Tensor, *, coeffs: list[Coeff], ops: MatOps
+) -> torch.Tensor:
+    """The plain iteration from the unnormalized iterate g, normalized by `scale` in its first step."""
+    return plain_iterations(g, coeffs, ops, scale=scale)
+
+
 def skipped_tiles() -> frozenset[str]:
     """Triton tile configs and QuACK general- and symmetric-product configs named in $MUONBENCH_NS_SKIP
     (comma-separated) are never tried: the way out when a compiler cannot build one on some machine without raising
@@ -280,10 +297,14 @@ class Planner:
     fast: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     """`dispatch`'s memo: (shape, dtype, device, coefficients, eps, use_gram, restarts, iterate dtype) -> the chosen
     candidate's call, so a planned call costs one dict lookup on the host, as little as the plan's timing saw."""
-    fast_deferred: dict[tuple[object, ...], Callable[[torch.Tensor], LastProduct] | None] = field(
-        default_factory=dict
+    fast_deferred: dict[tuple[object, ...], Callable[[torch.Tensor, torch.Tensor], LastProduct] | None] = (
+        field(default_factory=dict)
     )
     """`deferred`'s memo, the same way."""
+    fast_prescaled: dict[tuple[object, ...], Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = (
+        field(default_factory=dict)
+    )
+    """`prescaled`'s memo, the same way."""
 
     def _load(self) -> None:
         self.loaded = True
@@ -410,22 +431,52 @@ class Planner:
         use_gram: bool,
         restarts: frozenset[int],
         dtype: torch.dtype = torch.bfloat16,
-    ) -> Callable[[torch.Tensor], LastProduct] | None:
-        """For x's planned problem ((B, m, n) CUDA, m <= n): the call that runs the planned body on the normalized
-        iterate up to its last product (`plain_until_last`), or None where the plan chose a method whose last
-        product is not one GEMM that can accumulate into fp32 tensors (`DEFERRABLE`: QuACK's general product; not a
-        graph replay, Gram-NS, or a cuBLAS product, whose fp32 accumulation would cost a pass of its own)."""
+    ) -> Callable[[torch.Tensor, torch.Tensor], LastProduct] | None:
+        """For x's planned problem ((B, m, n) CUDA, m <= n): the call (g, scale) -> `LastProduct` that runs the
+        planned body on the unnormalized iterate g with each matrix's 1 / norm `scale` (B,) up to its last product
+        (`plain_until_last`; the normalization inside the first step where `prescalable`, else a scale pass
+        first), or None where the plan chose a method whose last product is not one GEMM that can accumulate into
+        fp32 tensors (`deferrable`: QuACK's general product; not a graph replay, Gram-NS, or a cuBLAS product,
+        whose fp32 accumulation would cost a pass of its own)."""
         fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
         if fkey in self.fast_deferred:
             return self.fast_deferred[fkey]
         method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
-        fn: Callable[[torch.Tensor], LastProduct] | None = None
+        fn: Callable[[torch.Tensor, torch.Tensor], LastProduct] | None = None
         if deferrable(method):
-            fn = functools.partial(
-                plain_until_last, coeffs=list(coeffs), ops=cast(AccumulatingOps, _ops(method))
-            )
+            ops = cast(AccumulatingOps, _ops(method))
+            inside = prescalable(method, dtype, x.device)
+
+            def fn(g: torch.Tensor, scale: torch.Tensor) -> LastProduct:
+                if inside and g.dtype == dtype:
+                    return plain_until_last(g, coeffs, ops, scale)
+                return plain_until_last(scale_cast(g, scale, dtype), coeffs, ops)
+
         if key in self.complete:
             self.fast_deferred[fkey] = fn
+        return fn
+
+    def prescaled(
+        self,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        use_gram: bool,
+        restarts: frozenset[int],
+        dtype: torch.dtype = torch.bfloat16,
+    ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        """For x's planned problem ((B, m, n) CUDA, m <= n): the call (g, scale) -> NS output that runs the planned
+        body on the unnormalized iterate g, each matrix normalized by `scale` (B,) inside the first step, or None
+        where the planned method cannot (`prescalable`)."""
+        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
+        if fkey in self.fast_prescaled:
+            return self.fast_prescaled[fkey]
+        method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
+        fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        if prescalable(method, dtype, x.device):
+            fn = functools.partial(_prescaled_body, coeffs=list(coeffs), ops=_ops(method))
+        if key in self.complete:
+            self.fast_prescaled[fkey] = fn
         return fn
 
     def choose(

@@ -6,6 +6,10 @@ quack-kernels (the `quack` extra of this package, pinned; https://github.com/Dao
     gemm_add(A, B, C, alpha=, beta=)       = alpha A B + beta C    general
     gemm_add_inplace(A, B, D, alpha=, beta=) : D <- alpha A B + beta D  (D fp32, any strides: `accumulate`)
 
+and `first_step` runs the first NS step on the unnormalized iterate with each matrix's normalization in the epilogue
+of its symmetric products (`optim.kernels._quack_scaled`: QuACK's SM90 symmetric kernel with a per-matrix scale,
+SM90 only, `first_step_usable`).
+
 The symmetric GEMM computes the lower triangle of output tiles on a persistent triangular schedule and writes each
 off-diagonal tile twice (itself and its mirror, both through TMA stores); on SM90 its tiles are 128 x 256 in
 2-CTA clusters (one 256 x 256 square per cluster), cooperative warp groups with a producer warp. That is the
@@ -120,6 +124,11 @@ def usable(device: torch.device) -> bool:
 def configs_usable(device: torch.device) -> bool:
     """`usable` on an SM90 device: where the GENERAL_CONFIGS and SYMMETRIC_CONFIGS are offered."""
     return usable(device) and torch.cuda.get_device_capability(device)[0] == CONFIG_CAPABILITY
+
+
+def first_step_usable(device: torch.device) -> bool:
+    """Where `QuackOps.first_step` runs: its per-matrix scaled symmetric kernel is QuACK's SM90 one (`usable`, SM90)."""
+    return configs_usable(device)
 
 
 def aligned(m: int, n: int) -> bool:
@@ -242,6 +251,29 @@ class QuackOps:
 
     def apply(self, p: torch.Tensor, x: torch.Tensor, beta: float) -> torch.Tensor:
         return self.full(p, x, 1.0, x, beta)
+
+    def first_step(
+        self, g: torch.Tensor, scale: torch.Tensor, coeff: tuple[float, float, float]
+    ) -> torch.Tensor:
+        """`FoldingOps.first_step`: A = s^2 G G^T and P' = s (c A^2 + b A) + s a I in the per-matrix scaled
+        symmetric kernel (this instance's symmetric tile config, or QuACK's SM90 default), X_1 = P' G in QuACK's
+        general product (its default config; cuBLAS with `general=False`)."""
+        from optim.kernels._quack_scaled import scaled_symmetric
+
+        a, b, c = coeff
+        nb, m, _ = g.shape
+        rows = scale.view(-1, 1).expand(nb, m)
+        cfg = self.symmetric or SymmetricConfig(tile_m=128, tile_n=256, cluster_m=2, pingpong=False)
+        tiles = (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.pingpong)
+        gram = torch.empty((nb, m, m), dtype=g.dtype, device=g.device)
+        scaled_symmetric(g, g, gram, (rows * rows).contiguous(), None, None, *tiles)
+        p = torch.empty_like(gram)
+        scaled_symmetric(gram, gram, p, (c * rows).contiguous(), gram, (b * rows).contiguous(), *tiles)
+        p.diagonal(dim1=-2, dim2=-1).add_((a * scale).view(-1, 1))
+        if not self.general:
+            return torch.bmm(p, g)
+        out: torch.Tensor = _iface().gemm(p, g, tuned=False)
+        return out
 
     def accumulate(
         self, p: torch.Tensor, x: torch.Tensor, out: torch.Tensor, alpha: float, beta: float

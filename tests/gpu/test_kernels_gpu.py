@@ -317,12 +317,39 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
         assert rel < 2e-2, rel
 
 
+@pytest.mark.parametrize("config", [None, "sym128pp"])
+@pytest.mark.parametrize("bmn", [(3, 256, 512), (2, 768, 2048), (5, 200, 136)])
+def test_quack_first_step_normalizes_in_its_epilogue(seed: int, config: str | None, bmn) -> None:  # type: ignore[no-untyped-def]
+    """QuACK's symmetric kernel with a per-matrix scale (`optim.kernels._quack_scaled`) in the first NS step
+    (A = s^2 G G^T, P' = s (c A^2 + b A) + s a I, X_1 = P' G) against the torch reference of the same step, for
+    matrices of very different norms in one batch; QuACK's default symmetric tiles and the 128 x 128 pingpong ones."""
+    if not _quack_ok():
+        pytest.skip("quack-kernels not installed or not SM90+")
+    from optim.kernels import sym_quack
+    from optim.kernels.ns_batched import TorchOps
+
+    if not sym_quack.first_step_usable(torch.device("cuda")):
+        pytest.skip("the scaled symmetric kernel is SM90 only")
+    nb, m, n = bmn
+    if m % 8 or n % 8:
+        pytest.skip("QuACK needs 16-byte rows")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    mags = torch.logspace(-4, 1, nb, device="cuda").view(-1, 1, 1)
+    g = (torch.randn(nb, m, n, device="cuda", generator=gen) * mags).bfloat16()
+    scale = g.float().square().sum((-2, -1)).rsqrt()
+    ours = sym_quack.QuackOps(general=True, config=config).first_step(g, scale, QUINTIC[0])
+    ref = TorchOps().first_step(g, scale, QUINTIC[0])
+    for i in range(nb):
+        rel = float((ours[i].float() - ref[i].float()).norm() / ref[i].float().norm())
+        assert rel < 1e-2, (i, rel)
+
+
 def _defer_with_quack_or_torch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Make optim.Muon's fused step defer every bucket's last product (whatever the plan chose for these small
     test shapes) to QuACK's accumulating GEMM where installed, else to the torch reference; returns a list that
     counts the `LastProduct.into` calls."""
     from optim.kernels import ns_batched
-    from optim.kernels.ns_batched import TorchOps, normalize_with_norms, plain_until_last
+    from optim.kernels.ns_batched import TorchOps, inverse_norms, normalize_with_norms, plain_until_last
     from optim.optimizers.muon import Muon
 
     ops: ns_batched.AccumulatingOps = TorchOps()
@@ -338,8 +365,10 @@ def _defer_with_quack_or_torch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         into(self, out, alpha=alpha, beta=beta, start=start)
 
     def deferred(self, x, sumsq):  # type: ignore[no-untyped-def]
-        xin = normalize_with_norms(x, sumsq, self.config.eps)
-        return plain_until_last(xin, self.coefficients, ops)
+        if isinstance(ops, TorchOps):
+            return plain_until_last(normalize_with_norms(x, sumsq, self.config.eps), self.coefficients, ops)
+        # QuACK: the normalization inside the first step, as the planned path runs it
+        return plain_until_last(x, self.coefficients, ops, inverse_norms(sumsq, self.config.eps))
 
     monkeypatch.setattr(ns_batched.LastProduct, "into", counted)
     monkeypatch.setattr(Muon, "_ns_deferred", deferred)

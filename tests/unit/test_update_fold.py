@@ -9,7 +9,13 @@ import torch
 from optim.functional.newton_schulz import ns_coefficients
 from optim.kernels import orthogonalize, orthogonalize_deferred
 from optim.kernels.fused_step import stacked_runs, storage_order
-from optim.kernels.ns_batched import LastProduct, TorchOps, orthogonalize_with, plain_until_last
+from optim.kernels.ns_batched import (
+    LastProduct,
+    TorchOps,
+    orthogonalize_with,
+    plain_iterations,
+    plain_until_last,
+)
 
 COEFFS = ns_coefficients("quintic", 5)
 
@@ -122,3 +128,65 @@ def test_planner_defers_only_quack_general_bodies(monkeypatch: pytest.MonkeyPatc
         assert (fn is not None) is defers, method
         assert p.deferred(x, COEFFS, 1e-7, False, restarts) is fn  # memo
         assert plan_mod.deferrable(method) is defers
+
+
+def _ns64(g: torch.Tensor) -> torch.Tensor:
+    x = g.double() / g.double().norm(dim=(-2, -1), keepdim=True)
+    for a, b, c in COEFFS:
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_first_step_normalizes_inside_and_is_no_less_accurate(seed: int) -> None:
+    """`plain_iterations(scale=...)` on the unnormalized bf16 iterate (the normalization in the first step's
+    products, P' = s (a I + b A + c A^2) rounded to bf16) against the plain iteration on the normalized copy: both
+    against fp64 NS, the folded first step no worse (it skips rounding s G to bf16)."""
+    torch.manual_seed(seed)
+    g = (torch.randn(6, 64, 96) * 3e-3).bfloat16()
+    sumsq = g.float().square().sum((-2, -1))
+    ref = _ns64(g.float())
+    plain = orthogonalize_with(g, COEFFS, eps=1e-7, gram=False, restarts=frozenset(), ops=TorchOps())
+    folded = plain_iterations(g, COEFFS, TorchOps(), scale=sumsq.rsqrt())
+    err_plain = float((plain.double() - ref).norm() / ref.norm())
+    err_folded = float((folded.double() - ref).norm() / ref.norm())
+    assert folded.dtype == torch.bfloat16 and err_folded < 1.05 * err_plain, (err_folded, err_plain)
+    # a one-step NS whose first step is its last still normalizes (a pass of its own)
+    last = plain_until_last(g, COEFFS[:1], TorchOps(), sumsq.rsqrt())
+    one = orthogonalize_with(g, COEFFS[:1], eps=1e-7, gram=False, restarts=frozenset(), ops=TorchOps())
+    out = torch.zeros(6, 64, 96)
+    last.into(out, alpha=1.0, beta=0.0)
+    assert float((out - one.float()).norm() / one.float().norm()) < 1e-2
+
+
+def test_planner_normalizes_inside_only_where_the_scaled_kernel_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """`Planner.prescaled`: a body for QuACK's general-product methods on the bf16 iterate where the per-matrix
+    scaled symmetric kernel is usable (SM90), None otherwise (the caller then normalizes in a pass)."""
+    from optim.kernels import plan as plan_mod
+    from optim.kernels import sym_quack
+
+    monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(plan_mod, "env_key", lambda device: "cpu-test")
+    x = torch.randn(4, 16, 32)
+    restarts = frozenset({2})
+    for usable in (True, False):
+        monkeypatch.setattr(sym_quack, "first_step_usable", lambda device, usable=usable: usable)
+        for method, dtype, expect in (
+            ("plain_quack_all", torch.bfloat16, usable),
+            ("plain_quack_all_sym128pp", torch.bfloat16, usable),
+            ("plain_quack_all", torch.float16, False),
+            ("plain_quack_all+graph", torch.bfloat16, False),
+            ("plain_sym_tma128", torch.bfloat16, False),
+        ):
+            key = plan_mod.plan_key("cpu-test", x, COEFFS, 1e-7, False, restarts, dtype)
+            p = plan_mod.Planner()
+            p.loaded = True
+            p.choices[key] = {"method": method, "times_ms": {method: 1.0}}
+            p.complete.add(key)
+            assert (p.prescaled(x, COEFFS, 1e-7, False, restarts, dtype) is not None) is expect, (
+                method,
+                usable,
+            )
