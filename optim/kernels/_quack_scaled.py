@@ -103,7 +103,7 @@ def _compile(
 
 
 class _Plan(NamedTuple):
-    fn: object
+    compiled_fn: object
     scheduler: object
 
 
