@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces reports/ns_kernels_h200_202612 on one H200, offline, from the repository root (at most 9 minutes: every
+# Reproduces reports/ns_kernels_h200_202612 on one H200, offline, from the repository root (at most 12 minutes: every
 # step after the two test gates runs under a deadline; the tables are printed from whatever the steps wrote).
 # Needs: python3.12 with torch 2.11.0+cu130 and Triton; wheels of the package's dependencies in .whl/ (hydra-core,
 # omegaconf, emerging-optimizers, megatron-core) and of the `quack` extra in .whl_quack/ (the pins of pyproject.toml,
@@ -8,7 +8,9 @@
 #                                     that fails there is kept out of the plan, QuACK's explicit general- and
 #                                     symmetric-product configs too; QuACK dropped if its own products fail)
 #   ns_kernels_h200_202612/           tools.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
-#   optim_step.json                   tools.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1
+#   optim_step.json                   tools.optim_step: Qwen3-30B-A3B layer step, joint and split gate/up fc1,
+#   optim_step_buckets.json           parameters as separate tensors, and in the layer-wise optimizer's buffers
+#   update_fold.json                  experiments.update_fold: last NS product + update, unfused and folded, at the cap
 #   pytest_gpu.log                    all kernel GPU tests, in the time left
 #   env.txt                           versions, GPU, the commit ($MUONBENCH_GIT_SHA)
 # and prints the plan-against-peers table (ours / fastest peer) and both layer-step tables.
@@ -47,10 +49,15 @@ echo "bench rc=$? t=${SECONDS}s"
 MUONBENCH_CACHE=$R timeout "$(left 490)" python3 -m tools.optim_step device=cuda format=json \
     impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_fp16,optim_muon_vouched,optim_muon_no_ns,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
 echo "optim_step rc=$? t=${SECONDS}s"
-timeout "$(left 525)" $T > "$OUT/pytest_gpu.log" 2>&1
+MUONBENCH_CACHE=$R timeout "$(left 560)" python3 -m tools.optim_step device=cuda format=json layout=buckets \
+    impls=adamw_foreach,optim_muon,optim_muon_split,optim_muon_fp16,optim_muon_vouched,optim_muon_no_ns > "$OUT/optim_step_buckets.json" 2>> "$OUT/bench.log"
+echo "optim_step layout=buckets rc=$? t=${SECONDS}s"
+timeout "$(left 600)" python3 -m experiments.update_fold.fold out="$OUT/update_fold.json" >> "$OUT/bench.log" 2>&1
+echo "update_fold rc=$? t=${SECONDS}s"
+timeout "$(left 715)" $T > "$OUT/pytest_gpu.log" 2>&1
 echo "pytest rc=$? t=${SECONDS}s"; tail -n 3 "$OUT/pytest_gpu.log"
 # results.json is written after every shape, so the plan table prints even if the benchmark was cut short
-python3 - "$R/results.json" "$OUT/optim_step.json" <<'PY' || true
+python3 - "$R/results.json" "$OUT/optim_step.json" "$OUT/optim_step_buckets.json" <<'PY' || true
 import json, sys
 from tools.ns_kernels import render_markdown, render_plan
 from tools.optim_step import to_markdown
@@ -58,5 +65,9 @@ res = json.load(open(sys.argv[1]))
 print("\n".join(render_plan(res)))
 md = render_markdown(res) if "steps" in res else ""
 print(md[md.find("## One-layer optimizer step"):] if "## One-layer" in md else "(no layer steps)")
-print(to_markdown(json.load(open(sys.argv[2]))))
+for path in sys.argv[2:]:
+    try:
+        print(to_markdown(json.load(open(path))))
+    except (OSError, ValueError) as e:
+        print(f"({path}: {e})")
 PY
