@@ -3,9 +3,12 @@
 Muon with `fused_step` on CUDA, bf16 NS (`_fused_step`): whole fp32 2-D matrices (not TP-sharded; split only into
 equal contiguous row blocks of a wide matrix, e.g. gate / up, whose pieces are a view of the packed stack) are
 stepped one (group, shape, split) bucket at a time: momentum update in place plus the bf16 NS input in one pass,
-one batched orthogonalize, decay and scaled update in one pass. It differs from the reference step
-(`OrthogonalizedOptimizer.step`) by rounding: the NS input is rounded to bf16 before the Frobenius normalization,
-and decay and update are one multiply-add. Its non-finite check screens the gradients first (see `_fused_step`).
+one batched orthogonalize, decay and scaled update in one pass. Where a bucket's parameters are runs of one buffer
+(the layer-wise distributed optimizer's shard buffers) and the planned NS ends in QuACK's general product, the last
+NS product writes the update into them instead (`_fold_targets`, `_update_bucket`: 8 bytes per element instead of
+14). It differs from the reference step (`OrthogonalizedOptimizer.step`) by rounding: the NS input is rounded to
+bf16 before the Frobenius normalization, decay and update are one multiply-add, and a folded update rounds
+a + P_ii to bf16 instead of the last iterate. Its non-finite check screens the gradients first (see `_fused_step`).
 Tested against the reference in tests/unit/test_muon_fused.py and tests/gpu/test_kernels_gpu.py.
 """
 
@@ -190,7 +193,8 @@ class FusedStepMixin(torch.optim.Optimizer):
         momentum update in place + bf16 NS input + each NS matrix's squared norm in one pass
         (`momentum_pack_with_norms`), one `_orthogonalize` call on the (B, r, c) bf16 stack (stored (B, c, r) for
         tall matrices: the NS runs on the short side without transpose copies), normalized with those norms (no
-        norm pass), then p <- p (1 - lr wd) - lr scale O in one pass (`apply_update`). ~24 bytes per element
+        norm pass), then p <- p (1 - lr wd) - lr scale O in one pass (`apply_update`), or by the NS's last product
+        where the bucket has fold targets (`_ns_of_bucket`, `_update_bucket`). ~24 bytes per element
         instead of ~70 through separate foreach, stack, cast, scale and update kernels. Differences from the
         unfused path: the NS input is rounded to bf16 before the Frobenius normalization (the bf16 NS rounds it
         after), and decay and update are one multiply-add (fp32 rounding).
