@@ -297,14 +297,8 @@ class Planner:
     fast: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     """`dispatch`'s memo: (shape, dtype, device, coefficients, eps, use_gram, restarts, iterate dtype) -> the chosen
     candidate's call, so a planned call costs one dict lookup on the host, as little as the plan's timing saw."""
-    fast_deferred: dict[tuple[object, ...], Callable[[torch.Tensor, torch.Tensor], LastProduct] | None] = (
-        field(default_factory=dict)
-    )
-    """`deferred`'s memo, the same way."""
-    fast_prescaled: dict[tuple[object, ...], Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None] = (
-        field(default_factory=dict)
-    )
-    """`prescaled`'s memo, the same way."""
+    variants: dict[tuple[object, ...], Callable[..., object] | None] = field(default_factory=dict)
+    """The memo of `deferred` and `prescaled` (`_variant`), the same way."""
 
     def _load(self) -> None:
         self.loaded = True
@@ -438,12 +432,10 @@ class Planner:
         first), or None where the plan chose a method whose last product is not one GEMM that can accumulate into
         fp32 tensors (`deferrable`: QuACK's general product; not a graph replay, Gram-NS, or a cuBLAS product,
         whose fp32 accumulation would cost a pass of its own)."""
-        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
-        if fkey in self.fast_deferred:
-            return self.fast_deferred[fkey]
-        method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
-        fn: Callable[[torch.Tensor, torch.Tensor], LastProduct] | None = None
-        if deferrable(method):
+
+        def make(method: str) -> Callable[[torch.Tensor, torch.Tensor], LastProduct] | None:
+            if not deferrable(method):
+                return None
             ops = cast(AccumulatingOps, _ops(method))
             inside = prescalable(method, dtype, x.device)
 
@@ -452,9 +444,10 @@ class Planner:
                     return plain_until_last(g, coeffs, ops, scale)
                 return plain_until_last(scale_cast(g, scale, dtype), coeffs, ops)
 
-        if key in self.complete:
-            self.fast_deferred[fkey] = fn
-        return fn
+            return fn
+
+        fn = self._variant("deferred", make, x, coeffs, eps, use_gram, restarts, dtype)
+        return cast(Callable[[torch.Tensor, torch.Tensor], LastProduct] | None, fn)
 
     def prescaled(
         self,
@@ -468,15 +461,34 @@ class Planner:
         """For x's planned problem ((B, m, n) CUDA, m <= n): the call (g, scale) -> NS output that runs the planned
         body on the unnormalized iterate g, each matrix normalized by `scale` (B,) inside the first step, or None
         where the planned method cannot (`prescalable`)."""
-        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
-        if fkey in self.fast_prescaled:
-            return self.fast_prescaled[fkey]
+
+        def make(method: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+            if not prescalable(method, dtype, x.device):
+                return None
+            return functools.partial(_prescaled_body, coeffs=list(coeffs), ops=_ops(method))
+
+        fn = self._variant("prescaled", make, x, coeffs, eps, use_gram, restarts, dtype)
+        return cast(Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None, fn)
+
+    def _variant(
+        self,
+        kind: str,
+        make: Callable[[str], Callable[..., object] | None],
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        use_gram: bool,
+        restarts: frozenset[int],
+        dtype: torch.dtype,
+    ) -> Callable[..., object] | None:
+        """`make(planned method)` for x's problem, memoized per (kind, problem) once its plan entry is complete."""
+        fkey = (kind, x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
+        if fkey in self.variants:
+            return self.variants[fkey]
         method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
-        fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-        if prescalable(method, dtype, x.device):
-            fn = functools.partial(_prescaled_body, coeffs=list(coeffs), ops=_ops(method))
+        fn = make(method)
         if key in self.complete:
-            self.fast_prescaled[fkey] = fn
+            self.variants[fkey] = fn
         return fn
 
     def choose(
