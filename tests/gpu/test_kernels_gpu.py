@@ -458,6 +458,46 @@ def test_muon_folded_update_falls_back_when_a_last_product_fails(monkeypatch: py
         assert float((p1 - p0).norm() / (p0 - i).norm()) < 2e-2
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_muon_planned_fold_in_flat_buffers_matches_separate_tensors(
+    precision, monkeypatch: pytest.MonkeyPatch
+):
+    """The real path: with the plan restricted to QuACK's general-product body (so it is the choice), optim.Muon on
+    matrices in flat buffers writes the update from the last NS product (bf16: the normalization inside the first
+    step; fp16: after a scale pass) and lands where the same optimizer on separate tensors (ordinary update) does."""
+    if not _quack_ok():
+        pytest.skip("quack-kernels not installed or not SM90+")
+    from optim.configs import MuonConfig
+    from optim.kernels import ns_batched
+    from optim.kernels import plan as plan_mod
+    from optim.optimizers.muon import Muon
+
+    monkeypatch.setattr(plan_mod, "candidate_names", lambda *a, **k: ["plain_quack_all"])
+    calls = [0]
+    into = ns_batched.LastProduct.into
+
+    def counted(self, out, *, alpha, beta, start=0):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        into(self, out, alpha=alpha, beta=beta, start=start)
+
+    monkeypatch.setattr(ns_batched.LastProduct, "into", counted)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    init = torch.randn(16, 768, 2048, device="cuda", generator=gen) * 0.02
+    grads = [torch.randn(16, 768, 2048, device="cuda", generator=gen) for _ in range(2)]
+    flat = init.clone()
+    runs = {}
+    for name, ps in (("separate", [p.clone() for p in init.unbind(0)]), ("flat", list(flat.unbind(0)))):
+        opt = Muon(ps, MuonConfig(lr=0.02, weight_decay=0.1, ns_precision=precision))
+        for g in grads:
+            for p, gi in zip(ps, g.unbind(0), strict=True):
+                p.grad = gi.clone()
+            opt.step()
+        runs[name] = torch.stack(ps)
+    assert calls[0] == 2  # one run, two steps; the separate tensors took the ordinary update
+    rel = float((runs["flat"] - runs["separate"]).norm() / (runs["separate"] - init).norm())
+    assert rel < 2e-2, rel
+
+
 def test_muon_folded_update_raises_before_any_weight(monkeypatch: pytest.MonkeyPatch):
     """With the update written by the last NS product, a non-finite momentum still raises before any weight is
     written: the largest bucket's NS is queued before the screen is read, its last product only after."""
