@@ -431,10 +431,12 @@ class Planner:
         (`plain_until_last`; the normalization inside the first step where `prescalable`, else a scale pass
         first), or None where the plan chose a method whose last product is not one GEMM that can accumulate into
         fp32 tensors (`deferrable`: QuACK's general product; not a graph replay, Gram-NS, or a cuBLAS product,
-        whose fp32 accumulation would cost a pass of its own)."""
+        whose fp32 accumulation would cost a pass of its own) or the iterate is not bf16."""
 
         def make(method: str) -> Callable[[torch.Tensor, torch.Tensor], LastProduct] | None:
-            if not deferrable(method):
+            if (
+                not deferrable(method) or dtype != torch.bfloat16
+            ):  # measured and GPU-tested on the bf16 iterate
                 return None
             ops = cast(AccumulatingOps, _ops(method))
             inside = prescalable(method, dtype, x.device)

@@ -4,8 +4,8 @@ Muon with `fused_step` on CUDA, bf16 NS (`_fused_step`): whole fp32 2-D matrices
 equal contiguous row blocks of a wide matrix, e.g. gate / up, whose pieces are a view of the packed stack) are
 stepped one (group, shape, split) bucket at a time: momentum update in place plus the bf16 NS input in one pass,
 one batched orthogonalize, decay and scaled update in one pass. Where a bucket's parameters are runs of one buffer
-(the layer-wise distributed optimizer's shard buffers) and the planned NS ends in QuACK's general product, the last
-NS product writes the update into them instead (`_fold_targets`, `_update_bucket`: 8 bytes per element instead of
+(the layer-wise distributed optimizer's shard buffers) and the planned NS ends in QuACK's general product (bf16
+iterate), the last NS product writes the update into them instead (`_fold_targets`, `_update_bucket`: 8 bytes per element instead of
 14). It differs from the reference step (`OrthogonalizedOptimizer.step`) by rounding: the NS input is rounded to
 bf16 before the Frobenius normalization, decay and update are one multiply-add, and a folded update rounds
 a + P_ii to bf16 instead of the last iterate. Its non-finite check screens the gradients first (see `_fused_step`).

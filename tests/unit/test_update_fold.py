@@ -128,6 +128,13 @@ def test_planner_defers_only_quack_general_bodies(monkeypatch: pytest.MonkeyPatc
         assert (fn is not None) is defers, method
         assert p.deferred(x, COEFFS, 1e-7, False, restarts) is fn  # memo
         assert plan_mod.deferrable(method) is defers
+    # the fp16 iterate keeps the ordinary update
+    key16 = plan_mod.plan_key("cpu-test", x, COEFFS, 1e-7, False, restarts, torch.float16)
+    p = plan_mod.Planner()
+    p.loaded = True
+    p.choices[key16] = {"method": "plain_quack_all", "times_ms": {"plain_quack_all": 1.0}}
+    p.complete.add(key16)
+    assert p.deferred(x, COEFFS, 1e-7, False, restarts, torch.float16) is None
 
 
 def _ns64(g: torch.Tensor) -> torch.Tensor:
