@@ -10,6 +10,12 @@ the cuBLAS path (`TorchOps`) and the Triton symmetric path (`optim.kernels.sym_t
 
 Plain step: A = gram(X); P = sym(A, A, c, A, b) (A A^T = A^2); X = apply(P, X, a).
 
+Gram-NS step (Dao-AILab gram-newton-schulz), P = aI + Z: Z = sym(R, R, c, R, b); Q = aI + Z or full(Z, Q, 1, Q, a);
+PR = full(Z, R, 1, R, a); R = sym(PR, Z, 1, PR, a) = P R P^T. Only congruences and squares of symmetric matrices
+go to `sym`. Products that are symmetric only because the factors commute (Z Q, Z (R P)) stay full: in bf16 the
+computed polynomials do not commute, and using one triangle of such a product raised the error 5-10x (measured:
+0.10-0.19 instead of 0.017 relative to exact NS at m = 64-256; see docs/ns_kernels_h200.md).
+
 Normalization in the first products (`FoldingOps.first_step`, `plain_iterations(scale=...)`): given the unnormalized
 iterate G and each matrix's 1 / ||G||_F (s, known from the fused pack), the first step is computed without the
 scaled copy s G: A = s^2 G G^T and P' = s (a I + b A + c A^2) in symmetric products that scale each matrix by its
@@ -25,13 +31,9 @@ X_k = (a I + P) X with a I added on P's diagonal, so p <- beta p + alpha P' X is
 X and write of X_k, then the update's reads of X_k and p and write of p). Rounding a + P_ii to the iterate's dtype
 changes the update by ~2e-3 of its norm in bf16 (H200, Qwen3 expert shapes), the size of the bf16 rounding of X_k
 that the fold no longer makes.
-Gram-NS step (Dao-AILab gram-newton-schulz), P = aI + Z: Z = sym(R, R, c, R, b); Q = aI + Z or full(Z, Q, 1, Q, a);
-PR = full(Z, R, 1, R, a); R = sym(PR, Z, 1, PR, a) = P R P^T. Only congruences and squares of symmetric matrices
-go to `sym`. Products that are symmetric only because the factors commute (Z Q, Z (R P)) stay full: in bf16 the
-computed polynomials do not commute, and using one triangle of such a product raised the error 5-10x (measured:
-0.10-0.19 instead of 0.017 relative to exact NS at m = 64-256; see docs/ns_kernels_h200.md).
 
-Layout: X is (B, m, n) bf16 (or fp16), contiguous, m <= n (the caller transposes), already Frobenius-normalized.
+Layout: X is (B, m, n) bf16 (or fp16), contiguous, m <= n (the caller transposes), already Frobenius-normalized
+(unless its `scale` is passed, above).
 
 fp16 iterate (`dtype=torch.float16`, opt-in through `ns_precision="fp16"`): the normalized X has |x| <= 1, so
 fp16's range suffices and its 10-bit mantissa (bf16: 7) makes the iteration ~8x more accurate at the same tensor-core
