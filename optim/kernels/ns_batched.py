@@ -20,9 +20,8 @@ Normalization in the first products (`FoldingOps.first_step`, `plain_iterations(
 iterate G and each matrix's 1 / ||G||_F (s, known from the fused pack), the first step is computed without the
 scaled copy s G: A = s^2 G G^T and P' = s (a I + b A + c A^2) in symmetric products that scale each matrix by its
 own s in their epilogue, then X_1 = P' G, a plain product. That saves a pass over the stack (read and write 4 bytes
-per element) and the first product's read of X; rounding a + ... to bf16 on P's diagonal costs less accuracy than
-rounding s G to bf16, which it replaces (0.0054 against 0.0058 relative error after 5 steps on Gaussian
-matrices, against fp64).
+per element) and the first product's read of X; rounding a + ... to bf16 on P's diagonal costs no more accuracy than
+rounding s G to bf16, which it replaces (against fp64 NS: tests/unit/test_update_fold.py).
 
 Last product into the parameters (`plain_until_last`, `LastProduct.into`): a caller that only adds the result to
 fp32 parameters, p <- beta p + alpha X_k, can stop before the last product and have it write there:
