@@ -282,6 +282,9 @@ class GraphRunner:
         return self.static_out.clone()
 
 
+_MISSING = object()
+
+
 @dataclass(kw_only=True, slots=True)
 class Planner:
     """Owns the in-memory plan, the on-disk cache and the captured graphs."""
@@ -294,11 +297,10 @@ class Planner:
     """Keys whose cached entry was found to cover every current candidate (checked once per process, not per call)."""
     bodies: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
     """(candidate, coefficients, eps, restarts, iterate dtype) -> its body, built once."""
-    fast: dict[tuple[object, ...], Callable[[torch.Tensor], torch.Tensor]] = field(default_factory=dict)
-    """`dispatch`'s memo: (shape, dtype, device, coefficients, eps, use_gram, restarts, iterate dtype) -> the chosen
-    candidate's call, so a planned call costs one dict lookup on the host, as little as the plan's timing saw."""
-    variants: dict[tuple[object, ...], Callable[..., object] | None] = field(default_factory=dict)
-    """The memo of `deferred` and `prescaled` (`_variant`), the same way."""
+    fast: dict[tuple[object, ...], Callable[..., object] | None] = field(default_factory=dict)
+    """The memo of `dispatch`, `deferred` and `prescaled` (`_variant`): (kind, shape, dtype, device, coefficients,
+    eps, use_gram, restarts, iterate dtype) -> the call built for the chosen candidate, so a planned call costs one
+    dict lookup on the host, as little as the plan's timing saw."""
 
     def _load(self) -> None:
         self.loaded = True
@@ -408,14 +410,12 @@ class Planner:
         """The planned call for x's problem ((B, r, c) CUDA tensor): `choose` once, then a memo lookup.
         `normalized`: the returned call takes the normalized iterate of x instead of x (`body`); the method is the
         one planned for x."""
-        fkey = (x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype, normalized)
-        fn = self.fast.get(fkey)
-        if fn is None:
-            method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
-            fn = self.runner(method, key, coeffs, eps, restarts, dtype, normalized)
-            if key in self.complete:  # not the stand-in `choose` returns inside a capture before a full plan
-                self.fast[fkey] = fn
-        return fn
+
+        def make(method: str, key: str) -> Callable[[torch.Tensor], torch.Tensor]:
+            return self.runner(method, key, coeffs, eps, restarts, dtype, normalized)
+
+        fn = self._variant(("dispatch", normalized), make, x, coeffs, eps, use_gram, restarts, dtype)
+        return cast(Callable[[torch.Tensor], torch.Tensor], fn)
 
     def deferred(
         self,
@@ -433,7 +433,7 @@ class Planner:
         fp32 tensors (`deferrable`: QuACK's general product; not a graph replay, Gram-NS, or a cuBLAS product,
         whose fp32 accumulation would cost a pass of its own) or the iterate is not bf16."""
 
-        def make(method: str) -> Callable[[torch.Tensor, torch.Tensor], LastProduct] | None:
+        def make(method: str, key: str) -> Callable[[torch.Tensor, torch.Tensor], LastProduct] | None:
             if (
                 not deferrable(method) or dtype != torch.bfloat16
             ):  # measured and GPU-tested on the bf16 iterate
@@ -464,7 +464,7 @@ class Planner:
         body on the unnormalized iterate g, each matrix normalized by `scale` (B,) inside the first step, or None
         where the planned method cannot (`prescalable`)."""
 
-        def make(method: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
+        def make(method: str, key: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
             if not prescalable(method, dtype, x.device):
                 return None
             return functools.partial(_prescaled_body, coeffs=list(coeffs), ops=_ops(method))
@@ -474,8 +474,8 @@ class Planner:
 
     def _variant(
         self,
-        kind: str,
-        make: Callable[[str], Callable[..., object] | None],
+        kind: object,
+        make: Callable[[str, str], Callable[..., object] | None],
         x: torch.Tensor,
         coeffs: Sequence[Coeff],
         eps: float,
@@ -483,15 +483,17 @@ class Planner:
         restarts: frozenset[int],
         dtype: torch.dtype,
     ) -> Callable[..., object] | None:
-        """`make(planned method)` for x's problem, memoized per (kind, problem) once its plan entry is complete."""
+        """`make(planned method, plan key)` for x's problem, memoized in `fast` per (kind, problem) once its plan
+        entry is complete (not the stand-in `choose` returns inside a capture before a full plan)."""
         fkey = (kind, x.shape, x.dtype, x.device, tuple(coeffs), eps, use_gram, restarts, dtype)
-        if fkey in self.variants:
-            return self.variants[fkey]
+        fn = self.fast.get(fkey, _MISSING)
+        if fn is not _MISSING:
+            return fn  # type: ignore[return-value]
         method, key = self.choose(x, coeffs, eps, use_gram, restarts, dtype)
-        fn = make(method)
+        made = make(method, key)
         if key in self.complete:
-            self.variants[fkey] = fn
-        return fn
+            self.fast[fkey] = made
+        return made
 
     def choose(
         self,
