@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
     from optim.kernels.timing import rotation
 
     args = dict(a.split("=", 1) for a in argv)
+    allowed = {"free", "rounds", "out"}
+    if set(args) - allowed:
+        raise ValueError(f"unknown arguments {sorted(set(args) - allowed)}; allowed: {sorted(allowed)}")
     if not torch.cuda.is_available():
         raise SystemExit("experiments.concurrent_pack needs a CUDA device (and quack-kernels on the path)")
     frees = parse_frees(

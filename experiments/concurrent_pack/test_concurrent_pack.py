@@ -2,7 +2,7 @@
 
 import pytest
 
-from experiments.concurrent_pack.concurrent_pack import parse_frees
+from experiments.concurrent_pack.concurrent_pack import main, parse_frees
 
 
 def test_parse_frees() -> None:
@@ -13,3 +13,8 @@ def test_parse_frees() -> None:
 def test_parse_frees_rejects(bad: str) -> None:
     with pytest.raises(ValueError, match="free="):
         parse_frees(bad, sms=132)
+
+
+def test_unknown_argument_is_rejected_before_cuda() -> None:
+    with pytest.raises(ValueError, match=r"unknown arguments \['frees'\]"):
+        main(["frees=0,8"])
