@@ -143,3 +143,32 @@ def curves_figure(
     ax.set_ylabel(ylabel)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     return fig
+
+
+def step_times_figure(results: list[dict[str, Any]], *, target_ms: float | None = None) -> Any:
+    """Grouped horizontal bars of `tools.optim_step` results: one group per implementation, one bar per result
+    (its layout and warm-up steps), the median with its IQR as an error bar; `target_ms` as a dashed line."""
+    impls: list[str] = []
+    for res in results:
+        impls += [r["impl"] for r in res["rows"] if r["impl"] not in impls]
+    fig, ax = _figure(width=8.0)
+    fig.set_figheight(max(3.0, 0.45 * len(impls) * max(1, len(results)) ** 0.5 + 1.0))
+    height = 0.8 / max(1, len(results))
+    for i, res in enumerate(results):
+        rows = {r["impl"]: r for r in res["rows"]}
+        ys = [k + (i - (len(results) - 1) / 2) * height for k, name in enumerate(impls) if name in rows]
+        med = [rows[name]["median_ms"] for name in impls if name in rows]
+        iqr = [rows[name]["iqr_ms"] / 2 for name in impls if name in rows]
+        label = f"{res.get('layout', 'separate')}, {res.get('warmup', 1)} warm-up steps"
+        bars = ax.barh(ys, med, height, xerr=iqr, label=label, capsize=2)
+        ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=3)
+    if target_ms is not None:
+        ax.axvline(target_ms, color="black", linestyle="--", linewidth=1, label=f"{target_ms:g} ms")
+    ax.set_yticks(range(len(impls)), impls)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per optimizer step (median, IQR bar)")
+    ax.set_xscale("log")
+    dev = results[0].get("device_name", "") if results else ""
+    ax.set_title(f"One Qwen3-30B-A3B layer's optimizer step, {dev}")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    return fig

@@ -30,7 +30,7 @@ Protocol: `warmup` untimed steps (default 1), then `repeats` timed steps (CUDA: 
 median and IQR of the wall time in ms, and the median process CPU time (the steadier number on a shared CPU; on CUDA
 it only shows host work and sync waits). Each step is a real update (parameters move), which does not change the
 work done. On an H200 the step runs at the GPU's power cap: the first steps after an idle GPU are ~10% faster than
-the steps after them (reports/ns_kernels_h200_202612, "After this run"). Every step's time is in the JSON output;
+the steps after them (docs/ns_kernels_h200.md). Every step's time is in the JSON output;
 `warmup=20` times the capped steady state alone.
 """
 

@@ -13,6 +13,7 @@
 #                                     layer-wise optimizer's buffers
 #   optim_step_capped_*.json          the same after 20 warm-up steps (the power-capped state alone), both layouts
 #   update_fold.json                  experiments.update_fold: last NS product + update, unfused and folded, at the cap
+#   optim_step.png                    the layer-step times, every layout and warm-up, against the 30 ms target
 #   pytest_gpu.log                    all kernel GPU tests, in the time left
 #   env.txt                           versions, GPU, the commit ($MUONBENCH_GIT_SHA)
 #   gates.env                         what the test gates kept out (read by a later run of the same $OUT)
@@ -101,9 +102,16 @@ except (OSError, ValueError) as e:
 print("\n".join(render_plan(res)))
 md = render_markdown(res) if "steps" in res else ""
 print(md[md.find("## One-layer optimizer step"):] if "## One-layer" in md else "(no layer steps)")
+steps = []
 for path in sys.argv[2:]:
     try:
-        print(to_markdown(json.load(open(path))))
+        steps.append(json.load(open(path)))
+        print(to_markdown(steps[-1]))
     except (OSError, ValueError) as e:
         print(f"({path}: {e})")
+if steps:  # the joint-fc1 target's line; warm-up 5 before the capped state, buckets before separate
+    from pathlib import Path
+    from bench.plots import save, step_times_figure
+    steps.sort(key=lambda r: (r.get("warmup", 1), r.get("layout") != "buckets"))
+    save(step_times_figure(steps, target_ms=30), Path(sys.argv[2]).parent / "optim_step.png")
 PY
