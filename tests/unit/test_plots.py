@@ -11,8 +11,8 @@ pytest.importorskip("matplotlib")
 def step_results():
     from tools import optim_step
 
-    kw = dict(device="cpu", scale=1 / 64, repeats=2, warmup=0, impls=("adamw_foreach", "optim_muon"))
-    return [optim_step.run(layout="buckets", **kw), optim_step.run(layout="separate", **kw)]
+    kw = {"device": "cpu", "scale": 1 / 64, "repeats": 2, "warmup": 0, "impls": ("adamw_foreach", "optim_muon")}
+    return [optim_step.run(layout=layout, **kw) for layout in ("buckets", "separate")]
 
 
 def test_step_times_figure_one_bar_per_result_and_impl(step_results, tmp_path):
