@@ -11,7 +11,13 @@ pytest.importorskip("matplotlib")
 def step_results():
     from tools import optim_step
 
-    kw = {"device": "cpu", "scale": 1 / 64, "repeats": 2, "warmup": 0, "impls": ("adamw_foreach", "optim_muon")}
+    kw = {
+        "device": "cpu",
+        "scale": 1 / 64,
+        "repeats": 2,
+        "warmup": 0,
+        "impls": ("adamw_foreach", "optim_muon"),
+    }
     return [optim_step.run(layout=layout, **kw) for layout in ("buckets", "separate")]
 
 
@@ -27,7 +33,11 @@ def test_step_times_figure_one_bar_per_result_and_impl(step_results, tmp_path):
     medians = sorted(round(r["median_ms"], 6) for res in step_results for r in res["rows"])
     assert widths == medians
     labels = ax.get_legend_handles_labels()[1]
-    assert labels[0] == "30 ms" and "buckets, 0 warm-up steps" in labels and "separate, 0 warm-up steps" in labels
+    assert (
+        labels[0] == "30 ms"
+        and "buckets, 0 warm-up steps" in labels
+        and "separate, 0 warm-up steps" in labels
+    )
     save(fig, tmp_path / "steps.png")
     assert (tmp_path / "steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
