@@ -62,14 +62,16 @@ class PairedTriangularTileScheduler(TriangularTileScheduler):
         problem_shape_ncluster_mnl: cute.Shape
         num_clusters_per_problem_fdd: FastDivmod
         ntile: Int32
-        tile_count_semaphore: Optional[cute.Pointer]
+        tile_count_semaphore: Optional[cute.Pointer]  # noqa: UP045 - as QuACK declares it
         cluster_shape_mnk: cutlass.Constexpr[cute.Shape]
         persistence_mode: cutlass.Constexpr[PersistenceMode]
         num_split_k: cutlass.Constexpr[int] = 1
 
         @staticmethod
         @cute.jit
-        def create(args: TileSchedulerArguments, *, loc=None, ip=None) -> "PairedTriangularTileScheduler.Params":
+        def create(
+            args: TileSchedulerArguments, *, loc=None, ip=None
+        ) -> "PairedTriangularTileScheduler.Params":
             assert args.cluster_shape_mnk[0] == CLUSTER_M and args.cluster_shape_mnk[1] == 1
             assert args.cluster_shape_mnk[2] == 1 and args.num_split_k == 1
             assert args.persistence_mode == PersistenceMode.STATIC, "the paired schedule is static persistent"
@@ -117,8 +119,8 @@ class PairedTriangularTileScheduler(TriangularTileScheduler):
     def _delinearize_work_idx(
         self,
         work_idx: Int32,
-        bidz: Optional[Int32] = None,
-        is_valid: Optional[Boolean] = None,
+        bidz: Optional[Int32] = None,  # noqa: UP045 - QuACK's signature
+        is_valid: Optional[Boolean] = None,  # noqa: UP045
         *,
         block_zero_only: bool = False,
         loc=None,
@@ -126,7 +128,9 @@ class PairedTriangularTileScheduler(TriangularTileScheduler):
     ) -> WorkTileInfo:
         params = self.params
         if const_expr(is_valid is None):
-            is_valid = work_idx < params.num_clusters_per_problem_fdd.divisor * params.problem_shape_ncluster_mnl[2]
+            is_valid = (
+                work_idx < params.num_clusters_per_problem_fdd.divisor * params.problem_shape_ncluster_mnl[2]
+            )
         pid_m, pid_n, batch_idx = Int32(0), Int32(0), Int32(0)
         if is_valid:
             batch_idx, w = divmod(work_idx, params.num_clusters_per_problem_fdd)
@@ -183,7 +187,9 @@ def _compile(a_dtype, d_dtype, c_dtype, a_major, d_major, c_major, postact_major
     )
     mAuxOut = fake_batched(d_dtype, m, m, l, 1 if postact_major == "n" else 0, div_for_dtype(d_dtype))
     scale_ab = make_fake_tensor(Float32, (l, m), leading_dim=1, divisibility=4)
-    scale_c = make_fake_tensor(Float32, (l, m), leading_dim=1, divisibility=4) if c_dtype is not None else None
+    scale_c = (
+        make_fake_tensor(Float32, (l, m), leading_dim=1, divisibility=4) if c_dtype is not None else None
+    )
     epi_args = GemmSymmetricRowScaledPairedSm90.EpilogueArguments(mAuxOut, scale_ab, scale_c)
     return compile_gemm_kernel(
         GemmSymmetricRowScaledPairedSm90,

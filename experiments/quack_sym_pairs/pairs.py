@@ -47,7 +47,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def _sym(variant: str):  # noqa: ANN202 - a kernel launcher
+def _sym(variant: str):
     from experiments.quack_sym_pairs.kernel import paired_symmetric
     from optim.kernels._quack_scaled import scaled_symmetric
 
@@ -57,13 +57,100 @@ def _sym(variant: str):  # noqa: ANN202 - a kernel launcher
     return lambda a, b, out, u, c=None, v=None: scaled_symmetric(a, b, out, u, c, v, *tiles)
 
 
+def measure_shape(
+    b: int, m: int, k: int, args: dict[str, Any], meter: Any, coeffs: Any, gemm_add: Any
+) -> dict:
+    """Errors and times of the three variants on one B x m x k shape (module docstring)."""
+    import torch
+
+    from experiments.gpu_energy.gpu_energy import SmiSampler
+    from optim.kernels.timing import interleaved_medians, latency_ms, rotation
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    x = torch.randn(b, m, k, device=dev)
+    x = (x / x.flatten(1).norm(dim=1).view(-1, 1, 1)).to(torch.bfloat16)
+    ones = torch.ones(b, m, device=dev)
+    a_ref = x.float() @ x.float().mT
+    a16 = a_ref.to(torch.bfloat16)
+    cb, cc = 2.5, -1.5
+    p_ref = cc * (a16.float() @ a16.float()) + cb * a16.float()
+    bufs = {v: (torch.empty_like(a16), torch.empty_like(a16)) for v in VARIANTS}
+    steps = [(float(ca), ones * cb_, ones * cc_) for ca, cb_, cc_ in coeffs]
+    ucb, ucc = ones * cb, ones * cc
+
+    def ns(v: str, x: torch.Tensor = x) -> torch.Tensor:
+        sym, y = _sym(v), x
+        a, p = bufs[v]
+        for ca, ub, uc in steps:
+            sym(y, y, a, ones)
+            sym(a, a, p, uc, a, ub)
+            y = gemm_add(p, y, y, alpha=1.0, beta=ca, tuned=False)
+        return y
+
+    fns: dict[str, Any] = {}
+    row: dict[str, Any] = {"errors": {}}
+    for v in VARIANTS:
+        sym = _sym(v)
+        a, p = bufs[v]
+        sym(x, x, a, ones)
+        sym(a16, a16, p, ucc, a16, ucb)
+        torch.cuda.synchronize()
+        row["errors"][v] = {
+            "gram": ((a.float() - a_ref).abs().max() / a_ref.abs().max()).item(),
+            "poly": ((p.float() - p_ref).abs().max() / p_ref.abs().max()).item(),
+        }
+        fns[f"gram/{v}"] = lambda sym=sym, a=a: sym(x, x, a, ones)
+        fns[f"poly/{v}"] = lambda sym=sym, p=p: sym(a16, a16, p, ucc, a16, ucb)
+        fns[f"ns/{v}"] = lambda v=v: ns(v)
+    outs = {v: ns(v).float() for v in VARIANTS}
+    row["ns_vs_pp"] = {v: ((outs[v] - outs["pp"]).abs().max()).item() for v in VARIANTS}
+    torch.cuda.synchronize()
+    idle, failed = interleaved_medians(fns, timer=latency_ms, budget_ms=4000, min_rounds=3, max_rounds=15)
+    capped: dict[str, list[float]] = {c: [] for c in idle}
+    joules: dict[str, list[float]] = {c: [] for c in idle}
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    with SmiSampler(100, dev.index or 0) as smi:
+        for r in range(args["rounds"] + 1):  # round 0 brings the GPU to its cap; not kept
+            for c in rotation(list(idle), r):
+                n_calls = max(3, round(args["block_ms"] / idle[c]))
+                e0 = meter.read().energy_j if meter is not None else 0.0
+                start.record()
+                for _ in range(n_calls):
+                    fns[c]()
+                end.record()
+                end.synchronize()
+                if r:
+                    capped[c].append(start.elapsed_time(end) / n_calls)
+                    if meter is not None:
+                        joules[c].append((meter.read().energy_j - e0) / n_calls)
+    row["times"] = {
+        c: {
+            "idle_ms": idle[c],
+            "capped_ms": statistics.median(capped[c]),
+            "capped_j_per_call": statistics.median(joules[c]) if joules[c] else None,
+        }
+        for c in idle
+    }
+    row["failed"] = failed
+    row["nvidia_smi_medians"] = smi.medians()
+    print(f"{b}x{m}x{k} errors {row['errors']} ns_vs_pp {row['ns_vs_pp']}", flush=True)
+    for c, t in row["times"].items():
+        j = t["capped_j_per_call"]
+        print(
+            f"  {c:14s} idle {t['idle_ms']:8.3f}  capped {t['capped_ms']:8.3f}  J {j if j is None else round(j, 3)}",
+            flush=True,
+        )
+    return row
+
+
 def main(argv: list[str]) -> int:
     import torch
 
-    from experiments.gpu_energy.gpu_energy import SmiSampler, energy_meter_or_none
+    from experiments.gpu_energy.gpu_energy import energy_meter_or_none
     from optim.functional.newton_schulz import ns_coefficients
     from optim.kernels import sym_quack
-    from optim.kernels.timing import interleaved_medians, latency_ms, rotation
 
     args = parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
@@ -74,82 +161,8 @@ def main(argv: list[str]) -> int:
     gemm_add = sym_quack._iface().gemm_add
     res: dict[str, Any] = {"block_ms": args["block_ms"], "rounds": args["rounds"], "shapes": {}}
     for b, m, k in args["shapes"]:
-        torch.manual_seed(0)
-        x = torch.randn(b, m, k, device=dev)
-        x = (x / x.flatten(1).norm(dim=1).view(-1, 1, 1)).to(torch.bfloat16)
-        ones = torch.ones(b, m, device=dev)
-        a_ref = x.float() @ x.float().mT
-        a16 = a_ref.to(torch.bfloat16)
-        cb, cc = 2.5, -1.5
-        p_ref = cc * (a16.float() @ a16.float()) + cb * a16.float()
-        bufs = {v: (torch.empty_like(a16), torch.empty_like(a16)) for v in VARIANTS}
-        steps = [(float(ca), ones * cb_, ones * cc_) for ca, cb_, cc_ in coeffs]
-        ucb, ucc = ones * cb, ones * cc
-
-        def ns(v: str, x: torch.Tensor = x) -> torch.Tensor:
-            sym, y = _sym(v), x
-            a, p = bufs[v]
-            for ca, ub, uc in steps:
-                sym(y, y, a, ones)
-                sym(a, a, p, uc, a, ub)
-                y = gemm_add(p, y, y, alpha=1.0, beta=ca, tuned=False)
-            return y
-
-        fns: dict[str, Any] = {}
-        row: dict[str, Any] = {"errors": {}}
-        for v in VARIANTS:
-            sym = _sym(v)
-            a, p = bufs[v]
-            sym(x, x, a, ones)
-            sym(a16, a16, p, ucc, a16, ucb)
-            torch.cuda.synchronize()
-            row["errors"][v] = {
-                "gram": ((a.float() - a_ref).abs().max() / a_ref.abs().max()).item(),
-                "poly": ((p.float() - p_ref).abs().max() / p_ref.abs().max()).item(),
-            }
-            fns[f"gram/{v}"] = lambda sym=sym, a=a: sym(x, x, a, ones)
-            fns[f"poly/{v}"] = lambda sym=sym, p=p: sym(a16, a16, p, ucc, a16, ucb)
-            fns[f"ns/{v}"] = lambda v=v: ns(v)
-        outs = {v: ns(v).float() for v in VARIANTS}
-        row["ns_vs_pp"] = {v: ((outs[v] - outs["pp"]).abs().max()).item() for v in VARIANTS}
-        torch.cuda.synchronize()
-        idle, failed = interleaved_medians(fns, timer=latency_ms, budget_ms=4000, min_rounds=3, max_rounds=15)
-        capped: dict[str, list[float]] = {c: [] for c in idle}
-        joules: dict[str, list[float]] = {c: [] for c in idle}
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        with SmiSampler(100, dev.index or 0) as smi:
-            for r in range(args["rounds"] + 1):  # round 0 brings the GPU to its cap; not kept
-                for c in rotation(list(idle), r):
-                    n_calls = max(3, round(args["block_ms"] / idle[c]))
-                    e0 = meter.read().energy_j if meter is not None else 0.0
-                    start.record()
-                    for _ in range(n_calls):
-                        fns[c]()
-                    end.record()
-                    end.synchronize()
-                    if r:
-                        capped[c].append(start.elapsed_time(end) / n_calls)
-                        if meter is not None:
-                            joules[c].append((meter.read().energy_j - e0) / n_calls)
-        row["times"] = {
-            c: {
-                "idle_ms": idle[c],
-                "capped_ms": statistics.median(capped[c]),
-                "capped_j_per_call": statistics.median(joules[c]) if joules[c] else None,
-            }
-            for c in idle
-        }
-        row["failed"] = failed
-        row["nvidia_smi_medians"] = smi.medians()
+        row = measure_shape(b, m, k, args, meter, coeffs, gemm_add)
         res["shapes"][f"{b}x{m}x{k}"] = row
-        print(f"{b}x{m}x{k} errors {row['errors']} ns_vs_pp {row['ns_vs_pp']}", flush=True)
-        for c, t in row["times"].items():
-            j = t["capped_j_per_call"]
-            print(
-                f"  {c:14s} idle {t['idle_ms']:8.3f}  capped {t['capped_ms']:8.3f}  J {j if j is None else round(j, 3)}",
-                flush=True,
-            )
     with open(args["out"], "w") as f:
         json.dump(res, f, indent=1)
     return 0

@@ -34,7 +34,9 @@ def pair(w: int, n: int) -> tuple[int, int, int]:
     regular = n * n // 4
     if w < regular:
         rest = regular - w
-        k = math.ceil(2.0 * math.sqrt(rest))  # the kernel computes this in fp32, then corrects by one either way
+        k = math.ceil(
+            2.0 * math.sqrt(rest)
+        )  # the kernel computes this in fp32, then corrects by one either way
         if k * k // 4 < rest:
             k += 1
         if (k - 1) * (k - 1) // 4 >= rest:

@@ -49,8 +49,9 @@ def test_paired_kernel_matches_fp32_and_quack_tiles(b, m, k):
     torch.manual_seed(0)
     x = torch.randn(b, m, k, device="cuda").to(torch.bfloat16)
     u = torch.rand(b, device="cuda").view(-1, 1).expand(b, m).contiguous() + 0.5
-    out, ref_tiles = torch.full((b, m, m), float("nan"), device="cuda", dtype=torch.bfloat16), torch.empty(
-        b, m, m, device="cuda", dtype=torch.bfloat16
+    out, ref_tiles = (
+        torch.full((b, m, m), float("nan"), device="cuda", dtype=torch.bfloat16),
+        torch.empty(b, m, m, device="cuda", dtype=torch.bfloat16),
     )
     paired_symmetric(x, x, out, u)
     scaled_symmetric(x, x, ref_tiles, u, None, None, 128, 128, 1, True)
@@ -58,7 +59,9 @@ def test_paired_kernel_matches_fp32_and_quack_tiles(b, m, k):
     assert torch.isfinite(out.float()).all()  # every tile written, both halves
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() < 8e-3
     assert torch.equal(out, out.mT)
-    assert torch.equal(out, ref_tiles)  # same tiles, same K order: the same bits as the unclustered 128 x 128 tiles
+    assert torch.equal(
+        out, ref_tiles
+    )  # same tiles, same K order: the same bits as the unclustered 128 x 128 tiles
     c = out.clone()
     v = torch.full((b, m), 0.25, device="cuda")
     out2 = torch.full_like(out, float("nan"))
