@@ -1,4 +1,4 @@
-"""Does the paired triangular schedule (`kernel.py`) make QuACK's symmetric products cheaper at the power cap?
+"""Does the paired triangular schedule (`optim.kernels._quack_paired`) make QuACK's symmetric products cheaper at the power cap?
 
 A Qwen3-30B-A3B layer's optimizer step runs its Newton-Schulz products at the H200's 700 W cap, where a kernel's time
 follows its energy (docs/ns_kernels_h200.md). QuACK's symmetric GEMM either computes 256 x 256 squares (128 x 256
@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 
 
 def _sym(variant: str):
-    from experiments.quack_sym_pairs.kernel import paired_symmetric
+    from optim.kernels._quack_paired import paired_symmetric
     from optim.kernels._quack_scaled import scaled_symmetric
 
     if variant == "paired":

@@ -1,29 +1,10 @@
-"""The paired schedule covers the triangle exactly (CPU), the script's arguments, and on an SM90 GPU with QuACK the
-paired kernel against fp32 products and against QuACK's 128 x 128 tiles."""
+"""The script's arguments, and on an SM90 GPU with QuACK the paired kernel (`optim.kernels._quack_paired`) against
+fp32 products and against QuACK's 128 x 128 tiles without clusters, bit for bit (the schedule itself:
+tests/unit/test_paired_schedule.py)."""
 
 from __future__ import annotations
 
 import pytest
-
-from experiments.quack_sym_pairs import schedule
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 6, 12, 16, 56, 64, 65])
-def test_every_tile_of_the_triangle_once(n):
-    seen = schedule.cover(n)
-    assert set(seen) == {(i, j) for i in range(n) for j in range(i + 1)}
-    assert set(seen.values()) == {1}
-    assert schedule.num_pairs(n) == -(-n * (n + 1) // 4)
-
-
-def test_pairs_share_their_column_and_repeat_only_when_odd():
-    for n in range(1, 70):
-        repeats = [w for w in range(schedule.num_pairs(n)) if len(set(schedule.pair(w, n)[1:])) == 1]
-        assert len(repeats) == (n * (n + 1) // 2) % 2, n
-    assert schedule.pair(0, 12) == (0, 0, 1)
-    assert schedule.pair(38, 12) == (11, 3, 1)  # the last leftover pair, in tile column 11
-    with pytest.raises(ValueError, match="w=39"):
-        schedule.pair(39, 12)
 
 
 def test_arguments():
@@ -43,7 +24,7 @@ def test_paired_kernel_matches_fp32_and_quack_tiles(b, m, k):
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs an SM90 GPU")
     pytest.importorskip("quack")
-    from experiments.quack_sym_pairs.kernel import paired_symmetric
+    from optim.kernels._quack_paired import paired_symmetric
     from optim.kernels._quack_scaled import scaled_symmetric
 
     torch.manual_seed(0)

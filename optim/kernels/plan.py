@@ -18,7 +18,7 @@ Candidates (all bf16 operands, fp32 accumulation):
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
   8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
   that to cuBLAS (`optim.kernels.sym_quack`).
-- `plain_quack_all_<config>` (coop256x208_cl1x2, coop128x256_cl2x1, sym128pp; with the QuACK candidates, on SM90,
+- `plain_quack_all_<config>` (coop256x208_cl1x2, coop128x256_cl2x1, sym128pp, sym128paired; with the QuACK candidates, on SM90,
   where `quack_configs_offered`): `plain_quack_all` with the general product in one of QuACK's explicit SM90 tile
   configs (`sym_quack.GENERAL_CONFIGS`), or the symmetric products in another tile config than QuACK's fixed one
   (`sym_quack.SYMMETRIC_CONFIGS`), instead of its default; offered on the expert batches and large single matrices,

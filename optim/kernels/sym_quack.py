@@ -19,8 +19,9 @@ general products (`apply`: X <- a X + P X, `full`) through gemm_add with QuACK's
 leaves them to cuBLAS. `QuackOps(general=True, config=NAME)` runs them with one of the explicit SM90 configs of
 GENERAL_CONFIGS instead (QuACK's `gemm_tuned.fn` with `config=`: no autotuning, no pruning), or, for a NAME of
 SYMMETRIC_CONFIGS, runs the symmetric products in that tile config (QuACK's symmetric dispatch,
-`quack.gemm_symmetric.gemm_symmetric`, which takes the tile arguments that its interface fixes per architecture)
-and the general products in QuACK's default.
+`quack.gemm_symmetric.gemm_symmetric`, which takes the tile arguments that its interface fixes per architecture;
+`sym128paired`: QuACK's kernel on our paired schedule, `optim.kernels._quack_paired`) and the general products in
+QuACK's default.
 
 Nothing here is imported before a QuACK body runs: the plan lists the QuACK candidates from the installed
 version (package metadata, no import) and the device's compute capability (`usable`). The first call of each
@@ -79,15 +80,24 @@ GENERAL_CONFIGS: dict[str, GeneralConfig] = {
 @dataclass(frozen=True, slots=True)
 class SymmetricConfig:
     """One SM90 tile config of QuACK's symmetric GEMM (arguments of `quack.gemm_symmetric.gemm_symmetric`). Its
-    persistent triangular schedule needs one square output tile per cluster: tile_n == tile_m * cluster_m."""
+    persistent triangular schedule needs one square output tile per cluster: tile_n == tile_m * cluster_m. With
+    `paired`, square tiles in 2 x 1 clusters on the paired schedule instead (`optim.kernels._quack_paired`: each
+    cluster takes two tiles of one tile column, any rows), through the per-matrix scaled kernel."""
 
     tile_m: int
     tile_n: int
     cluster_m: int
     pingpong: bool
+    paired: bool = False
 
     def __post_init__(self) -> None:
-        if self.tile_n != self.tile_m * self.cluster_m:
+        if self.paired:
+            if (self.tile_m, self.tile_n, self.cluster_m, self.pingpong) != (128, 128, 2, True):
+                raise ValueError(
+                    f"tile_m={self.tile_m}, tile_n={self.tile_n}, cluster_m={self.cluster_m}, "
+                    f"pingpong={self.pingpong}: the paired schedule runs 128 x 128 pingpong tiles in 2 x 1 clusters"
+                )
+        elif self.tile_n != self.tile_m * self.cluster_m:
             raise ValueError(
                 f"tile_m={self.tile_m}, tile_n={self.tile_n}, cluster_m={self.cluster_m}: a cluster's output tile "
                 "must be square (tile_n == tile_m * cluster_m)"
@@ -97,9 +107,13 @@ class SymmetricConfig:
 # QuACK fixes 128 x 256 tiles in 2 x 1 clusters (cooperative) for its SM90 symmetric GEMM. On the short-K polynomial
 # step b A + c A^2 (K = m = 768: Qwen3's fc2 and split gate/up halves) 128 x 128 pingpong tiles, one warp group's
 # epilogue (read A, write two tiles) overlapping the other's mainloop, were 15-19% faster, and within 3% on X X^T
-# at K = 2048 (experiments/quack_sym_tiles); on fc1's X X^T (m = 1536) 16% slower. The plan measures it per shape.
+# at K = 2048 (experiments/quack_sym_tiles); on fc1's X X^T (m = 1536) 16% slower. The same tiles on the paired
+# schedule compute the same 78 tiles of a 1536-row triangle in 2-CTA clusters that multicast their shared panel:
+# on fc1 9-14% faster per product and 10-14% fewer joules at the power cap than without clusters
+# (experiments/quack_sym_pairs). The plan measures each per shape.
 SYMMETRIC_CONFIGS: dict[str, SymmetricConfig] = {
     "sym128pp": SymmetricConfig(tile_m=128, tile_n=128, cluster_m=1, pingpong=True),
+    "sym128paired": SymmetricConfig(tile_m=128, tile_n=128, cluster_m=2, pingpong=True, paired=True),
 }
 # Compute capability of the configs above (QuACK builds them for SM90 only; SM100+ has other tile rules).
 CONFIG_CAPABILITY = 9
@@ -151,6 +165,14 @@ def _symmetric_dispatch() -> Any:
 
 
 @functools.cache
+def _paired() -> Any:
+    """`optim.kernels._quack_paired.paired_symmetric` (imports QuACK's CuTe DSL)."""
+    from optim.kernels._quack_paired import paired_symmetric
+
+    return paired_symmetric
+
+
+@functools.cache
 def _gemm_config(name: str) -> Any:
     """QuACK's GemmConfig of GENERAL_CONFIGS[name] (static persistent scheduler, as QuACK's SM90 tuning space)."""
     from quack.gemm_config import GemmConfig
@@ -181,6 +203,7 @@ class QuackOps:
         self.general = general
         self.config = config
         self.symmetric = SYMMETRIC_CONFIGS.get(config) if config is not None else None
+        self._row_cache: dict[tuple[int, int, torch.device, float], torch.Tensor] = {}
 
     def _symmetric_product(
         self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, alpha: float, beta: float
@@ -190,6 +213,13 @@ class QuackOps:
         cfg = self.symmetric
         assert cfg is not None
         out = torch.empty((*a.shape[:-1], a.shape[-2]), dtype=a.dtype, device=a.device)
+        if cfg.paired:
+            a3, b3, out3 = (t.view(-1, *t.shape[-2:]) for t in (a, b, out))
+            c3 = None if c is None else c.view(-1, *c.shape[-2:])
+            rows = (a3.shape[0], a3.shape[1], a.device)
+            v = None if c is None else self._rows(*rows, beta)
+            _paired()(a3, b3, out3, self._rows(*rows, alpha), c3, v)
+            return out
         _symmetric_dispatch()(
             a,
             b,
@@ -208,6 +238,15 @@ class QuackOps:
             beta=float(beta) if c is not None else 1.0,
         )
         return out
+
+    def _rows(self, batch: int, m: int, device: torch.device, value: float) -> torch.Tensor:
+        """A (batch, m) fp32 tensor of `value`: the per-matrix scale vector of the scaled kernels, for a constant
+        scale (cached: an NS call asks for the same few values on every call)."""
+        key = (batch, m, device, float(value))
+        t = self._row_cache.get(key)
+        if t is None:
+            t = self._row_cache[key] = torch.full((batch, m), float(value), device=device)
+        return t
 
     def gram(self, x: torch.Tensor) -> torch.Tensor:
         if self.symmetric is not None:
@@ -256,7 +295,8 @@ class QuackOps:
         self, g: torch.Tensor, scale: torch.Tensor, coeff: tuple[float, float, float]
     ) -> torch.Tensor:
         """`FoldingOps.first_step`: A = s^2 G G^T and P' = s (c A^2 + b A) + s a I in the per-matrix scaled
-        symmetric kernel (this instance's symmetric tile config, or QuACK's SM90 default), X_1 = P' G in QuACK's
+        symmetric kernel (this instance's symmetric tile config or paired schedule, or QuACK's SM90 default),
+        X_1 = P' G in QuACK's
         general product (its default config; cuBLAS with `general=False`)."""
         from optim.kernels._quack_scaled import scaled_symmetric
 
@@ -265,10 +305,19 @@ class QuackOps:
         rows = scale.view(-1, 1).expand(nb, m)
         cfg = self.symmetric or SymmetricConfig(tile_m=128, tile_n=256, cluster_m=2, pingpong=False)
         tiles = (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.pingpong)
+
+        def scaled(
+            x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, u: torch.Tensor, d: Any, v: Any
+        ) -> None:
+            if cfg.paired:
+                _paired()(x, y, out, u, d, v)
+            else:
+                scaled_symmetric(x, y, out, u, d, v, *tiles)
+
         gram = torch.empty((nb, m, m), dtype=g.dtype, device=g.device)
-        scaled_symmetric(g, g, gram, (rows * rows).contiguous(), None, None, *tiles)
+        scaled(g, g, gram, (rows * rows).contiguous(), None, None)
         p = torch.empty_like(gram)
-        scaled_symmetric(gram, gram, p, (c * rows).contiguous(), gram, (b * rows).contiguous(), *tiles)
+        scaled(gram, gram, p, (c * rows).contiguous(), gram, (b * rows).contiguous())
         p.diagonal(dim1=-2, dim2=-1).add_((a * scale).view(-1, 1))
         if not self.general:
             return torch.bmm(p, g)

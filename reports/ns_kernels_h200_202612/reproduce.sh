@@ -49,11 +49,12 @@ if has gates; then
         export MUONBENCH_NS_SKIP=tma128g8,tma256g4,ptma128,ptma256,ptma128o
     Q_LOG=$OUT/pytest_quack.log
     if ! timeout 150 $T -k quack -rf > "$Q_LOG" 2>&1; then
-        if ! grep -q '^FAILED' "$Q_LOG" || grep '^FAILED' "$Q_LOG" | grep -v general_config | grep -qv sym128pp; then
+        if ! grep -q '^FAILED' "$Q_LOG" || grep '^FAILED' "$Q_LOG" | grep -v general_config | grep -qv 'sym128[a-z]'; then
             export PYTHONPATH=.:/tmp/site  # QuACK's products failed, or the run crashed or timed out: no QuACK
         else  # only explicit configs failed: those are kept out of the plan
             bad=$(grep -o 'general_config_bf16\[[a-z0-9_]*' "$Q_LOG" | cut -d[ -f2 | sort -u | paste -sd,)
-            grep '^FAILED' "$Q_LOG" | grep -q sym128pp && bad=${bad:+$bad,}sym128pp
+            sym=$(grep '^FAILED' "$Q_LOG" | grep -o 'sym128[a-z]*' | sort -u | paste -sd,)
+            bad=${bad:+$bad,}$sym; bad=${bad%,}
             export MUONBENCH_NS_SKIP=${MUONBENCH_NS_SKIP:+$MUONBENCH_NS_SKIP,}$bad
         fi
     fi

@@ -89,7 +89,7 @@ def test_sym_mm_bf16(seed: int, cfg: str, bmk: tuple[int, int, int]) -> None:
     assert torch.equal(out3[eye == 0], out[eye == 0])
 
 
-@pytest.mark.parametrize("config", [None, "sym128pp"])
+@pytest.mark.parametrize("config", [None, "sym128pp", "sym128paired"])
 @pytest.mark.parametrize("bmk", [(2, 256, 512), (3, 200, 136), (1, 576, 1792), (5, 384, 1024)])
 def test_quack_products_bf16(seed: int, bmk: tuple[int, int, int], config: str | None) -> None:
     """QuACK's symmetric GEMM as `MatOps.gram` / `sym` (with D, with the diagonal term) and gemm_add as `full` /
@@ -317,12 +317,13 @@ def test_muon_fused_step_matches_unfused_on_cuda(nesterov, split):
         assert rel < 2e-2, rel
 
 
-@pytest.mark.parametrize("config", [None, "sym128pp"])
+@pytest.mark.parametrize("config", [None, "sym128pp", "sym128paired"])
 @pytest.mark.parametrize("bmn", [(3, 256, 512), (2, 768, 2048), (5, 200, 136)])
 def test_quack_first_step_normalizes_in_its_epilogue(seed: int, config: str | None, bmn) -> None:  # type: ignore[no-untyped-def]
     """QuACK's symmetric kernel with a per-matrix scale (`optim.kernels._quack_scaled`) in the first NS step
     (A = s^2 G G^T, P' = s (c A^2 + b A) + s a I, X_1 = P' G) against the torch reference of the same step, for
-    matrices of very different norms in one batch; QuACK's default symmetric tiles and the 128 x 128 pingpong ones."""
+    matrices of very different norms in one batch; QuACK's default symmetric tiles, the 128 x 128 pingpong ones, and
+    those on the paired schedule."""
     if not _quack_ok():
         pytest.skip("quack-kernels not installed or not SM90+")
     from optim.kernels import sym_quack

@@ -72,6 +72,7 @@ CONFIG_SHAPES = {
 }  # fmt: skip
 CONFIG_CANDIDATES = [
     "plain_quack_all_coop256x208_cl1x2", "plain_quack_all_coop128x256_cl2x1", "plain_quack_all_sym128pp",
+    "plain_quack_all_sym128paired",
 ]  # fmt: skip
 
 
@@ -124,7 +125,11 @@ def test_symmetric_config_needs_one_square_tile_per_cluster() -> None:
 
     with pytest.raises(ValueError, match="tile_n == tile_m \\* cluster_m"):
         SymmetricConfig(tile_m=128, tile_n=128, cluster_m=2, pingpong=False)
-    assert all(c.tile_n == c.tile_m * c.cluster_m for c in SYMMETRIC_CONFIGS.values())
+    assert all(c.tile_n == c.tile_m * c.cluster_m for c in SYMMETRIC_CONFIGS.values() if not c.paired)
+    # the paired schedule (two tiles of one tile column per cluster) is written for one tile config only
+    assert [n for n, c in SYMMETRIC_CONFIGS.items() if c.paired] == ["sym128paired"]
+    with pytest.raises(ValueError, match="paired schedule runs 128 x 128 pingpong tiles in 2 x 1 clusters"):
+        SymmetricConfig(tile_m=128, tile_n=256, cluster_m=2, pingpong=False, paired=True)
 
 
 def test_ns_skip_env_drops_quack_configs(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,7 +139,8 @@ def test_ns_skip_env_drops_quack_configs(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setenv("MUONBENCH_NS_SKIP", "coop256x208_cl1x2,tma128o,sym128pp")
     names = candidate_names(128, 1536, 2048, 5, False, True, True, True)
-    assert [x for x in names if "quack_all_" in x] == ["plain_quack_all_coop128x256_cl2x1"]
+    quack_configs = ["plain_quack_all_coop128x256_cl2x1", "plain_quack_all_sym128paired"]
+    assert [x for x in names if "quack_all_" in x] == quack_configs
     assert "plain_sym_tma128o" not in names and "plain_quack_all" in names
     entry = {"method": "plain_torch", "times_ms": {n: 1.0 for n in names}}
     assert Planner.untried(entry, torch.empty(128, 1536, 2048, device="meta"), 5, False) == []
@@ -174,7 +180,13 @@ def test_plan_drops_a_quack_config_that_fails_and_times_the_rest(monkeypatch: py
         gemm_symmetric=gemm_symmetric, gemm_add=gemm_add, gemm_tuned=types.SimpleNamespace(fn=gemm_tuned_fn)
     )
     monkeypatch.setattr(sym_quack, "_iface", lambda: iface)
+
+    def paired(a, b, out, u, c=None, v=None):  # type: ignore[no-untyped-def]
+        prod = u.unsqueeze(-1) * (a.float() @ b.float().mT)
+        out.copy_(prod if c is None else prod + v.unsqueeze(-1) * c.float())
+
     monkeypatch.setattr(sym_quack, "_symmetric_dispatch", lambda: symmetric_dispatch)
+    monkeypatch.setattr(sym_quack, "_paired", lambda: paired)
     monkeypatch.setattr(sym_quack, "_gemm_config", lambda name: name)
     monkeypatch.setattr(sym_quack, "usable", lambda device: True)
     monkeypatch.setattr(sym_quack, "configs_usable", lambda device: True)
@@ -185,7 +197,7 @@ def test_plan_drops_a_quack_config_that_fails_and_times_the_rest(monkeypatch: py
     times, rejected = entry["times_ms"], entry["rejected"]
     assert set(times) == {  # type: ignore[arg-type]
         "plain_torch", "plain_quack_sym", "plain_quack_all", "plain_quack_all_coop128x256_cl2x1",
-        "plain_quack_all_sym128pp",
+        "plain_quack_all_sym128pp", "plain_quack_all_sym128paired",
     }  # fmt: skip
     assert list(rejected) == ["plain_quack_all_coop256x208_cl1x2"]  # type: ignore[call-overload]
     assert rejected["plain_quack_all_coop256x208_cl1x2"].startswith("RuntimeError: compile failed")  # type: ignore[index]

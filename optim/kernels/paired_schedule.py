@@ -1,4 +1,5 @@
-"""The paired triangular schedule of `experiments.quack_sym_pairs` in plain Python (no GPU, no QuACK).
+"""The paired triangular schedule of `optim.kernels._quack_paired`, in plain Python (no GPU, no QuACK): the kernel's
+tile scheduler computes the same pairs on the GPU.
 
 A symmetric product C = A B^T (B = A, or C symmetric for another reason) needs one of each mirrored pair of its
 n x n output tiles: n (n + 1) / 2 tiles of the lower triangle, diagonal included. A 2-CTA cluster whose CTAs share

@@ -1,6 +1,7 @@
 # mypy: ignore-errors
-"""QuACK's SM90 symmetric GEMM with the paired triangular schedule (`schedule.py`): 128 x 128 pingpong tiles in
-2 x 1 clusters whose two CTAs take any two tiles of one tile column, sharing (multicasting) that column's panel.
+"""QuACK's SM90 symmetric GEMM on the paired triangular schedule (`optim.kernels.paired_schedule`; imported lazily:
+needs quack-kernels 0.6.5 and its CuTe DSL): 128 x 128 pingpong tiles in 2 x 1 clusters whose two CTAs take any two
+tiles of one tile column, sharing (multicasting) that column's panel.
 
 QuACK's own triangular scheduler (`quack.tile_scheduler.TriangularTileScheduler`) gives each cluster one square
 output tile: in 128 x 256 tiles with 2 x 1 clusters, 256 x 256 squares (on a 1536-row Gram 21 squares of 36, 84
@@ -55,7 +56,8 @@ CLUSTER_M = 2
 
 
 class PairedTriangularTileScheduler(TriangularTileScheduler):
-    """Static persistent schedule over ceil(n (n + 1) / 4) clusters per matrix, n = ceil(m / 128) (`schedule.pair`)."""
+    """Static persistent schedule over ceil(n (n + 1) / 4) clusters per matrix, n = ceil(m / 128)
+    (`paired_schedule.pair`)."""
 
     @dataclass
     class Params:
@@ -93,7 +95,7 @@ class PairedTriangularTileScheduler(TriangularTileScheduler):
 
     @cute.jit
     def _pair(self, w: Int32):
-        """(c, r0, r1) of cluster w of one matrix: `schedule.pair`."""
+        """(c, r0, r1) of cluster w of one matrix: `paired_schedule.pair`."""
         n = self.params.ntile
         regular = n * n // 4
         c, r0, r1 = Int32(0), Int32(0), Int32(0)
