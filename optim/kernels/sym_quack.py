@@ -109,7 +109,7 @@ class SymmetricConfig:
 # epilogue (read A, write two tiles) overlapping the other's mainloop, were 15-19% faster, and within 3% on X X^T
 # at K = 2048 (experiments/quack_sym_tiles); on fc1's X X^T (m = 1536) 16% slower. The same tiles on the paired
 # schedule compute the same 78 tiles of a 1536-row triangle in 2-CTA clusters that multicast their shared panel:
-# on fc1 9-14% faster per product and 10-14% fewer joules at the power cap than without clusters
+# on fc1 2-15% faster per product (idle and capped) and 10-14% fewer joules at the power cap than without clusters
 # (experiments/quack_sym_pairs). The plan measures each per shape.
 SYMMETRIC_CONFIGS: dict[str, SymmetricConfig] = {
     "sym128pp": SymmetricConfig(tile_m=128, tile_n=128, cluster_m=1, pingpong=True),
