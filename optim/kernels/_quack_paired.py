@@ -25,23 +25,8 @@ import cutlass
 import cutlass.cute as cute  # noqa: PLR0402
 import torch
 from cutlass import Boolean, Float32, Int32, const_expr
-from quack.cache import jit_cache
-from quack.compile_utils import make_fake_tensor
-from quack.cute_dsl_utils import get_device_capacity, get_max_active_clusters
 from quack.epilogue.ops import TileStore
 from quack.fast_math import FastDivmod
-from quack.gemm_tvm_ffi_utils import (
-    compile_gemm_kernel,
-    div_for_dtype,
-    fake_batched,
-    get_dtypes,
-    get_major,
-    get_majors,
-    make_fake_gemm_tensors,
-    make_fake_scheduler_args,
-    make_scheduler_args,
-    tensor_key,
-)
 from quack.tile_scheduler import (
     PersistenceMode,
     TileSchedulerArguments,
@@ -49,7 +34,7 @@ from quack.tile_scheduler import (
     WorkTileInfo,
 )
 
-from optim.kernels._quack_scaled import GemmSymmetricRowScaledSm90
+from optim.kernels._quack_scaled import GemmSymmetricRowScaledSm90, scaled_symmetric
 
 TILE = 128
 CLUSTER_M = 2
@@ -182,40 +167,6 @@ class GemmSymmetricRowScaledPairedSm90(GemmSymmetricRowScaledSm90):
         return PairedTriangularTileScheduler
 
 
-@jit_cache
-def _compile(a_dtype, d_dtype, c_dtype, a_major, d_major, c_major, postact_major):
-    mA, mB, mD, mC, m, _n, _k, l = make_fake_gemm_tensors(
-        a_dtype, a_dtype, d_dtype, c_dtype, a_major, a_major, d_major, c_major, batched=True
-    )
-    mAuxOut = fake_batched(d_dtype, m, m, l, 1 if postact_major == "n" else 0, div_for_dtype(d_dtype))
-    scale_ab = make_fake_tensor(Float32, (l, m), leading_dim=1, divisibility=4)
-    scale_c = (
-        make_fake_tensor(Float32, (l, m), leading_dim=1, divisibility=4) if c_dtype is not None else None
-    )
-    epi_args = GemmSymmetricRowScaledPairedSm90.EpilogueArguments(mAuxOut, scale_ab, scale_c)
-    return compile_gemm_kernel(
-        GemmSymmetricRowScaledPairedSm90,
-        a_dtype,
-        (TILE, TILE),
-        (CLUSTER_M, 1, 1),
-        True,  # pingpong
-        True,  # persistent
-        False,
-        False,  # static scheduler
-        (9, 0),
-        mA,
-        mB,
-        mD,
-        mC,
-        epi_args,
-        make_fake_scheduler_args(False, False, l),
-        None,
-    )
-
-
-_PLANS: dict[tuple, tuple] = {}
-
-
 def paired_symmetric(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -226,20 +177,5 @@ def paired_symmetric(
 ) -> None:
     """out[l] = scale_ab[l] a[l] b[l]^T + scale_c[l] c[l] for a symmetric result, on the paired schedule; the
     arguments of `optim.kernels._quack_scaled.scaled_symmetric`. SM90 only."""
-    if (c is None) != (scale_c is None):
-        raise ValueError("paired_symmetric: c and scale_c go together")
-    if get_device_capacity(a.device)[0] != 9:
-        raise ValueError("paired_symmetric: SM90 only")
-    key = (tensor_key(a), tensor_key(out), tensor_key(c), a.device)
-    plan = _PLANS.get(key)
-    if plan is None:
-        a_major, _, d_major, c_major = get_majors(a, b, out, c)
-        a_dtype, _, d_dtype, c_dtype = get_dtypes(a, b, out, c)
-        fn = _compile(a_dtype, d_dtype, c_dtype, a_major, d_major, c_major, get_major(out.mT, "m", "n"))
-        clusters = get_max_active_clusters(CLUSTER_M, device_capacity=(9, 0))
-        plan = _PLANS[key] = (fn, make_scheduler_args(clusters, 8, None))
-    fn, sched = plan
-    epi = GemmSymmetricRowScaledPairedSm90.EpilogueArguments(
-        out.mT, scale_ab, scale_c, rounding_mode=None, sr_seed=None
-    )
-    fn(a, b, out, c, epi, sched, None, None, None)  # quack.gemm_tvm_ffi_utils.launch_gemm's call
+    paired = GemmSymmetricRowScaledPairedSm90
+    scaled_symmetric(a, b, out, scale_ab, c, scale_c, TILE, TILE, CLUSTER_M, True, gemm_cls=paired)

@@ -13,10 +13,12 @@ The Newton-Schulz entry uses it to fold each matrix's Frobenius normalization in
 
 # No `from __future__ import annotations`: the CuTe DSL reads the EpilogueArguments annotations (Constexpr) at
 # runtime, as QuACK's own modules leave them.
+from pathlib import Path
 from typing import NamedTuple, Optional
 
 import cutlass
 import cutlass.cute as cute  # noqa: PLR0402 - the CuTe DSL's own spelling
+import quack.cache
 import torch
 from cutlass import Float32, Int32, const_expr
 from quack.cache import jit_cache
@@ -42,6 +44,12 @@ from quack.gemm_tvm_ffi_utils import (
     tensor_key,
 )
 from quack.rounding import RoundingMode
+
+# QuACK keys its persistent compiled-kernel cache on its own sources; these kernels are ours: their directory joins
+# the key, so a changed kernel here is compiled again instead of loaded from a stale cache entry.
+_SOURCES = Path(__file__).resolve().parent
+if _SOURCES not in quack.cache.EXTRA_SOURCE_DIRS:
+    quack.cache.EXTRA_SOURCE_DIRS.append(_SOURCES)
 
 
 class GemmSymmetricRowScaledSm90(GemmSymmetricSm90):
@@ -71,7 +79,17 @@ class GemmSymmetricRowScaledSm90(GemmSymmetricSm90):
 
 @jit_cache
 def _compile(
-    a_dtype, d_dtype, c_dtype, a_major, d_major, c_major, postact_major, tile_mn, cluster_m, pingpong
+    gemm_cls,
+    a_dtype,
+    d_dtype,
+    c_dtype,
+    a_major,
+    d_major,
+    c_major,
+    postact_major,
+    tile_mn,
+    cluster_m,
+    pingpong,
 ):
     mA, mB, mD, mC, m, _n, _k, l = make_fake_gemm_tensors(
         a_dtype, a_dtype, d_dtype, c_dtype, a_major, a_major, d_major, c_major, batched=True
@@ -81,9 +99,9 @@ def _compile(
     scale_c = (
         make_fake_tensor(Float32, (l, m), leading_dim=1, divisibility=4) if c_dtype is not None else None
     )
-    epi_args = GemmSymmetricRowScaledSm90.EpilogueArguments(mAuxOut, scale_ab, scale_c)
+    epi_args = gemm_cls.EpilogueArguments(mAuxOut, scale_ab, scale_c)
     return compile_gemm_kernel(
-        GemmSymmetricRowScaledSm90,
+        gemm_cls,
         a_dtype,
         tile_mn,
         (cluster_m, 1, 1),
@@ -121,9 +139,12 @@ def scaled_symmetric(
     tile_n: int = 128,
     cluster_m: int = 1,
     pingpong: bool = True,
+    *,
+    gemm_cls: type = GemmSymmetricRowScaledSm90,
 ) -> None:
     """out[l] = scale_ab[l] a[l] b[l]^T + scale_c[l] c[l] (see the module docstring); a, b (L, m, k), out and c
-    (L, m, m), scale_ab and scale_c (L, m) fp32 contiguous, rows of one batch equal. SM90 only."""
+    (L, m, m), scale_ab and scale_c (L, m) fp32 contiguous, rows of one batch equal. SM90 only. `gemm_cls`: this
+    kernel or a subclass with another tile schedule (`optim.kernels._quack_paired`)."""
     if (c is None) != (scale_c is None):
         raise ValueError("scaled_symmetric: c and scale_c go together")
     if get_device_capacity(a.device)[0] != 9:
@@ -137,12 +158,14 @@ def scaled_symmetric(
         tile_n,
         cluster_m,
         pingpong,
+        gemm_cls,
     )
     plan = _PLANS.get(key)
     if plan is None:
         a_major, _, d_major, c_major = get_majors(a, b, out, c)
         a_dtype, _, d_dtype, c_dtype = get_dtypes(a, b, out, c)
         fn = _compile(
+            gemm_cls,
             a_dtype,
             d_dtype,
             c_dtype,
@@ -156,7 +179,5 @@ def scaled_symmetric(
         )
         clusters = get_max_active_clusters(cluster_m, device_capacity=(9, 0))
         plan = _PLANS[key] = _Plan(fn, make_scheduler_args(clusters, 8, None))
-    epi = GemmSymmetricRowScaledSm90.EpilogueArguments(
-        out.mT, scale_ab, scale_c, rounding_mode=None, sr_seed=None
-    )
+    epi = gemm_cls.EpilogueArguments(out.mT, scale_ab, scale_c, rounding_mode=None, sr_seed=None)
     launch_gemm(plan, a, b, out, c, epi, plan.scheduler, None)

@@ -356,3 +356,18 @@ def test_bench_layer_step_has_split_and_cublas_columns_on_cpu(tmp_path, monkeypa
     split_part = moved["optim_muon_split"][: 2 * 32 * 48]
     assert not torch.allclose(split_part, moved["optim_muon"][: 2 * 32 * 48], rtol=1e-3, atol=1e-9)
     torch.testing.assert_close(moved["optim_muon_split"][2 * 32 * 48 :], moved["optim_muon"][2 * 32 * 48 :])
+
+
+def test_quack_kernel_cache_keys_on_our_kernel_sources() -> None:
+    """QuACK keys its persistent compiled-kernel cache on its own sources; our subclass kernels register their
+    directory, so a changed kernel of ours is compiled again rather than loaded stale (needs quack-kernels, no GPU)."""
+    pytest.importorskip("quack.cache")
+    from pathlib import Path
+
+    import quack.cache
+
+    import optim.kernels._quack_paired  # noqa: F401 - registers through _quack_scaled
+    from optim.kernels import _quack_scaled
+
+    here = Path(_quack_scaled.__file__).resolve().parent
+    assert quack.cache.EXTRA_SOURCE_DIRS.count(here) == 1
