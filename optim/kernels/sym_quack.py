@@ -172,6 +172,18 @@ def _paired() -> Any:
     return paired_symmetric
 
 
+def _scaled_kernel(cfg: SymmetricConfig) -> Any:
+    """The per-matrix scaled symmetric kernel in cfg's tiles (`optim.kernels._quack_scaled.scaled_symmetric`), or on
+    the paired schedule: a call (a, b, out, scale_ab, c, scale_c)."""
+    if cfg.paired:
+        return _paired()
+    from optim.kernels._quack_scaled import scaled_symmetric
+
+    return functools.partial(
+        scaled_symmetric, tile_m=cfg.tile_m, tile_n=cfg.tile_n, cluster_m=cfg.cluster_m, pingpong=cfg.pingpong
+    )
+
+
 @functools.cache
 def _gemm_config(name: str) -> Any:
     """QuACK's GemmConfig of GENERAL_CONFIGS[name] (static persistent scheduler, as QuACK's SM90 tuning space)."""
@@ -218,7 +230,7 @@ class QuackOps:
             c3 = None if c is None else c.view(-1, *c.shape[-2:])
             rows = (a3.shape[0], a3.shape[1], a.device)
             v = None if c is None else self._rows(*rows, beta)
-            _paired()(a3, b3, out3, self._rows(*rows, alpha), c3, v)
+            _scaled_kernel(cfg)(a3, b3, out3, self._rows(*rows, alpha), c3, v)
             return out
         _symmetric_dispatch()(
             a,
@@ -296,24 +308,13 @@ class QuackOps:
     ) -> torch.Tensor:
         """`FoldingOps.first_step`: A = s^2 G G^T and P' = s (c A^2 + b A) + s a I in the per-matrix scaled
         symmetric kernel (this instance's symmetric tile config or paired schedule, or QuACK's SM90 default),
-        X_1 = P' G in QuACK's
-        general product (its default config; cuBLAS with `general=False`)."""
-        from optim.kernels._quack_scaled import scaled_symmetric
-
+        X_1 = P' G in QuACK's general product (its default config; cuBLAS with `general=False`)."""
         a, b, c = coeff
         nb, m, _ = g.shape
         rows = scale.view(-1, 1).expand(nb, m)
-        cfg = self.symmetric or SymmetricConfig(tile_m=128, tile_n=256, cluster_m=2, pingpong=False)
-        tiles = (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.pingpong)
-
-        def scaled(
-            x: torch.Tensor, y: torch.Tensor, out: torch.Tensor, u: torch.Tensor, d: Any, v: Any
-        ) -> None:
-            if cfg.paired:
-                _paired()(x, y, out, u, d, v)
-            else:
-                scaled_symmetric(x, y, out, u, d, v, *tiles)
-
+        scaled = _scaled_kernel(
+            self.symmetric or SymmetricConfig(tile_m=128, tile_n=256, cluster_m=2, pingpong=False)
+        )
         gram = torch.empty((nb, m, m), dtype=g.dtype, device=g.device)
         scaled(g, g, gram, (rows * rows).contiguous(), None, None)
         p = torch.empty_like(gram)
