@@ -184,3 +184,58 @@ def energy_meter_or_none(device_index: int = 0) -> EnergyMeter | None:
         return EnergyMeter(device_index)
     except Exception:  # noqa: BLE001 - no pynvml, no driver, or an NVML error: energy is optional there
         return None
+
+
+@dataclass(frozen=True)
+class CappedTimes:
+    """`capped_blocks`' result: per function the median ms and joules per call over the kept blocks (joules None
+    without NVML), and nvidia-smi's median power, SM clock and temperature during the blocks."""
+
+    ms: dict[str, float]
+    joules: dict[str, float | None]
+    smi: dict[str, float]
+
+
+def capped_blocks(
+    fns: dict[str, Callable[[], object]],
+    idle_ms: dict[str, float],
+    *,
+    block_ms: float,
+    rounds: int,
+    meter: EnergyMeter | None,
+    device_index: int = 0,
+) -> CappedTimes:
+    """Time each function of `fns` at the GPU's power cap: blocks of back-to-back calls lasting about `block_ms`
+    (calls per block from its `idle_ms`, at least 3), the functions rotated per round (`optim.kernels.timing.rotation`);
+    round 0 brings the GPU to its cap and is not kept, then `rounds` rounds; per function the median over its blocks
+    of the mean ms per call, and of the NVML joules per call where `meter` is given."""
+    import statistics
+
+    import torch
+
+    from optim.kernels.timing import rotation
+
+    names = [n for n in fns if n in idle_ms]
+    ms: dict[str, list[float]] = {n: [] for n in names}
+    joules: dict[str, list[float]] = {n: [] for n in names}
+    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+    with SmiSampler(100, device_index) as smi:
+        for r in range(rounds + 1):
+            for n in rotation(names, r):
+                calls = max(3, round(block_ms / max(idle_ms[n], 1e-3)))
+                e0 = meter.read().energy_j if meter is not None else 0.0
+                start.record()
+                for _ in range(calls):
+                    fns[n]()
+                end.record()
+                end.synchronize()
+                if r:
+                    ms[n].append(start.elapsed_time(end) / calls)
+                    if meter is not None:
+                        joules[n].append((meter.read().energy_j - e0) / calls)
+    return CappedTimes(
+        ms={n: statistics.median(v) for n, v in ms.items()},
+        joules={n: statistics.median(v) if v else None for n, v in joules.items()},
+        smi=smi.medians(),
+    )

@@ -19,11 +19,10 @@ Usage: `python -m experiments.ns_plan_hot.hot_plan [shapes=128x1536x2048,128x768
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from typing import Any
 
-from experiments.gpu_energy.gpu_energy import SmiSampler, energy_meter_or_none
+from experiments.gpu_energy.gpu_energy import capped_blocks, energy_meter_or_none
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -46,7 +45,7 @@ def main(argv: list[str]) -> int:
     from optim.functional.newton_schulz import ns_coefficients
     from optim.kernels import sym_quack
     from optim.kernels.plan import Planner, candidate_names
-    from optim.kernels.timing import interleaved_medians, latency_ms, rotation
+    from optim.kernels.timing import interleaved_medians, latency_ms
 
     args = dict(a.split("=", 1) for a in argv)
     allowed = {"shapes", "block_ms", "rounds", "candidates", "out"}
@@ -85,30 +84,15 @@ def main(argv: list[str]) -> int:
             fns[c] = lambda run=run, x=x: run(x)
         torch.cuda.synchronize()
         idle, errors = interleaved_medians(fns, timer=latency_ms, budget_ms=3000, min_rounds=3, max_rounds=15)
-        capped: dict[str, list[float]] = {c: [] for c in idle}
-        joules: dict[str, list[float]] = {c: [] for c in idle}
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        with SmiSampler(100, dev.index or 0) as smi:
-            for r in range(rounds + 1):  # round 0 brings the GPU to its cap; not kept
-                for c in rotation(list(idle), r):
-                    k = max(3, round(block_ms / idle[c]))
-                    e0 = meter.read().energy_j if meter is not None else 0.0
-                    start.record()
-                    for _ in range(k):
-                        fns[c]()
-                    end.record()
-                    end.synchronize()
-                    if r:
-                        capped[c].append(start.elapsed_time(end) / k)
-                        if meter is not None:
-                            joules[c].append((meter.read().energy_j - e0) / k)
+        cap = capped_blocks(
+            fns, idle, block_ms=block_ms, rounds=rounds, meter=meter, device_index=dev.index or 0
+        )
         rows = {
             c: {
                 "idle_ms": idle[c],
-                "capped_ms": statistics.median(capped[c]),
-                "capped_over_idle": statistics.median(capped[c]) / idle[c],
-                "capped_j_per_call": statistics.median(joules[c]) if joules[c] else None,
+                "capped_ms": cap.ms[c],
+                "capped_over_idle": cap.ms[c] / idle[c],
+                "capped_j_per_call": cap.joules[c],
             }
             for c in idle
         }
@@ -119,7 +103,7 @@ def main(argv: list[str]) -> int:
             "errors": errors,
             "fastest_idle": by_idle[0],
             "fastest_capped": by_capped[0],
-            "nvidia_smi_medians": smi.medians(),
+            "nvidia_smi_medians": cap.smi,
         }
         print(f"{b}x{m}x{n}: fastest idle {by_idle[0]}, fastest capped {by_capped[0]}", flush=True)
         for c in by_capped[:8]:

@@ -24,7 +24,6 @@ Usage: `python -m experiments.quack_sym_pairs.pairs [shapes=128x1536x2048,128x76
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from typing import Any
 
@@ -63,8 +62,8 @@ def measure_shape(
     """Errors and times of the three variants on one B x m x k shape (module docstring)."""
     import torch
 
-    from experiments.gpu_energy.gpu_energy import SmiSampler
-    from optim.kernels.timing import interleaved_medians, latency_ms, rotation
+    from experiments.gpu_energy.gpu_energy import capped_blocks
+    from optim.kernels.timing import interleaved_medians, latency_ms
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -107,34 +106,14 @@ def measure_shape(
     row["ns_vs_pp"] = {v: ((outs[v] - outs["pp"]).abs().max()).item() for v in VARIANTS}
     torch.cuda.synchronize()
     idle, failed = interleaved_medians(fns, timer=latency_ms, budget_ms=4000, min_rounds=3, max_rounds=15)
-    capped: dict[str, list[float]] = {c: [] for c in idle}
-    joules: dict[str, list[float]] = {c: [] for c in idle}
-    start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-    with SmiSampler(100, dev.index or 0) as smi:
-        for r in range(args["rounds"] + 1):  # round 0 brings the GPU to its cap; not kept
-            for c in rotation(list(idle), r):
-                n_calls = max(3, round(args["block_ms"] / idle[c]))
-                e0 = meter.read().energy_j if meter is not None else 0.0
-                start.record()
-                for _ in range(n_calls):
-                    fns[c]()
-                end.record()
-                end.synchronize()
-                if r:
-                    capped[c].append(start.elapsed_time(end) / n_calls)
-                    if meter is not None:
-                        joules[c].append((meter.read().energy_j - e0) / n_calls)
+    cap = capped_blocks(
+        fns, idle, block_ms=args["block_ms"], rounds=args["rounds"], meter=meter, device_index=dev.index or 0
+    )
     row["times"] = {
-        c: {
-            "idle_ms": idle[c],
-            "capped_ms": statistics.median(capped[c]),
-            "capped_j_per_call": statistics.median(joules[c]) if joules[c] else None,
-        }
-        for c in idle
+        c: {"idle_ms": idle[c], "capped_ms": cap.ms[c], "capped_j_per_call": cap.joules[c]} for c in idle
     }
     row["failed"] = failed
-    row["nvidia_smi_medians"] = smi.medians()
+    row["nvidia_smi_medians"] = cap.smi
     print(f"{b}x{m}x{k} errors {row['errors']} ns_vs_pp {row['ns_vs_pp']}", flush=True)
     for c, t in row["times"].items():
         j = t["capped_j_per_call"]
