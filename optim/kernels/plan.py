@@ -36,7 +36,9 @@ captured, checked against cuBLAS), then all are timed in interleaved rounds, eac
 (per-call latency: what a call costs at the start of an optimizer step, host launch gaps included); median per
 candidate; after three rounds only the candidates within 10% of the best are timed further. The fastest median wins,
 except that a `+graph` variant within 5% of its plain twin is taken over it (`pick`): a replay does not depend on how
-fast the host launches, a plain call of a launch-sensitive problem does.
+fast the host launches, a plain call of a launch-sensitive problem does; and QuACK's default general product within
+3% of an explicit config of it is taken over that config: the plan times on an idle GPU, a large step runs at the
+power cap, where the explicit configs did not beat the default (DEFAULT_PREFERENCE).
 
 Cache versioning: PLAN_VERSION is part of every key; a change of what is timed or how (protocol, candidate
 rules) bumps it, so entries measured under an older protocol are never reused (they stay in the file, unread).
@@ -70,10 +72,11 @@ from optim.kernels.ns_batched import (
     plain_until_last,
 )
 
-# Version of what the plan measures, offers and picks; part of every cache key. 3: `pick` prefers a graph variant
+# Version of what the plan measures, offers and picks; part of every cache key. 4: `pick` prefers QuACK's default
+# general product within DEFAULT_PREFERENCE of an explicit config of it. 3: `pick` prefers a graph variant
 # within GRAPH_PREFERENCE of its plain twin (2: interleaved per-call-latency timing (optim.kernels.timing) and graph
 # variants by `launch_sensitive`; 1: candidates timed one after another, graph variants up to 2e11 plain FLOPs).
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 # `launch_sensitive`: a problem's GEMM time estimated at the bf16 ceiling (H200, measured: 780 TF/s) against the host
 # time of launching its 3k + 4 kernels at HOST_LAUNCH_S each (an upper estimate for a Python launch, Triton's
 # launcher included). Graph variants are offered while the GEMM time is at most LAUNCH_RATIO times the launch time:
@@ -89,6 +92,14 @@ LAUNCH_RATIO = 2.5
 # took 2.11 ms. A graph replay is one launch. `pick` takes the graph variant where it is within this fraction of the
 # fastest plain candidate.
 GRAPH_PREFERENCE = 0.05
+# The plan times on an idle GPU; a large Muon step runs its NS at the GPU's power cap. There, on the H200 (2026-12-03,
+# `experiments/quack_apply_configs`), none of QuACK's 44 SM90 configs ran the Qwen3 expert batches' general product
+# X <- a X + P X faster than QuACK's default (pingpong 128 x 192, 2 x 1 clusters), though some ran it 4-10% faster
+# on an idle GPU; the same kernel timed twice at the cap differed by 1.5%. `pick` takes `plain_quack_all` (QuACK's
+# default general product) over a `plain_quack_all_<GENERAL_CONFIGS name>` unless that is faster by more than this
+# fraction. (Kimi K2's 7168 x 8192 o projection: an explicit config won the plan by 0.9% and then took 2.7% longer
+# than the default in the benchmark's rounds right after.)
+DEFAULT_PREFERENCE = 0.03
 # Timing budget of the plan: about this many ms of timed calls per candidate (interleaved rounds, 3 to 25).
 BUDGET_MS_PER_CANDIDATE = 60.0
 # After three rounds, only candidates within this fraction of the best median are timed further.
@@ -206,11 +217,21 @@ def skipped_tiles() -> frozenset[str]:
 
 
 def pick(times_ms: dict[str, float]) -> str:
-    """The chosen candidate of a timed plan: the fastest median, or its `+graph` variant where that is within
-    GRAPH_PREFERENCE of it (see GRAPH_PREFERENCE)."""
+    """The chosen candidate of a timed plan: the fastest median, except that QuACK's default general product
+    (`plain_quack_all`) within DEFAULT_PREFERENCE of an explicit general-product config takes that config's place,
+    and a `+graph` variant within GRAPH_PREFERENCE of the choice takes its place (see both constants)."""
+    from optim.kernels.sym_quack import GENERAL_CONFIGS
+
     if not times_ms:
         raise ValueError("times_ms is empty: no candidate was timed")
     best = min(times_ms, key=times_ms.__getitem__)
+    default = "plain_quack_all"
+    if (
+        best.removeprefix(default + "_") in GENERAL_CONFIGS
+        and default in times_ms
+        and times_ms[default] <= times_ms[best] * (1.0 + DEFAULT_PREFERENCE)
+    ):
+        best = default
     graph = best + "+graph"
     if graph in times_ms and times_ms[graph] <= times_ms[best] * (1.0 + GRAPH_PREFERENCE):
         return graph

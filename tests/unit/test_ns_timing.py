@@ -257,3 +257,26 @@ def test_benchmark_times_the_impls_of_a_shape_interleaved(monkeypatch: pytest.Mo
     assert log == ["a", "b", "a", "b", "b", "a"]  # first calls, warm-up round, one rotated round
     assert row["impls"]["a"]["ms"] >= 0 and row["impls"]["b"]["ms"] >= 0
     assert "ms" not in row["impls"]["c"] and "no kernel" in row["impls"]["c"]["note"]
+
+
+def test_pick_prefers_quacks_default_general_product_within_the_preference() -> None:
+    """An explicit QuACK general-product config replaces QuACK's default (`plain_quack_all`) only where it is faster
+    by more than DEFAULT_PREFERENCE; symmetric-product configs and other candidates are picked by their medians.
+
+    Localises: a plan that takes an explicit config for a 0.9% edge on an idle GPU (Kimi K2's 7168 x 8192 on the
+    H200: 13.10 against 13.21 ms in the plan, then 13.87 against 13.50 ms in the benchmark's rounds)."""
+    pref = plan_mod.DEFAULT_PREFERENCE
+    assert 0 < pref < 0.1
+    k2_o = {
+        "plain_quack_all": 13.213,
+        "plain_quack_all_coop128x256_cl2x1": 13.098,
+        "plain_quack_all_coop256x208_cl1x2": 13.63,
+    }
+    assert plan_mod.pick(k2_o) == "plain_quack_all"
+    clear = {"plain_quack_all": 1.0 + pref + 0.01, "plain_quack_all_coop128x256_cl2x1": 1.0}
+    assert plan_mod.pick(clear) == "plain_quack_all_coop128x256_cl2x1"
+    # a symmetric-product config is not an explicit general-product config
+    sym = {"plain_quack_all": 1.01, "plain_quack_all_sym128paired": 1.0}
+    assert plan_mod.pick(sym) == "plain_quack_all_sym128paired"
+    # without the default timed (skipped or failed), the explicit config stands
+    assert plan_mod.pick({"plain_quack_all_coop128x256_cl2x1": 1.0, "plain_torch": 1.2}).endswith("cl2x1")
