@@ -14,7 +14,7 @@ The symmetric GEMM computes the lower triangle of output tiles on a persistent t
 off-diagonal tile twice (itself and its mirror, both through TMA stores); on SM90 its tiles are 128 x 256 in
 2-CTA clusters (one 256 x 256 square per cluster), cooperative warp groups with a producer warp. That is the
 `MatOps.gram` / `MatOps.sym` contract of `optim.kernels.ns_batched`. `QuackOps(general=True)` also runs the
-general products (`apply`: X <- a X + P X, `full`) through gemm_add with QuACK's default SM90 config (pingpong
+general products (`apply`: X <- a X + P X, `full`) as gemm_add does, in QuACK's default SM90 config (pingpong
 128 x 192 tiles, 2 x 1 clusters; no autotuning: its tuner compiles tens of configs per shape); `general=False`
 leaves them to cuBLAS. `QuackOps(general=True, config=NAME)` runs them with one of the explicit SM90 configs of
 GENERAL_CONFIGS instead (QuACK's `gemm_tuned.fn` with `config=`: no autotuning, no pruning), or, for a NAME of
@@ -185,6 +185,15 @@ def _scaled_kernel(cfg: SymmetricConfig) -> Any:
 
 
 @functools.cache
+def _default_general_config(device: torch.device) -> Any:
+    """QuACK's default GemmConfig for `device` (`quack.gemm_config.default_config`: what `gemm_add(..., tuned=False)`
+    runs a product with an epilogue operand in; on SM90 pingpong 128 x 192 tiles, 2 x 1 clusters)."""
+    from quack.gemm_config import default_config
+
+    return default_config(device)
+
+
+@functools.cache
 def _gemm_config(name: str) -> Any:
     """QuACK's GemmConfig of GENERAL_CONFIGS[name] (static persistent scheduler, as QuACK's SM90 tuning space)."""
     from quack.gemm_config import GemmConfig
@@ -290,13 +299,15 @@ class QuackOps:
     ) -> torch.Tensor:
         if not self.general:
             return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
+        # gemm_add(..., tuned=False) calls gemm_tuned.fn (the function under QuACK's autotuner) with config=None,
+        # which runs QuACK's default config; called here directly with the config (the default's, or an explicit
+        # one): the same kernel, without gemm_add's per-call argument handling (0.11 ms of host time per call on
+        # the H200, `experiments/quack_apply_configs`)
         if self.config is None or self.symmetric is not None:
-            out: torch.Tensor = _iface().gemm_add(a, b, d, alpha=float(alpha), beta=float(beta), tuned=False)
-            return out
-        # gemm_add takes no config: its eager path calls gemm_tuned.fn (the function under the autotuner) with
-        # config=None; the same call with an explicit config compiles and runs that one
+            cfg = _default_general_config(a.device)
+        else:
+            cfg = _gemm_config(self.config)
         out = torch.empty(d.shape, dtype=a.dtype, device=a.device)
-        cfg = _gemm_config(self.config)
         _iface().gemm_tuned.fn(a, b, out, d, alpha=float(alpha), beta=float(beta), config=cfg)
         return out
 

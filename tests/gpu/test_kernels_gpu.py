@@ -143,6 +143,22 @@ def test_quack_general_config_bf16(seed: int, config: str) -> None:
         torch.testing.assert_close(full, s.float() @ x.float() - 2.0 * x.float(), rtol=1e-2, atol=2e-2)
 
 
+def test_quack_default_general_product_is_gemm_adds(seed: int) -> None:
+    """`QuackOps.full` without an explicit config calls QuACK's default config directly (not through gemm_add): the
+    same kernel, so the same bits as `gemm_add(..., tuned=False)`, on shapes that are and are not tile multiples."""
+    if not _quack_ok():
+        pytest.skip("quack-kernels not installed or GPU older than SM90")
+    from optim.kernels.sym_quack import QuackOps, _iface
+
+    ops = QuackOps(general=True)
+    for nb, m, k in [(3, 200, 136), (4, 768, 2048)]:
+        a = torch.randn(nb, m, k, device="cuda").bfloat16()
+        s = ((a.float() @ a.float().mT) / k).bfloat16()
+        x = a / k**0.5
+        ref = _iface().gemm_add(s, x, x, alpha=1.0, beta=-2.5, tuned=False)
+        assert torch.equal(ops.full(s, x, 1.0, x, -2.5), ref)
+
+
 def test_plan_measures_quack_and_reports_its_first_call(seed: int) -> None:
     """With quack-kernels installed on SM90+, the plan key names QuACK's version and the plan times or rejects both
     QuACK candidates, with their first call (compilation) recorded apart from the timed runs."""

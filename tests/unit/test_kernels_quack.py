@@ -188,6 +188,7 @@ def test_plan_drops_a_quack_config_that_fails_and_times_the_rest(monkeypatch: py
     monkeypatch.setattr(sym_quack, "_symmetric_dispatch", lambda: symmetric_dispatch)
     monkeypatch.setattr(sym_quack, "_paired", lambda: paired)
     monkeypatch.setattr(sym_quack, "_gemm_config", lambda name: name)
+    monkeypatch.setattr(sym_quack, "_default_general_config", lambda device: "default")
     monkeypatch.setattr(sym_quack, "usable", lambda device: True)
     monkeypatch.setattr(sym_quack, "configs_usable", lambda device: True)
     monkeypatch.setattr(k, "triton_importable", lambda: False)
