@@ -16,8 +16,8 @@ Candidates (all bf16 operands, fp32 accumulation):
   ptma128o persistent): X X^T and b A + c A^2 by the Triton symmetric kernel (one triangle); with the
   fp16 iterate a I is added in that kernel's epilogue too.
 - `plain_quack_sym`, `plain_quack_all` (only with quack-kernels installed, on SM90+, both dimensions a multiple of
-  8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its gemm_add, `_sym` leaves
-  that to cuBLAS (`optim.kernels.sym_quack`).
+  8): X X^T and b A + c A^2 by QuACK's symmetric GEMM; `_all` also X <- a X + P X by its general GEMM in its
+  default config, `_sym` leaves that to cuBLAS (`optim.kernels.sym_quack`).
 - `plain_quack_all_<config>` (coop256x208_cl1x2, coop128x256_cl2x1, sym128pp, sym128paired; with the QuACK candidates, on SM90,
   where `quack_configs_offered`): `plain_quack_all` with the general product in one of QuACK's explicit SM90 tile
   configs (`sym_quack.GENERAL_CONFIGS`), or the symmetric products in another tile config than QuACK's fixed one
