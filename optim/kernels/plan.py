@@ -34,7 +34,9 @@ Candidates (all bf16 operands, fp32 accumulation):
 Timing (`optim.kernels.timing`, the same protocol as `tools.ns_kernels`): each candidate is first run once (compiled,
 captured, checked against cuBLAS), then all are timed in interleaved rounds, each call started on an idle GPU
 (per-call latency: what a call costs at the start of an optimizer step, host launch gaps included); median per
-candidate; after three rounds only the candidates within 10% of the best are timed further. The fastest median wins,
+candidate; after five rounds a candidate whose fastest call is more than 10% behind the best median is timed no
+further (`timing.interleaved_samples`); the entry records every candidate's median and number of timed calls. The
+fastest median wins,
 except that a `+graph` variant within 5% of its plain twin is taken over it (`pick`): a replay does not depend on how
 fast the host launches, a plain call of a launch-sensitive problem does; and QuACK's default general product within
 3% of an explicit config of it is taken over that config: the plan times on an idle GPU, a large step runs at the
@@ -49,6 +51,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -72,11 +75,12 @@ from optim.kernels.ns_batched import (
     plain_until_last,
 )
 
-# Version of what the plan measures, offers and picks; part of every cache key. 4: `pick` prefers QuACK's default
+# Version of what the plan measures, offers and picks; part of every cache key. 5: five rounds before candidates
+# are dropped, and a candidate is dropped on its fastest call, not its median. 4: `pick` prefers QuACK's default
 # general product within DEFAULT_PREFERENCE of an explicit config of it. 3: `pick` prefers a graph variant
 # within GRAPH_PREFERENCE of its plain twin (2: interleaved per-call-latency timing (optim.kernels.timing) and graph
 # variants by `launch_sensitive`; 1: candidates timed one after another, graph variants up to 2e11 plain FLOPs).
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 # `launch_sensitive`: a problem's GEMM time estimated at the bf16 ceiling (H200, measured: 780 TF/s) against the host
 # time of launching its 3k + 4 kernels at HOST_LAUNCH_S each (an upper estimate for a Python launch, Triton's
 # launcher included). Graph variants are offered while the GEMM time is at most LAUNCH_RATIO times the launch time:
@@ -102,7 +106,10 @@ GRAPH_PREFERENCE = 0.05
 DEFAULT_PREFERENCE = 0.03
 # Timing budget of the plan: about this many ms of timed calls per candidate (interleaved rounds, 3 to 25).
 BUDGET_MS_PER_CANDIDATE = 60.0
-# After three rounds, only candidates within this fraction of the best median are timed further.
+# After MIN_ROUNDS rounds, a candidate whose fastest call is slower than the best median by more than this fraction
+# is timed no further. Five rounds, not three: on the H200 (2026-12-03) the plan dropped QuACK's default NS on
+# 6 x 2048 x 7168 after three rounds at a median of 7.02 ms, and the plan that followed timed it at 5.87 ms.
+MIN_ROUNDS = 5
 KEEP_WITHIN = 0.10
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
 TILE_NAMES = (
@@ -617,14 +624,16 @@ class Planner:
                 fns[name] = functools.partial(call, x)
             except Exception as e:  # noqa: BLE001 - a candidate that cannot run is simply not chosen
                 rejected[name] = f"{type(e).__name__}: {str(e)[:160]}"
-        times, failed = timing.interleaved_medians(
+        samples, failed = timing.interleaved_samples(
             fns,
             timer=timing.timer_for(x.device),
             budget_ms=BUDGET_MS_PER_CANDIDATE * len(fns),
-            min_rounds=3,
+            min_rounds=MIN_ROUNDS,
             max_rounds=25,
             keep_within=KEEP_WITHIN,
         )
+        times = {n: statistics.median(s) for n, s in samples.items()}
+        rounds = {n: len(s) for n, s in samples.items()}
         rejected.update(failed)
         if not times:
             # Nothing could be timed (e.g. out of memory while measuring next to a full model): use the cuBLAS body,
@@ -637,6 +646,7 @@ class Planner:
             return {
                 "method": "plain_torch",
                 "times_ms": {},
+                "rounds": {},
                 "rejected": rejected,
                 "first_call_s": first,
                 "fallback": True,
@@ -649,6 +659,7 @@ class Planner:
         return {
             "method": best,
             "times_ms": times,
+            "rounds": rounds,
             "rejected": rejected,
             "first_call_s": first,
             "plan_s": time.perf_counter() - t_start,
