@@ -283,7 +283,7 @@ def render_markdown(res: dict[str, Any]) -> str:
 
 def render_plan(res: dict[str, Any]) -> list[str]:
     """The plan against its peers, one row per shape (`plan_rows`)."""
-    from optim.kernels.plan import GRAPH_PREFERENCE
+    from optim.kernels.plan import GRAPH_PREFERENCE, KEEP_WITHIN, MIN_ROUNDS
 
     rows = plan_rows(res)
     if not any(r["method"] for r in rows):
@@ -293,8 +293,8 @@ def render_plan(res: dict[str, Any]) -> list[str]:
         "## The plan against its peers (ms)",
         "",
         "Plan columns: the fastest candidate of each family as the plan timed it (its own interleaved rounds, same",
-        "per-call protocol; after 5 rounds a candidate whose fastest call is over 10% behind the best median is",
-        "timed no further);",
+        f"per-call protocol; after {MIN_ROUNDS} rounds a candidate whose fastest call is over {KEEP_WITHIN:.0%} behind",
+        "the best median is timed no further);",
         "Triton row-major: the configs without grouped order or persistence. The plan choice is the fastest",
         f"candidate, or its CUDA-graph variant where that is within {GRAPH_PREFERENCE:.0%} of it (`plan.pick`). Peer",
         "columns (cublas, quack, eo_plain, eo_syrk) as timed above, in the same rounds as ours;",

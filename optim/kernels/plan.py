@@ -104,7 +104,7 @@ GRAPH_PREFERENCE = 0.05
 # fraction. (Kimi K2's 7168 x 8192 o projection: an explicit config won the plan by 0.9% and then took 2.7% longer
 # than the default in the benchmark's rounds right after.)
 DEFAULT_PREFERENCE = 0.03
-# Timing budget of the plan: about this many ms of timed calls per candidate (interleaved rounds, 3 to 25).
+# Timing budget of the plan: about this many ms of timed calls per candidate (interleaved rounds, MIN_ROUNDS to 25).
 BUDGET_MS_PER_CANDIDATE = 60.0
 # After MIN_ROUNDS rounds, a candidate whose fastest call is slower than the best median by more than this fraction
 # is timed no further. Five rounds, not three: on the H200 (2026-12-03) the plan dropped QuACK's default NS on

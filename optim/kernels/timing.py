@@ -130,9 +130,10 @@ def interleaved_samples(
     spent += play(names, 1, stage1)
     names = [n for n in names if n not in errors]
     if keep_within is not None and names and rounds > stage1:
-        best = min(statistics.median(samples[n]) for n in names)
+        med = {n: statistics.median(samples[n]) for n in names}
+        best = min(med.values())
         names = [n for n in names if min(samples[n]) <= (1.0 + keep_within) * best]
-        round_ms = sum(statistics.median(samples[n]) for n in names)
+        round_ms = sum(med[n] for n in names)
         extra = min(rounds - stage1, int(max(budget_ms - spent, 0.0) / max(round_ms, 1e-6)))
         play(names, 1 + stage1, extra)
     return {n: s for n, s in samples.items() if s and n not in errors}, errors
