@@ -36,10 +36,9 @@ RUN pip list --format=freeze \
 
 # Sources last; editable so conf/ next to the code is found; no dependency resolution.
 COPY optim ./optim
-COPY config ./config
+COPY muonbench ./muonbench
 COPY bench ./bench
 COPY recipes ./recipes
-COPY tools ./tools
 COPY experiments ./experiments
 COPY conf ./conf
 COPY Makefile README.md ./

@@ -46,29 +46,29 @@ bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, our
 
 BRIDGE_EXPERIMENT ?= h200/qwen3_30b_a3b_slice_flops_bridge_1gpu
 bridge-diff: $(STAMP) ## Settings that differ between Bridge's run and the megatron engine's (needs TE): ARGS="engine.moe_permute_fusion=true"
-	$(PY) -m tools.bridge_diff experiment=$(BRIDGE_EXPERIMENT) $(ARGS)
+	$(PY) -m bench.tools.bridge_diff experiment=$(BRIDGE_EXPERIMENT) $(ARGS)
 
 bench-ns: $(STAMP) ## Newton-Schulz kernels vs QuACK vs emerging-optimizers vs torch Muon (needs a GPU): reports/ns_kernels_*
-	$(PY) -m tools.ns_kernels $(ARGS)
+	$(PY) -m bench.tools.ns_kernels $(ARGS)
 
 flops: $(STAMP) ## Model and Newton-Schulz FLOPs: make flops ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64"
-	$(PY) -m tools.flops $(ARGS)
+	$(PY) -m bench.tools.flops $(ARGS)
 
 balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model=qwen3_30b_a3b parallelism=dp8_ep8"
-	$(PY) -m tools.balance $(ARGS)
+	$(PY) -m bench.tools.balance $(ARGS)
 
 project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
-	$(PY) -m tools.project $(ARGS)
+	$(PY) -m bench.tools.project $(ARGS)
 
 perfmodel: $(STAMP) ## Performance model calibration and sweeps: README, CSV and plots under reports/perfmodel_gb300_202611
-	$(PY) -m tools.project report=reports/perfmodel_gb300_202611
+	$(PY) -m bench.tools.project report=reports/perfmodel_gb300_202611
 
 optim-step: $(STAMP) ## Time one optimizer step on a Qwen3-30B-A3B layer: make optim-step ARGS="device=cuda"
-	$(PY) -m tools.optim_step $(ARGS)
+	$(PY) -m bench.tools.optim_step $(ARGS)
 
 NPROC ?= 2
 optim-scaling: $(STAMP) ## Layer-wise optimizer step strong scaling on NPROC ranks: make optim-scaling NPROC=8 ARGS="out=DIR"
-	$(PY) -m torch.distributed.run --nproc_per_node=$(NPROC) -m tools.optim_scaling $(ARGS)
+	$(PY) -m torch.distributed.run --nproc_per_node=$(NPROC) -m bench.tools.optim_scaling $(ARGS)
 
 collect: $(STAMP) ## Gather the latest sweep's run directories into runs/<sweep>/report/results.csv (ARGS="--name N": reports/N/)
 	$(PY) -m bench.collect $(ARGS)
@@ -94,10 +94,10 @@ docker-shell: ## Shell in the image with this checkout mounted
 	docker run --rm -it --gpus all --ipc=host -v $(CURDIR):/opt/muonbench -w /opt/muonbench muonbench:26.02 bash
 
 quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
-	$(PY) -m tools.quality profile=cpu
+	$(PY) -m bench.tools.quality profile=cpu
 
 quality-gpu: $(STAMP) ## The same on one GPU, Qwen3-MoE 123 M on installed-package source (resumable): ARGS="out=DIR time_limit_s=S"
-	$(PY) -m tools.quality profile=gpu $(ARGS)
+	$(PY) -m bench.tools.quality profile=gpu $(ARGS)
 
 DEV_STAMP := $(VENV)/.installed-dev
 $(DEV_STAMP): $(STAMP)
@@ -105,7 +105,7 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 lint: $(DEV_STAMP) ## ruff lint
-	$(PY) -m ruff check optim config bench recipes tools experiments tests
+	$(PY) -m ruff check optim muonbench bench recipes experiments tests
 
 typecheck: $(DEV_STAMP) ## mypy strict on optim/
 	$(PY) -m mypy

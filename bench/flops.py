@@ -6,8 +6,8 @@ Model FLOPs follow MCore `megatron/training/training.py::num_floating_point_oper
 optimizer orthogonalizes, per step and per GPU under a parallel layout.
 
 Imports no torch (a login node can run it):
-CLI: `python -m tools.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (summary in
-`tools/flops.py`).
+CLI: `python -m bench.tools.flops model=kimi_k2 parallelism=pp4_dp64_ep64 [format=json]` (summary in
+`bench/tools/flops.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.pipeline import parse_pipeline_layout, stage_layers
-from config.schema import ModelConfig, ParallelismConfig
+from muonbench.pipeline import parse_pipeline_layout, stage_layers
+from muonbench.schema import ModelConfig, ParallelismConfig
 from optim.cost import CONVENTIONS, FORMULAS, ns_flops, ns_flops_mn
 
 __all__ = ["CONVENTIONS", "FORMULAS", "ns_flops", "parse_pipeline_layout", "stage_layers"]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from config.schema import RootConfig
+from muonbench.schema import RootConfig
 
 WORKER_MODULE = "bench.worker"
 
@@ -232,7 +232,7 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
 def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None = None) -> LaunchResult:
     """Check the layout, the engine and the device, then start the run with the configured launcher.
 
-    `prewarmed`: config hashes (`config.config_hash`, the workload without the bench settings) already prewarmed by
+    `prewarmed`: config hashes (`muonbench.config_hash`, the workload without the bench settings) already prewarmed by
     this invocation; a job of such a workload skips its prewarm (the caches are on disk), a prewarmed one is added."""
     from bench.engines import check_engine_present
 
@@ -242,10 +242,10 @@ def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None =
         case "local":
             check_device(cfg)
             if needs_prewarm(cfg):
-                import config
+                import muonbench
                 from bench import record
 
-                key = config.config_hash(cfg)
+                key = muonbench.config_hash(cfg)
                 if prewarmed is not None and key in prewarmed:
                     warm: dict[str, Any] = {
                         "skipped": "this workload was prewarmed earlier in this invocation"
@@ -254,7 +254,7 @@ def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None =
                     print(
                         "== prewarm: one untimed step (kernels compiled, NS plan measured)", file=sys.stderr
                     )
-                    warm = prewarm_local(config.as_dict(cfg), cfg)
+                    warm = prewarm_local(muonbench.as_dict(cfg), cfg)
                     if prewarmed is not None:
                         prewarmed.add(key)
                 record.update_run_json(run_dir, prewarm=warm)

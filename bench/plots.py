@@ -146,7 +146,7 @@ def curves_figure(
 
 
 def step_times_figure(results: list[dict[str, Any]], *, target_ms: float | None = None) -> Any:
-    """Grouped horizontal bars of `tools.optim_step` results: one group per implementation, one bar per result
+    """Grouped horizontal bars of `bench.tools.optim_step` results: one group per implementation, one bar per result
     (its layout and warm-up steps), the median with its IQR as an error bar; `target_ms` as a dashed line."""
     impls: list[str] = []
     for res in results:

@@ -410,7 +410,7 @@ def summarize(
 
 def config_from_dict(d: dict[str, Any]) -> Any:
     """Rebuild the typed `RootConfig` from the plain dict stored in run.json (optimizer schema chosen by name)."""
-    from config import schema
+    from muonbench import schema
 
     d = schema.lift_distribution(d)
     parts = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}

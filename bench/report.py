@@ -337,7 +337,7 @@ def _loss_note(ok: list[dict[str, Any]]) -> str:
         notes.append(
             "With `data=mock` the tokens are uniform random, so no model can go below ln(vocab) nats: the "
             "loss curve checks that training runs (finite, no divergence); it does not compare optimizer "
-            "quality (tools/quality does)."
+            "quality (bench/tools/quality does)."
         )
     warm = {int(w) for w in (_num(r.get("optimizer.lr_warmup_steps")) for r in ok) if w is not None}
     steps = {int(s) for s in (_num(r.get("steps")) for r in ok) if s is not None}

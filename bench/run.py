@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import config
+import muonbench
 from bench import launch, record, sweep
 from bench.record import Status
-from config import schema
+from muonbench import schema
 
 HYDRA_DEFAULTS = {
     "hydra.run.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}_${optimizer.name}",
@@ -160,7 +160,7 @@ def execute(cfg: Any) -> str:
         print(f"== skip {' '.join(sweep.job_key(overrides))}: {rec['status']} in {done}", file=sys.stderr)
         manifest.note(done, rec["status"], str(cfg.bench.report_name))
         return str(rec["status"])
-    root = config.to_typed(cfg)  # validated by the preflight: a ConfigError here is a bug, not a user error
+    root = muonbench.to_typed(cfg)  # validated by the preflight: a ConfigError here is a bug, not a user error
     run_dir = sweep.claim_run_dir(Path(hc.runtime.output_dir).resolve())
     run_id = str(run_dir.relative_to(out_dir)) if run_dir.is_relative_to(out_dir) else run_dir.name
     record.write_json_atomic(
@@ -168,8 +168,8 @@ def execute(cfg: Any) -> str:
         record.new_run_record(
             run_id=run_id,
             run_dir=run_dir,
-            config=config.as_dict(root),
-            config_hash=config.config_hash(root),
+            config=muonbench.as_dict(root),
+            config_hash=muonbench.config_hash(root),
             overrides=overrides,
             command=["python", "-m", "bench.run", *manifest.argv],
             choices={str(k): str(v) for k, v in hc.runtime.choices.items() if not str(k).startswith("hydra")},
@@ -242,7 +242,7 @@ def main() -> None:
 
     argv = list(sys.argv[1:])
     if any(a in ("-h", "--help") for a in argv):
-        from config.cli_help import run_usage
+        from muonbench.cli_help import run_usage
 
         print(run_usage())
         return
@@ -251,7 +251,7 @@ def main() -> None:
     ):
         sys.argv = [sys.argv[0], *with_hydra_defaults(argv)]  # Hydra's own inspection flags: no job runs
         schema.register_configs()
-        hydra.main(config_path=str(config.CONF_DIR), config_name="config", version_base="1.3")(execute)()
+        hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
         return
     resume = [a.split("=", 1)[1] for a in argv if a.startswith(sweep.RESUME_KEY + "=")]
     try:
@@ -273,8 +273,8 @@ def main() -> None:
         sys.exit(2)
     sys.argv = [sys.argv[0], *with_hydra_defaults(argv)]
     schema.register_configs()
-    task = hydra.main(config_path=str(config.CONF_DIR), config_name="config", version_base="1.3")(execute)
-    out_dir = Path(config.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
+    task = hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)
+    out_dir = Path(muonbench.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
     manifest = sweep.Manifest(out_dir=out_dir, argv=argv)
     _STATE["manifest"] = manifest
     manifest.write()  # LATEST.json points at this invocation before its first job starts

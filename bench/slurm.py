@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from config.schema import RootConfig
+from muonbench.schema import RootConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RDZV_PORT = 29500

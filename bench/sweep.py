@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import config
+import muonbench
 from bench import record
 
 RESUME_KEY = "bench.resume"
@@ -54,7 +54,7 @@ def preflight(jobs: list[list[str]]) -> list[str]:
     errors = []
     for job in jobs:
         try:
-            config.check_runnable(config.load(list(job_key(job))))
+            muonbench.check_runnable(muonbench.load(list(job_key(job))))
         except ValueError as exc:
             label = " ".join(job_key(job)) or "(defaults)"
             errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))

@@ -13,7 +13,7 @@ Norms, casts, momentum and scaling are memory-bound and not counted.
 `choose_tp_mode` (`tp_mode=auto`) compares the predicted time of duplicated and distributed NS for one
 TP-sharded weight: GPU time from the FLOP count at a short-side dependent fraction m / (m + 600) of the achievable
 GEMM rate (fitted to H200 NS measurements, docs/references.md#h200-baseline), communication
-from ring collectives on the group's link. The performance model (`tools.perfmodel`) uses the same functions.
+from ring collectives on the group's link. The performance model (`bench.tools.perfmodel`) uses the same functions.
 Imports nothing but the standard library.
 """
 

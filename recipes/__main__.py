@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 
-from config import load
+from muonbench import load
 from recipes.fields import bridge_version
 from recipes.overrides import AB_MODES, build_plan, unknown_fields
 
@@ -18,7 +18,7 @@ from recipes.overrides import AB_MODES, build_plan, unknown_fields
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
-        from config.cli_help import usage
+        from muonbench.cli_help import usage
 
         print(
             usage(

@@ -1,6 +1,6 @@
 """Apply a `BridgePlan` onto a live Megatron-Bridge ConfigContainer (NeMo container only; imports are lazy).
 
-    container, plan = build_config_container(root)          # root: config.schema.RootConfig
+    container, plan = build_config_container(root)          # root: muonbench.schema.RootConfig
     pretrain(container, forward_step, callbacks=[...])
 
 Steps: import the model's Bridge recipe and call it; swap in the mixed-precision preset; set every override,
@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from config.schema import OPTIMIZER_SCHEMAS, DistributionConfig, RootConfig
+from muonbench.schema import OPTIMIZER_SCHEMAS, DistributionConfig, RootConfig
 from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, build_plan
 
 REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
@@ -132,7 +132,7 @@ def _ours_optimizer_class() -> type:
             pg_collection: Any = None,
         ) -> Any:
             del config_overrides, use_gloo_process_groups, pg_collection
-            from config.convert import optim_configs
+            from muonbench.convert import optim_configs
             from optim.megatron import build_ours
 
             opt = OPTIMIZER_SCHEMAS[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)

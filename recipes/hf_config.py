@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from config.schema import ModelConfig
+from muonbench.schema import ModelConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.schema import ModelConfig
+from muonbench.schema import ModelConfig
 
 Sections = dict[str, dict[str, Any]]
 

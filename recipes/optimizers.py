@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.schema import (
+from muonbench.schema import (
     AdamWSchema,
     DistributionConfig,
     MatrixOptimizerSchema,

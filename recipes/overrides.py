@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.schema import (
+from muonbench.schema import (
     BenchConfig,
     HardwareConfig,
     ModelConfig,

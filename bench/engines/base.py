@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from config.schema import RootConfig
+from muonbench.schema import RootConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

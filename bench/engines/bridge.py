@@ -34,7 +34,7 @@ import time
 from typing import Any
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
-from config.schema import RootConfig
+from muonbench.schema import RootConfig
 
 _POLL_S = 5.0
 

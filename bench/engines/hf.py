@@ -27,8 +27,8 @@ import torch.distributed as dist
 from bench.engines.base import Engine, RankInfo, StepMetrics
 from bench.models.hf_build import build_model, padded_vocab_size
 from bench.timing import PhaseTimer, ns_flops_plain
-from config import convert
-from config.schema import MatrixOptimizerSchema, RootConfig
+from muonbench import convert
+from muonbench.schema import MatrixOptimizerSchema, RootConfig
 
 
 class TokenStream:

@@ -18,7 +18,7 @@ import random
 from typing import Any, ClassVar
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
-from config.schema import RootConfig
+from muonbench.schema import RootConfig
 
 
 def _init_distributed(rank: RankInfo, backend: str) -> bool:

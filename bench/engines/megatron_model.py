@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from config.schema import EngineConfig, ModelConfig, ParallelismConfig, RootConfig
+from muonbench.schema import EngineConfig, ModelConfig, ParallelismConfig, RootConfig
 
 
 def te_available() -> bool:
@@ -117,7 +117,7 @@ def transformer_config_kwargs(
     model: ModelConfig, par: ParallelismConfig, opts: BuildOptions
 ) -> tuple[type, dict[str, Any]]:
     """The config class and the keyword arguments `transformer_config` builds it from (every field not named keeps
-    Megatron-Core's default). Builds nothing: `tools.bridge_diff` reads the fields on a machine without CUDA or TE."""
+    Megatron-Core's default). Builds nothing: `bench.tools.bridge_diff` reads the fields on a machine without CUDA or TE."""
     import torch
     import torch.nn.functional as F
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig

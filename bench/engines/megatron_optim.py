@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from config.schema import RootConfig
+from muonbench.schema import RootConfig
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
     "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
@@ -72,7 +72,7 @@ def megatron_muon_tp_mode(cfg: RootConfig) -> str:
 
 def megatron_config(cfg: RootConfig) -> Any | None:
     """The Megatron OptimizerConfig `build` hands Megatron for AdamW or Megatron's Muon; None for ours."""
-    from config.convert import convert
+    from muonbench.convert import convert
     from optim import megatron as om
 
     kind = implementation(cfg)
@@ -92,7 +92,7 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     from optim import megatron as om
 
     kind = implementation(cfg)
-    from config.convert import convert
+    from muonbench.convert import convert
 
     matrix, routing, adamw = convert(cfg.optimizer)
     clip = cfg.optimizer.clip_grad

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.schema import ModelConfig
+from muonbench.schema import ModelConfig
 
 
 def padded_vocab_size(model: ModelConfig) -> int:

@@ -212,7 +212,7 @@ def render(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from config.cli_help import module_help
+    from muonbench.cli_help import module_help
 
     if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
         return 0

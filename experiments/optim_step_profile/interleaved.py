@@ -26,8 +26,8 @@ def main(argv: list[str]) -> int:
 
     from optim import Muon, MuonConfig
     from optim.kernels.timing import rotation
-    from tools.ns_kernels_measure import make_params
-    from tools.optim_step import layer_shapes
+    from bench.tools.ns_kernels_measure import make_params
+    from bench.tools.optim_step import layer_shapes
 
     args = dict(a.split("=", 1) for a in argv)
     names = args.get("variants", "optim_muon,no_side").split(",")

@@ -43,8 +43,8 @@ def main(argv: list[str]) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from optim import Muon, MuonConfig
-    from tools.ns_kernels_measure import make_params
-    from tools.optim_step import layer_shapes
+    from bench.tools.ns_kernels_measure import make_params
+    from bench.tools.optim_step import layer_shapes
 
     args = dict(a.split("=", 1) for a in argv)
     out = args.get("out", "profile.json")

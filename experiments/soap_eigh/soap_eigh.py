@@ -2,7 +2,7 @@
 
     python -m experiments.soap_eigh.soap_eigh [profile=gpu] [device=cuda] [streams=2,4,8] [repeats=1] [out=FILE]
 
-The census comes from the real optimizer: `tools.quality`'s model of the profile and its SOAP-REKLS
+The census comes from the real optimizer: `bench.tools.quality`'s model of the profile and its SOAP-REKLS
 (`optim.optimizers.soap.SOAP`) give the side lengths of every preconditioned factor, counted per expert (gpu profile:
 824 of 512 and 256 of 256; SOAP-REKLS steps took about 1.6 s on one H200 with the single batched eigh per factor).
 For each side length, on random symmetric positive semi-definite factors of that count, one refresh is timed as
@@ -53,8 +53,8 @@ def parse_args(argv: list[str]) -> dict[str, str]:
 def factor_census(profile: str) -> Counter[int]:
     """Side length -> number of preconditioned factors of SOAP-REKLS on the quality model of `profile`."""
     from optim.optimizers.soap import SOAP
-    from tools.quality import run
-    from tools.quality.config import parse_cli
+    from bench.tools.quality import run
+    from bench.tools.quality.config import parse_cli
 
     cfg = parse_cli([f"profile={profile}", "device=cpu"])
     with torch.device("meta"):

@@ -10,8 +10,8 @@ import torch
 def test_census_of_the_tiny_quality_model() -> None:
     """Counted per expert from the optimizer's own parameters: the tiny model's expert stacks dominate."""
     from experiments.soap_eigh.soap_eigh import factor_census
-    from tools.quality import run
-    from tools.quality.config import parse_cli
+    from bench.tools.quality import run
+    from bench.tools.quality.config import parse_cli
 
     census = factor_census("tiny")
     cfg = parse_cli(["profile=tiny", "device=cpu"])

@@ -14,7 +14,7 @@ set of gradients on random tokens, then times `opt.step()` on those gradients:
     python -m experiments.soap_step.soap_step profile=gpu device=cuda steps=10 profile_steps=3 \\
         out=soap_step.json
 
-Arguments are the quality bench's (`tools.quality.config`) plus `steps` (timed steps after the warm-up, which
+Arguments are the quality bench's (`bench.tools.quality.config`) plus `steps` (timed steps after the warm-up, which
 runs until the first refresh after step 1 is behind it), `profile_steps` (then profiled, 3 by default, refresh
 steps skipped unless `profile_refresh=1`: a run that profiled 10 steps with a refresh in them did not finish
 within 170 s on the H200), `out` (JSON file, written before profiling and again after; printed too) and
@@ -151,8 +151,8 @@ def run(argv: list[str]) -> dict[str, Any]:
     """Timed steps first (printed as measured; the JSON written before profiling starts), then the profile."""
     import torch.nn.functional as F
 
-    from tools.quality import run as qrun
-    from tools.quality.config import parse_cli
+    from bench.tools.quality import run as qrun
+    from bench.tools.quality.config import parse_cli
 
     kv = dict(a.split("=", 1) for a in argv if "=" in a)
     steps = int(kv.pop("steps", "10"))

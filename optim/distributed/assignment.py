@@ -10,7 +10,7 @@ on it alone; the step time is the slowest rank's. Three strategies, selectable b
   matrices on one rank run as one batched call (one fixed launch cost per shape and rank, then a per-matrix cost),
   so the greedy prefers co-locating equal shapes. A measured per-shape table replaces the analytic model.
 
-No torch, no torch.distributed: `tools.balance` and the performance model call these from shapes alone.
+No torch, no torch.distributed: `bench.tools.balance` and the performance model call these from shapes alone.
 """
 
 from __future__ import annotations

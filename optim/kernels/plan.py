@@ -31,7 +31,7 @@ Candidates (all bf16 operands, fp32 accumulation):
   q and o, k / v, the MLA projections and the routers, not 7168 x 8192 and larger, not the expert batches), where
   the host cost of launching a call's ~3k + 4 kernels is a visible share of the call.
 
-Timing (`optim.kernels.timing`, the same protocol as `tools.ns_kernels`): each candidate is first run once (compiled,
+Timing (`optim.kernels.timing`, the same protocol as `bench.tools.ns_kernels`): each candidate is first run once (compiled,
 captured, checked against cuBLAS), then all are timed in interleaved rounds, each call started on an idle GPU
 (per-call latency: what a call costs at the start of an optimizer step, host launch gaps included); median per
 candidate; after five rounds a candidate whose fastest call is more than 10% behind the best median is timed no

@@ -62,7 +62,7 @@ class GeneralConfig:
 # 128 x 192, 2 x 1 cluster) reached 500 (Qwen3 fc1 batch, K = 1536) and 275 TF/s (fc2, K = 768) of a 779 TF/s
 # bf16 ceiling on the H200. Per CTA and k-step the default loads 128 + 192 / 2 rows of A and B from L2 for
 # 2 x 128 x 192 MACs (110 FLOP per byte); the ones below load fewer bytes per FLOP, their tiles cover every
-# expert batch and large single matrix of tools.ns_kernels with at most 5% padding, and the cluster multicasts
+# expert batch and large single matrix of bench.tools.ns_kernels with at most 5% padding, and the cluster multicasts
 # the operand that its pair of CTAs shares:
 # - coop256x208_cl1x2: cooperative 256 x 208 (two warp groups of 128 x 208), 1 x 2 cluster sharing A: 158 FLOP
 #   per byte, the most of the tuning space; 208 fp32 accumulators per thread.

@@ -1,4 +1,4 @@
-"""One timing protocol for the NS plan (`optim.kernels.plan`) and the NS benchmark (`tools.ns_kernels`).
+"""One timing protocol for the NS plan (`optim.kernels.plan`) and the NS benchmark (`bench.tools.ns_kernels`).
 
 Quantity: the latency of one call started on an idle GPU. Before each timed call the host waits for the device, a
 CUDA event is recorded, the call is made, a second event is recorded and waited for; the time between the events

@@ -4,11 +4,11 @@
 # Transformer Engine layers, without and with Bridge's permute and RoPE fusions; last, the engine with every Bridge
 # setting it has an option for, and Bridge AdamW, in crossover order.
 # Needs Transformer Engine + Megatron-Bridge 0.6.2 + Megatron-Core 0.19.2 (the NeMo image built by `make docker-build
-# PLATFORM=linux/amd64`, or `tools/install_bridge_stack.sh WHEELS` then PYTHONPATH=/tmp/site). About 32 minutes.
+# PLATFORM=linux/amd64`, or `bench/tools/install_bridge_stack.sh WHEELS` then PYTHONPATH=/tmp/site). About 32 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-python}
-$PY -m tools.project experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=muon   # the prediction
+$PY -m bench.tools.project experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=muon   # the prediction
 $PY -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw,muon,muon_megatron
 $PY -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu engine.layers=te \
     engine.moe_permute_fusion=false,true engine.apply_rope_fusion=false

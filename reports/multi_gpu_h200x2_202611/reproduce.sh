@@ -11,6 +11,6 @@ mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0
 MUONBENCH_TEST_WORLD=$NGPU $PY -m pytest -q -m gpu tests/gpu/test_dist_nccl.py
 for n in $(seq 1 "$NGPU"); do
-    $PY -m torch.distributed.run --nproc_per_node="$n" -m tools.optim_scaling strategies=lpt_cost format=json \
+    $PY -m torch.distributed.run --nproc_per_node="$n" -m bench.tools.optim_scaling strategies=lpt_cost format=json \
         out="$OUT/world$n"
 done

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-reports/ns_kernels_local}
-$PY -m tools.ns_kernels out="$OUT" eo_syrk=none
+$PY -m bench.tools.ns_kernels out="$OUT" eo_syrk=none

@@ -7,8 +7,8 @@
 #   pytest_new.log, pytest_quack.log  the new Triton configs and QuACK's products against fp32 (run first: a config
 #                                     that fails there is kept out of the plan, QuACK's explicit general- and
 #                                     symmetric-product configs too; QuACK dropped if its own products fail)
-#   ns_kernels_h200_202612/           tools.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
-#   optim_step.json                   tools.optim_step (20 steps after 5 warm-up steps): Qwen3-30B-A3B layer step,
+#   ns_kernels_h200_202612/           bench.tools.ns_kernels: results.json/.csv, README.md, ns.png, ns_plan.json
+#   optim_step.json                   bench.tools.optim_step (20 steps after 5 warm-up steps): Qwen3-30B-A3B layer step,
 #   optim_step_buckets.json           joint and split gate/up fc1, parameters as separate tensors, and in the
 #                                     layer-wise optimizer's buffers
 #   optim_step_capped_*.json          the same after 20 warm-up steps (the power-capped state alone), both layouts
@@ -66,10 +66,10 @@ elif [ -f "$OUT/gates.env" ]; then
 fi
 R=$OUT/ns_kernels_h200_202612
 if has ns; then
-    timeout "$(left 440)" python3 -m tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
+    timeout "$(left 440)" python3 -m bench.tools.ns_kernels out="$R" eo_syrk=none > "$OUT/bench.log" 2>&1
     echo "bench rc=$? t=${SECONDS}s"
 fi
-STEP="python3 -m tools.optim_step device=cuda format=json repeats=20 warmup=5"
+STEP="python3 -m bench.tools.optim_step device=cuda format=json repeats=20 warmup=5"
 IMPLS=adamw_foreach,optim_muon,optim_muon_split,optim_muon_fp16,optim_muon_vouched,optim_muon_no_ns
 if has steps; then  # separate tensors, then the layer-wise optimizer's flat buffers, then both capped
     MUONBENCH_CACHE=$R timeout "$(left 490)" $STEP impls=$IMPLS,eo_muon > "$OUT/optim_step.json" 2>> "$OUT/bench.log"
@@ -93,8 +93,8 @@ fi
 # results.json is written after every shape, so the plan table prints even if the benchmark was cut short
 python3 - "$R/results.json" "$OUT"/optim_step*.json <<'PY' || true
 import json, sys
-from tools.ns_kernels import render_markdown, render_plan
-from tools.optim_step import to_markdown
+from bench.tools.ns_kernels import render_markdown, render_plan
+from bench.tools.optim_step import to_markdown
 try:
     res = json.load(open(sys.argv[1]))
 except (OSError, ValueError) as e:

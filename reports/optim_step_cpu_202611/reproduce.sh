@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
-$PY -m tools.optim_step threads=1 format=json repeats=10 impls=adamw_foreach,optim_muon,optim_muon_no_ns
+$PY -m bench.tools.optim_step threads=1 format=json repeats=10 impls=adamw_foreach,optim_muon,optim_muon_no_ns

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
-$PY -m tools.optim_step device=cuda format=md
+$PY -m bench.tools.optim_step device=cuda format=md

@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-reports/perfmodel_local}
-$PY -m tools.project report="$OUT"
+$PY -m bench.tools.project report="$OUT"

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-reports/quality_cpu_split_gate_up_local}
-$PY -m tools.quality profile=cpu optimizers=adamw,muon,muon_split_gate_up out="$OUT"
+$PY -m bench.tools.quality profile=cpu optimizers=adamw,muon,muon_split_gate_up out="$OUT"
 for seed in 1235 1236; do
-    $PY -m tools.quality profile=cpu seed=$seed optimizers=adamw,muon,muon_split_gate_up out="$OUT/seed$seed"
+    $PY -m bench.tools.quality profile=cpu seed=$seed optimizers=adamw,muon,muon_split_gate_up out="$OUT/seed$seed"
 done

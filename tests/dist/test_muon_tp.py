@@ -243,8 +243,8 @@ def test_megatron_tp_specs_from_routes_and_auto_fn() -> None:
         tp_specs(routed, {"tp": tp, "expt_tp": etp}, "sideways")
 
     from bench.engines.megatron_optim import tp_mode_fn
-    from tools.perfmodel import choose_tp_mode
-    from tools.perfmodel.nscost import load_hardware
+    from bench.tools.perfmodel import choose_tp_mode
+    from bench.tools.perfmodel.nscost import load_hardware
 
     hw = load_hardware("h200")
     pick = tp_mode_fn(SimpleNamespace(hardware=hw))  # type: ignore[arg-type]

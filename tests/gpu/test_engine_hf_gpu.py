@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import config
+import muonbench
 from bench import flops
 from bench.engines import RankInfo, engine_class
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_hf_engine_steps_on_cuda(optimizer):
-    cfg = config.load(
+    cfg = muonbench.load(
         [
             "model=qwen3_moe_tiny",
             "parallelism=single_gpu",

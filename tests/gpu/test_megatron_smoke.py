@@ -28,11 +28,11 @@ TINY = [
 
 
 def _engine(overrides: list[str]):
-    import config
+    import muonbench
     from bench.engines.base import RankInfo
     from bench.engines.megatron import MegatronEngine
 
-    cfg = config.load(TINY + overrides)
+    cfg = muonbench.load(TINY + overrides)
     eng = MegatronEngine()
     eng.setup(cfg, RankInfo(rank=0, world_size=1, local_rank=0))
     return eng

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tools.quality import data, run
+from bench.tools.quality import data, run
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""tools.balance: per-rank NS load, imbalance and bytes of the layer-wise optimizer from shapes alone."""
+"""bench.tools.balance: per-rank NS load, imbalance and bytes of the layer-wise optimizer from shapes alone."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from config import load
-from tools.balance import _segments_bytes, analyse, main, stage_matrices
+from muonbench import load
+from bench.tools.balance import _segments_bytes, analyse, main, stage_matrices
 
 KIMI = ["model=kimi_k2", "parallelism=pp4_dp64_ep64"]
 QWEN = ["model=qwen3_30b_a3b", "parallelism=dp8_ep8"]
@@ -81,8 +81,8 @@ def test_cli_text_and_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cost_table_from_ns_kernels_csv(tmp_path) -> None:
-    """A tools.ns_kernels results.csv calibrates the model: fixed = fastest single call, per = (ms - fixed) / B."""
-    from tools.balance import cost_model_from
+    """A bench.tools.ns_kernels results.csv calibrates the model: fixed = fastest single call, per = (ms - fixed) / B."""
+    from bench.tools.balance import cost_model_from
 
     path = tmp_path / "results.csv"
     path.write_text(

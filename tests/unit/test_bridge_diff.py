@@ -1,4 +1,4 @@
-"""tools.bridge_diff on the live configs: Megatron-Bridge 0.6.2's ConfigContainer of the FLOP-matched Qwen3-30B-A3B
+"""bench.tools.bridge_diff on the live configs: Megatron-Bridge 0.6.2's ConfigContainer of the FLOP-matched Qwen3-30B-A3B
 slice (built by its own recipe, offline) against the megatron engine's TransformerConfig / DDP / optimizer configs.
 
 Localises: a fusion or buffer setting that differs between the two engines without being reported (the Bridge vs
@@ -63,7 +63,7 @@ PERF_DIFF: dict[str, tuple[Any, Any]] = {
 def diffs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The slice compared as configured and with the engine options set to Bridge's values (Bridge imports once)."""
     import_bridge()
-    from tools.bridge_diff import compare
+    from bench.tools.bridge_diff import compare
 
     return {
         "as_is": compare([SLICE], hf_dir=tmp_path_factory.mktemp("hf_as_is")),
@@ -113,7 +113,7 @@ def test_other_optimizers_and_layers_are_classified(variant: str, tmp_path) -> N
     """Ours, Megatron's Muon and the engine's local layers: every difference has a rule; only the layer row may
     differ among the shapes (local layers are the one intended difference)."""
     import_bridge()
-    from tools.bridge_diff import compare
+    from bench.tools.bridge_diff import compare
 
     diff = compare([SLICE, variant], hf_dir=tmp_path)
     assert diff.of_kind("unclassified") == []
@@ -177,7 +177,7 @@ def test_engine_flips_remove_exactly_their_rows(diffs) -> None:
 
 
 def test_render_has_the_four_tables(diffs) -> None:
-    from tools.bridge_diff import render
+    from bench.tools.bridge_diff import render
 
     text = render(diffs["as_is"])
     assert text.count("| field | Megatron-Bridge | megatron engine |") == 4
@@ -185,7 +185,7 @@ def test_render_has_the_four_tables(diffs) -> None:
 
 
 def test_engine_group_override_is_refused() -> None:
-    from tools.bridge_diff import split_args
+    from bench.tools.bridge_diff import split_args
 
     with pytest.raises(ValueError, match="engines are fixed"):
         split_args([SLICE, "engine=hf"])
@@ -198,7 +198,7 @@ def test_engine_group_override_is_refused() -> None:
 def test_cli_says_bridge_needs_transformer_engine() -> None:
     """Without TE the product does not import Bridge (the stand-in is for tests only): a clear exit, no traceback."""
     from bench.engines.megatron_model import te_available
-    from tools.bridge_diff import main
+    from bench.tools.bridge_diff import main
 
     if te_available():
         pytest.skip("Transformer Engine imports here: the CLI runs")

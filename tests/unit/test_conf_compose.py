@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from config import CONF_DIR, load, schema
+from muonbench import CONF_DIR, load, schema
 
 GROUPS = ("model", "parallelism", "optimizer", "hardware", "precision", "engine", "launcher")
 # Options that only validate next to a matching model (experts divisible by EP, layers matching the layout).
@@ -144,7 +144,7 @@ def test_hardware_rows_carry_sources() -> None:
 def test_muon_split_gate_up_option_is_muon_with_the_split() -> None:
     """`optimizer=muon_split_gate_up` composes to exactly `optimizer=muon optimizer.split_gate_up=true`, so the runs
     of both spellings share a configuration hash (bench.report pools by it)."""
-    from config import config_hash
+    from muonbench import config_hash
 
     short = load(["optimizer=muon_split_gate_up"])
     long = load(["optimizer=muon", "optimizer.split_gate_up=true"])

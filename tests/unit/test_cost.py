@@ -24,7 +24,7 @@ def test_engine_choice_equals_performance_model_on_every_hardware_row() -> None:
     model predicts with its own rates and links: they must agree, or the report explains a choice the run never
     made."""
     from bench.engines.megatron_optim import tp_mode_fn
-    from tools.perfmodel.nscost import choose_tp_mode, load_hardware
+    from bench.tools.perfmodel.nscost import choose_tp_mode, load_hardware
 
     seen = set()
     for name in ("h200", "h100", "b200", "gb300"):

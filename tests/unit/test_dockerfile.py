@@ -64,10 +64,10 @@ def rule_violations(text: str) -> list[str]:
     copies = [m.group(1) for m in re.finditer(r"^COPY (\S+)", text, re.MULTILINE)]
     if "pyproject.toml" not in copies or any(
         c in copies[: copies.index("pyproject.toml")]
-        for c in ("optim", "config", "bench", "recipes", "tools", "experiments", ".")
+        for c in ("optim", "muonbench", "bench", "recipes", "experiments", ".")
     ):
         bad.append("COPY pyproject.toml before the sources")
-    for pkg in ("optim", "config", "bench", "recipes", "tools", "experiments", "conf"):
+    for pkg in ("optim", "muonbench", "bench", "recipes", "experiments", "conf"):
         if pkg not in copies:
             bad.append(f"COPY {pkg} missing")
     if "versions.json" not in text or not re.search(r"^ENV MUONBENCH_VERSIONS=", text, re.MULTILINE):

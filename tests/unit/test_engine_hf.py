@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import config
+import muonbench
 from bench import flops
 from bench.engines import RankInfo, engine_class
 
@@ -23,7 +23,7 @@ def one_thread():
 
 
 def _cfg(*overrides: str):
-    return config.load(
+    return muonbench.load(
         [
             "model=qwen3_moe_tiny",
             "parallelism=single_gpu",
@@ -95,7 +95,7 @@ def test_deepseek_family_builds_and_steps():
 def test_bad_engine_inputs_are_value_errors():
     eng = engine_class("hf")()
     with pytest.raises(ValueError, match="world_size=2 but 1 processes"):
-        eng.setup(config.load(["experiment=cpu/qwen3_moe_tiny_dp2"]), ONE_RANK)
+        eng.setup(muonbench.load(["experiment=cpu/qwen3_moe_tiny_dp2"]), ONE_RANK)
     with pytest.raises(ValueError, match="bench.data='indexed:/x'"):
         eng.setup(_cfg("bench.data=indexed:/x"), ONE_RANK)
     with pytest.raises(ValueError, match=r"optimizer.ns_overlap=True: engine=megatron only"):

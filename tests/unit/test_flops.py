@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from bench import flops
-from config import ConfigError, load
-from config.schema import ModelConfig, ParallelismConfig
+from muonbench import ConfigError, load
+from muonbench.schema import ModelConfig, ParallelismConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -249,7 +249,7 @@ def test_ns_per_gpu_options(cfgs) -> None:
 # ------------------------------------------------------------------------------------------------ CLI and errors
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "tools.flops", *args],
+        [sys.executable, "-m", "bench.tools.flops", *args],
         cwd=REPO,
         capture_output=True,
         text=True,

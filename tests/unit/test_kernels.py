@@ -1,5 +1,5 @@
 """CPU tests of optim.kernels: torch fallback vs the reference NS, the Triton symmetric kernel under the
-interpreter, the fused-step references, the plan cache file, and tools.ns_kernels' table/JSON path."""
+interpreter, the fused-step references, the plan cache file, and bench.tools.ns_kernels' table/JSON path."""
 
 from __future__ import annotations
 
@@ -298,8 +298,8 @@ def test_plan_cache_roundtrip(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_bench_cpu_smoke(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # type: ignore[no-untyped-def]
-    """tools.ns_kernels device=cpu runs every implementation on tiny shapes and writes json/csv/md/png."""
-    from tools import ns_kernels
+    """bench.tools.ns_kernels device=cpu runs every implementation on tiny shapes and writes json/csv/md/png."""
+    from bench.tools import ns_kernels
 
     monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path / "cache"))
     assert ns_kernels.main(["device=cpu", f"out={tmp_path}", "format=json"]) == 0

@@ -64,7 +64,7 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
-# tools.ns_kernels shapes whose (B, m, n) problem gets the explicit general-product configs: the expert batches and
+# bench.tools.ns_kernels shapes whose (B, m, n) problem gets the explicit general-product configs: the expert batches and
 # the single matrices from 7168 x 8192 up (not launch-bound), not attention q / o, k / v, MLA or routers.
 CONFIG_SHAPES = {
     "qwen_fc1_x128", "qwen_fc2_x128", "k2_expert_half_x8", "k2_fc1_x6", "k2_fc2_x6", "k2_o", "k2_dense_fc2",
@@ -85,7 +85,7 @@ def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
     that does not map to its config."""
     from optim.kernels.plan import _ops, candidate_names
     from optim.kernels.sym_quack import GENERAL_CONFIGS, SYMMETRIC_CONFIGS, QuackOps
-    from tools.ns_kernels import SHAPES
+    from bench.tools.ns_kernels import SHAPES
 
     configs = [*GENERAL_CONFIGS, *SYMMETRIC_CONFIGS]
     assert configs == [n.removeprefix("plain_quack_all_") for n in CONFIG_CANDIDATES]
@@ -236,7 +236,7 @@ def test_tile_config_rejects_grouped_or_persistent_without_tma() -> None:
 def test_family_best_splits_the_plan_times() -> None:
     """The kernel report's families: cuBLAS bodies, QuACK, Triton, and Triton without grouped order or persistence."""
     pytest.importorskip("triton")
-    from tools.ns_kernels_measure import family, family_best
+    from bench.tools.ns_kernels_measure import family, family_best
 
     times = {
         "plain_torch": 2.0,
@@ -261,7 +261,7 @@ def test_family_best_splits_the_plan_times() -> None:
 
 
 def _result() -> dict[str, object]:
-    """A results dict as `tools.ns_kernels_measure.run_all` writes it (one shape, the plan, one micro row)."""
+    """A results dict as `bench.tools.ns_kernels_measure.run_all` writes it (one shape, the plan, one micro row)."""
     fb = {"cublas": ("plain_torch", 1.3), "triton_rowmajor": ("plain_sym_t128", 1.15)}
     fb |= {"triton": ("plain_sym_ptma128", 1.0), "quack": ("plain_quack_all", 0.98)}
     impls = {
@@ -304,7 +304,7 @@ def _result() -> dict[str, object]:
 def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
     """plan_rows: the fastest of cublas / quack / EO columns (not torch.optim.Muon, other coefficients) and the
     ratio; the README gets the plan and product tables."""
-    from tools.ns_kernels import plan_rows, render_markdown
+    from bench.tools.ns_kernels import plan_rows, render_markdown
 
     (row,) = plan_rows(_result())
     assert row["fastest_peer"] == "quack" and row["fastest_peer_ms"] == 0.99
@@ -325,7 +325,7 @@ def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
 def test_product_table_shows_quack_symmetric_configs_where_measured() -> None:
     """render_micro: a column per QuACK symmetric tile config that the run measured (SYMMETRIC_CONFIGS), between
     QuACK's fixed tiles and the ratio; no such column when no row has one."""
-    from tools.ns_kernels import render_micro
+    from bench.tools.ns_kernels import render_micro
 
     res = _result()
     (micro,) = res["product_micro"]
@@ -339,9 +339,9 @@ def test_product_table_shows_quack_symmetric_configs_where_measured() -> None:
 
 
 def test_bench_layer_step_has_split_and_cublas_columns_on_cpu(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """tools.ns_kernels device=cpu: the fixed-cuBLAS NS column and optim.Muon with split gate/up halves run; the
+    """bench.tools.ns_kernels device=cpu: the fixed-cuBLAS NS column and optim.Muon with split gate/up halves run; the
     split step moves the parameters differently from the joint one (a different orthogonalization)."""
-    from tools import ns_kernels_measure as m
+    from bench.tools import ns_kernels_measure as m
 
     monkeypatch.setenv("MUONBENCH_CACHE", str(tmp_path))
     row = m.measure_shape(("tiny", 32, 48, 2, "tiny", "cpu"), "cpu", True, lambda s: None)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import config
+import muonbench
 from bench import launch, run
 
 
 def _cfg(*overrides: str):
-    return config.load(["experiment=cpu/qwen3_moe_tiny_dp2", *overrides])
+    return muonbench.load(["experiment=cpu/qwen3_moe_tiny_dp2", *overrides])
 
 
 def test_local_command_is_torchrun_with_world_size_processes(tmp_path):
@@ -111,7 +111,7 @@ def test_slurm_script_of_kimi_k2_matches_its_layout(tmp_path):
     bench.slurm writer: nodes, GPUs per node, env and the worker, checked as text; a dry run exits 0."""
     import subprocess
 
-    cfg = config.load(["experiment=gb300/kimi_k2_muon", "launcher=slurm"])
+    cfg = muonbench.load(["experiment=gb300/kimi_k2_muon", "launcher=slurm"])
     res = subprocess.run(
         [
             sys.executable,
@@ -154,7 +154,7 @@ def test_cli_unknown_option_lists_the_available_ones(tmp_path):
 
 def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_path):
     """Localises a hung run that blocks the sweep, or a timed-out run recorded as ok/error."""
-    import config as cfgmod
+    import muonbench as cfgmod
     from bench import record
 
     cfg = _cfg("bench.timeout_s=1")
@@ -179,18 +179,18 @@ def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_
 
 def test_prewarm_applies_to_ours_on_megatron_cuda_local_only():
     g = ["engine=megatron", "hardware=h200", "model=qwen3_moe_tiny", "parallelism=single_gpu"]
-    assert launch.needs_prewarm(config.load([*g, "optimizer=muon"]))
-    assert not launch.needs_prewarm(config.load([*g, "optimizer=muon", "bench.prewarm=false"]))
-    assert not launch.needs_prewarm(config.load([*g, "optimizer=adamw"]))
-    assert not launch.needs_prewarm(config.load([*g, "optimizer=muon_megatron"]))
-    assert not launch.needs_prewarm(config.load(["optimizer=muon"]))  # hf on CPU
+    assert launch.needs_prewarm(muonbench.load([*g, "optimizer=muon"]))
+    assert not launch.needs_prewarm(muonbench.load([*g, "optimizer=muon", "bench.prewarm=false"]))
+    assert not launch.needs_prewarm(muonbench.load([*g, "optimizer=adamw"]))
+    assert not launch.needs_prewarm(muonbench.load([*g, "optimizer=muon_megatron"]))
+    assert not launch.needs_prewarm(muonbench.load(["optimizer=muon"]))  # hf on CPU
 
 
 def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     """The prewarm launch reads the same config with one step, no warm-up, no diagnostics, and leaves nothing."""
     from bench import record
 
-    cfg = config.load(
+    cfg = muonbench.load(
         ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.probes=[gpu_energy]"]
     )
     seen = {}
@@ -201,7 +201,7 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
         return launch.LaunchResult(command=["torchrun"], returncode=0, timed_out=False, stderr_tail="")
 
     monkeypatch.setattr(launch, "run_local", fake_run_local)
-    out = launch.prewarm_local(config.as_dict(cfg), cfg)
+    out = launch.prewarm_local(muonbench.as_dict(cfg), cfg)
     w = seen["cfg"]
     assert (w.bench.steps, w.bench.warmup_steps, w.bench.probes, w.bench.prewarm) == (1, 0, [], False)
     assert w.optimizer == cfg.optimizer and w.model == cfg.model and not seen["echo"]
@@ -234,11 +234,11 @@ def test_prewarm_comes_before_the_timed_launch_once_per_workload(monkeypatch, tm
     for k, steps in enumerate((4, 7)):
         run_dir = tmp_path / str(k)
         record.write_json_atomic(run_dir / "run.json", {"status": "running"})
-        launch.launch(config.load([*g, f"bench.steps={steps}"]), run_dir, prewarmed=prewarmed)
+        launch.launch(muonbench.load([*g, f"bench.steps={steps}"]), run_dir, prewarmed=prewarmed)
     assert order == ["prewarm", "timed steps=4", "timed steps=7"]
     assert record.read_json(tmp_path / "0" / "run.json")["prewarm"] == {"returncode": 0}
     assert "skipped" in record.read_json(tmp_path / "1" / "run.json")["prewarm"]
-    assert prewarmed == {config.config_hash(config.load(g))}
+    assert prewarmed == {muonbench.config_hash(muonbench.load(g))}
 
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -17,7 +17,7 @@ pytest.importorskip("megatron.core")
 
 from bench.engines import megatron_data as md
 from bench.engines import megatron_model as mm
-from config.schema import ModelConfig, ParallelismConfig
+from muonbench.schema import ModelConfig, ParallelismConfig
 from optim import megatron as om
 from optim.configs import AdamWConfig, MuonConfig, RoutingConfig
 
@@ -130,7 +130,7 @@ def test_fusion_options_reach_the_transformer_config() -> None:
     """engine.moe_permute_fusion / apply_rope_fusion / moe_router_fusion / moe_router_dtype set the same-named
     TransformerConfig fields (the way Megatron-Bridge's Qwen3 recipe does, `none` as Megatron-Core's None);
     defaults keep the engine's earlier configuration (fusions off, fp32 router)."""
-    import config
+    import muonbench
 
     base = ["experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu", "engine.layers=te"]
     flips = [
@@ -139,9 +139,9 @@ def test_fusion_options_reach_the_transformer_config() -> None:
         "engine.moe_router_fusion=true",
         "engine.moe_router_dtype=none",
     ]
-    root = config.load(base)
+    root = muonbench.load(base)
     default = mm.build_options(root, use_te=True)
-    flipped = mm.build_options(config.load([*base, *flips]), use_te=True)
+    flipped = mm.build_options(muonbench.load([*base, *flips]), use_te=True)
     _, kw_default = mm.transformer_config_kwargs(root.model, root.parallelism, default)
     _, kw_flipped = mm.transformer_config_kwargs(root.model, root.parallelism, flipped)
     names = ("moe_permute_fusion", "apply_rope_fusion", "moe_router_fusion", "moe_router_dtype")
@@ -149,25 +149,25 @@ def test_fusion_options_reach_the_transformer_config() -> None:
     assert [kw_flipped[k] for k in names] == [True, True, True, None]
     assert {k for k in kw_flipped if kw_flipped[k] != kw_default[k]} == set(names)
     assert default.use_te and default.bf16 and kw_default["moe_grouped_gemm"]
-    fp64 = mm.build_options(config.load([*base, "engine.moe_router_dtype=fp64"]), use_te=True)
+    fp64 = mm.build_options(muonbench.load([*base, "engine.moe_router_dtype=fp64"]), use_te=True)
     assert mm.transformer_config_kwargs(root.model, root.parallelism, fp64)[1]["moe_router_dtype"] == "fp64"
 
 
 def test_grad_reduce_in_fp32_reaches_the_ddp_config() -> None:
     """engine.grad_reduce_in_fp32=false gives Megatron's DDP a main-grad buffer in the parameters' dtype (as
     Megatron-Bridge's bf16 preset); the default keeps the fp32 buffer, for every optimizer kind."""
-    import config
+    import muonbench
     from bench.engines.megatron import ddp_config
 
     for opt in ("adamw", "muon", "muon_megatron"):
         base = ["experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu", f"optimizer={opt}"]
-        flipped = config.load([*base, "engine.grad_reduce_in_fp32=false"])
-        assert ddp_config(config.load(base)).grad_reduce_in_fp32 is True
+        flipped = muonbench.load([*base, "engine.grad_reduce_in_fp32=false"])
+        assert ddp_config(muonbench.load(base)).grad_reduce_in_fp32 is True
         assert ddp_config(flipped).grad_reduce_in_fp32 is False
 
 
 def test_transformer_config_is_built_from_its_kwargs(megatron_groups) -> None:
-    """`transformer_config` builds exactly what `transformer_config_kwargs` (read by tools.bridge_diff) declares."""
+    """`transformer_config` builds exactly what `transformer_config_kwargs` (read by bench.tools.bridge_diff) declares."""
     cls, kw = mm.transformer_config_kwargs(_gqa_model(), PAR, CPU_OPTS)
     config = mm.transformer_config(_gqa_model(), PAR, CPU_OPTS)
     assert type(config) is cls
@@ -180,7 +180,7 @@ def test_fusion_options_need_transformer_engine() -> None:
     """A fusion option on a machine without TE fails at setup naming the option, not deep in Megatron-Core."""
     if mm.te_available():
         pytest.skip("Transformer Engine imports here")
-    from config.schema import EngineConfig
+    from muonbench.schema import EngineConfig
 
     mm.check_fusions(EngineConfig(name="megatron"))
     with pytest.raises(ValueError, match=r"engine.moe_permute_fusion=True: .*allowed without it: False"):

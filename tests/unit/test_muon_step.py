@@ -187,10 +187,10 @@ def test_one_host_sync_per_step_and_exact_fallback(monkeypatch: pytest.MonkeyPat
 
 
 def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    """tools.optim_step (the script the GPU runs unchanged) works end to end on CPU."""
+    """bench.tools.optim_step (the script the GPU runs unchanged) works end to end on CPU."""
     import json
 
-    from tools import optim_step
+    from bench.tools import optim_step
 
     assert (
         optim_step.main(
@@ -225,8 +225,8 @@ def test_optim_step_bucket_layout_views_flat_buffers() -> None:
     """layout=buckets: the same values and gradients, as views of flat buffers of at most bucket_numel elements,
     consecutive in model order (what the layer-wise optimizer holds), so the matrices form few stacked runs."""
     from optim.kernels.fused_step import stacked_runs
-    from tools.ns_kernels_measure import make_params
-    from tools.optim_step import lay_out
+    from bench.tools.ns_kernels_measure import make_params
+    from bench.tools.optim_step import lay_out
 
     ps = make_params([(4, 6, 7), (6, 4, 3)], "cpu")
     laid = lay_out(ps, "buckets", bucket_numel=5 * 24)
@@ -238,8 +238,8 @@ def test_optim_step_bucket_layout_views_flat_buffers() -> None:
 
 
 def test_optim_step_harness_runs_warmup_then_repeats() -> None:
-    """tools.optim_step.time_step: `warmup` untimed steps, then `repeats` timed ones, all real updates."""
-    from tools.optim_step import time_step
+    """bench.tools.optim_step.time_step: `warmup` untimed steps, then `repeats` timed ones, all real updates."""
+    from bench.tools.optim_step import time_step
 
     p = torch.nn.Parameter(torch.ones(3))
     p.grad = torch.ones(3)

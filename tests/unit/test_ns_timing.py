@@ -140,7 +140,7 @@ def test_wall_timer_orders_a_slow_call_after_a_fast_one() -> None:
     assert med["sleep"] >= 5.0 > med["noop"]
 
 
-# tools.ns_kernels.SHAPES whose plan offers CUDA-graph variants
+# bench.tools.ns_kernels.SHAPES whose plan offers CUDA-graph variants
 GRAPHED = {
     "qwen_q", "qwen_kv", "qwen_o", "qwen_router",
     "k2_q_down", "k2_q_up", "k2_kv_down", "k2_kv_up", "k2_router",
@@ -154,7 +154,7 @@ def test_graph_candidates_for_every_launch_sensitive_muon_shape() -> None:
 
     Localises: a threshold that leaves a launch-bound shape without graphs, or graphs every large problem
     (their copies cost memory and plan time for nothing)."""
-    from tools.ns_kernels import SHAPES
+    from bench.tools.ns_kernels import SHAPES
 
     offered = set()
     for name, rows, cols, batch, _, _ in SHAPES:
@@ -264,11 +264,11 @@ def test_dispatch_memoizes_the_planned_call(tmp_path, monkeypatch: pytest.Monkey
 
 
 def test_benchmark_times_the_impls_of_a_shape_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tools.ns_kernels: each implementation's first call (compilation, plan) comes first, then the timed calls
+    """bench.tools.ns_kernels: each implementation's first call (compilation, plan) comes first, then the timed calls
     alternate between implementations, and a failing one keeps its error while the others get times.
 
     Localises: impls timed one after another (the 2026-12 H200 table compared times taken seconds apart)."""
-    from tools import ns_kernels_measure as runner
+    from bench.tools import ns_kernels_measure as runner
 
     log: list[str] = []
 

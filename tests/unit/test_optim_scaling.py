@@ -1,4 +1,4 @@
-"""tools.optim_scaling on CPU in one process: parameters as the Megatron adapter sees them, rows in JSON."""
+"""bench.tools.optim_scaling on CPU in one process: parameters as the Megatron adapter sees them, rows in JSON."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from tools.optim_scaling import layer_params, main, parse_args, scaling_summary
+from bench.tools.optim_scaling import layer_params, main, parse_args, scaling_summary
 
 
 @pytest.fixture(scope="module")
 def qwen3() -> object:
-    from config import load
+    from muonbench import load
 
     return load(["model=qwen3_30b_a3b"]).model
 

@@ -1,4 +1,4 @@
-"""Performance model (tools.perfmodel, tools.project): calibration, monotonicity, a hand-checked case, the CLI."""
+"""Performance model (bench.tools.perfmodel, bench.tools.project): calibration, monotonicity, a hand-checked case, the CLI."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from config import load
-from config.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
-from tools.perfmodel import calibrate, compute, links, nscost
-from tools.perfmodel import constants as C
-from tools.perfmodel.model import predict
+from muonbench import load
+from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
+from bench.tools.perfmodel import calibrate, compute, links, nscost
+from bench.tools.perfmodel import constants as C
+from bench.tools.perfmodel.model import predict
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +181,7 @@ def test_ns_curve_matches_h200_measurements() -> None:
 
 
 def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
-    from tools import project
+    from bench.tools import project
 
     assert project.main(["experiment=gb300/qwen3_30b_a3b_muon", "profile=ours", "format=json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -206,7 +206,7 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_project_rejects_bad_cli_values() -> None:
-    from tools import project
+    from bench.tools import project
 
     with pytest.raises(ValueError, match="format"):
         project.split_args(["format=yaml"])
@@ -220,7 +220,7 @@ def test_project_rejects_bad_cli_values() -> None:
 
 
 def test_perfmodel_imports_no_torch() -> None:
-    code = "import sys, tools.project, tools.perfmodel.model, tools.perfmodel.report; print('torch' in sys.modules)"
+    code = "import sys, bench.tools.project, bench.tools.perfmodel.model, bench.tools.perfmodel.report; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -274,7 +274,7 @@ def test_kernel_results_parsing(tmp_path) -> None:
 
 def test_h200_comparison_reads_collect_rows(tmp_path) -> None:
     """The single-H200 check re-composes each run from its experiment and batch columns and reports the error."""
-    from tools.perfmodel import h200
+    from bench.tools.perfmodel import h200
 
     assert "Pending" in h200.compare(tmp_path)
     cfg = load(["experiment=h200/qwen3_30b_a3b_slice_muon_1gpu", "parallelism.mbs=2", "parallelism.gbs=8"])
@@ -304,7 +304,7 @@ def test_h200_comparison_reads_collect_rows(tmp_path) -> None:
 def test_layer_step_hand_checked() -> None:
     """One Qwen3 layer's standalone fused AdamW step on H200: 622,854,144 params x 30 B / (4.8 TB/s x 0.72) =
     5.407 ms; the published Muon loop is at least one host-bound NS call per matrix (260 matrices x 0.33 ms)."""
-    from tools.perfmodel import validate
+    from bench.tools.perfmodel import validate
 
     model = load(["model=qwen3_30b_a3b"], validate_=False).model
     items = validate.layer_items(model, 1, router=False)
@@ -320,8 +320,8 @@ def test_layer_step_hand_checked() -> None:
 
 def test_h200_comparison_reads_run_records(tmp_path) -> None:
     """Run records (run.json with the resolved config and a summary) are predicted from their own config."""
-    from config import as_dict
-    from tools.perfmodel import h200
+    from muonbench import as_dict
+    from bench.tools.perfmodel import h200
 
     cfg = load(["experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu"])
     pred = predict(cfg, "published")
@@ -342,7 +342,7 @@ def test_h200_comparison_reads_run_records(tmp_path) -> None:
 def test_single_h200_megatron_runs_predicted_within_10pct() -> None:
     """The committed Megatron H200 runs (reports/megatron_h200_202611): the H200 row's one fitted value reproduces
     the run it is fitted on, and every other in-scope run is predicted within 10% on the step time."""
-    from tools.perfmodel import h200
+    from bench.tools.perfmodel import h200
 
     fit, err = calibrate.fit_h200_hbm(iters=20)
     assert fit == pytest.approx(C.H200_HBM_FIT, abs=0.01) and abs(err) < 0.01

@@ -1,4 +1,4 @@
-"""bench.plots.step_times_figure on real `tools.optim_step` results (CPU, tiny shapes)."""
+"""bench.plots.step_times_figure on real `bench.tools.optim_step` results (CPU, tiny shapes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ pytest.importorskip("matplotlib")
 
 @pytest.fixture(scope="module")
 def step_results():
-    from tools import optim_step
+    from bench.tools import optim_step
 
     kw = {
         "device": "cpu",

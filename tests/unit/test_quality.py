@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tools.quality import data, run
+from bench.tools.quality import data, run
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +163,12 @@ def test_report_command_reproduces_config() -> None:
     directory is where, not what, so the command leaves it to the reader (`out=<dir>`)."""
     from dataclasses import asdict
 
-    from tools.quality import report
+    from bench.tools.quality import report
 
     args = ["profile=cpu", "seed=7", "steps=60", "optimizers=adamw,muon_split_gate_up", "out=/tmp/q"]
     stored = {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(run.parse_cli(args)).items()}
     command = report._command(stored)
-    assert command.startswith("python -m tools.quality profile=cpu ")
+    assert command.startswith("python -m bench.tools.quality profile=cpu ")
     assert "out=" not in command
     assert run.parse_cli([*command.split()[3:], "out=/tmp/q"]) == run.parse_cli(args)
     assert (
@@ -181,13 +181,13 @@ def test_report_command_reproduces_config() -> None:
                 out="reports/quality_cpu_202612",
             )
         )
-        == "python -m tools.quality profile=cpu"
+        == "python -m bench.tools.quality profile=cpu"
     )
 
 
 def test_report_names_the_commit_of_every_piece() -> None:
     """A sweep resumed at another commit says which pieces ran where (it printed only the last piece's commit)."""
-    from tools.quality.report import commits_by_piece
+    from bench.tools.quality.report import commits_by_piece
 
     def piece(sha: str | None) -> dict:
         return {"git": {"sha": sha}} if sha else {}

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tools.quality import config, corpus, data, run, summary, sweep
+from bench.tools.quality import config, corpus, data, run, summary, sweep
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -68,7 +68,7 @@ def test_autocast_grouped_experts_match_fp32() -> None:
     gradients (localises a wrong gate/up order, permutation or routing weight); outside autocast they are the
     module's own forward, bit for bit."""
     from bench.models.hf_experts import use_autocast_grouped_experts
-    from tools.quality.run import build_model
+    from bench.tools.quality.run import build_model
 
     cfg = config.parse_cli(["hidden_size=64", "vocab_size=512"])
     net = build_model(cfg, 512)
@@ -214,7 +214,7 @@ def test_sigterm_records_the_piece_and_a_rerun_resumes(tmp_path) -> None:
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the per-evaluation log lines reach the file at once
     with open(log_path, "w") as log:
-        cmd = [sys.executable, "-m", "tools.quality", *args]
+        cmd = [sys.executable, "-m", "bench.tools.quality", *args]
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=root, env=env)
         deadline = time.monotonic() + 60
         while "lr=3e-03 seed=1234 step" not in log_path.read_text() and time.monotonic() < deadline:
@@ -298,7 +298,7 @@ def test_prewarm_covers_a_refresh_period_until_a_trial_is_done() -> None:
 
 def test_report_from_state_dir_only(tmp_path) -> None:
     """The report is rebuilt from a copy of the state directory (as copied back from the GPU machine)."""
-    from tools.quality import report
+    from bench.tools.quality import report
 
     out = tmp_path / "q"
     assert sweep.main(_args(out, "optimizers=adamw,muon", "best_lr_seeds=1")) == 0
@@ -309,7 +309,7 @@ def test_report_from_state_dir_only(tmp_path) -> None:
     text = (dest / "README.md").read_text()
     assert "Muon reaches" in text or "does not reach" in text
     assert "## Corpus" in text and "stdlib" in text
-    assert "python -m tools.quality profile=tiny" in (dest / "reproduce.sh").read_text()
+    assert "python -m bench.tools.quality profile=tiny" in (dest / "reproduce.sh").read_text()
     run_json = json.loads((dest / "run.json").read_text())
     assert run_json["progress"]["complete"] and len(run_json["pieces"]) == 1
     assert "## Reading the result" not in text and f"out={out}" not in (dest / "reproduce.sh").read_text()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from config import CONF_DIR, load
+from muonbench import CONF_DIR, load
 from recipes import fields as F
 from recipes.models import MODEL_RECIPES
 from recipes.overrides import PRECISION_PRESETS, SECTION_CLASSES, build_plan, unknown_fields

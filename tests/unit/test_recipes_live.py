@@ -51,12 +51,12 @@ ONE_GPU = [k for k in CASES if k not in GB300]
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any, Any, Any]]:
     """case -> (RootConfig, ConfigContainer, BridgePlan), every case built once (Bridge imports once)."""
     import_bridge()
-    import config
+    import muonbench
     from recipes.bridge import make_config_container
 
     out = {}
     for name, overrides in CASES.items():
-        root = config.load(overrides)
+        root = muonbench.load(overrides)
         cfg, plan = make_config_container(root, hf_dir=tmp_path_factory.mktemp(f"hf_{name}"))
         out[name] = (root, cfg, plan)
     return out
@@ -264,10 +264,10 @@ def test_cuda_graph_capture_falls_in_warmup(built) -> None:
 
 
 def test_cuda_graphs_need_two_warmup_steps(tmp_path) -> None:
-    import config
+    import muonbench
     from recipes.bridge import make_config_container
 
-    root = config.load(["model=qwen3_moe_tiny", *SINGLE, "optimizer=adamw", "bench.warmup_steps=1"])
+    root = muonbench.load(["model=qwen3_moe_tiny", *SINGLE, "optimizer=adamw", "bench.warmup_steps=1"])
     with pytest.raises(ValueError, match=r"bench.warmup_steps=1: .*bench.warmup_steps >= 2"):
         make_config_container(root, hf_dir=tmp_path)
 

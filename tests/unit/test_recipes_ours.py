@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from config.schema import DistributionConfig, MuonSchema
+from muonbench.schema import DistributionConfig, MuonSchema
 from tests.bridge_live import bridge_importable, import_bridge
 from tests.unit.test_megatron_adapter import _build, _gqa_model, megatron_groups  # noqa: F401 - fixture
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import config
+import muonbench
 from recipes import hf_config as hc
 from recipes.versions import check_imported_stack
 
@@ -36,7 +36,7 @@ def test_check_imported_stack_refuses_a_missing_module() -> None:
 def test_snapshot_layout_and_offline_autoconfig(model: str, tmp_path: Path, monkeypatch) -> None:
     from transformers import AutoConfig
 
-    m = config.load([f"model={model}"]).model
+    m = muonbench.load([f"model={model}"]).model
     source = hc.HUB_SOURCES[m.family]
     path = hc.write_snapshot(m, tmp_path / "hub")
     repo = tmp_path / "hub" / f"models--{source.repo_id.replace('/', '--')}"
@@ -79,6 +79,6 @@ def test_snapshot_layout_and_offline_autoconfig(model: str, tmp_path: Path, monk
 def test_hf_config_refuses_an_unknown_family() -> None:
     import dataclasses
 
-    m = dataclasses.replace(config.load(["model=qwen3_30b_a3b"]).model, family="llama")
+    m = dataclasses.replace(muonbench.load(["model=qwen3_30b_a3b"]).model, family="llama")
     with pytest.raises(ValueError, match=r"model.family='llama': allowed \['deepseek_v3', 'qwen3_moe'\]"):
         hc.hf_config(m)

@@ -9,7 +9,7 @@ import statistics
 import pytest
 from test_record_fixtures import NS_FLOPS, STEP_S, WARMUP, make_run
 
-import config
+import muonbench
 from bench import flops, record
 
 
@@ -48,7 +48,7 @@ def test_bad_steps_line_skips_only_itself_and_is_named(tmp_path):
 
 def test_every_status_is_documented():
     """docs/run_status.md has a row for each Status value, and the README points to it."""
-    root = config.CONF_DIR.parent
+    root = muonbench.CONF_DIR.parent
     doc = (root / "docs" / "run_status.md").read_text()
     rows = {line.split("|")[1].strip().strip("`") for line in doc.splitlines() if line.startswith("| `")}
     assert rows == {s.value for s in record.Status}
@@ -92,7 +92,7 @@ def test_fixture_run_record_has_provenance_and_summary(tmp_path):
     s = rec["summary"]
     assert s["num_steady_steps"] == 8 - WARMUP
     assert s["step_s_median"] == pytest.approx(STEP_S["muon"] + 0.001)
-    cfg = config.load(["experiment=cpu/qwen3_moe_tiny_dp2", "optimizer=muon"])
+    cfg = muonbench.load(["experiment=cpu/qwen3_moe_tiny_dp2", "optimizer=muon"])
     want = flops.model_flops_per_step(cfg.model, cfg.parallelism)
     assert s["model_flops_per_step"] == pytest.approx(want)
     assert s["model_tflops_per_gpu"] == pytest.approx(want / s["step_s_median"] / 2 / 1e12)
@@ -130,10 +130,10 @@ def test_classify_failure(kw, want):
 
 def test_config_round_trips_through_run_json():
     """The worker rebuilds its config from run.json; localises a schema field lost on the way."""
-    cfg = config.load(["experiment=cpu/qwen3_moe_tiny_dp2", "optimizer=muon", "optimizer.num_ns_steps=6"])
-    d = json.loads(json.dumps(config.as_dict(cfg)))
+    cfg = muonbench.load(["experiment=cpu/qwen3_moe_tiny_dp2", "optimizer=muon", "optimizer.num_ns_steps=6"])
+    d = json.loads(json.dumps(muonbench.as_dict(cfg)))
     back = record.config_from_dict(d)
-    assert back == cfg and config.config_hash(back) == config.config_hash(cfg)
+    assert back == cfg and muonbench.config_hash(back) == muonbench.config_hash(cfg)
     d["optimizer"]["name"] = "sgd"
     with pytest.raises(ValueError, match="optimizer.name='sgd'"):
         record.config_from_dict(d)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import config
+import muonbench
 from bench import record
 
 STEP_S = {"adamw": 0.100, "muon": 0.125}
@@ -24,7 +24,7 @@ def make_run(
 ) -> Path:
     """A run directory as bench.run leaves it: run.json (closed) and, unless `fail`, steps.jsonl; with
     `diverge_at` the loss is NaN from that step on and the run stopped there (status diverged)."""
-    cfg = config.load(
+    cfg = muonbench.load(
         [
             "experiment=cpu/qwen3_moe_tiny_dp2",
             f"optimizer={optimizer}",
@@ -37,8 +37,8 @@ def make_run(
     rec = record.new_run_record(
         run_id=name,
         run_dir=run_dir,
-        config=config.as_dict(cfg),
-        config_hash=config.config_hash(cfg),
+        config=muonbench.as_dict(cfg),
+        config_hash=muonbench.config_hash(cfg),
         overrides=[f"optimizer={optimizer}", *overrides],
         command=["python", "-m", "bench.run", f"optimizer={optimizer}"],
     )

@@ -1,11 +1,11 @@
-"""Composition and cross-group validation of the config tree (config/compose.py)."""
+"""Composition and cross-group validation of the config tree (muonbench/compose.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from config import ConfigError, config_hash, load
-from config.compose import check_runnable
+from muonbench import ConfigError, config_hash, load
+from muonbench.compose import check_runnable
 
 
 def test_default_composes_typed() -> None:
@@ -89,8 +89,8 @@ def test_router_score_function_allowed_set() -> None:
 def test_schema_defaults_are_optim_defaults() -> None:
     """One set of defaults: a default optimizer schema converts to the default `optim` config, so the Hydra tree
     and a plain PyTorch user of `optim` start from the same values (the YAMLs state the recipe values)."""
-    from config import schema as S
-    from config.convert import convert
+    from muonbench import schema as S
+    from muonbench.convert import convert
     from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
 
     for sch, want in (
@@ -174,7 +174,7 @@ def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
     """Which algorithm (`optimizer`) and how it is spread over ranks (`parallelism.distribution`) are separate."""
     from dataclasses import fields
 
-    from config import schema
+    from muonbench import schema
 
     dist_fields = {f.name for f in fields(schema.DistributionConfig)}
     for opt_schema in schema.OPTIMIZER_SCHEMAS.values():
@@ -191,8 +191,8 @@ def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
 
 def test_run_record_config_round_trips_and_old_records_lift_their_distribution() -> None:
     from bench.record import config_from_dict
-    from config import as_dict
-    from config.schema import DistributionConfig
+    from muonbench import as_dict
+    from muonbench.schema import DistributionConfig
 
     root = load(["optimizer=muon_megatron"])
     assert config_from_dict(as_dict(root)) == root

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.slurm import ENV_DOCS, submit, write_sbatch
-from config import load
+from muonbench import load
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

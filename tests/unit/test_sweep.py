@@ -151,13 +151,13 @@ def test_sweep_goes_on_after_a_failed_job_and_records_budget_skips(tmp_path):
     assert "[muon] skipped: Skipped: not started: bench.budget_s=4 s spent" in res.stdout
 
 
-HYDRA_STYLE = ["tools.flops", "tools.balance", "tools.project", "recipes.__main__"]
+HYDRA_STYLE = ["bench.tools.flops", "bench.tools.balance", "bench.tools.project", "recipes.__main__"]
 KEY_VALUE = [
-    "tools.quality.run",
-    "tools.ns_kernels",
+    "bench.tools.quality.run",
+    "bench.tools.ns_kernels",
     "experiments.ns_tiles.ns_tiles",
-    "tools.optim_scaling",
-    "tools.optim_step",
+    "bench.tools.optim_scaling",
+    "bench.tools.optim_step",
 ]
 ARGPARSE = ["bench.collect", "bench.report", "bench.regress"]
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-import config
+import muonbench
 from bench import record, worker
 
 
@@ -22,7 +22,7 @@ def one_thread():
 
 def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
     """Localises a run whose loss became NaN being recorded `ok` (a huge learning rate on the AdamW baseline)."""
-    cfg = config.load(
+    cfg = muonbench.load(
         [
             "model=qwen3_moe_tiny",
             "parallelism=single_gpu",
@@ -43,8 +43,8 @@ def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
         record.new_run_record(
             run_id="diverge",
             run_dir=tmp_path,
-            config=config.as_dict(cfg),
-            config_hash=config.config_hash(cfg),
+            config=muonbench.as_dict(cfg),
+            config_hash=muonbench.config_hash(cfg),
             overrides=[],
             command=[],
         ),

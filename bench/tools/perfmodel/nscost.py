@@ -1,0 +1,225 @@
+"""Newton-Schulz time per matrix on a hardware row, including the tensor-parallel modes, and `choose_tp_mode`.
+
+GPU time comes from a per-shape efficiency curve measured on our H200 and scaled by the hardware's bf16 GEMM
+rate (NS runs bf16 GEMMs under MCore's fp32_matmul_prec "medium"): `optim.distributed.assignment.CostModel`, whose
+analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md#h200-baseline). When the kernel
+benchmark has written `reports/ns_kernels_h200_202611/results.json`, its per-shape milliseconds replace the curve
+(`ns_data`: EO's NS for `published`, our kernels for `ours`), scaled by the ratio of GEMM rates. Host time of one
+call is measured (constants; for our kernels, from the same results).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from muonbench.schema import HardwareConfig
+from optim import cost
+from optim.cost import TPCost
+from optim.distributed.assignment import CostModel, canonical
+from bench.tools.perfmodel import constants as C
+from bench.tools.perfmodel import links
+
+KERNEL_RESULTS = Path(__file__).resolve().parents[3] / "reports" / "ns_kernels_h200_202611" / "results.json"
+TP_MODES = cost.TP_MODES
+HALF_EFF_DIM = (
+    CostModel().half_eff_dim
+)  # short side at half the ceiling, fitted to docs/references.md#h200-baseline (assignment.py)
+
+
+def ns_rate(hw: HardwareConfig) -> float:
+    """Achievable bf16 GEMM FLOP/s of NS on this hardware at large shapes."""
+    return hw.peak_bf16_tflops * 1e12 * C.efficiency(hw.name).gemm_bf16.value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NSData:
+    """Measured H200 NS milliseconds per matrix, normalised to our H200 GEMM ceiling (701 TF/s), by canonical
+    (short, long) shape, and the host cost of one call of that implementation."""
+
+    table: dict[tuple[int, int], float]
+    host_ms: float
+    single_call_ms: tuple[float, ...] = ()
+    """Fastest single-matrix calls of the implementation in the kernel run (host-bound shapes)."""
+    source: str
+
+
+HOST_OVERRIDE_MS: dict[str, float] = {}
+"""Per-profile host cost per NS call replacing the measured one (sensitivity studies only)."""
+
+
+def _launches(num_steps: int) -> float:
+    return 3 * num_steps + C.NS_CALL_FIXED_LAUNCHES.value
+
+
+@lru_cache(maxsize=4)
+def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
+    """NS cost data of a profile: `published` = EO newton_schulz, `ours` = the best of our plan-cached kernels
+    (plain or Gram-NS, batched, CUDA graphs for small shapes).
+
+    From the kernel benchmark (`reports/ns_kernels_h200_202611/results.json`) when present: a batched measurement
+    of B matrices gives (ms - host) / B per matrix, a single one max(ms - host, FLOP floor); times are rescaled
+    from that run's GEMM ceiling to 701 TF/s. Our host cost per call is the fastest single-matrix call measured
+    (a 128-row router, GPU work ~0). Without the file: the H200 anchor curve and `NS_CALL_HOST_MS` for both.
+    """
+    anchor_host = C.NS_CALL_HOST_MS.value
+    if not path.exists():
+        return NSData(
+            table={},
+            host_ms=anchor_host,
+            source="docs/references.md#h200-baseline curve (no kernel results yet)",
+        )
+    data: Any = json.loads(path.read_text())
+    ceiling = float(data.get("ceiling_tflops", C.H200_GEMM_CEILING_TFLOPS.value))
+    to_anchor = ceiling / C.H200_GEMM_CEILING_TFLOPS.value
+    impls = ("eo_plain",) if profile == "published" else ("ours", "ours_gram")
+    singles = [
+        min(float(sh["impls"][i]["ms"]) for i in impls if "ms" in sh["impls"].get(i, {}))
+        for sh in data.get("shapes", [])
+        if int(sh.get("batch", 1)) == 1 and any("ms" in sh["impls"].get(i, {}) for i in impls)
+    ]
+    # EO: the lowest host cost measured (H200 measurements: 0.330 and 0.475 ms; kernel run: its smallest single call)
+    host = (
+        min([anchor_host, *singles]) if profile == "published" else (min(singles) if singles else anchor_host)
+    )
+    samples: dict[tuple[int, int], list[float]] = {}
+    for sh in data.get("shapes", []):
+        times = [float(sh["impls"][i]["ms"]) for i in impls if "ms" in sh["impls"].get(i, {})]
+        if not times:
+            continue
+        batch, key = int(sh.get("batch", 1)), canonical((int(sh["rows"]), int(sh["cols"])))
+        floor = cost.ns_flops(key[0], key[1]) / (ceiling * 1e12) * 1e3
+        per = max(
+            (min(times) - host) / batch, floor
+        )  # GPU part per matrix; the host cost is charged per call
+        samples.setdefault(key, []).append(per * to_anchor)
+    table = {k: sum(v) / len(v) for k, v in samples.items()}  # both orientations of a shape (q and o): mean
+    source = f"{path.name} ({data.get('device_name', '?')}, ceiling {ceiling:.0f} TF/s)"
+    return NSData(table=table, host_ms=host, single_call_ms=tuple(sorted(singles)[:3]), source=source)
+
+
+def host_call_ms(hw: HardwareConfig, num_steps: int = 5, profile: str = "published") -> float:
+    """Host milliseconds of one NS call when launch-bound, scaled from 5 steps by the launch count 3 k + fixed.
+
+    published: one EO call per matrix inside Megatron's Muon loop, measured per hardware row's host
+    (`constants.FITTED[...].eo_loop_ms`); ours: one batched call of our kernels (CUDA graphs for small shapes),
+    measured by the kernel benchmark on H200 (assumed for every host).
+    """
+    if profile in HOST_OVERRIDE_MS:
+        base = HOST_OVERRIDE_MS[profile]
+    elif profile == "published":
+        base = C.efficiency(hw.name).eo_loop_ms.value
+    else:
+        base = ns_data(profile).host_ms
+    return base * _launches(num_steps) / _launches(5)
+
+
+def measured_table(profile: str = "ours") -> dict[tuple[int, int], float]:
+    """Per-shape measured milliseconds per matrix (normalised to 701 TF/s); {} without kernel results."""
+    return ns_data(profile).table
+
+
+def gpu_ms(
+    rows: float,
+    cols: float,
+    hw: HardwareConfig,
+    *,
+    num_steps: int = 5,
+    convention: str = "plain",
+    table: dict[tuple[int, int], float] | None = None,
+) -> float:
+    """GPU milliseconds of NS on one rows x cols matrix on a hardware row (`optim.cost.gpu_ms`): a measured shape
+    (normalised to the H200 GEMM ceiling) or the curve m / (m + 600) of the GEMM ceiling."""
+    return cost.gpu_ms(
+        rows,
+        cols,
+        flops_per_s=ns_rate(hw),
+        num_steps=num_steps,
+        convention=convention,
+        table=table,
+        table_flops_per_s=C.H200_GEMM_CEILING_TFLOPS.value * 1e12,
+    )
+
+
+def tp_cost(
+    rows: int,
+    cols: int,
+    tp: int,
+    hw: HardwareConfig,
+    mode: str,
+    *,
+    partition_dim: int = 0,
+    num_steps: int = 5,
+    convention: str = "plain",
+    triangular: bool = False,
+    table: dict[tuple[int, int], float] | None = None,
+) -> TPCost:
+    """NS cost of one TP-sharded matrix under `mode` on a hardware row (`optim.cost.tp_cost`, TP group link)."""
+    return cost.tp_cost(
+        rows,
+        cols,
+        tp,
+        mode,
+        flops_per_s=ns_rate(hw),
+        link=links.group_link(hw, tp),
+        partition_dim=partition_dim,
+        num_steps=num_steps,
+        convention=convention,
+        triangular=triangular,
+        table=table,
+        table_flops_per_s=C.H200_GEMM_CEILING_TFLOPS.value * 1e12,
+    )
+
+
+def tp_mode_times(
+    rows: int, cols: int, tp: int, hardware: HardwareConfig, *, partition_dim: int = 0, num_steps: int = 5
+) -> dict[str, float]:
+    """Predicted milliseconds of duplicated and distributed NS (compute + communication) for one matrix."""
+    return cost.tp_mode_times(
+        rows,
+        cols,
+        tp,
+        flops_per_s=ns_rate(hardware),
+        link=links.group_link(hardware, tp),
+        partition_dim=partition_dim,
+        num_steps=num_steps,
+    )
+
+
+def choose_tp_mode(
+    rows: int,
+    cols: int,
+    tp: int,
+    hardware: HardwareConfig | str,
+    *,
+    partition_dim: int = 0,
+    num_steps: int = 5,
+) -> str:
+    """`optim.cost.choose_tp_mode` on a hardware row (or its name): the choice the optimizer makes at
+    `tp_mode=auto`."""
+    hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+    return cost.choose_tp_mode(
+        rows,
+        cols,
+        tp,
+        flops_per_s=ns_rate(hw),
+        link=links.group_link(hw, tp),
+        partition_dim=partition_dim,
+        num_steps=num_steps,
+    )
+
+
+def load_hardware(name: str) -> HardwareConfig:
+    """A hardware row from conf/hardware/<name>.yaml, typed (plain YAML read: no Hydra, cheap enough for an
+    optimizer to call at construction)."""
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).resolve().parents[3] / "conf" / "hardware" / f"{name}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise ValueError(f"hardware={name!r}: must be one of {known}")
+    fields = {k: v for k, v in OmegaConf.to_container(OmegaConf.load(path)).items() if k != "defaults"}
+    return HardwareConfig(**fields)

@@ -1,0 +1,129 @@
+"""Project step time and TFLOP/s per GPU of a configuration at any scale: `python -m bench.tools.project`.
+
+    python -m bench.tools.project model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx \
+        optimizer=muon [profile=published|ours] [format=json]
+    python -m bench.tools.project experiment=gb300/qwen3_30b_a3b_muon profile=ours parallelism.tp=2 parallelism.distribution.tp_mode=auto
+    python -m bench.tools.project report=reports/perfmodel_gb300_202611      # calibration + sweeps, README, CSV and PNGs
+
+Everything except the CLI-only keys `profile`, `format` and `report` is a Hydra override composed by
+`config.load`. With TP > 1 the text output lists, per TP-sharded matrix, the predicted milliseconds of
+duplicated and distributed Newton-Schulz and the `tp_mode=auto` choice. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+CLI_KEYS = ("profile", "format", "report")
+
+
+def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """CLI-only keys (profile, format, report) and the remaining Hydra overrides."""
+    cli: dict[str, str] = {}
+    overrides: list[str] = []
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and key in CLI_KEYS:
+            cli[key] = value
+        else:
+            overrides.append(arg)
+    fmt = cli.get("format", "text")
+    if fmt not in ("text", "json"):
+        raise ValueError(f"format={fmt!r}: must be one of ['text', 'json']")
+    return cli, overrides
+
+
+def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
+    """Prediction of one composed configuration as a plain dict (the json output)."""
+    from muonbench import load
+    from bench.tools.perfmodel.model import predict, tp_mode_table
+
+    cfg = load(overrides)
+    pred = predict(cfg, profile)
+    out = pred.as_dict()
+    out["config"] = {
+        "model": cfg.model.name,
+        "parallelism": cfg.parallelism.name,
+        "hardware": cfg.hardware.name,
+        "precision": cfg.precision.name,
+        "optimizer": cfg.optimizer.name,
+        "world_size": cfg.parallelism.world_size,
+    }
+    out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
+    return out
+
+
+def format_text(res: dict[str, Any]) -> str:
+    c = res["config"]
+    lines = [
+        (
+            f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
+            f"{c['optimizer']}, profile={res['profile']}"
+        ),
+        f"  step time          {res['step_time_s']:.3f} s",
+        f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
+        f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
+        f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "
+        f"{res['info']['memory_gib']:.1f} (activations not counted)"
+        + ("  ** does not fit **" if res["info"]["state_memory_gib"] > res["info"]["memory_gib"] > 0 else ""),
+        "  breakdown (s):",
+    ]
+    lines += [f"    {k:<32} {v:.4f}" for k, v in res["breakdown"].items() if v]
+    if res["tp_modes"]:
+        lines.append(
+            "  tp_mode=auto per TP-sharded matrix (predicted ms: duplicated / distributed -> choice):"
+        )
+        lines += [
+            f"    {r['kind']:<16} {r['rows']}x{r['cols']} tp={r['tp']}: {r['duplicated_ms']:.3f} / "
+            f"{r['distributed_ms']:.3f} -> {r['choice']}"
+            for r in res["tp_modes"]
+        ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        from muonbench.cli_help import usage
+
+        print(
+            usage(
+                "bench.tools.project",
+                "Projected step time and TFLOP/s per GPU of a configuration at any scale (performance model).",
+                tool_options={
+                    "profile=published|ours": "which implementation the projection models (default published)",
+                    "format=text|json": "output format (default text)",
+                    "report=DIR": "write the calibration and sweep report into DIR instead",
+                },
+                examples=(
+                    "model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx profile=ours",
+                ),
+            )
+        )
+        return 0
+    try:
+        return _main(args)
+    except ValueError as exc:  # user and config errors: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
+    cli, overrides = split_args(argv)
+    if "report" in cli:
+        from bench.tools.perfmodel.report import write_report
+
+        print(write_report(cli["report"]))
+        return 0
+    res = project(overrides, cli.get("profile", "published"))
+    if cli.get("format") == "json":
+        print(json.dumps(res, indent=1, sort_keys=True))
+    else:
+        print(format_text(res))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from bench.tools.quality.run import main
+
+raise SystemExit(main())

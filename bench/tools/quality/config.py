@@ -1,0 +1,235 @@
+"""Quality bench configuration: profiles, learning-rate grids and the `key=value` command line.
+
+A profile is a complete set of defaults (`cpu`: the stdlib sweep on a laptop CPU; `gpu`: the Qwen3-MoE 123 M sweep
+on one H200; `tiny`: the gpu profile's pipeline at toy size on a CPU, for checking it end to end). Every key can be
+overridden on the command line; `lr_grids` comes from the profile only, so every optimizer keeps the same number
+of learning-rate points.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OPTIMIZERS = ("adamw", "muon", "muon_split_gate_up", "mop", "soap_rekls")
+CORPORA = ("stdlib", "python_packages")
+POLAR_METHODS = ("svd", "polar_express")
+NS_PRECISIONS = ("bf16", "fp16", "fp32")
+
+# Peak learning rates per optimizer; each grid has the same number of points (fair sweep). Muon and MOP use the
+# spectral scale x 0.2 (AdamW-matched update RMS), so AdamW's grid is the natural starting point for theirs.
+LR_GRIDS: dict[str, tuple[float, ...]] = {
+    "adamw": (1e-3, 3e-3, 1e-2, 3e-2),
+    "muon": (1e-3, 3e-3, 1e-2, 3e-2),
+    "mop": (1e-3, 3e-3, 1e-2, 3e-2),
+    "soap_rekls": (1e-3, 3e-3, 1e-2, 3e-2),
+}
+# The gpu profile: the cpu sweep's best points (AdamW and SOAP-REKLS 3e-3, Muon and MOP 1e-2) one grid step from
+# each edge, so an optimum that moves by one x3 step with the larger model stays inside the grid.
+LR_GRIDS_GPU: dict[str, tuple[float, ...]] = {
+    "adamw": (3e-4, 1e-3, 3e-3, 1e-2),
+    "muon": (1e-3, 3e-3, 1e-2, 3e-2),
+    "mop": (1e-3, 3e-3, 1e-2, 3e-2),
+    "soap_rekls": (3e-4, 1e-3, 3e-3, 1e-2),
+}
+# Named routing variants: entry -> (optimizer it configures, RoutingConfig fields that differ). Same LR grid as
+# the base optimizer, so the sweep stays fair.
+VARIANTS: dict[str, tuple[str, dict[str, bool]]] = {
+    # fused [gate; up] fc1 (HF experts.gate_up_proj) orthogonalized as two halves (Moonlight / HF layout);
+    # plain "muon" keeps the joint matrix (Megatron-core's default).
+    "muon_split_gate_up": ("muon", {"split_gate_up": True}),
+}
+for _grids in (LR_GRIDS, LR_GRIDS_GPU):
+    _grids |= {name: _grids[base] for name, (base, _) in VARIANTS.items()}
+
+PROFILES: dict[str, dict[str, Any]] = {
+    # 2 cores, under 30 minutes for 4 optimizers x 4 learning rates.
+    "cpu": {
+        "device": "cpu",
+        "model": "qwen3_moe_tiny",
+        "vocab_size": 2048,
+        "seq_len": 128,
+        "batch_size": 16,
+        "steps": 400,
+        "eval_every": 25,
+        "val_batches": 8,
+        "hidden_size": 128,
+        "num_layers": 2,
+        "price_per_hour": 0.0,
+        "out": "reports/quality_cpu_202612",
+    },
+    # One H200, ~7 minutes for 22 trials: 122.8 M total / 34.7 M active parameters (conf/model/qwen3_moe_125m),
+    # 240 steps of 128 x 512 tokens = 15.7 M tokens per trial, 25 evaluations. Throughput estimate: 169.9 MFLOP
+    # per token (bench.flops) at 25-40% of the 989 TFLOP/s bf16 peak = 1.5-2.3 M tokens/s, 7-11 s of training
+    # per trial; 128 MB of source encoded (~40 M tokens), the BPE trained on 32 MB of it.
+    "gpu": {
+        "device": "cuda",
+        "model": "qwen3_moe_125m",
+        "vocab_size": 16384,
+        "seq_len": 512,
+        "batch_size": 128,
+        "steps": 240,
+        "eval_every": 10,
+        "val_batches": 4,
+        "hidden_size": 512,
+        "num_layers": 8,
+        "price_per_hour": 3.5,
+        "corpus": "python_packages",
+        "corpus_max_mb": 128.0,
+        "tokenizer_train_mb": 32.0,
+        "optimizers": OPTIMIZERS,
+        "best_lr_seeds": 2,
+        "ns_precision": "bf16",
+        "polar_method": "polar_express",
+        "precondition_frequency": 10,
+        "prewarm_steps": 3,
+        "out": "runs/quality_gpu",
+    },
+    # The gpu profile's pipeline (package corpus, seeds, resumable trials) at toy size on a CPU (~2 minutes).
+    "tiny": {
+        "device": "cpu",
+        "model": "qwen3_moe_tiny",
+        "vocab_size": 512,
+        "seq_len": 32,
+        "batch_size": 4,
+        "steps": 24,
+        "eval_every": 3,
+        "val_batches": 2,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "corpus": "python_packages",
+        "corpus_max_mb": 2.0,
+        "tokenizer_train_mb": 1.0,
+        "optimizers": OPTIMIZERS,
+        "best_lr_seeds": 2,
+        "polar_method": "polar_express",
+        "precondition_frequency": 2,
+        "prewarm_steps": 1,
+        "out": "runs/quality_tiny",
+    },
+}
+# Keys that do not change what a trial computes: they may differ between the pieces of one sweep.
+RESUMABLE_KEYS = (
+    "out",
+    "time_limit_s",
+    "cache",
+    "optimizers",
+    "best_lr_seeds",
+    "seed_optimizers",
+    "price_per_hour",
+)
+
+
+@dataclass(kw_only=True)
+class QualityConfig:
+    profile: str = "cpu"
+    device: str = "cpu"
+    model: str = "qwen3_moe_tiny"
+    vocab_size: int = 2048
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 400
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.1
+    eval_every: int = 25
+    val_batches: int = 8
+    hidden_size: int = 128
+    num_layers: int = 2
+    seed: int = 1234
+    weight_decay: float = 0.01
+    price_per_hour: float = 0.0
+    optimizers: tuple[str, ...] = ("adamw", "muon", "mop", "soap_rekls")
+    out: str = "reports/quality_cpu_202612"
+    corpus: str = "stdlib"
+    """stdlib: top-level stdlib modules, every 10th held out; python_packages: every `.py` file of site-packages
+    and the stdlib, deduplicated, held out by path hash (bench.tools.quality.corpus)."""
+    corpus_roots: tuple[str, ...] = ()
+    """python_packages: the directories to read; empty = this interpreter's site-packages and stdlib."""
+    corpus_max_mb: float = 0.0
+    """python_packages: encode at most this many MB of training files (in path-hash order); 0 = all."""
+    tokenizer_train_mb: float = 0.0
+    """Train the BPE on at most this many MB of training files (in split order); 0 = all."""
+    best_lr_seeds: int = 1
+    """Seeds run at the best learning rate of each `seed_optimizers` entry (1 = the grid's seed only)."""
+    seed_optimizers: tuple[str, ...] = ("adamw", "muon")
+    ns_precision: str = "fp32"
+    """Muon's Newton-Schulz iterate dtype."""
+    polar_method: str = "svd"
+    """MOP's polar factor: exact SVD or Polar Express iterations."""
+    precondition_frequency: int = 1
+    """SOAP-REKLS: eigh refresh of the eigenbases every this many steps."""
+    prewarm_steps: int = 0
+    """Untimed steps of each optimizer on a throwaway model before its first trial in a process (kernel
+    compilation, NS plan measurement, cuBLAS / cuSOLVER workspaces), then one evaluation; 0 = no prewarm. For an
+    optimizer without a finished trial, at least 1 + its refresh period (1 + `precondition_frequency` for
+    SOAP-REKLS, 2 for the others): the mean time of the steps after the first estimates its trials."""
+    time_limit_s: float = 0.0
+    """Start a trial only if its estimate says it ends within this many seconds of the process's start; 0 = no
+    limit. Estimate (`bench.tools.quality.sweep.estimate_trial_s`): the mean duration of that optimizer's finished
+    trials; with none, steps x its prewarm's seconds per step + the evaluations + the build; without a prewarm
+    measurement, the other optimizers' mean. A rerun with the same `out` resumes. SIGTERM or SIGINT drops the
+    trial in progress, records the piece and exits with 128 + the signal number."""
+    cache: str = ""
+    """Directory of the encoded corpus; empty = $MUONBENCH_CACHE/quality (or ~/.cache/muontools/quality)."""
+    lr_grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(LR_GRIDS))
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("profile", (self.profile,), tuple(sorted(PROFILES))),
+            ("optimizers", self.optimizers, OPTIMIZERS),
+            ("seed_optimizers", self.seed_optimizers, OPTIMIZERS),
+            ("corpus", (self.corpus,), CORPORA),
+            ("polar_method", (self.polar_method,), POLAR_METHODS),
+            ("ns_precision", (self.ns_precision,), NS_PRECISIONS),
+        )
+        for key, values, allowed in checks:
+            for v in values:
+                if v not in allowed:
+                    raise ValueError(f"{key}={v!r} is not one of {sorted(allowed)}")
+        if self.steps < 2 * self.eval_every:
+            raise ValueError(f"steps={self.steps}: must be >= 2 x eval_every ({2 * self.eval_every})")
+        if self.best_lr_seeds < 1:
+            raise ValueError(f"best_lr_seeds={self.best_lr_seeds}: must be >= 1")
+        if self.precondition_frequency < 1:
+            raise ValueError(f"precondition_frequency={self.precondition_frequency}: must be >= 1")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
+
+    def trial_dict(self) -> dict[str, Any]:
+        """The keys that fix what one trial computes (all but RESUMABLE_KEYS and the grids)."""
+        return {k: v for k, v in self.as_dict().items() if k not in (*RESUMABLE_KEYS, "lr_grids")}
+
+    def trial_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.trial_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def parse_cli(argv: list[str]) -> QualityConfig:
+    kv = dict(a.split("=", 1) for a in argv if "=" in a)
+    bad = [a for a in argv if "=" not in a]
+    if bad:
+        raise ValueError(f"arguments must be key=value, got {bad}")
+    profile = kv.pop("profile", "cpu")
+    if profile not in PROFILES:
+        raise ValueError(f"profile={profile!r}: must be one of {sorted(PROFILES)}")
+    grids = LR_GRIDS_GPU if profile == "gpu" else LR_GRIDS
+    base: dict[str, Any] = dict(PROFILES[profile], profile=profile, lr_grids=dict(grids))
+    fields = QualityConfig.__dataclass_fields__
+    for key, raw in kv.items():
+        if key not in fields or key == "lr_grids":
+            raise ValueError(f"unknown key {key!r}; allowed: {sorted(k for k in fields if k != 'lr_grids')}")
+        kind = str(fields[key].type)  # the annotation (a string under postponed evaluation)
+        if kind.startswith("tuple"):
+            base[key] = tuple(x for x in raw.split(",") if x)
+        elif kind == "bool":
+            base[key] = raw.lower() in ("1", "true", "yes")
+        elif kind in ("int", "float"):
+            try:
+                base[key] = int(raw) if kind == "int" else float(raw)
+            except ValueError:
+                raise ValueError(f"{key}={raw!r}: must be an {kind}") from None
+        else:
+            base[key] = raw
+    return QualityConfig(**base)

@@ -1,0 +1,387 @@
+"""Compose, type and validate the Hydra config tree.
+
+`load(["model=qwen3_30b_a3b", "parallelism=dp8_ep8"])` composes `conf/config.yaml` with overrides, converts once to
+typed dataclasses (`OmegaConf.to_object`) and validates the cross-group rules. Errors are `ConfigError` (a
+`ValueError`) naming the field, the value and the rule or the allowed set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, fields, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from muonbench import schema
+from muonbench.pipeline import parse_pipeline_layout
+
+# The Hydra tree ships inside the package (`muonbench/conf`, a link to the checkout's `conf/`): found from anywhere.
+CONF_DIR = (Path(__file__).parent / "conf").resolve()
+
+ALLOWED: dict[str, tuple[str | int, ...]] = {
+    "engine.layers": ("auto", "te", "local"),
+    "model.family": ("qwen3_moe", "deepseek_v3"),
+    "model.attention": ("gqa", "mla"),
+    "model.moe_router_score_function": ("softmax", "sigmoid"),
+    "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
+    "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
+    "optimizer.lr_decay": ("cosine", "linear", "constant"),
+    "parallelism.distribution.tp_mode": (
+        "duplicated",
+        "distributed",
+        "distributed_gram",
+        "blockwise",
+        "auto",
+    ),
+    "parallelism.distribution.distributed": ("none", "layerwise"),
+    "parallelism.distribution.assignment": ("round_robin", "ping_pong_numel", "lpt_cost"),
+    "parallelism.distribution.grad_sync": ("reduce_scatter", "all_reduce"),
+    "parallelism.distribution.collective": ("auto", "padded", "per_owner"),
+    "optimizer.nonfinite_policy": ("skip", "raise"),
+    "optimizer.scale_mode": ("spectral", "shape_scaling", "unit_rms_norm", "nuclear_norm"),
+    "optimizer.coefficient_type": (
+        "simple",
+        "quintic",
+        "polar_express",
+        "aol",
+        "cans",
+        "deepseekv4",
+        "custom",
+    ),
+    "optimizer.ns_precision": ("bf16", "fp16", "fp32"),
+    "optimizer.polar_method": ("svd", "polar_express"),
+    "precision.name": ("bf16", "fp8_mx"),
+    "engine.name": ("hf", "megatron", "bridge"),
+    "engine.device": ("cpu", "cuda"),
+    "engine.backend": ("gloo", "nccl"),
+    "engine.ab_mode": ("published", "fair"),
+    "engine.empty_unused_memory_level": (0, 1, 2),
+    "engine.moe_router_dtype": ("fp32", "fp64", "none"),
+    "launcher.name": ("local", "slurm"),
+}
+
+
+MEGATRON_MODEL_OPTIONS = (
+    "moe_permute_fusion",
+    "apply_rope_fusion",
+    "moe_router_fusion",
+    "moe_router_dtype",
+    "grad_reduce_in_fp32",
+)
+"""`engine.*` options that set a Megatron-Core model or DDP field of the megatron engine; other engines keep the
+default."""
+_ENGINE_DEFAULTS = {f.name: f.default for f in fields(schema.EngineConfig)}
+
+
+class ConfigError(ValueError):
+    """A user or config error: names the field, the value and the rule."""
+
+
+def _fail(field: str, value: Any, rule: str) -> None:
+    raise ConfigError(f"{field}={value!r}: {rule}")
+
+
+def load(
+    overrides: list[str] | None = None, *, config_name: str = "config", validate_: bool = True
+) -> schema.RootConfig:
+    """Compose `conf/<config_name>.yaml` with Hydra overrides and return the typed, validated config."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    schema.register_configs()
+    if GlobalHydra.instance().is_initialized():
+        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        try:
+            cfg = compose(config_name=config_name, overrides=list(overrides or []))
+        except (MissingConfigException, ConfigCompositionException) as exc:
+            raise ConfigError(_explain_missing(exc)) from exc
+    return to_typed(cfg, validate_=validate_)
+
+
+def available_options(group: str) -> list[str]:
+    """The options of a config group: the YAML files under `conf/<group>/`, nested ones as `sub/name`."""
+    root = CONF_DIR / group
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+_MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
+_UNKNOWN_KEY = re.compile(r"Could not override '([^']+)'.*?Key '([^']+)' not in '(\w+)'", re.DOTALL)
+
+
+def _explain_missing(exc: Exception) -> str:
+    """One line: the group, the option asked for and the available ones (also for nested groups such as
+    `experiment/gb300`, where Hydra lists none); other composition errors keep Hydra's text."""
+    msg = str(exc)
+    cause = exc.__cause__
+    if cause is not None and str(cause) not in msg:
+        msg = f"{msg}\n{cause}"
+    unknown = _UNKNOWN_KEY.search(msg)
+    cls = getattr(schema, unknown.group(3), None) if unknown else None
+    if unknown and cls is not None:
+        names = sorted(f.name for f in fields(cls))
+        return f"{unknown.group(1)}: no such field in {unknown.group(3)}; its fields: {', '.join(names)}"
+    m = _MISSING_CONFIG.search(msg)
+    if m and "/" in m.group(1):
+        group, name = m.group(1).split("/", 1)
+        if (CONF_DIR / group).is_dir():
+            return f"{group}={name}: no such option; available: {', '.join(available_options(group))}"
+    return msg
+
+
+def to_typed(cfg: Any, *, validate_: bool = True) -> schema.RootConfig:
+    """DictConfig -> RootConfig of dataclasses (converted once, at the entry point)."""
+    from omegaconf import OmegaConf
+
+    root = OmegaConf.to_object(cfg)
+    assert isinstance(root, schema.RootConfig), type(root)
+    if validate_:
+        validate(root)
+    return root
+
+
+def as_dict(root: schema.RootConfig) -> dict[str, Any]:
+    """Plain nested dict of a typed config (for run records and hashing)."""
+    out = asdict(root) if is_dataclass(root) else dict(root)
+    return out
+
+
+def config_hash(root: schema.RootConfig) -> str:
+    """Stable short hash of the resolved config (bench settings that do not change the workload excluded)."""
+    d = as_dict(root)
+    d.pop("bench", None)
+    blob = json.dumps(d, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def _check_allowed(root: schema.RootConfig) -> None:
+    for dotted, allowed in ALLOWED.items():
+        *path, key = dotted.split(".")
+        node: Any = root
+        for part in path:
+            node = getattr(node, part)
+        if not hasattr(node, key):
+            continue
+        value = getattr(node, key)
+        if value not in allowed:
+            _fail(dotted, value, f"must be one of {list(allowed)}")
+
+
+_OPTIM_TO_SCHEMA = {"betas[0]": "adam_beta1", "betas[1]": "adam_beta2", "eps": "adam_eps"}
+"""optim config field -> optimizer schema field, where the names differ (AdamW and SOAP's inner Adam)."""
+
+
+def _check_optimizer(opt: Any) -> None:
+    """The optimizer's ranges, checked by building its `optim` configs here (no torch), so a bad value fails at
+    compose time with the schema's field path instead of inside every rank."""
+    from muonbench.convert import convert
+    from optim.configs import ConfigFieldError
+
+    for name in ("lr_warmup_steps", "min_lr", "clip_grad"):
+        if getattr(opt, name) < 0:
+            _fail(f"optimizer.{name}", getattr(opt, name), "must be >= 0")
+    try:
+        convert(opt)
+    except ConfigFieldError as exc:
+        _fail(f"optimizer.{_OPTIM_TO_SCHEMA.get(exc.field, exc.field)}", exc.value, exc.rule)
+    except ValueError as exc:
+        raise ConfigError(f"optimizer: {exc}") from exc
+
+
+def check_runnable(root: schema.RootConfig) -> None:
+    """What the configured engine can run, checked by `bench.run` before anything is launched (the engines raise the
+    same inside a rank). Not part of `validate`: the analysis tools (`bench.flops`, `balance`, `project`) compose
+    layouts that no local engine runs."""
+    eng, par, opt = root.engine.name, root.parallelism, root.optimizer
+    impl = opt.implementation
+    if eng == "hf":
+        for knob in ("tp", "pp", "cp", "ep", "etp"):
+            if getattr(par, knob) != 1:
+                _fail(
+                    f"parallelism.{knob}",
+                    getattr(par, knob),
+                    "the hf engine is data parallel only (allowed: 1); "
+                    "use engine=megatron for model parallelism",
+                )
+        if root.precision.name != "bf16":
+            _fail("precision.name", root.precision.name, "the hf engine has no FP8 path; allowed: ['bf16']")
+        allowed = ("torch",) if opt.name == "adamw" else ("ours",)
+        if impl not in allowed:
+            _fail(
+                "optimizer.implementation",
+                impl,
+                f"the hf engine runs {opt.name} as {list(allowed)} "
+                "(Megatron's built-in Muon, optimizer=muon_megatron, runs under engine=megatron)",
+            )
+        if getattr(opt, "ns_overlap", False):
+            _fail(
+                "optimizer.ns_overlap", True, "engine=megatron only (its hooks live in Megatron's backward)"
+            )
+    elif eng == "megatron" and opt.name != "adamw":
+        if impl not in ("ours", "megatron"):
+            _fail("optimizer.implementation", impl, "the megatron engine runs ['ours', 'megatron']")
+        if impl == "megatron" and opt.name != "muon":
+            _fail(
+                "optimizer.implementation",
+                impl,
+                f"only muon is built into Megatron (optimizer.name={opt.name!r})",
+            )
+
+
+def _check_bench(b: schema.BenchConfig) -> None:
+    if b.steps < 1:
+        _fail("bench.steps", b.steps, "must be >= 1")
+    if b.warmup_steps < 0:
+        _fail("bench.warmup_steps", b.warmup_steps, "must be >= 0")
+    if b.warmup_steps >= b.steps:
+        _fail(
+            "bench.warmup_steps", b.warmup_steps, f"must be < bench.steps={b.steps} (at least one timed step)"
+        )
+    if b.timeout_s < 1:
+        _fail("bench.timeout_s", b.timeout_s, "must be >= 1 (seconds before the run is killed)")
+    if not b.budget_s >= 0 or b.budget_s == float("inf"):
+        _fail("bench.budget_s", b.budget_s, "must be a finite number of seconds >= 0 (0 = no time budget)")
+    if b.log_every < 1:
+        _fail("bench.log_every", b.log_every, "must be >= 1")
+
+
+def validate(root: schema.RootConfig) -> None:
+    """Cross-group rules. Each error names the field, the value and the rule it breaks."""
+    _check_allowed(root)
+    _check_bench(root.bench)
+    _check_optimizer(root.optimizer)
+    opt = root.optimizer
+    if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":
+        _fail(
+            "optimizer.ns_precision",
+            "fp16",
+            f"only implementation='ours' iterates in fp16 (optimizer.implementation={opt.implementation!r})",
+        )
+    m, p = root.model, root.parallelism
+    for name in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp", "mbs", "gbs"):
+        if getattr(p, name) < 1:
+            _fail(f"parallelism.{name}", getattr(p, name), "must be >= 1")
+    model_par = p.tp * p.pp * p.cp
+    if p.world_size % model_par:
+        _fail(
+            "parallelism.world_size",
+            p.world_size,
+            f"world size must equal TP x PP x DP x CP; {p.world_size} is not divisible by "
+            f"tp*pp*cp = {p.tp}*{p.pp}*{p.cp} = {model_par}",
+        )
+    if p.nodes * p.gpus_per_node != p.world_size:
+        _fail(
+            "parallelism.nodes",
+            p.nodes,
+            f"nodes x gpus_per_node must equal world_size: {p.nodes} x {p.gpus_per_node} != {p.world_size}",
+        )
+    dp = p.dp
+    if m.num_experts:
+        if m.num_experts % p.ep:
+            _fail("parallelism.ep", p.ep, f"model.num_experts={m.num_experts} must be divisible by EP")
+        if (dp * p.tp * p.cp) % (p.ep * p.etp):
+            _fail(
+                "parallelism.ep",
+                p.ep,
+                f"EP x ETP ({p.ep}x{p.etp}) must divide DP x TP x CP = {dp}x{p.tp}x{p.cp} = {dp * p.tp * p.cp}",
+            )
+        if m.moe_router_topk < 1 or m.moe_router_topk > m.num_experts:
+            _fail("model.moe_router_topk", m.moe_router_topk, f"must be in [1, num_experts={m.num_experts}]")
+    elif p.ep != 1:
+        _fail("parallelism.ep", p.ep, "expert parallelism needs a MoE model (model.num_experts > 0)")
+    if p.vp > 1 and p.pp == 1:
+        _fail("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1")
+    if p.pipeline_layout:
+        try:
+            chunks = parse_pipeline_layout(p.pipeline_layout)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if len(chunks) != p.pp * p.vp:
+            _fail(
+                "parallelism.pipeline_layout",
+                p.pipeline_layout,
+                f"has {len(chunks)} stages; must have PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp}",
+            )
+        held = sum(c.count("t") for c in chunks)
+        if held != m.num_layers:
+            _fail(
+                "parallelism.pipeline_layout",
+                p.pipeline_layout,
+                f"holds {held} decoder layers; model.num_layers={m.num_layers}",
+            )
+    elif m.num_layers % (p.pp * p.vp):
+        _fail(
+            "model.num_layers",
+            m.num_layers,
+            f"layers must be divisible by PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp} (or give parallelism.pipeline_layout)",
+        )
+    if p.gbs % (p.mbs * dp):
+        _fail(
+            "parallelism.gbs",
+            p.gbs,
+            f"global batch must be divisible by MBS x DP = {p.mbs}x{dp} = {p.mbs * dp}",
+        )
+    if m.num_attention_heads % p.tp:
+        _fail(
+            "parallelism.tp",
+            p.tp,
+            f"model.num_attention_heads={m.num_attention_heads} must be divisible by TP",
+        )
+    if m.attention == "gqa":
+        if m.num_query_groups < 1 or m.num_attention_heads % m.num_query_groups:
+            _fail(
+                "model.num_query_groups",
+                m.num_query_groups,
+                f"must be >= 1 and divide num_attention_heads={m.num_attention_heads}",
+            )
+        if m.kv_channels < 1:
+            _fail("model.kv_channels", m.kv_channels, "GQA needs the head dimension (>= 1)")
+    else:
+        for name in ("kv_lora_rank", "qk_head_dim", "v_head_dim"):
+            if getattr(m, name) < 1:
+                _fail(f"model.{name}", getattr(m, name), "MLA needs it >= 1")
+    if m.num_dense_layers > m.num_layers:
+        _fail("model.num_dense_layers", m.num_dense_layers, f"must be <= num_layers={m.num_layers}")
+    if root.engine.requires_gpu and root.engine.device != "cuda":
+        _fail(
+            "engine.device",
+            root.engine.device,
+            f"engine {root.engine.name!r} runs on GPUs only (device=cuda)",
+        )
+    if root.engine.device == "cuda" and root.engine.backend != "nccl":
+        _fail("engine.backend", root.engine.backend, "device=cuda uses the nccl backend")
+    if root.engine.name != "megatron":
+        if root.engine.manual_gc:
+            _fail(
+                "engine.manual_gc",
+                True,
+                f"only the megatron engine has it (engine.name={root.engine.name!r})",
+            )
+        if root.engine.empty_unused_memory_level:
+            _fail(
+                "engine.empty_unused_memory_level",
+                root.engine.empty_unused_memory_level,
+                f"only the megatron engine has it (engine.name={root.engine.name!r})",
+            )
+        for name in MEGATRON_MODEL_OPTIONS:
+            value, default = getattr(root.engine, name), _ENGINE_DEFAULTS[name]
+            if value != default:
+                _fail(
+                    f"engine.{name}",
+                    value,
+                    f"only the megatron engine has it (engine.name={root.engine.name!r}; allowed here: "
+                    f"{default!r}; Megatron-Bridge's recipe sets its own)",
+                )
+        if root.bench.probes:
+            _fail(
+                "bench.probes",
+                root.bench.probes,
+                f"only the megatron engine runs probes (engine.name={root.engine.name!r})",
+            )
+    probes = sorted(p.parent.name for p in (CONF_DIR.parent / "experiments").glob("*/probe.py"))
+    for spec in root.bench.probes:
+        if spec.partition(":")[0].strip() not in probes:
+            _fail("bench.probes", spec, f"no such probe; allowed: {probes}")

@@ -1,3 +1,0 @@
-from tools.quality.run import main
-
-raise SystemExit(main())
