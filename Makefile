@@ -35,11 +35,11 @@ test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
-	$(PY) -m bench.collect && $(PY) -m bench.report && exit $$rc
+	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
 
 EXAMPLE_REPORT := smoke_cpu_202612
 bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (after make bench)
-	$(PY) -m bench.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.report --name $(EXAMPLE_REPORT)
+	$(PY) -m bench.results.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.results.report --name $(EXAMPLE_REPORT)
 
 bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, ours (Muon), Megatron's Muon on the FLOP-matched Qwen3 slice
 	$(PY) -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw,muon,muon_megatron $(ARGS)
@@ -71,15 +71,15 @@ optim-scaling: $(STAMP) ## Layer-wise optimizer step strong scaling on NPROC ran
 	$(PY) -m torch.distributed.run --nproc_per_node=$(NPROC) -m bench.tools.optim_scaling $(ARGS)
 
 collect: $(STAMP) ## Gather the latest sweep's run directories into runs/<sweep>/report/results.csv (ARGS="--name N": reports/N/)
-	$(PY) -m bench.collect $(ARGS)
+	$(PY) -m bench.results.collect $(ARGS)
 
 report: $(STAMP) ## Write the markdown report and plots from the collected CSVs
-	$(PY) -m bench.report $(ARGS)
+	$(PY) -m bench.results.report $(ARGS)
 
 GOLDEN ?= reports/golden/h200.csv
 regress: $(STAMP) ## Compare a report with golden rows (+-5%): make regress NAME=<report name> [GOLDEN=reports/golden/h200.csv] [ARGS=--warn-only]
 	$(if $(NAME),,$(error NAME is required: make regress NAME=<report name under reports/>))
-	$(PY) -m bench.regress compare --results reports/$(NAME)/results.csv --golden $(GOLDEN) $(ARGS)
+	$(PY) -m bench.results.regress compare --results reports/$(NAME)/results.csv --golden $(GOLDEN) $(ARGS)
 
 EXPERIMENT ?= gb300/kimi_k2_muon
 bench-cluster: $(STAMP) ## Slurm job of a published setup: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [ARGS="launcher.partition=P launcher.account=A"]

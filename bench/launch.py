@@ -172,7 +172,7 @@ def needs_prewarm(cfg: RootConfig) -> bool:
 def prewarm_local(cfg_dict: dict[str, Any], cfg: RootConfig) -> dict[str, Any]:
     """One untimed step of this run's launch in a scratch directory (deleted afterwards), so our Triton kernels and
     the NS plan are on disk before the timed processes start. Returns what happened, for run.json."""
-    from bench import record
+    from bench.results import record
 
     scratch = Path(tempfile.mkdtemp(prefix="muonbench_prewarm_"))
     warm_dict = {**cfg_dict, "bench": {**cfg_dict["bench"], **PREWARM_BENCH}}
@@ -243,7 +243,7 @@ def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None =
             check_device(cfg)
             if needs_prewarm(cfg):
                 import muonbench
-                from bench import record
+                from bench.results import record
 
                 key = muonbench.config_hash(cfg)
                 if prewarmed is not None and key in prewarmed:

@@ -8,7 +8,7 @@ Before any job starts, every job of the invocation is composed and validated (`b
 or an engine that cannot run the config is one error line naming the field, the value and the rule, and nothing is
 created. Each job then converts its config once to typed dataclasses, claims its own run directory, writes `run.json`
 (status `running`) and hands it to the launcher (`bench.launch`); the record is closed with the run's status
-(`bench.record.Status`, docs/run_status.md), and the sweep goes on after a failed job. SIGINT or SIGTERM closes the
+(`bench.results.record.Status`, docs/run_status.md), and the sweep goes on after a failed job. SIGINT or SIGTERM closes the
 running job's record as `interrupted` and stops the sweep. With `bench.budget_s=S` no job starts later than S seconds
 after `bench.run` started: each later job gets its run directory and a record with status `skipped`.
 A sweep may repeat a value to alternate runs (crossover order, so a drift of the machine over time falls on both
@@ -18,7 +18,7 @@ For the megatron engine with our matrix optimizer, `bench.prewarm` (on by defaul
 launch before the first timed job of each workload (`bench.launch.prewarm_local`).
 Run directories: `<bench.out_dir>/<time>_<model>_<optimizer>/` for one run, `<bench.out_dir>/<time>_<model>/<n>_<optimizer>/`
 for a sweep; `<bench.out_dir>/LATEST.json` (and `<sweep dir>/sweep.json`) lists the runs of this invocation from its
-first job on, for `bench.collect` and `bench.resume`.
+first job on, for `bench.results.collect` and `bench.resume`.
 The process exits 1 when any run of the invocation did not end `ok`, 2 on a config error, 130 when interrupted.
 
 No torch import here (the parent only composes, validates and launches).
@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import muonbench
-from bench import launch, record, sweep
-from bench.record import Status
+from bench import launch, sweep
+from bench.results import record
+from bench.results.record import Status
 from muonbench import schema
 
 HYDRA_DEFAULTS = {

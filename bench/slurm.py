@@ -3,7 +3,7 @@
 `write_sbatch(cfg, run_dir, command)` returns the script text: `#SBATCH` nodes x GPUs, time, partition and
 account; the process environment of the published runs (`launcher.env`, one comment per variable); one `srun` task
 per node in the container, each starting `torchrun --nproc_per_node=<gpus>` with a c10d rendezvous on the first
-node; then one task that collects the run and writes the report (`bench.collect`, `bench.report`), so the report
+node; then one task that collects the run and writes the report (`bench.results.collect`, `bench.results.report`), so the report
 exists when the job ends without anyone waiting on the login node. For engine=bridge the recipe plan is built first
 (`check_bridge_plan`): an unsupported combination or an unknown Bridge field fails before the job is queued.
 
@@ -198,7 +198,7 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
 
 def collect_and_report(out_root: str | Path, report_name: str) -> int:
     """Collect the runs under `out_root` whose `bench.report_name` is `report_name`, then write that report."""
-    from bench import collect, record, report
+    from bench.results import collect, record, report
 
     runs = [
         d

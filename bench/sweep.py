@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import muonbench
-from bench import record
+from bench.results import record
 
 RESUME_KEY = "bench.resume"
 HYDRA_FLAGS = ("-m", "--multirun")

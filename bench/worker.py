@@ -16,7 +16,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import probes, record
+from bench import probes
+
+from bench.results import record
 from bench.engines import RankInfo, StepMetrics, engine_class
 
 _FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")

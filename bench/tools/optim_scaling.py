@@ -309,7 +309,7 @@ def _meta(device: Any, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from bench.record import git_info
+    from bench.results.record import git_info
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     nccl = None

@@ -92,7 +92,9 @@ def test_meter_without_pynvml_names_the_setting(monkeypatch: pytest.MonkeyPatch)
 def test_step_log_keeps_diagnostics_only_when_measured(tmp_path) -> None:
     import json
 
-    from bench import probes, record
+    from bench import probes
+
+    from bench.results import record
 
     log = record.StepLog(tmp_path, extra_keys=probes.keys(["gpu_energy", "microbatch_times"]))
     base = {k: None for k in record.STEP_KEYS} | {"step": 0}

@@ -187,7 +187,7 @@ def timeline(events: Iterable[Any]) -> dict[str, Any]:
 
 def write(run_dir: str | Path, step: int, summary: dict[str, Any]) -> Path:
     """`<run_dir>/profile_step<step>.json` (atomic)."""
-    from bench.record import write_json_atomic
+    from bench.results.record import write_json_atomic
 
     path = Path(run_dir) / f"profile_step{step}.json"
     write_json_atomic(path, summary)

@@ -20,4 +20,4 @@ for _ in 1 2; do
     $PY -m bench.run experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu $BRIDGE_SETTINGS bench.steps=8 bench.warmup_steps=2
     $PY -m bench.run experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw
 done
-$PY -m bench.collect && $PY -m bench.report
+$PY -m bench.results.collect && $PY -m bench.results.report

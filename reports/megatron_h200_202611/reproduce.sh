@@ -9,5 +9,5 @@ NAME=${NAME:-megatron_h200_local}
 COMMON="bench.steps=4 bench.warmup_steps=1 bench.out_dir=runs/$NAME"
 $PY -m bench.run experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu $COMMON
 $PY -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_muon_1gpu optimizer=muon,muon_megatron $COMMON
-$PY -m bench.collect --runs runs/$NAME --name $NAME
-$PY -m bench.report --name $NAME
+$PY -m bench.results.collect --runs runs/$NAME --name $NAME
+$PY -m bench.results.report --name $NAME

@@ -11,5 +11,5 @@ $PY -m bench.run experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu $COMMON
 $PY -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_muon_1gpu optimizer=muon,muon_split_gate_up \
     optimizer.ns_precision=fp16 $COMMON
 $PY -m bench.run experiment=h200/qwen3_30b_a3b_slice_flops_adamw_1gpu $COMMON
-$PY -m bench.collect --runs runs/$NAME --name $NAME
-$PY -m bench.report --name $NAME
+$PY -m bench.results.collect --runs runs/$NAME --name $NAME
+$PY -m bench.results.report --name $NAME

@@ -112,7 +112,7 @@ for path in sys.argv[2:]:
         print(f"({path}: {e})")
 if steps:  # the joint-fc1 target's line; warm-up 5 before the capped state, buckets before separate
     from pathlib import Path
-    from bench.plots import save, step_times_figure
+    from bench.results.plots import save, step_times_figure
     steps.sort(key=lambda r: (r.get("warmup", 1), r.get("layout") != "buckets"))
     save(step_times_figure(steps, target_ms=30), Path(sys.argv[2]).parent / "optim_step.png")
 PY

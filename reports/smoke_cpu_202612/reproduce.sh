@@ -6,5 +6,5 @@ cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
 NAME=${NAME:-smoke_cpu_local}
 $PY -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2 bench.out_dir=runs/$NAME
-$PY -m bench.collect --runs runs/$NAME --name $NAME
-$PY -m bench.report --name $NAME
+$PY -m bench.results.collect --runs runs/$NAME --name $NAME
+$PY -m bench.results.report --name $NAME

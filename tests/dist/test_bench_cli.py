@@ -1,5 +1,5 @@
 """The product's main path end to end: `python -m bench.run -m ...` with 2 gloo ranks under torchrun, then
-`bench.collect` and `bench.report`, on the tiny Qwen3-MoE proxy (3 steps per run)."""
+`bench.results.collect` and `bench.results.report`, on the tiny Qwen3-MoE proxy (3 steps per run)."""
 
 from __future__ import annotations
 
@@ -60,9 +60,9 @@ def test_sweep_runs_records_and_reports(tmp_path):
     assert ok["0_adamw"]["summary"]["ns_s_median"] is None
     assert "layerwise" in ok["1_muon"]["worker"]["engine"]["optimizer_distribution"]
 
-    col = _cli("bench.collect", "--out-dir", str(out), cwd=tmp_path)
+    col = _cli("bench.results.collect", "--out-dir", str(out), cwd=tmp_path)
     assert col.returncode == 0, col.stderr
-    rep = _cli("bench.report", "--out-dir", str(out), cwd=tmp_path)
+    rep = _cli("bench.results.report", "--out-dir", str(out), cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     assert "model-only ratio" in rep.stdout and "total = model + NS" in rep.stdout
     dest = Path(latest["sweep_dir"]) / "report"  # next to the runs, not in the committed reports/
@@ -95,7 +95,7 @@ def test_failing_rank_leaves_an_error_record(tmp_path):
 
 def test_sigterm_closes_the_record_as_interrupted_and_resume_reruns_it(tmp_path):
     """Localises SIGTERM leaving run.json at `running` with no end time, LATEST.json still naming the previous
-    sweep (so bench.collect reports that one), and no way to rerun only what is missing."""
+    sweep (so bench.results.collect reports that one), and no way to rerun only what is missing."""
     import signal
     import time
 

@@ -1,4 +1,4 @@
-"""bench.collect: one tidy row per run (failed runs included), steps.csv, the LATEST.json default."""
+"""bench.results.collect: one tidy row per run (failed runs included), steps.csv, the LATEST.json default."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from test_record_fixtures import STEPS, make_fixture_runs
 
-from bench import collect, record
+from bench.results import collect, record
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +38,10 @@ def test_collect_one_row_per_run_including_failed(runs, tmp_path):
 def test_collect_writes_the_reports_provenance(runs, tmp_path):
     """run.json names every run with its status, commit, host and versions, and what collected the report."""
     _root, dirs = runs
-    collect.collect(dirs, tmp_path, command=["python", "-m", "bench.collect", "--name", "x"])
+    collect.collect(dirs, tmp_path, command=["python", "-m", "bench.results.collect", "--name", "x"])
     prov = record.read_json(tmp_path / "run.json")
     assert prov["schema"] == collect.REPORT_SCHEMA
-    assert prov["collected_by"] == "python -m bench.collect --name x"
+    assert prov["collected_by"] == "python -m bench.results.collect --name x"
     assert [r["run_id"] for r in prov["runs"]] == ["0_adamw", "1_muon", "2_muon"]
     assert [r["status"] for r in prov["runs"]] == ["ok", "ok", "error"]
     shas = {r["git"]["sha"] for r in prov["runs"]}
@@ -136,7 +136,7 @@ def test_default_destination_is_the_sweeps_report_folder(runs, tmp_path, capsys)
 def test_engine_layer_and_fusion_options_are_columns():
     """Runs of one experiment that differ only in the megatron engine's layers, fusion, router-dtype or
     main-grad-buffer options stay apart in results.csv (the Bridge-vs-engine ablation)."""
-    from bench.collect import run_row
+    from bench.results.collect import run_row
 
     engine = {
         "name": "megatron",

@@ -143,7 +143,7 @@ def test_hardware_rows_carry_sources() -> None:
 
 def test_muon_split_gate_up_option_is_muon_with_the_split() -> None:
     """`optimizer=muon_split_gate_up` composes to exactly `optimizer=muon optimizer.split_gate_up=true`, so the runs
-    of both spellings share a configuration hash (bench.report pools by it)."""
+    of both spellings share a configuration hash (bench.results.report pools by it)."""
     from muonbench import config_hash
 
     short = load(["optimizer=muon_split_gate_up"])

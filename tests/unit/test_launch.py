@@ -99,7 +99,8 @@ def test_bench_modules_import_without_torch():
 
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "import bench.run, bench.launch, bench.record, bench.collect, bench.report, bench.engines\n"
+        "import bench.run, bench.launch, bench.engines\n"
+        "import bench.results.record, bench.results.collect, bench.results.report, bench.results.regress\n"
         "print('ok')"
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
@@ -155,7 +156,7 @@ def test_cli_unknown_option_lists_the_available_ones(tmp_path):
 def test_timeout_kills_the_process_group_and_closes_the_record(monkeypatch, tmp_path):
     """Localises a hung run that blocks the sweep, or a timed-out run recorded as ok/error."""
     import muonbench as cfgmod
-    from bench import record
+    from bench.results import record
 
     cfg = _cfg("bench.timeout_s=1")
     child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
@@ -188,7 +189,7 @@ def test_prewarm_applies_to_ours_on_megatron_cuda_local_only():
 
 def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     """The prewarm launch reads the same config with one step, no warm-up, no diagnostics, and leaves nothing."""
-    from bench import record
+    from bench.results import record
 
     cfg = muonbench.load(
         ["engine=megatron", "hardware=h200", "optimizer=muon", "bench.steps=9", "bench.probes=[gpu_energy]"]
@@ -212,7 +213,7 @@ def test_prewarm_comes_before_the_timed_launch_once_per_workload(monkeypatch, tm
     """Each workload of our matrix optimizer is prewarmed once per invocation, before its first timed launch; a
     repeat of it in a crossover sweep (other bench settings, same workload) is not. Localises a timed run that
     compiles our kernels itself, or a prewarm paid again for every repeat."""
-    from bench import record
+    from bench.results import record
 
     g = [
         "engine=megatron",
@@ -258,7 +259,8 @@ def test_killed_rank_read_from_torchruns_failure_report():
 
 def test_signal_death_is_the_headline_not_the_peers_connection_reset(tmp_path):
     """Localises a rank killed by a signal reported as its peer's gloo "connection reset"."""
-    from bench import record, run
+    from bench import run
+    from bench.results import record
 
     record.write_json_atomic(
         tmp_path / "run.json", {"run_id": "r", "status": "running", "config": {}, "start_time": None}

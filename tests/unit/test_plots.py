@@ -1,4 +1,4 @@
-"""bench.plots.step_times_figure on real `bench.tools.optim_step` results (CPU, tiny shapes)."""
+"""bench.results.plots.step_times_figure on real `bench.tools.optim_step` results (CPU, tiny shapes)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def step_results():
 
 
 def test_step_times_figure_one_bar_per_result_and_impl(step_results, tmp_path):
-    from bench.plots import save, step_times_figure
+    from bench.results.plots import save, step_times_figure
 
     fig = step_times_figure(step_results, target_ms=30)
     ax = fig.axes[0]
@@ -43,7 +43,7 @@ def test_step_times_figure_one_bar_per_result_and_impl(step_results, tmp_path):
 
 
 def test_step_times_figure_impl_missing_from_one_result(step_results):
-    from bench.plots import step_times_figure
+    from bench.results.plots import step_times_figure
 
     only_muon = dict(step_results[1], rows=[r for r in step_results[1]["rows"] if r["impl"] == "optim_muon"])
     ax = step_times_figure([step_results[0], only_muon]).axes[0]

@@ -10,7 +10,8 @@ import pytest
 from test_record_fixtures import NS_FLOPS, STEP_S, WARMUP, make_run
 
 import muonbench
-from bench import flops, record
+from bench import flops
+from bench.results import record
 
 
 def test_write_json_atomic_leaves_no_temp_and_is_readable(tmp_path):

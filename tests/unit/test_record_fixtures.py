@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import muonbench
-from bench import record
+from bench.results import record
 
 STEP_S = {"adamw": 0.100, "muon": 0.125}
 """Steady-window step time of each fixture run (seconds); the warm-up steps are 10x slower."""

@@ -1,4 +1,4 @@
-"""bench.regress: golden-row matching, regression / suspicious-gain verdicts, exit codes, bless."""
+"""bench.results.regress: golden-row matching, regression / suspicious-gain verdicts, exit codes, bless."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import regress
+from bench.results import regress
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_COLUMNS = [

@@ -1,4 +1,4 @@
-"""bench.report: Table-1 form with the model-only figures, the ratio, the breakdown, failed runs and the PNGs."""
+"""bench.results.report: Table-1 form with the model-only figures, the ratio, the breakdown, failed runs and the PNGs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from test_record_fixtures import STEP_S, make_fixture_runs
 
-from bench import collect, report
+from bench.results import collect, report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -60,7 +60,7 @@ def test_plots_are_written_from_files(rendered):
 
 def test_report_cli_errors_without_results(tmp_path, capsys):
     assert report.main(["--name", "missing", "--reports", str(tmp_path)]) == 2
-    assert "bench.collect" in capsys.readouterr().err
+    assert "bench.results.collect" in capsys.readouterr().err
 
 
 def test_model_only_ratio_pairs_with_adamw_of_the_same_call():

@@ -1,4 +1,4 @@
-"""bench.report with runs that did not end ok, labels of config variants, and what the figures show."""
+"""bench.results.report with runs that did not end ok, labels of config variants, and what the figures show."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from test_record_fixtures import make_run
 
-from bench import collect, plots, report
+from bench.results import collect, plots, report
 
 
 @pytest.fixture(scope="module")

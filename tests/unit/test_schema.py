@@ -190,7 +190,7 @@ def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
 
 
 def test_run_record_config_round_trips_and_old_records_lift_their_distribution() -> None:
-    from bench.record import config_from_dict
+    from bench.results.record import config_from_dict
     from muonbench import as_dict
     from muonbench.schema import DistributionConfig
 

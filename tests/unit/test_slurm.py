@@ -145,7 +145,7 @@ def test_bridge_plan_checked_and_kept_before_queueing(tmp_path: Path) -> None:
 
 def test_job_end_collects_only_runs_of_its_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The last job step collects the AdamW and Muon runs of one report, not other reports' runs."""
-    from bench import collect, report
+    from bench.results import collect, report
     from bench.slurm import collect_and_report
 
     for name, rep in [("a", "gb300_kimi_k2"), ("b", "gb300_kimi_k2"), ("c", "other")]:

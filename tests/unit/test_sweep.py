@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import record, sweep
+from bench import sweep
+
+from bench.results import record
 
 
 def test_expand_gives_hydras_jobs_in_order():
@@ -159,7 +161,7 @@ KEY_VALUE = [
     "bench.tools.optim_scaling",
     "bench.tools.optim_step",
 ]
-ARGPARSE = ["bench.collect", "bench.report", "bench.regress"]
+ARGPARSE = ["bench.results.collect", "bench.results.report", "bench.results.regress"]
 
 
 @pytest.mark.parametrize("module", HYDRA_STYLE + KEY_VALUE + ["bench.slurm"])

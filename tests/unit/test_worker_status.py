@@ -7,7 +7,8 @@ import math
 import pytest
 
 import muonbench
-from bench import record, worker
+from bench import worker
+from bench.results import record
 
 
 @pytest.fixture(autouse=True)

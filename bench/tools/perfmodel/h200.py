@@ -1,6 +1,6 @@
 """Prediction of the single-H200 Megatron measurements, when their report exists.
 
-Reads `reports/megatron_h200_202611/results.csv` (bench.collect format: one row per run with `experiment`,
+Reads `reports/megatron_h200_202611/results.csv` (bench.results.collect format: one row per run with `experiment`,
 `status`, `step_s_median`, `optim_s_median`, ...), re-composes each run's config from its experiment and batch
 columns, and compares the predicted step and optimizer-step times. Profile: `ours` for our optimizer
 implementation, `published` otherwise (on one GPU the profiles differ only in the NS kernels and launches).

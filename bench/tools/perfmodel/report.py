@@ -261,7 +261,7 @@ def h200_check() -> str:
 
 def write_report(out_dir: str) -> str:
     """Compute everything, write the report folder, return the README path."""
-    from bench import record
+    from bench.results import record
 
     git = record.git_info()  # before this report's own files change the tree
     out = Path(out_dir)
@@ -318,7 +318,7 @@ def _write_run_json(
     out_dir: str, files: list[str], *, git: dict[str, Any], ns_sources: dict[str, str]
 ) -> None:
     """The report's provenance. A model, not a measurement: no hardware is read; the measured inputs are named."""
-    from bench import record
+    from bench.results import record
 
     record.write_json_atomic(
         Path(out_dir) / "run.json",

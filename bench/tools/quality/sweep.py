@@ -104,7 +104,7 @@ class Prepared:
 
 def prepare(cfg: QualityConfig, out: Path) -> Prepared:
     """Corpus, tokenizer (out/tokenizer.json), token streams (cache) and corpus.json (written once)."""
-    from bench.record import write_json_atomic
+    from bench.results.record import write_json_atomic
     from bench.tools.quality import corpus as pc
     from bench.tools.quality import data
 
@@ -242,7 +242,7 @@ def signals_raise() -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from bench import record
+    from bench.results import record
     from bench.tools.quality import report
 
     started, t0 = record.now_iso(), time.perf_counter()
@@ -305,7 +305,7 @@ def _sweep(cfg: QualityConfig, out: Path, piece: Piece, started: str) -> str:
     """Prepare the data, then run the missing trials; returns why it stopped early ('' when it did not)."""
     from tqdm import tqdm
 
-    from bench import record
+    from bench.results import record
 
     prep = prepare(cfg, out)
     piece.prepare_s = prep.corpus["prepare_s"]
@@ -407,7 +407,7 @@ def _run_optimizer(
     bar: Any,
 ) -> str:
     """Run `name`'s missing trials (grid, then seeds); returns why it stopped early ('' when it did not)."""
-    from bench import record
+    from bench.results import record
 
     for phase in ("grid", "seeds"):
         todo = planned(name, cfg, done)

@@ -1,7 +1,7 @@
 """Collect run records into one tidy table: one row per run (config keys + summary metrics + provenance).
 
-    python -m bench.collect                       # the latest `bench.run` invocation -> <its sweep dir>/report/
-    python -m bench.collect --runs runs/ --name my_study      # -> reports/my_study/
+    python -m bench.results.collect                       # the latest `bench.run` invocation -> <its sweep dir>/report/
+    python -m bench.results.collect --runs runs/ --name my_study      # -> reports/my_study/
 
 Writes `results.csv` (one row per run), `steps.csv` (one row per run and step, the loss and time curves the
 report plots) and `run.json` (the report's provenance: for every run its status, commit, versions, host, command
@@ -22,7 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from bench import record
+from bench.results import record
 
 CONFIG_COLUMNS: dict[str, str] = {
     "experiment": "experiment_name",
@@ -279,7 +279,7 @@ def terminal_table(results: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.collect", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.results.collect", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--runs", nargs="*", type=Path, help="run directories or roots to search (default: latest invocation)"
     )
@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             dest = default_report_dir(manifest)
         if args.strict and problems:
             raise BrokenRecords("--strict: " + "; ".join(problems))
-        cmd = ["python", "-m", "bench.collect", *(sys.argv[1:] if argv is None else argv)]
+        cmd = ["python", "-m", "bench.results.collect", *(sys.argv[1:] if argv is None else argv)]
         results, _ = collect(run_dirs, dest, problems=problems, strict=args.strict, command=cmd)
     except BrokenRecords as exc:
         print(f"error: {exc}", file=sys.stderr)

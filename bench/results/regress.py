@@ -1,7 +1,7 @@
 """Regression check: compare a report's runs with stored golden rows and flag changes beyond a tolerance.
 
-    python -m bench.regress compare --results reports/<name>/results.csv --golden reports/golden/h200.csv
-    python -m bench.regress bless --results reports/<name>/results.csv --golden reports/golden/h200.csv --runs ID ...
+    python -m bench.results.regress compare --results reports/<name>/results.csv --golden reports/golden/h200.csv
+    python -m bench.results.regress bless --results reports/<name>/results.csv --golden reports/golden/h200.csv --runs ID ...
 
 A run matches a golden row by (config_hash, hardware_name, gpu_name); `config_hash` leaves out the `bench` group
 (step counts, output paths), so a rerun of the same workload with another step count still matches. Step time,
@@ -22,7 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import record
+from bench.results import record
 
 KEY: tuple[str, ...] = ("config_hash", "hardware_name", "gpu_name")
 """Columns that identify the workload on a machine."""
@@ -240,7 +240,7 @@ def write_csv_atomic(path: Path, rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: `compare` or `bless`; returns the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m bench.regress", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.results.regress", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     cp = sub.add_parser("compare", help="compare results.csv with golden rows")
     bp = sub.add_parser("bless", help="add ok rows of results.csv to a golden file")

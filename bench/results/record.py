@@ -81,7 +81,7 @@ STEP_KEYS = (
 OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded", "bridge_tflops_per_gpu")
 """Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`; the bridge engine's
 `bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time); the probes of `bench.probes` add their own
-(`bench.probes.keys`). `bench.collect` keeps to `STEP_KEYS`."""
+(`bench.probes.keys`). `bench.results.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
     "megatron-core",
@@ -221,7 +221,7 @@ def git_info(repo: str | Path | None = None) -> dict[str, Any]:
         dirty_env = os.environ.get("MUONBENCH_GIT_DIRTY")
         dirty = None if dirty_env is None else dirty_env not in ("0", "false", "False", "")
         return {"sha": env_sha, "dirty": dirty, "source": "env"}
-    cwd = Path(repo) if repo else Path(__file__).resolve().parent.parent
+    cwd = Path(repo) if repo else Path(__file__).resolve().parents[2]
 
     def _git(*args: str) -> str | None:
         try:
