@@ -28,15 +28,30 @@ against the one the plan asked for (a Bridge that ignores the `provide()` seam w
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
+import warnings
 from typing import Any
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
 from muonbench.schema import RootConfig
 
 _POLL_S = 5.0
+# A MoE step through Bridge launches thousands of small kernels: a busy host slows its forward-backward
+# (docs/bridge_h200.md, "Crossover").
+BUSY_LOAD_PER_CPU = 0.15
+
+
+def busy_host_warning(load_1m: float, num_cpus: int) -> str | None:
+    """The warning for a 1-minute load average above BUSY_LOAD_PER_CPU per CPU at the start of a run, else None."""
+    if load_1m <= BUSY_LOAD_PER_CPU * max(num_cpus, 1):
+        return None
+    return (
+        f"host load average {load_1m:.2f} on {num_cpus} CPUs at the start of the run (above "
+        f"{BUSY_LOAD_PER_CPU} per CPU): this run's step times can be slower; compare runs started on an idle host"
+    )
 
 
 class _Stop(Exception):
@@ -171,6 +186,9 @@ class BridgeEngine(Engine):
 
         require_bridge()  # raises first when Bridge / TE are missing
         self._stack = check_imported_stack()
+        busy = busy_host_warning(os.getloadavg()[0], os.cpu_count() or 1) if rank.rank == 0 else None
+        if busy:
+            warnings.warn(busy, RuntimeWarning, stacklevel=2)
         container, self._plan = make_config_container(cfg)  # require_bridge() passed above
         import torch
         from megatron.bridge.training.gpt_step import forward_step

@@ -543,7 +543,9 @@ class Planner:
             return str(hit["method"]), key
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
-        entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype)
+        entry = self.adopt(x, coeffs, eps, restarts, key, dtype) if hit is None else None
+        if entry is None:
+            entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype)
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self.complete.add(key)
         self._save()
@@ -554,6 +556,37 @@ class Planner:
         # warm-up process, `bench.prewarm` of bench.run. reports/megatron_h200_flops_202611/README.md.)
         torch.cuda.empty_cache()
         return str(entry["method"]), key
+
+    def adopt(
+        self,
+        x: torch.Tensor,
+        coeffs: Sequence[Coeff],
+        eps: float,
+        restarts: frozenset[int],
+        key: str,
+        dtype: torch.dtype = torch.bfloat16,
+        seed_dir: Path | None = None,
+    ) -> dict[str, object] | None:
+        """The shipped entry for `key` (`optim.kernels.plan_seed`) once its method ran on x and agreed with cuBLAS;
+        None (measure instead) when there is none, or when it fails or disagrees here."""
+        from optim.kernels import plan_seed
+
+        seeded = plan_seed.lookup(key, seed_dir)
+        if seeded is None:
+            return None
+        t_start = time.perf_counter()
+        method = str(seeded["method"])
+        try:
+            ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
+            out = self.runner(method, key, coeffs, eps, restarts, dtype)(x).float()
+            err = float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+        except Exception as e:  # noqa: BLE001 - a seed that cannot run here is measured instead
+            warnings.warn(f"NS plan seed {method} failed here ({type(e).__name__}); measuring", RuntimeWarning,
+                          stacklevel=3)
+            return None
+        if not err < AGREE_RTOL:
+            return None
+        return {**seeded, "plan_s": time.perf_counter() - t_start}
 
     @staticmethod
     def untried(entry: dict[str, object], x: torch.Tensor, num_steps: int, use_gram: bool) -> list[str]:

@@ -94,3 +94,12 @@ def test_silent_thread_death_is_an_error(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(RuntimeError, match="ended without reporting"):
         eng._start(lambda: None)
     assert isinstance(eng._lock.go, threading.Semaphore)
+
+
+def test_busy_host_warning_names_the_load_and_the_threshold():
+    """Localises a Bridge comparison started on a busy host (a TE build, a compile) without a word in the log."""
+    from bench.engines.bridge import BUSY_LOAD_PER_CPU, busy_host_warning
+
+    assert busy_host_warning(1.45, 16) is None  # what the crossover runs started at
+    msg = busy_host_warning(3.9, 16)
+    assert msg is not None and "3.90 on 16 CPUs" in msg and str(BUSY_LOAD_PER_CPU) in msg
