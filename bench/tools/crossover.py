@@ -8,7 +8,7 @@ one after another on one host in crossover order (A B B A A B ...). Only runs th
 those the run's protocol did not mark as warm-up. The ratio is baseline step time over variant step time (the
 variant's model TF/s over the baseline's: both do the same model FLOPs); its interval resamples runs within each arm
 and steady steps within each run (2000 resamples, fixed seed), so the spread between runs is in it.
-Writes `crossover.csv` (one row per steady step), `summary.json` and `crossover.png` to --out.
+Writes `results.csv` (one row per steady step), `summary.json` and `crossover.png` to --out.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def write(runs: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> Non
                 f"{i},{r['run_id']},{r['optimizer']},{r['load_avg_1m']},{s['step']},"
                 + ",".join(f"{s[f]:.6f}" for f in FIELDS)
             )
-    (out / "crossover.csv").write_text("\n".join(lines) + "\n")
+    (out / "results.csv").write_text("\n".join(lines) + "\n")
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     import matplotlib
 
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.tools.crossover", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="folder of run folders (run.json + steps.jsonl)")
     ap.add_argument("--baseline", default="adamw", help="the optimizer in the denominator of the step time")
-    ap.add_argument("--out", type=Path, default=None, help="where to write crossover.csv/summary.json/png")
+    ap.add_argument("--out", type=Path, default=None, help="where to write results.csv/summary.json/png")
     args = ap.parse_args(argv)
     runs = load_runs(args.runs)
     if not runs:

@@ -21,7 +21,7 @@ def test_committed_sequence_reproduces_the_report(tmp_path):
     assert s == committed
     lo, hi = s["ratio_model_only_ci95"]
     assert lo < s["ratio_model_only"] < hi
-    assert len((tmp_path / "crossover.csv").read_text().splitlines()) == 1 + 15
+    assert len((tmp_path / "results.csv").read_text().splitlines()) == 1 + 15
     assert (tmp_path / "crossover.png").stat().st_size > 0
 
 
