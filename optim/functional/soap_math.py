@@ -19,19 +19,13 @@ splits a CUDA stack of k > 32 into chunks (8 by default, at least 2 matrices eac
 own CUDA stream from its own host thread (the GIL is released inside the call); the streams come from a per-device
 pool, start after the caller's stream, and the caller's stream waits on them all. Every matrix goes through the same
 cuSOLVER call as in the batched eigh, so the result is identical; the fp64 retry is per chunk (a failing chunk is
-recomputed in fp64, the others keep their fp32 result). Measured on one NVIDIA H200 (torch 2.11.0+cu130, 16 host
-cores, muonbench commit ffc939b, 2026-12-02), seconds per refresh of random PSD fp32 factors in the count of the
-quality model's census (`reports/soap_eigh_h200_202612/`):
-
-    k    count  batched  streams=4  streams=8  streams=16  host (1 call)  MAGMA
-    512  824    12.015   3.646      2.105      2.529       8.938          25.8
-    256  256    1.315    0.396      0.424      0.421       1.076          4.238
+recomputed in fp64, the others keep their fp32 result). Eight streams refresh the quality model's factors several
+times faster than the batched call; the measurements are in reports/soap_eigh_h200_202612/README.md.
 
 Chunks start a multiple of 512 bytes into the stack of matrices and of eigenvalues (fp32 with k a multiple of 128:
 at any matrix), so that inside every call each matrix sits at the same alignment as in the single call: LAPACK's
 results depend on it (on the host, k = 9 and 33 in fp32 differ in the last bits when a chunk starts off a 16-byte
-boundary). Host tensors keep the single call (chunks from host threads were slower there: 10.343 s and 1.139 s
-with 16 threads); an explicit `streams` runs the same chunk code with plain threads on the host. torch's lazy load
+boundary). Host tensors keep the single call (chunks from host threads were slower there; same report); an explicit `streams` runs the same chunk code with plain threads on the host. torch's lazy load
 of its CUDA linear-algebra library is not thread-safe (the first linalg call of a process from several threads at
 once raised "lazy wrapper should be called at most once"), so one tiny eigh runs on the calling thread first, once
 per device.

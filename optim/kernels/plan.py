@@ -81,34 +81,28 @@ from optim.kernels.ns_batched import (
 # within GRAPH_PREFERENCE of its plain twin (2: interleaved per-call-latency timing (optim.kernels.timing) and graph
 # variants by `launch_sensitive`; 1: candidates timed one after another, graph variants up to 2e11 plain FLOPs).
 PLAN_VERSION = 5
-# `launch_sensitive`: a problem's GEMM time estimated at the bf16 ceiling (H200, measured: 780 TF/s) against the host
-# time of launching its 3k + 4 kernels at HOST_LAUNCH_S each (an upper estimate for a Python launch, Triton's
-# launcher included). Graph variants are offered while the GEMM time is at most LAUNCH_RATIO times the launch time:
-# there a host that launches slower than usual makes the call host-bound (measured on the H200, 2026-12: 1536 x 7168,
-# 0.37 TFLOP, ~0.5 ms of GEMMs, took 0.83 to 1.29 ms per call on the same kernels). For 5 steps the bound is
-# 1.48 TFLOP. Above it the host runs ahead of the GPU and a graph only adds its input and output copies.
+# `launch_sensitive`: a problem's GEMM time estimated at the bf16 ceiling against the host time of launching its
+# 3k + 4 kernels at HOST_LAUNCH_S each (an upper estimate for a Python launch, Triton's launcher included). Graph
+# variants are offered while the GEMM time is at most LAUNCH_RATIO times the launch time, where a slow host makes
+# the call host-bound (for 5 steps: up to 1.48 TFLOP); above it the host runs ahead of the GPU and a graph only adds
+# its input and output copies. Measurements: docs/ns_kernels_h200.md#plan-launch-bound.
 CEILING_FLOPS = 780e12
 HOST_LAUNCH_S = 40e-6
 LAUNCH_RATIO = 2.5
-# A plain call of a launch-sensitive problem costs what the host takes to launch its kernels, and that varies within
-# a process: on the H200 (2026-12-02) the plan timed 12288 x 1536 (Kimi K2 MLA q up) at 1.26 ms on Triton's tma128s5
-# tiles and 1.29 ms as a graph, and the next measurement of the same plain call, in interleaved rounds with its peers,
-# took 2.11 ms. A graph replay is one launch. `pick` takes the graph variant where it is within this fraction of the
-# fastest plain candidate.
+# A plain call of a launch-sensitive problem costs what the host takes to launch its kernels, which varies within a
+# process; a graph replay is one launch. `pick` takes the graph variant where it is within this fraction of the
+# fastest plain candidate (docs/ns_kernels_h200.md#plan-graph-preference).
 GRAPH_PREFERENCE = 0.05
-# The plan times on an idle GPU; a large Muon step runs its NS at the GPU's power cap. There, on the H200 (2026-12-03,
-# `experiments/quack_apply_configs`), none of QuACK's 44 SM90 configs ran the Qwen3 expert batches' general product
-# X <- a X + P X faster than QuACK's default (pingpong 128 x 192, 2 x 1 clusters), though some ran it 4-10% faster
-# on an idle GPU; the same kernel timed twice at the cap differed by 1.5%. `pick` takes `plain_quack_all` (QuACK's
-# default general product) over a `plain_quack_all_<GENERAL_CONFIGS name>` unless that is faster by more than this
-# fraction. (Kimi K2's 7168 x 8192 o projection: an explicit config won the plan by 0.9% and then took 2.7% longer
-# than the default in the benchmark's rounds right after.)
+# The plan times on an idle GPU, a large Muon step runs its NS at the GPU's power cap, and explicit QuACK configs that
+# win on an idle GPU by a few percent do not win at the cap. `pick` takes `plain_quack_all` (QuACK's default general
+# product) over a `plain_quack_all_<GENERAL_CONFIGS name>` unless that is faster by more than this fraction
+# (docs/ns_kernels_h200.md#plan-quack-default).
 DEFAULT_PREFERENCE = 0.03
 # Timing budget of the plan: about this many ms of timed calls per candidate (interleaved rounds, MIN_ROUNDS to 25).
 BUDGET_MS_PER_CANDIDATE = 60.0
 # After MIN_ROUNDS rounds, a candidate whose fastest call is slower than the best median by more than this fraction
-# is timed no further. Five rounds, not three: on the H200 (2026-12-03) the plan dropped QuACK's default NS on
-# 6 x 2048 x 7168 after three rounds at a median of 7.02 ms, and the plan that followed timed it at 5.87 ms.
+# is timed no further. Five rounds, not three: a median of three can land on calls slowed by a clock change
+# (docs/ns_kernels_h200.md#plan-min-rounds).
 MIN_ROUNDS = 5
 KEEP_WITHIN = 0.10
 # Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
@@ -550,10 +544,8 @@ class Planner:
         self.complete.add(key)
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
-        # cached in the allocator: hand them back. (Measured on the H200: a Megatron process that planned
-        # and compiled our Triton kernels in its first step ran its later forward-backwards ~0.5% slower than one
-        # that found both caches warm; this release alone did not remove that. Cause open; the remedy used is a
-        # warm-up process, `bench.prewarm` of bench.run. reports/megatron_h200_flops_202611/README.md.)
+        # cached in the allocator: hand them back (a process that planned its kernels itself still ran slower than a
+        # prewarmed one: reports/megatron_h200_flops_202611/README.md; the remedy is `bench.prewarm`).
         torch.cuda.empty_cache()
         return str(entry["method"]), key
 

@@ -9,7 +9,7 @@ Why this quantity and not back-to-back throughput: optim.Muon's fused step reads
 (`optim.optimizers.fused._fused_step`) right before its NS calls, one per shape group: the first starts on an idle
 GPU, and a later one is hidden behind earlier GPU work only while that work outlasts the host's launches (the
 per-call latency is then an upper bound). A call whose GPU work is short next to the host cost of launching its kernels
-(one matrix of 1536 x 7168: ~0.5 ms of GEMMs behind ~20 launches) is then host-bound in the step, and a
+(one matrix of 1536 x 7168: ~20 launches for well under a millisecond of GEMMs) is then host-bound in the step, and a
 back-to-back loop, where the host runs ahead while the previous repeat computes, would hide exactly the cost that
 the step pays and that CUDA-graph replay removes. On large calls (tens of ms) the two quantities agree.
 
@@ -21,8 +21,7 @@ mix. A warm-up round comes first; its times are not kept (it estimates the cost 
 its steady clock). With `keep_within`, after `min_rounds` a function is dropped when even its fastest call is slower
 than (1 + keep_within) times the best median, and the remaining rounds are spent on the others. The fastest call, not
 the median, decides the drop: a median of a few rounds can land on calls slowed by a clock change, and a function
-dropped on it is never timed again (on the H200, 2026-12-03, QuACK's default NS on 6 x 2048 x 7168 had a median of
-7.02 ms after three rounds in one plan and 5.87 ms in the plan that followed it).
+dropped on it is never timed again (docs/ns_kernels_h200.md#plan-min-rounds).
 """
 
 from __future__ import annotations
