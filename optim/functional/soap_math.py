@@ -25,7 +25,8 @@ times faster than the batched call; the measurements are in reports/soap_eigh_h2
 Chunks start a multiple of 512 bytes into the stack of matrices and of eigenvalues (fp32 with k a multiple of 128:
 at any matrix), so that inside every call each matrix sits at the same alignment as in the single call: LAPACK's
 results depend on it (on the host, k = 9 and 33 in fp32 differ in the last bits when a chunk starts off a 16-byte
-boundary). Host tensors keep the single call (chunks from host threads were slower there; same report); an explicit `streams` runs the same chunk code with plain threads on the host. torch's lazy load
+boundary). Host tensors keep the single call (chunks from host threads were slower there; same report); an
+explicit `streams` runs the same chunk code with plain threads on the host. torch's lazy load
 of its CUDA linear-algebra library is not thread-safe (the first linalg call of a process from several threads at
 once raised "lazy wrapper should be called at most once"), so one tiny eigh runs on the calling thread first, once
 per device.

@@ -351,3 +351,54 @@ def test_single_h200_megatron_runs_predicted_within_10pct() -> None:
     assert len(predicted) >= 3
     for r in predicted:
         assert abs(r["step_rel_error"]) <= h200.TOLERANCE, r
+
+
+def test_calibration_data_files_carry_provenance_and_the_source_reports_numbers() -> None:
+    """The model's measured inputs are versioned data files naming their source report, commit, date and command;
+    the single-H200 runs file predicts exactly what its source report's run records predict."""
+    import ast
+    from pathlib import Path
+
+    from bench.tools.perfmodel import calibration, h200
+
+    files = sorted(calibration.DATA.glob("*.json"))
+    assert {p.name for p in files} >= {
+        calibration.NS_KERNELS.name,
+        calibration.MEGATRON_RUNS.name,
+        calibration.FLOPS_RUNS.name,
+    }
+    for p in files:
+        prov = json.loads(p.read_text())["provenance"]
+        assert set(prov) == {"source", "commit", "date", "command"} and all(prov.values()), p.name
+        assert prov["command"].startswith("python -m bench.tools.perfmodel.extract "), p.name
+    source = Path(json.loads(calibration.MEGATRON_RUNS.read_text())["provenance"]["source"])
+    repo = Path(__file__).resolve().parents[2]
+    if (repo / source).is_dir():
+        assert h200.comparisons(calibration.MEGATRON_RUNS) == h200.comparisons(repo / source)
+    # no perfmodel module builds a path into reports/ (a dated report folder is never an input)
+    for mod in sorted(Path(calibration.__file__).parent.glob("*.py")):
+        consts = [n.value for n in ast.walk(ast.parse(mod.read_text())) if isinstance(n, ast.Constant)]
+        assert "reports" not in consts, mod.name
+
+
+def test_extract_writes_a_data_file_the_model_reads_like_the_run_records(tmp_path) -> None:
+    """`python -m bench.tools.perfmodel.extract runs` keeps successful H200 runs (config once per hash) and the
+    model predicts the same from the data file as from the folder; a folder without runs is a user error."""
+    from muonbench import as_dict, config_hash
+    from bench.tools.perfmodel import extract, h200
+
+    cfg = load(["experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu"])
+    base = {"config": as_dict(cfg), "config_hash": config_hash(cfg), "git": {"sha": "abc1234"}}
+    for name, status, step in (("a", "ok", 1.5), ("b", "ok", 1.6), ("c", "oom", None)):
+        run = tmp_path / "report" / "sweep" / name
+        run.mkdir(parents=True)
+        summary = {"step_s_median": step, "optim_s_median": 0.1}
+        (run / "run.json").write_text(json.dumps({**base, "status": status, "summary": summary}))
+    out = tmp_path / "data.json"
+    assert extract.main(["runs", str(tmp_path / "report"), str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert [r["run"] for r in data["runs"]] == ["sweep/a", "sweep/b"] and len(data["configs"]) == 1
+    assert h200.comparisons(out) == h200.comparisons(tmp_path / "report")
+    with pytest.raises(SystemExit) as exc:
+        extract.main(["runs", str(tmp_path / "missing"), str(out)])
+    assert exc.value.code == 2

@@ -124,11 +124,10 @@ def what_if_ns_host(ms: float) -> list[dict[str, float | str]]:
 def fit_h200_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 30) -> tuple[float, float]:
     """(fraction, relative error at it): the H200 row's memory-bound bandwidth fraction that reproduces the step time
     of the one Megatron run `h200.FIT_RUN` (bisection; the predicted step falls as the fraction grows)."""
-    import json
-
     from bench.tools.perfmodel import h200
+    from bench.tools.perfmodel.calibration import MEGATRON_RUNS, load_runs
 
-    rec = json.loads((h200.MEGATRON_REPORT / h200.FIT_RUN / "run.json").read_text())
+    rec = next(r for r in load_runs(MEGATRON_RUNS) if r["run"] == h200.FIT_RUN)
     cfg, measured = h200._typed(rec["config"]), float(rec["summary"]["step_s_median"])
 
     def err(x: float) -> float:

@@ -1,8 +1,10 @@
-"""Prediction of the single-H200 Megatron measurements, when their report exists.
+"""Prediction of the single-H200 Megatron measurements.
 
-Reads `reports/megatron_h200_202611/results.csv` (bench.results.collect format: one row per run with `experiment`,
-`status`, `step_s_median`, `optim_s_median`, ...), re-composes each run's config from its experiment and batch
-columns, and compares the predicted step and optimizer-step times. Profile: `ours` for our optimizer
+Reads run records: by default the data file `calibration.MEGATRON_RUNS` (extracted from a Megatron H200
+report, provenance inside), or any folder of run records (`**/run.json`), and predicts each run from its resolved
+config. A folder with only a `results.csv` (bench.results.collect format: one row per run with `experiment`,
+`status`, `step_s_median`, `optim_s_median`, ...) has each run's config re-composed from its experiment and batch
+columns. Compares the predicted step and optimizer-step times. Profile: `ours` for our optimizer
 implementation, `published` otherwise (on one GPU the profiles differ only in the NS kernels and launches).
 """
 
@@ -13,9 +15,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-MEGATRON_REPORT = Path(__file__).resolve().parents[3] / "reports" / "megatron_h200_202611"
-FLOPS_REPORT = Path(__file__).resolve().parents[3] / "reports" / "megatron_h200_flops_202611"
-"""The FLOP-matched Qwen3 slice runs: out of sample (no constant is refitted on them)."""
+from bench.tools.perfmodel.calibration import FLOPS_RUNS, MEGATRON_RUNS, load_runs
+
 TOLERANCE = 0.10
 
 
@@ -93,18 +94,16 @@ def _row(
     }
 
 
-def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
-    """From run records (`**/run.json` with a summary) under the report: the resolved config is used as is."""
-    import json
-
+def record_comparisons(path: Path = MEGATRON_RUNS) -> list[dict[str, Any]]:
+    """From run records (a data file, or `**/run.json` with a summary under a folder): the resolved config is used
+    as is."""
     out: list[dict[str, Any]] = []
-    for rec_path in sorted(path.glob("**/run.json")):
-        rec = json.loads(rec_path.read_text())
+    for rec in load_runs(path):
         summary, cfg = rec.get("summary") or {}, rec.get("config") or {}
         step = _float(summary.get("step_s_median"))
         if rec.get("status") != "ok" or step is None or (cfg.get("hardware") or {}).get("name") != "h200":
             continue
-        run = f"{rec_path.parent.parent.name}/{rec_path.parent.name}"
+        run = rec["run"]
         row = _row(
             run,
             _typed(cfg),
@@ -113,7 +112,7 @@ def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
             step,
             _float(summary.get("optim_s_median")),
         )
-        experts = str(((rec.get("worker") or {}).get("engine") or {}).get("experts", ""))
+        experts = rec["experts"]
         row.update(
             {
                 "model": cfg["model"]["name"],
@@ -126,7 +125,7 @@ def record_comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
     return out
 
 
-def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
+def comparisons(path: Path = MEGATRON_RUNS) -> list[dict[str, Any]]:
     """One dict per successful H200 run: measured and predicted step / optimizer seconds (run records first,
     else the results.csv rows re-composed from their experiment and batch columns)."""
     from muonbench import load
@@ -135,7 +134,7 @@ def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
     if records:
         return records
     csv_path = path / "results.csv"
-    if not csv_path.exists():
+    if not path.is_dir() or not csv_path.exists():
         return []
     out: list[dict[str, Any]] = []
     with csv_path.open() as f:
@@ -163,13 +162,12 @@ def comparisons(path: Path = MEGATRON_REPORT) -> list[dict[str, Any]]:
     return out
 
 
-def compare(path: Path = MEGATRON_REPORT) -> str:
+def compare(path: Path = MEGATRON_RUNS) -> str:
     """Markdown paragraph: the comparison table, or that the measurement is pending."""
     rows = comparisons(path)
     if not rows:
         return (
-            f"Pending: `reports/{path.name}/results.csv` has no successful H200 run yet (the Megatron helper's "
-            "single-H200 slice runs). Predictions for its configs: `python -m bench.tools.project "
+            f"Pending: `{path}` holds no successful H200 run. Predictions for its configs: `python -m bench.tools.project "
             "experiment=h200/qwen3_30b_a3b_slice_muon_1gpu profile=ours` (and `..._adamw_1gpu`)."
         )
     lines = [

@@ -2,8 +2,8 @@
 
 GPU time comes from a per-shape efficiency curve measured on our H200 and scaled by the hardware's bf16 GEMM
 rate (NS runs bf16 GEMMs under MCore's fp32_matmul_prec "medium"): `optim.distributed.assignment.CostModel`, whose
-analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md#h200-baseline). When the kernel
-benchmark has written `reports/ns_kernels_h200_202611/results.json`, its per-shape milliseconds replace the curve
+analytic curve m / (m + 600) of the GEMM ceiling fits the H200 NS measurements (docs/references.md#h200-baseline). The kernel
+benchmark's per-shape milliseconds (`calibration.NS_KERNELS`, a data file with provenance) replace the curve
 (`ns_data`: EO's NS for `published`, our kernels for `ours`), scaled by the ratio of GEMM rates. Host time of one
 call is measured (constants; for our kernels, from the same results).
 """
@@ -22,8 +22,8 @@ from optim.cost import TPCost
 from optim.distributed.assignment import CostModel, canonical
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import links
+from bench.tools.perfmodel.calibration import NS_KERNELS
 
-KERNEL_RESULTS = Path(__file__).resolve().parents[3] / "reports" / "ns_kernels_h200_202611" / "results.json"
 TP_MODES = cost.TP_MODES
 HALF_EFF_DIM = (
     CostModel().half_eff_dim
@@ -56,12 +56,12 @@ def _launches(num_steps: int) -> float:
 
 
 @lru_cache(maxsize=4)
-def ns_data(profile: str, path: Path = KERNEL_RESULTS) -> NSData:
+def ns_data(profile: str, path: Path = NS_KERNELS) -> NSData:
     """NS cost data of a profile: `published` = EO newton_schulz, `ours` = the best of our plan-cached kernels
     (plain or Gram-NS, batched, CUDA graphs for small shapes).
 
-    From the kernel benchmark (`reports/ns_kernels_h200_202611/results.json`) when present: a batched measurement
-    of B matrices gives (ms - host) / B per matrix, a single one max(ms - host, FLOP floor); times are rescaled
+    From the kernel benchmark's data (`calibration.NS_KERNELS`, or any results.json at `path`) when present: a
+    batched measurement of B matrices gives (ms - host) / B per matrix, a single one max(ms - host, FLOP floor); times are rescaled
     from that run's GEMM ceiling to 701 TF/s. Our host cost per call is the fastest single-matrix call measured
     (a 128-row router, GPU work ~0). Without the file: the H200 anchor curve and `NS_CALL_HOST_MS` for both.
     """

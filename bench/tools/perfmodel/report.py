@@ -8,6 +8,7 @@ generated the report: command, commit, date, versions, the measured inputs it re
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from muonbench import validate
 from muonbench.schema import RootConfig
 from bench.tools.perfmodel import calibrate, nscost
 from bench.tools.perfmodel import constants as C
+from bench.tools.perfmodel.calibration import FLOPS_RUNS, MEGATRON_RUNS
 from bench.tools.perfmodel.model import predict, tp_mode_table
 
 COMMAND = "python -m bench.tools.project report=reports/perfmodel_gb300_202611"
@@ -244,17 +246,18 @@ def _what_if() -> dict[str, list[dict[str, Any]]]:
 
 
 def h200_check() -> str:
-    """Prediction of the single-H200 Megatron measurements: reports/megatron_h200_202611/ (the fit run and its
-    siblings), then the FLOP-matched slice of reports/megatron_h200_flops_202611/ (out of sample) when present."""
-    from bench.tools.perfmodel.h200 import FLOPS_REPORT, compare
+    """Prediction of the single-H200 Megatron measurements: `calibration.MEGATRON_RUNS` (the fit run and its
+    siblings), then the FLOP-matched slice of `calibration.FLOPS_RUNS` (out of sample) when present."""
+    from bench.tools.perfmodel.h200 import compare
 
     text = compare()
-    if FLOPS_REPORT.exists():
+    if FLOPS_RUNS.exists():
+        source = json.loads(FLOPS_RUNS.read_text())["provenance"]["source"]
         text += (
-            "\n\n#### Out of sample: the FLOP-matched Qwen3-30B-A3B slice (reports/megatron_h200_flops_202611)\n\n"
+            f"\n\n#### Out of sample: the FLOP-matched Qwen3-30B-A3B slice ({source})\n\n"
             "328 x 4096 tokens per step, measured later; no constant was refitted on these runs "
             "(`engine.manual_gc` and `empty_unused_memory_level` have no model term).\n\n"
-            + compare(FLOPS_REPORT)
+            + compare(FLOPS_RUNS)
         )
     return text
 
@@ -330,7 +333,9 @@ def _write_run_json(
             "versions": record.package_versions(),
             "measured_inputs": {
                 "ns_cost": ns_sources,
-                "h200_check": "reports/megatron_h200_202611 (run records; bench/tools/perfmodel/h200.py)",
+                "h200_check": {
+                    p.name: json.loads(p.read_text())["provenance"] for p in (MEGATRON_RUNS, FLOPS_RUNS)
+                },
             },
             "files": ["README.md", "results.csv", *files],
         },

@@ -1,8 +1,8 @@
 """Validation of the optimizer-step model on one H200 against measured whole-layer optimizer steps.
 
-`reports/ns_kernels_h200_202611/results.json` times `optimizer.step()` for one Qwen3-30B-A3B layer (q, k, v, o and
-128 experts as separate matrices, no router) and one Kimi K2 MoE layer at EP64 (6 experts, MLA, shared expert,
-router): EO Muon (the published loop), our batched step and fused AdamW. The model predicts the same parameter
+The kernel benchmark's data (`calibration.NS_KERNELS`) times `optimizer.step()` for one Qwen3-30B-A3B layer
+(q, k, v, o and 128 experts as separate matrices, no router) and one Kimi K2 MoE layer at EP64 (6 experts, MLA,
+shared expert, router): EO Muon (the published loop), our batched step and fused AdamW. The model predicts the same parameter
 sets with the same code paths as the cluster prediction (`optimizer.rank_loads_ms` on one rank).
 """
 
@@ -18,6 +18,7 @@ from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import nscost
 from bench.tools.perfmodel import optimizer as opt
 from bench.tools.perfmodel.calibrate import hbm_fraction
+from bench.tools.perfmodel.calibration import NS_KERNELS
 
 LAYERS: dict[str, tuple[str, int, bool]] = {
     "qwen3_30b_a3b_layer": ("qwen3_30b_a3b", 1, False),
@@ -67,17 +68,18 @@ def predict_layer_ms(
     return opt.rank_loads_ms(items, [0] * len(items), 1, par, hw, algo, rate_hbm, table, [0.0])[0]
 
 
-def layer_step_comparison(path: Path = nscost.KERNEL_RESULTS) -> list[dict[str, Any]]:
+def layer_step_comparison(path: Path = NS_KERNELS) -> list[dict[str, Any]]:
     """Measured vs predicted standalone optimizer steps on H200: the kernel benchmark's layer steps (when its
     results exist) and the measured layer steps, at the standalone fused-AdamW bandwidth (HBM_EFFICIENCY); the
     in-engine steps are in `h200` (Megatron runs)."""
     from muonbench import load
 
-    steps = json.loads(path.read_text()).get("steps", {}) if path.exists() else {}
+    data = json.loads(path.read_text()) if path.exists() else {}
+    steps, source = data.get("steps", {}), data.get("provenance", {}).get("source", path.name)
     hw = nscost.load_hardware("h200")
     out: list[dict[str, Any]] = []
     measured_rows = [
-        (name, impl, float(v["ms"]), f"{path.parent.name}/results.json")
+        (name, impl, float(v["ms"]), source)
         for name in LAYERS
         for impl, v in steps.get(name, {}).get("impls", {}).items()
         if impl in IMPLS and "ms" in v

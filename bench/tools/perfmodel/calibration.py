@@ -1,0 +1,38 @@
+"""The performance model's measured inputs: versioned data files with provenance, extracted from reports.
+
+The model reads `bench/tools/perfmodel/data/*.json`, never a dated report folder; each file's `provenance` names
+the report it was extracted from, the last commit that changed that report, the date and the command
+(`bench.tools.perfmodel.extract` writes them). Every reader also takes a path argument pointing elsewhere (a data
+file, or a folder of run records).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).resolve().parent / "data"
+NS_KERNELS = DATA / "ns_kernels_h200.json"
+"""Per-shape NS milliseconds and whole-layer optimizer steps of the NS kernel benchmark on one H200."""
+MEGATRON_RUNS = DATA / "megatron_h200_runs.json"
+"""Single-H200 Megatron runs of two models and three optimizers; the H200 row's fitted value comes from one."""
+FLOPS_RUNS = DATA / "megatron_h200_flops_runs.json"
+"""The FLOP-matched Qwen3 slice runs on H200: out of sample (no constant is refitted on them)."""
+
+
+def load_runs(path: Path) -> list[dict[str, Any]]:
+    """Run records as the model reads them ({run, status, config, summary, experts}), from a data file written
+    by `extract.extract_runs` or from a folder of run records (`**/run.json`); [] when `path` does not exist."""
+    if path.is_file():
+        data = json.loads(path.read_text())
+        return [
+            {**r, "status": "ok", "config": data["configs"][r["config_hash"]]} for r in data.get("runs", [])
+        ]
+    out = []
+    for rec_path in sorted(path.glob("**/run.json")) if path.is_dir() else []:
+        rec = json.loads(rec_path.read_text())
+        rec["run"] = f"{rec_path.parent.parent.name}/{rec_path.parent.name}"
+        rec["experts"] = str(((rec.get("worker") or {}).get("engine") or {}).get("experts", ""))
+        out.append(rec)
+    return out
