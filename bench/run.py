@@ -36,7 +36,7 @@ import muonbench
 from bench import launch, sweep
 from bench.results import record
 from bench.results.record import Status
-from muonbench import schema
+from muonbench import compose, schema
 
 HYDRA_DEFAULTS = {
     "hydra.run.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}_${optimizer.name}",
@@ -239,8 +239,13 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def main() -> None:
+    import logging
+
     import hydra
 
+    # multistorageclient's Hydra plugin (installed with Megatron-Bridge) logs a traceback for its own msc:// source
+    # whenever a search path (`--config-dir`) is added; that source is not used here.
+    logging.getLogger("multistorageclient.contrib.hydra").setLevel(logging.CRITICAL)
     argv = list(sys.argv[1:])
     if any(a in ("-h", "--help") for a in argv):
         from muonbench.cli_help import run_usage
@@ -250,21 +255,25 @@ def main() -> None:
     if any(
         a in ("--cfg", "-c", "--info", "-i", "--hydra-help", "--resolve", "-p", "--package") for a in argv
     ):
-        sys.argv = [sys.argv[0], *with_hydra_defaults(argv)]  # Hydra's own inspection flags: no job runs
+        # Hydra's own inspection flags: no job runs
+        rest = compose.take_config_dirs(argv)
+        sys.argv = [sys.argv[0], *with_hydra_defaults(rest), *compose.searchpath_overrides()]
         schema.register_configs()
         hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
         return
     resume = [a.split("=", 1)[1] for a in argv if a.startswith(sweep.RESUME_KEY + "=")]
     try:
+        overrides = compose.take_config_dirs(argv)  # the recorded argv keeps `--config-dir` for a resume
         if resume:
-            if len(argv) != 1:
+            if len(overrides) != 1:
                 raise ValueError(
                     f"{sweep.RESUME_KEY}={resume[0]!r}: reruns the recorded command; give it alone "
-                    f"(also given: {[a for a in argv if not a.startswith(sweep.RESUME_KEY)]})"
+                    f"(also given: {[a for a in overrides if not a.startswith(sweep.RESUME_KEY)]})"
                 )
             recorded, _STATE["done"] = sweep.resume_plan(resume[0])
-            argv = [*recorded, argv[0]]
-        jobs = sweep.expand(argv)
+            argv = [*recorded, overrides[0]]
+            overrides = compose.take_config_dirs(argv)
+        jobs = sweep.expand(overrides)
         errors = sweep.preflight(jobs)
     except ValueError as exc:
         errors = [str(exc)]
@@ -272,7 +281,7 @@ def main() -> None:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    sys.argv = [sys.argv[0], *with_hydra_defaults(argv)]
+    sys.argv = [sys.argv[0], *with_hydra_defaults(overrides), *compose.searchpath_overrides()]
     schema.register_configs()
     task = hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)
     out_dir = Path(muonbench.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()

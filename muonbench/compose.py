@@ -20,6 +20,12 @@ from muonbench.pipeline import parse_pipeline_layout
 # The Hydra tree ships inside the package (`muonbench/conf`, a link to the checkout's `conf/`): found from anywhere.
 CONF_DIR = (Path(__file__).parent / "conf").resolve()
 
+USER_CONFIG_DIRS: list[Path] = []
+"""Directories given with `--config-dir` (a user's own experiment files), searched after `CONF_DIR`
+(Hydra's `hydra.searchpath`); set once at the entry point by `take_config_dirs`."""
+
+CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+
 ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.layers": ("auto", "te", "local"),
     "model.family": ("qwen3_moe", "deepseek_v3"),
@@ -96,16 +102,44 @@ def load(
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
-            cfg = compose(config_name=config_name, overrides=list(overrides or []))
+            cfg = compose(config_name=config_name, overrides=[*(overrides or []), *searchpath_overrides()])
         except (MissingConfigException, ConfigCompositionException) as exc:
             raise ConfigError(_explain_missing(exc)) from exc
     return to_typed(cfg, validate_=validate_)
 
 
+def take_config_dirs(argv: list[str]) -> list[str]:
+    """`argv` without its `--config-dir DIR` / `--config-dir=DIR` / `-cd DIR` flags; each DIR (which must exist) is
+    added to `USER_CONFIG_DIRS`, so every later `load` and Hydra entry point also finds the user's config files."""
+    rest: list[str] = []
+    it = iter(argv)
+    for arg in it:
+        flag, eq, value = arg.partition("=")
+        if flag not in CONFIG_DIR_FLAGS:
+            rest.append(arg)
+            continue
+        if not eq:
+            value = next(it, "")
+        path = Path(value).expanduser().resolve()
+        if not value or not path.is_dir():
+            _fail(flag, value, "must name an existing directory of config files (laid out like conf/)")
+        if path not in USER_CONFIG_DIRS:
+            USER_CONFIG_DIRS.append(path)
+    return rest
+
+
+def searchpath_overrides() -> list[str]:
+    """The Hydra override that adds `USER_CONFIG_DIRS` to the config search path (none when there are none)."""
+    if not USER_CONFIG_DIRS:
+        return []
+    return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in USER_CONFIG_DIRS) + "]"]
+
+
 def available_options(group: str) -> list[str]:
-    """The options of a config group: the YAML files under `conf/<group>/`, nested ones as `sub/name`."""
-    root = CONF_DIR / group
-    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+    """The options of a config group: the YAML files under `conf/<group>/` and under the same group of each
+    `--config-dir`, nested ones as `sub/name`."""
+    roots = [CONF_DIR / group, *(d / group for d in USER_CONFIG_DIRS)]
+    return sorted({str(p.relative_to(r).with_suffix("")) for r in roots for p in r.rglob("*.yaml")})
 
 
 _MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
@@ -127,7 +161,7 @@ def _explain_missing(exc: Exception) -> str:
     m = _MISSING_CONFIG.search(msg)
     if m and "/" in m.group(1):
         group, name = m.group(1).split("/", 1)
-        if (CONF_DIR / group).is_dir():
+        if any((d / group).is_dir() for d in (CONF_DIR, *USER_CONFIG_DIRS)):
             return f"{group}={name}: no such option; available: {', '.join(available_options(group))}"
     return msg
 

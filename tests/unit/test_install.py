@@ -1,0 +1,153 @@
+"""The installed suite: the wheel carries the Hydra tree and the `muonbench` command, and runs away from the checkout.
+
+The wheel is built from a copy of the sources, installed with `--no-deps` into a fresh venv whose dependencies are
+this interpreter's site-packages (a path line in a .pth file: no download, and the checkout's editable-install hook
+is not run), then `muonbench run` (AdamW vs Muon on the CPU proxy), `collect` and `report` run from a temporary
+directory with a user's own experiment file given by `--config-dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from bench import cli
+from muonbench import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("pyproject.toml", "README.md", "optim", "muonbench", "bench", "recipes", "conf")
+USER_PARALLELISM = """\
+defaults:
+  - base_parallelism
+name: cpu_one
+world_size: 1
+mbs: 2
+gbs: 2
+"""
+USER_EXPERIMENT = """\
+# @package _global_
+defaults:
+  - override /model: qwen3_moe_tiny
+  - override /parallelism: cpu_one
+  - override /hardware: cpu
+  - override /engine: hf
+experiment_name: mine/tiny
+bench:
+  steps: 3
+  warmup_steps: 1
+  prewarm: false
+  progress: false
+  report_name: mine_tiny
+"""
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        p = ROOT / name
+        if p.is_dir():
+            shutil.copytree(p, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "local"))
+        else:
+            shutil.copy2(p, src / name)
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(src)],
+        check=True,
+        cwd=src,
+    )
+    (whl,) = out.glob("muonbench-*.whl")
+    return whl
+
+
+def test_wheel_ships_the_config_tree_and_the_command(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    conf = sorted(str(p.relative_to(ROOT / "conf")) for p in (ROOT / "conf").rglob("*.yaml") if "local" not in p.parts)
+    assert conf and [c for c in conf if f"muonbench/conf/{c}" not in names] == []
+    assert not {n for n in names if n.split("/")[0] in ("config", "tools", "experiments", "tests")}
+    (ep,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    assert "muonbench = bench.cli:main" in zipfile.ZipFile(wheel).read(ep).decode()
+
+
+@pytest.mark.slow
+def test_installed_command_runs_the_cpu_proxy_from_anywhere(wheel: Path, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no checkout on the path, pip's included
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    site = Path(subprocess.check_output([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        text=True).strip())
+    (site / "_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    work = tmp_path / "work"
+    (work / "my_conf" / "experiment" / "mine").mkdir(parents=True)
+    (work / "my_conf" / "experiment" / "mine" / "tiny.yaml").write_text(USER_EXPERIMENT)
+    (work / "my_conf" / "parallelism").mkdir()
+    (work / "my_conf" / "parallelism" / "cpu_one.yaml").write_text(USER_PARALLELISM)
+
+    def sh(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(args, cwd=work, env=env, capture_output=True, text=True, timeout=300)
+
+    where = sh(str(py), "-c", "import bench, muonbench; print(bench.__file__); print(muonbench.CONF_DIR)")
+    assert where.returncode == 0, where.stderr
+    bench_file, conf_dir = where.stdout.split()
+    assert Path(bench_file).is_relative_to(venv) and Path(conf_dir).is_relative_to(venv), where
+    muonbench = str(venv / "bin" / "muonbench")
+    assert "ns-kernels" in sh(muonbench, "--help").stdout
+    run = sh(muonbench, "run", "-m", "--config-dir", "my_conf", "experiment=mine/tiny", "optimizer=adamw,muon")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "2 runs: 2 ok" in run.stdout, run.stdout
+    latest = json.loads((work / "runs" / "LATEST.json").read_text())
+    assert [json.loads((Path(r) / "run.json").read_text())["config"]["bench"]["steps"] for r in latest["runs"]] == [
+        3,
+        3,
+    ]
+    for sub in ("collect", "report"):
+        res = sh(muonbench, sub)
+        assert res.returncode == 0, res.stdout + res.stderr
+    assert (Path(latest["sweep_dir"]) / "report" / "report.md").is_file()
+
+
+def test_config_dir_adds_the_users_files_to_every_compose(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compose, "USER_CONFIG_DIRS", [])
+    (tmp_path / "experiment" / "mine").mkdir(parents=True)
+    (tmp_path / "experiment" / "mine" / "tiny.yaml").write_text(USER_EXPERIMENT)
+    (tmp_path / "parallelism").mkdir()
+    (tmp_path / "parallelism" / "cpu_one.yaml").write_text(USER_PARALLELISM)
+    with pytest.raises(compose.ConfigError, match="experiment=mine/tiny: no such option"):
+        compose.load(["experiment=mine/tiny"])
+    rest = compose.take_config_dirs(["-m", "--config-dir", str(tmp_path), "optimizer=adamw,muon"])
+    assert rest == ["-m", "optimizer=adamw,muon"]
+    root = compose.load(["experiment=mine/tiny"])
+    assert (root.experiment_name, root.parallelism.world_size, root.bench.steps) == ("mine/tiny", 1, 3)
+    assert "cpu_one" in compose.available_options("parallelism")
+
+
+@pytest.mark.parametrize("argv", [["--config-dir", "/no/such/dir"], ["-cd"], ["--config-dir=relative/missing"]])
+def test_config_dir_must_exist(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compose, "USER_CONFIG_DIRS", [])
+    with pytest.raises(compose.ConfigError, match=r"^(--config-dir|-cd)=.*must name an existing directory"):
+        compose.take_config_dirs(argv)
+
+
+def test_cli_lists_every_entry_point_and_rejects_an_unknown_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    assert all(f"  {name} " in listed for name in cli.SUBCOMMANDS)
+    assert cli.main(["fly"]) == 2
+    assert "no such subcommand" in capsys.readouterr().err
+    assert cli.main(["flops", "--help"]) == 0
+    assert "usage:" in capsys.readouterr().out
