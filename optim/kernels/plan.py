@@ -44,10 +44,14 @@ power cap, where the explicit configs did not beat the default (DEFAULT_PREFEREN
 
 Cache versioning: PLAN_VERSION is part of every key; a change of what is timed or how (protocol, candidate
 rules) bumps it, so entries measured under an older protocol are never reused (they stay in the file, unread).
+Processes share the file: a save merges under a lock and replaces it in one rename, and a miss reads the file again
+before measuring; a corrupt file or entry is measured again with a warning; a directory that cannot be written
+keeps the plan in memory with a warning.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -323,34 +327,68 @@ class Planner:
     """The memo of `dispatch`, `deferred` and `prescaled` (`_variant`): (kind, shape, dtype, device, coefficients,
     eps, use_gram, restarts, iterate dtype) -> the call built for the chosen candidate, so a planned call costs one
     dict lookup on the host, as little as the plan's timing saw."""
+    memory_only: bool = False
+    """The cache file could not be written: plans stay in this process's memory."""
+    warned: set[str] = field(default_factory=set)
 
     def _load(self) -> None:
         self.loaded = True
+        self.choices.update(self._read_disk())
+
+    def _read_disk(self) -> dict[str, dict[str, object]]:
+        """The entries of the cache file that are well formed. An unreadable file or a malformed entry (a write
+        cut short by an older version, an edit by hand) is said once; its problems are measured again and the
+        next save rewrites the file."""
         try:
-            data = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return
-        if isinstance(data, dict):
-            self.choices.update(data)
+            text = self.path.read_text()
+        except (FileNotFoundError, NotADirectoryError):  # nothing cached yet
+            return {}
+        except OSError as e:
+            self._warn_once(f"NS plan cache {self.path} cannot be read ({e}): plans are measured again")
+            return {}
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            self._warn_once(f"NS plan cache {self.path} is corrupt ({e}): plans are measured again")
+            return {}
+        if not isinstance(data, dict):
+            self._warn_once(f"NS plan cache {self.path} is not a JSON object: plans are measured again")
+            return {}
+        good = {k: v for k, v in data.items() if isinstance(v, dict) and isinstance(v.get("method"), str)}
+        if len(good) < len(data):
+            self._warn_once(
+                f"NS plan cache {self.path}: {len(data) - len(good)} malformed entries ignored; "
+                "their plans are measured again"
+            )
+        return good
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self.warned:
+            self.warned.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def _save(self) -> None:
+        """Merges this process's entries into the file under an exclusive lock (two processes planning at once,
+        e.g. one per GPU, keep each other's new shapes; this process's entries win) and replaces the file in one
+        rename, so a reader never sees half a file. A directory that cannot be written keeps the plan in memory
+        for this process, said once: a read-only home must not break the optimizer step."""
+        if self.memory_only:
+            return
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            # entries another process saved since this one loaded are kept (two processes planning at once,
-            # e.g. one per GPU, would otherwise drop each other's new shapes); this process's entries win
-            try:
-                on_disk = json.loads(self.path.read_text())
-            except (OSError, ValueError):
-                on_disk = {}
-            kept = on_disk if isinstance(on_disk, dict) else {}
-            kept.update(
-                {k: v for k, v in self.choices.items() if not v.get("fallback")}
-            )  # fallbacks: this process only
-            tmp.write_text(json.dumps(kept, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
-        except OSError:  # a read-only home must not break the optimizer step
-            pass
+            with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                kept = self._read_disk()
+                kept.update({k: v for k, v in self.choices.items() if not v.get("fallback")})  # fallbacks: here only
+                tmp = self.path.with_name(f"{self.path.name}.tmp{os.getpid()}")
+                with open(tmp, "w") as f:
+                    f.write(json.dumps(kept, indent=1, sort_keys=True))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.path)
+        except OSError as e:
+            self.memory_only = True
+            self._warn_once(f"NS plan cache {self.path} cannot be written ({e}): plans are kept in memory only")
 
     def body(
         self,
@@ -537,6 +575,11 @@ class Planner:
             return str(hit["method"]), key
         if torch.cuda.is_current_stream_capturing():
             return "plain_torch", key  # cannot time inside a capture; the cuBLAS body is always valid
+        fresh = self._read_disk().get(key)  # another process may have measured it since this one loaded
+        if fresh is not None and not fresh.get("fallback") and not self.untried(fresh, x, len(coeffs), use_gram):
+            self.choices[key] = fresh
+            self.complete.add(key)
+            return str(fresh["method"]), key
         entry = self.adopt(x, coeffs, eps, restarts, key, dtype) if hit is None else None
         if entry is None:
             entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype)
