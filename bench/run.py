@@ -55,6 +55,34 @@ a sweep has one directory per run that ended ok, each used once); `time.monotoni
 config hashes of the workloads prewarmed so far (`bench.launch.launch`)."""
 
 
+INSPECT_FLAGS = {"--cfg": "value", "-c": "value", "--package": "value", "-p": "value", "--info": "choice",
+                 "-i": "choice", "--resolve": None, "--hydra-help": None}  # fmt: skip
+"""Hydra's inspection flags (no job runs) and what follows each: a value, an optional choice, or nothing."""
+INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def flags_first(argv: list[str]) -> list[str]:
+    """`argv` with Hydra's inspection flags (and their values) before the overrides, a bare `--info` after them:
+    Hydra's parser takes no override after a flag's value, so `bench.run experiment=X --cfg job` would otherwise be
+    an argparse error, and a bare `--info` before an override would take it for its choice."""
+    flags: list[str] = []
+    rest: list[str] = []
+    last: list[str] = []
+    it = iter(range(len(argv)))
+    for i in it:
+        kind = INSPECT_FLAGS.get(argv[i], "other")
+        if kind == "other":
+            rest.append(argv[i])
+            continue
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and (kind == "value" or (kind == "choice" and nxt in INFO_CHOICES)):
+            flags += [argv[i], nxt]
+            next(it)
+        else:
+            (last if kind == "choice" else flags).append(argv[i])
+    return flags + rest + last
+
+
 def with_hydra_defaults(argv: list[str]) -> list[str]:
     """`argv` plus the run-directory settings the user did not give."""
     given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
@@ -252,12 +280,9 @@ def main() -> None:
 
         print(run_usage())
         return
-    if any(
-        a in ("--cfg", "-c", "--info", "-i", "--hydra-help", "--resolve", "-p", "--package") for a in argv
-    ):
-        # Hydra's own inspection flags: no job runs
-        rest = compose.take_config_dirs(argv)
-        sys.argv = [sys.argv[0], *with_hydra_defaults(rest), *compose.searchpath_overrides()]
+    if any(a in INSPECT_FLAGS for a in argv):
+        rest = compose.take_config_dirs(argv)  # Hydra's own inspection flags: no job runs
+        sys.argv = [sys.argv[0], *flags_first([*with_hydra_defaults(rest), *compose.searchpath_overrides()])]
         schema.register_configs()
         hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
         return

@@ -15,6 +15,7 @@ No torch import.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,15 +51,34 @@ def expand(argv: list[str]) -> list[list[str]]:
 
 
 def preflight(jobs: list[list[str]]) -> list[str]:
-    """Compose and validate every job; one message per failing job (field, value, rule), empty when all pass."""
+    """Compose and validate every job, and check that its output directory can be written; one message per
+    failing job (field, value, rule), empty when all pass."""
     errors = []
     for job in jobs:
         try:
-            muonbench.check_runnable(muonbench.load(list(job_key(job))))
+            cfg = muonbench.load(list(job_key(job)))
+            muonbench.check_runnable(cfg)
+            check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:
             label = " ".join(job_key(job)) or "(defaults)"
             errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))
     return errors
+
+
+def check_out_dir(out_dir: str) -> None:
+    """Raises ValueError naming `bench.out_dir` when records could not be written under it: a path that is (or
+    lies under) a file, or a directory this process cannot create files in. Creates nothing that stays."""
+    p = Path(out_dir).resolve()
+    existing = next(a for a in (p, *p.parents) if a.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == p else f"lies under a file ({existing})"
+        raise ValueError(f"bench.out_dir={out_dir}: {where}; give a directory")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as exc:
+        raise ValueError(
+            f"bench.out_dir={out_dir}: cannot write in {existing} ({exc.strerror or exc}); give a writable directory"
+        ) from None
 
 
 def claim_run_dir(path: Path) -> Path:

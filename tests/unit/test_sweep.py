@@ -190,3 +190,53 @@ def test_bench_run_help_is_ours_not_hydras():
     assert res.returncode == 0 and res.stdout.startswith("usage: python -m bench.run")
     assert "experiment   cpu/qwen3_moe_tiny_dp2, gb300/kimi_k2_adamw" in res.stdout
     assert "bench.resume=PATH" in res.stdout and "Powered by Hydra" not in res.stdout
+
+
+def test_inspection_flags_after_the_overrides_are_hydras_not_an_argparse_error():
+    """`bench.run <overrides> --cfg job` printed an argparse error (Hydra takes no override after a flag)."""
+    from bench.run import flags_first
+
+    assert flags_first(["experiment=x", "--cfg", "job", "a=1"]) == ["--cfg", "job", "experiment=x", "a=1"]
+    assert flags_first(["a=1", "--info", "b=2"]) == ["a=1", "b=2", "--info"]  # a bare --info takes no override
+    assert flags_first(["a=1", "-i", "defaults", "--resolve"]) == ["-i", "defaults", "--resolve", "a=1"]
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.run", "experiment=cpu/qwen3_moe_tiny_dp2", "model.num_layers=3", "--cfg", "job"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "num_layers: 3" in res.stdout and "error" not in res.stderr
+
+
+def _read_only_dir(tmp_path: Path) -> Path:
+    """A directory this process cannot create files in: chmod for a user, a kernel directory for root."""
+    import os
+
+    if os.geteuid() != 0:
+        d = tmp_path / "ro"
+        d.mkdir()
+        d.chmod(0o555)
+        return d
+    kernel = Path("/sys/kernel")
+    try:
+        (kernel / "muonbench_probe").touch()
+    except OSError:
+        return kernel
+    pytest.skip("no directory here that root cannot write")
+
+
+def test_an_output_directory_that_cannot_be_written_is_one_line_before_launch(tmp_path):
+    """An output path that is a file, lies under a file, or is read-only: raw tracebacks (exit 1) from deep in
+    the launch; now one line naming bench.out_dir from the preflight (bench.run prints it and exits 2), nothing
+    created."""
+    (tmp_path / "f").write_text("")
+    ro = _read_only_dir(tmp_path)
+    cases = {
+        str(tmp_path / "f"): f"bench.out_dir={tmp_path / 'f'}: is a file; give a directory",
+        str(tmp_path / "f" / "runs"): f"bench.out_dir={tmp_path / 'f' / 'runs'}: lies under a file ({tmp_path / 'f'})",
+        str(ro / "runs"): f"bench.out_dir={ro / 'runs'}: cannot write in {ro} (",
+    }
+    for out, message in cases.items():
+        errors = sweep.preflight(sweep.expand([f"bench.out_dir={out}"]))
+        assert len(errors) == 1 and errors[0].startswith(message), errors
+    sweep.check_out_dir(str(tmp_path / "new" / "runs"))  # a directory still to be made is fine
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "ro") == ["f"]
