@@ -108,6 +108,15 @@ def _tee(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
             sink.flush()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when bench.run dies (`kill -9` too), so torchrun and its workers do not
+    outlive the invocation that records them (Linux prctl PR_SET_PDEATHSIG; elsewhere nothing)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+
+
 def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> LaunchResult:
     """Run torchrun in its own process group; kill the group after `bench.timeout_s`. Logs go to `<run_dir>/*.log`."""
     run_dir = Path(run_dir)
@@ -116,7 +125,12 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
     env.setdefault("OMP_NUM_THREADS", "1")
     with open(run_dir / "stdout.log", "wb") as out_log, open(run_dir / "stderr.log", "wb") as err_log:
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         assert proc.stdout is not None and proc.stderr is not None
         term_out = [sys.stdout.buffer] if echo else []

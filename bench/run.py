@@ -49,10 +49,11 @@ HYDRA_DEFAULTS = {
 LAUNCHED_OK = tuple(s.value for s in record.NOT_FAILED)
 """Statuses of a run that did not fail: finished ok, or a Slurm job submitted / its script written (dry run)."""
 
-_STATE: dict[str, Any] = {"manifest": None, "done": {}, "start": 0.0, "prewarmed": set()}
+_STATE: dict[str, Any] = {"manifest": None, "done": {}, "start": 0.0, "prewarmed": set(), "lock": None}
 """This invocation's manifest; when resuming, job key -> run directories of the jobs not to rerun (a key repeated in
 a sweep has one directory per run that ended ok, each used once); `time.monotonic()` when `main` started; the
-config hashes of the workloads prewarmed so far (`bench.launch.launch`)."""
+config hashes of the workloads prewarmed so far (`bench.launch.launch`); the hold on the output root
+(`bench.sweep.hold_out_dir`)."""
 
 
 INSPECT_FLAGS = {"--cfg": "value", "-c": "value", "--package": "value", "-p": "value", "--info": "choice",
@@ -310,6 +311,11 @@ def main() -> None:
     schema.register_configs()
     task = hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)
     out_dir = Path(muonbench.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
+    try:
+        _STATE["lock"] = sweep.hold_out_dir(out_dir)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
     manifest = sweep.Manifest(out_dir=out_dir, argv=argv)
     _STATE["manifest"] = manifest
     manifest.write()  # LATEST.json points at this invocation before its first job starts

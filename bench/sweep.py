@@ -8,13 +8,18 @@ invocation's manifest (`<bench.out_dir>/LATEST.json`) current from its first job
 - `Manifest`: `LATEST.json` (and `<sweep dir>/sweep.json`): the command, the state (`running`, `complete`,
   `interrupted`) and every run with its status, rewritten as each job starts and ends.
 - `resume_plan(path)`: the recorded command of a manifest and the runs that need no rerun.
+- `hold_out_dir(out_dir)`: the invocation's exclusive hold on its output root (one manifest, one writer), and the
+  closing of an earlier invocation that died without closing its manifest (`kill -9`): state and runs `killed`.
 
 No torch import.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import socket
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -112,6 +117,8 @@ class Manifest:
         return {
             "invocation": self.invocation,
             "state": self.state,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
             "command": ["python", "-m", "bench.run", *self.argv],
             "argv": self.argv,
             "report_name": self.report_name,
@@ -178,3 +185,63 @@ def resume_plan(path: str) -> tuple[list[str], dict[tuple[str, ...], list[Path]]
             done.setdefault(job_key(rec.get("overrides") or []), []).append(Path(run_dir))
     argv = [a for a in data["argv"] if not a.startswith(RESUME_KEY + "=")]
     return argv, done
+
+
+LOCK_NAME = ".bench_run.lock"
+
+
+def hold_out_dir(out_dir: Path) -> Any:
+    """Takes `<out_dir>/.bench_run.lock` for this invocation (an open file: the kernel releases it when the
+    process ends, however it ends). A second `bench.run` into the same root while one runs would share its
+    LATEST.json (the last writer wins, the other's runs vanish from the default report): it is refused with a
+    ValueError naming the holder. Then closes a manifest left `running` by an invocation that died (`close_dead`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(out_dir / LOCK_NAME, "a+")  # noqa: SIM115 - held open for the invocation's lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "another process"
+        lock.close()
+        raise ValueError(
+            f"bench.out_dir={out_dir}: another bench.run is writing there ({holder}); wait for it to end or "
+            "give another bench.out_dir"
+        ) from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+    lock.flush()
+    close_dead(out_dir)
+    return lock
+
+
+def close_dead(out_dir: Path) -> list[str]:
+    """With the root's lock held, a LATEST.json still `running` belongs to an invocation that died without
+    closing it (`kill -9`, a lost node): its state and its runs still `running` are recorded `killed`, naming
+    the process. Returns the run directories closed."""
+    latest = out_dir / "LATEST.json"
+    try:
+        data = record.read_json(latest)
+    except (OSError, ValueError):
+        return []
+    if data.get("state") != "running":
+        return []
+    who = f"bench.run (pid {data.get('pid', '?')} on {data.get('host', '?')}, invocation {data.get('invocation')})"
+    closed = []
+    for run_dir in data.get("runs", []):
+        try:
+            rec = record.read_json(Path(run_dir) / "run.json")
+        except (OSError, ValueError):
+            continue
+        if rec.get("status") == record.Status.RUNNING:
+            message = f"{who} ended without closing this run (killed, e.g. kill -9); found by the next bench.run"
+            error = {"type": "Killed", "message": message, "traceback": None}
+            record.finalize(run_dir, status=record.Status.KILLED, error=error)
+            data.setdefault("statuses", {})[run_dir] = record.Status.KILLED.value
+            closed.append(run_dir)
+    data["state"] = "killed"
+    record.write_json_atomic(latest, data)
+    if data.get("sweep_dir") and Path(data["sweep_dir"]).is_dir():
+        record.write_json_atomic(Path(data["sweep_dir"]) / "sweep.json", data)
+    print(f"== {who} died while running: recorded killed ({len(closed)} runs closed)", file=sys.stderr)
+    return closed

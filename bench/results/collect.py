@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             run_dirs = [d for root in args.runs for d in record.find_runs(root)]
         else:
             run_dirs, manifest = latest_runs(args.out_dir)
-            if manifest.get("state") in ("running", "interrupted"):
+            if manifest.get("state") in ("running", "interrupted", "killed"):
                 problems.append(
                     f"{args.out_dir / 'LATEST.json'}: its invocation is {manifest['state']} "
                     f"({len(run_dirs)} runs recorded so far)"

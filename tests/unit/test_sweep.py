@@ -240,3 +240,60 @@ def test_an_output_directory_that_cannot_be_written_is_one_line_before_launch(tm
         assert len(errors) == 1 and errors[0].startswith(message), errors
     sweep.check_out_dir(str(tmp_path / "new" / "runs"))  # a directory still to be made is fine
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "ro") == ["f"]
+
+
+def test_a_second_invocation_into_the_same_root_is_refused_naming_the_holder(tmp_path):
+    """Two bench.run into one output root shared LATEST.json: the last writer won and the other's runs vanished
+    from the default report. The root is held for the invocation; a second one is refused (bench.run: exit 2)."""
+    import os
+
+    first = sweep.hold_out_dir(tmp_path)
+    with pytest.raises(ValueError, match=rf"bench.out_dir={tmp_path}: another bench.run is writing there \(pid {os.getpid()} "):
+        sweep.hold_out_dir(tmp_path)
+    first.close()  # the holder ended
+    sweep.hold_out_dir(tmp_path).close()
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from bench import sweep
+from bench.results import record
+from bench.results import record
+out = Path(sys.argv[1])
+lock = sweep.hold_out_dir(out)
+m = sweep.Manifest(out_dir=out, argv=["optimizer=muon"])
+m.sweep_dir = str(out / "sweep")
+for name in ("0_adamw", "1_muon"):
+    run = sweep.claim_run_dir(out / "sweep" / name)
+    record.write_json_atomic(run / "run.json", {"run_id": name, "status": "running", "start_time": record.now_iso()})
+    m.note(run, "running")
+record.finalize(out / "sweep" / "0_adamw", status="ok")
+m.note(out / "sweep" / "0_adamw", "ok")
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_kill_9_of_bench_run_is_recorded_killed_by_the_next_invocation(tmp_path):
+    """`kill -9` of bench.run left LATEST.json (and its running run) `running` forever. The next invocation into
+    the root finds the manifest's process gone (its lock released) and records the manifest and the run that was
+    still running as `killed`, naming the process; a run that had ended keeps its status."""
+    import os
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    pid = proc.pid
+    os.kill(pid, signal.SIGKILL)
+    proc.wait(30)
+    assert record.read_json(tmp_path / "LATEST.json")["state"] == "running"
+    sweep.hold_out_dir(tmp_path).close()
+    for manifest in (tmp_path / "LATEST.json", tmp_path / "sweep" / "sweep.json"):
+        data = record.read_json(manifest)
+        assert data["state"] == "killed" and data["pid"] == pid
+        assert list(data["statuses"].values()) == ["ok", "killed"]
+    killed = record.read_json(tmp_path / "sweep" / "1_muon" / "run.json")
+    assert killed["status"] == "killed" and f"bench.run (pid {pid} on " in killed["error"]["message"]
+    assert killed["end_time"]
+    assert record.read_json(tmp_path / "sweep" / "0_adamw" / "run.json")["status"] == "ok"
