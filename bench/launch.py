@@ -243,18 +243,25 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
     )
 
 
+def check_launchable(cfg: RootConfig) -> None:
+    """The layout, the engine and (local launcher) the device: checked for every job before any run directory is
+    written, and again by `launch`."""
+    from bench.engines import check_engine_present
+
+    check_layout(cfg)
+    check_engine_present(cfg.engine.name)
+    if cfg.launcher.name == "local":
+        check_device(cfg)
+
+
 def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None = None) -> LaunchResult:
     """Check the layout, the engine and the device, then start the run with the configured launcher.
 
     `prewarmed`: config hashes (`muonbench.config_hash`, the workload without the bench settings) already prewarmed by
     this invocation; a job of such a workload skips its prewarm (the caches are on disk), a prewarmed one is added."""
-    from bench.engines import check_engine_present
-
-    check_layout(cfg)
-    check_engine_present(cfg.engine.name)
+    check_launchable(cfg)
     match cfg.launcher.name:
         case "local":
-            check_device(cfg)
             if needs_prewarm(cfg):
                 import muonbench
                 from bench.results import record

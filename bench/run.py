@@ -244,7 +244,7 @@ def summary_line(rec: dict[str, Any]) -> str:
     head = f"== {rec['run_id']} [{opt}] {rec['status']}"
     if rec["status"] == Status.DIVERGED:
         div = rec.get("divergence") or {}
-        head += f" at step {div.get('step')} (loss {div.get('loss')})"
+        head += f" at step {div.get('step')} (loss {div.get('loss')}; {div.get('reason', 'non-finite loss')})"
     elif rec["status"] != Status.OK:
         err = rec.get("error") or {}
         return f"{head}: {err.get('type')}: {str(err.get('message'))[:300]}"

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import muonbench
+from bench import launch
 from bench.results import record
 
 RESUME_KEY = "bench.resume"
@@ -63,6 +64,7 @@ def preflight(jobs: list[list[str]]) -> list[str]:
         try:
             cfg = muonbench.load(list(job_key(job)))
             muonbench.check_runnable(cfg)
+            launch.check_launchable(cfg)
             check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:
             label = " ".join(job_key(job)) or "(defaults)"

@@ -16,8 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import probes
-
+from bench import flops, probes
 from bench.results import record
 from bench.engines import RankInfo, StepMetrics, engine_class
 
@@ -147,8 +146,14 @@ def run(run_dir: Path) -> None:
                 mininterval=0.5,
             )
         divergence = None
+        skipped_before = engine.skipped_updates()
         for i in range(cfg.bench.steps):
-            row = reduce_metrics(engine.step(), rank, engine.device, optional)
+            metrics = engine.step()
+            if skipped_before is not None:  # this step's skipped updates (the optimizers count cumulatively)
+                skipped_now = engine.skipped_updates() or 0
+                metrics.extra["skipped_updates"] = skipped_now - skipped_before
+                skipped_before = skipped_now
+            row = reduce_metrics(metrics, rank, engine.device, optional)
             if log is not None:
                 log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
             if bar is not None:
@@ -157,13 +162,17 @@ def run(run_dir: Path) -> None:
                 )
                 bar.update(1)
             if not math.isfinite(row["loss"]):  # the same reduced loss on every rank: all stop here
-                divergence = {"step": i, "loss": str(row["loss"])}
+                divergence = {"step": i, "loss": str(row["loss"]), "reason": "non-finite loss"}
                 break
         if bar is not None:
             bar.close()
         if log is not None:
             log.close()
             _record_ns_plan(run_dir)
+            if divergence is None:
+                m, tp = cfg.model, cfg.parallelism.tp
+                vocab = (m.vocab_size, flops.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp))
+                divergence = record.judge_training(record.read_steps(run_dir), vocab_sizes=vocab)
             if divergence is None:
                 record.finalize(run_dir, status=record.Status.OK)
             else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
@@ -170,11 +171,28 @@ def to_typed(cfg: Any, *, validate_: bool = True) -> schema.RootConfig:
     """DictConfig -> RootConfig of dataclasses (converted once, at the entry point)."""
     from omegaconf import OmegaConf
 
+    _check_unknown_keys(cfg, "")
     root = OmegaConf.to_object(cfg)
     assert isinstance(root, schema.RootConfig), type(root)
     if validate_:
         validate(root)
     return root
+
+
+def _check_unknown_keys(node: Any, path: str) -> None:
+    """Every key is a field of its schema: a key added with `+` (Hydra opens the struct for it) would otherwise be
+    dropped in silence by `to_object`."""
+    from omegaconf import DictConfig, OmegaConf
+
+    cls = OmegaConf.get_type(node)
+    if not (isinstance(node, DictConfig) and is_dataclass(cls)):
+        return
+    names = {f.name for f in fields(cls)}
+    for key in node.keys():
+        dotted = f"{path}.{key}" if path else str(key)
+        if key not in names:
+            raise ConfigError(f"{dotted}: no such field in {cls.__name__}; its fields: {', '.join(sorted(names))}")
+        _check_unknown_keys(node._get_node(key), dotted)
 
 
 def as_dict(root: schema.RootConfig) -> dict[str, Any]:
@@ -282,10 +300,23 @@ def _check_bench(b: schema.BenchConfig) -> None:
         _fail("bench.log_every", b.log_every, "must be >= 1")
 
 
+def _check_finite(node: Any, path: str) -> None:
+    """Every float of the config tree (lists of them too) is finite: NaN passes every range check."""
+    if is_dataclass(node):
+        for f in fields(node):
+            _check_finite(getattr(node, f.name), f"{path}.{f.name}" if path else f.name)
+    elif isinstance(node, list):
+        for i, item in enumerate(node):
+            _check_finite(item, f"{path}[{i}]")
+    elif isinstance(node, float) and not math.isfinite(node):
+        _fail(path, node, "must be a finite number")
+
+
 def validate(root: schema.RootConfig) -> None:
     """Cross-group rules. Each error names the field, the value and the rule it breaks."""
     _check_allowed(root)
     _check_bench(root.bench)
+    _check_finite(root, "")
     _check_optimizer(root.optimizer)
     opt = root.optimizer
     if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":

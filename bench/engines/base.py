@@ -72,6 +72,11 @@ class Engine(ABC):
     def step(self) -> StepMetrics:
         """Run one optimizer step (all micro-batches of the global batch share) and return its measurements."""
 
+    def skipped_updates(self) -> int | None:
+        """Parameter updates this rank's optimizers of ours skipped so far (non-finite gradient or state under
+        `nonfinite_policy=skip`); None where no optimizer of ours runs."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Facts for the run record (parameter counts, optimizer routing, timer), called after `setup`."""
         return {}
@@ -79,3 +84,17 @@ class Engine(ABC):
     @abstractmethod
     def teardown(self) -> None:
         """Free what `setup` built."""
+
+
+def count_skipped_updates(optimizers: Any) -> int:
+    """Skipped parameter updates of torch optimizers (a HybridOptimizer counts its parts): their
+    `num_skipped_updates`, else the length of their `nonfinite_events` log; 0 for optimizers without either."""
+    total = 0
+    for opt in optimizers:
+        parts = getattr(opt, "optimizers", None)
+        if isinstance(parts, dict):
+            total += count_skipped_updates(parts.values())
+            continue
+        counter = getattr(opt, "num_skipped_updates", None)
+        total += int(counter) if counter is not None else len(getattr(opt, "nonfinite_events", ()))
+    return total

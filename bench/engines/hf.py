@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bench.engines.base import Engine, RankInfo, StepMetrics
+from bench.engines.base import Engine, RankInfo, StepMetrics, count_skipped_updates
 from bench.models.hf_build import build_model, padded_vocab_size
 from bench.timing import PhaseTimer, ns_flops_plain
 from muonbench import convert
@@ -277,6 +277,9 @@ class HFEngine(Engine):
             }
             | ({} if grad_norm is None else {"grad_norm": float(grad_norm)}),
         )
+
+    def skipped_updates(self) -> int | None:
+        return None if self.inner is None else count_skipped_updates([self.inner])
 
     def describe(self) -> dict[str, Any]:
         return {

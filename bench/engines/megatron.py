@@ -17,7 +17,7 @@ import os
 import random
 from typing import Any, ClassVar
 
-from bench.engines.base import Engine, RankInfo, StepMetrics
+from bench.engines.base import Engine, RankInfo, StepMetrics, count_skipped_updates
 from muonbench.schema import RootConfig
 
 
@@ -301,6 +301,11 @@ class MegatronEngine(Engine):
         with torch.no_grad():
             for n, p in params.items():
                 p.main_grad.copy_(grads[n])
+
+    def skipped_updates(self) -> int | None:
+        from optim.megatron.builders import _inner_torch_optimizers
+
+        return count_skipped_updates(_inner_torch_optimizers(self.optimizer))
 
     def describe(self) -> dict[str, Any]:
         """Engine facts for run.json; `tp_modes` (parameter -> TP NS mode of our optimizer) is complete once the

@@ -86,6 +86,7 @@ def run_row(rec: dict[str, Any]) -> dict[str, Any]:
         "error_message": (str(err["message"])[:300] if err.get("message") else None),
         "diverged_at_step": div.get("step"),
         "diverged_loss": div.get("loss"),
+        "diverged_reason": div.get("reason"),
         "optimizer_config": choices.get("optimizer") or (chosen[0] if chosen else None),
         "overrides": " ".join(overrides),
     }

@@ -12,6 +12,7 @@ No torch import: collectors and reports read records on machines without torch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shutil
@@ -36,7 +37,8 @@ class Status(StrEnum):
     OK = "ok"
     """Every step ran and every loss was finite."""
     DIVERGED = "diverged"
-    """The loss became NaN or Inf; the run stopped there (`divergence`: the first non-finite step and its loss)."""
+    """The run stopped training: the loss became NaN or Inf (the run stopped there), too many updates were skipped,
+    or the run went dead (`divergence`: the step, its loss and the reason; `judge_training`)."""
     ERROR = "error"
     """An exception (config rule, launcher, engine or worker), recorded with its type, message and stderr tail."""
     OOM = "oom"
@@ -78,9 +80,10 @@ STEP_KEYS = (
     "alloc_retries",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
-OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded", "bridge_tflops_per_gpu")
+OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded", "bridge_tflops_per_gpu", "skipped_updates")
 """Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`; the bridge engine's
-`bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time); the probes of `bench.probes` add their own
+`bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time; `skipped_updates`: parameter updates our
+optimizers skipped in the step under `nonfinite_policy=skip`, max over ranks); the probes of `bench.probes` add their own
 (`bench.probes.keys`). `bench.results.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
@@ -404,8 +407,68 @@ def summarize(
         "ns_tflops_per_gpu": ns_tf,
         "total_tflops_per_gpu": None if model_tf is None else model_tf + ns_tf,
         "mfu": None if (model_tf is None or peak_tflops <= 0) else model_tf / peak_tflops,
+        **skipped_updates(steps),
     }
     return out
+
+
+MAX_SKIPPED_STEP_FRACTION = 0.01
+"""A run with skipped updates in more than this fraction of its steps is not `ok` (docs/run_status.md)."""
+DEAD_STEPS = 3
+"""A run whose loss sits still for this many steps after it was lower is dead (docs/run_status.md)."""
+UNIFORM_LOSS_ATOL = 1e-3
+"""How close to ln(vocab) a loss must be to count as the uniform prediction."""
+
+
+def skipped_updates(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Parameter updates skipped over the whole run and the steps that skipped any (None where not measured)."""
+    counts = [r["skipped_updates"] for r in steps if r.get("skipped_updates") is not None]
+    if not counts:
+        return {"skipped_updates": None, "steps_with_skipped_updates": None}
+    return {"skipped_updates": int(sum(counts)), "steps_with_skipped_updates": sum(1 for c in counts if c)}
+
+
+def judge_training(steps: list[dict[str, Any]], *, vocab_sizes: tuple[int, ...] = ()) -> dict[str, Any] | None:
+    """Why a run whose every step ran did not train, as a `divergence` record (step, loss, reason), or None when
+    it trained: skipped updates in more than `MAX_SKIPPED_STEP_FRACTION` of its steps; or dead for `DEAD_STEPS`
+    steps after its loss was lower (the loss bit-identical, or within `UNIFORM_LOSS_ATOL` of the uniform
+    prediction ln(vocab) for one of `vocab_sizes`), or a zero gradient norm for `DEAD_STEPS` steps."""
+    skipped = skipped_updates(steps)
+    bad = skipped["steps_with_skipped_updates"] or 0
+    if steps and bad > MAX_SKIPPED_STEP_FRACTION * len(steps):
+        first = next(r for r in steps if r.get("skipped_updates"))
+        return {
+            "step": first["step"],
+            "loss": str(first.get("loss")),
+            "reason": f"skipped updates: {skipped['skipped_updates']} parameter updates in {bad} of "
+            f"{len(steps)} steps (more than {MAX_SKIPPED_STEP_FRACTION:.0%} of the steps)",
+        }
+    uniform = [math.log(v) for v in vocab_sizes if v > 1]
+
+    def still(a: float, b: float) -> str | None:
+        for u in uniform:
+            if abs(a - u) <= UNIFORM_LOSS_ATOL and abs(b - u) <= UNIFORM_LOSS_ATOL:
+                return f"loss at the uniform prediction ln(vocab) = {u:.4f}"
+        return f"loss constant at {a!r}" if a == b else None
+
+    losses = [r.get("loss") for r in steps]
+    for i in range(len(steps) - DEAD_STEPS + 1):
+        window = steps[i : i + DEAD_STEPS]
+        norms = [r.get("grad_norm") for r in window]
+        if all(n == 0.0 for n in norms):
+            reason = f"dead: gradient norm 0 for {DEAD_STEPS} steps"
+            return {"step": window[0]["step"], "loss": str(losses[i]), "reason": reason}
+        if any(x is None or not math.isfinite(x) for x in losses[i : i + DEAD_STEPS]):
+            continue
+        why = {still(losses[i], x) for x in losses[i + 1 : i + DEAD_STEPS]}
+        earlier = [x for x in losses[:i] if x is not None and math.isfinite(x)]
+        if len(why) == 1 and None not in why and earlier and min(earlier) < losses[i] - UNIFORM_LOSS_ATOL:
+            return {
+                "step": window[0]["step"],
+                "loss": str(losses[i]),
+                "reason": f"dead: {why.pop()} for {DEAD_STEPS} steps after it was {min(earlier):.4f}",
+            }
+    return None
 
 
 def config_from_dict(d: dict[str, Any]) -> Any:

@@ -481,8 +481,16 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
         breakdown(rows),
         "## Loss",
         _md_table(
-            ["optimizer", "first step", "last step"],
-            [[_label(r), fmt(r.get("loss_first"), ".4f"), fmt(r.get("loss_last"), ".4f")] for r in ok],
+            ["optimizer", "first step", "last step", "skipped updates"],
+            [
+                [
+                    _label(r),
+                    fmt(r.get("loss_first"), ".4f"),
+                    fmt(r.get("loss_last"), ".4f"),
+                    fmt(r.get("skipped_updates"), ".0f"),
+                ]
+                for r in ok
+            ],
         ),
         _loss_note(ok),
     ]
@@ -498,6 +506,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                         _status_text(r),
                         (
                             f"loss {str(r.get('diverged_loss')).lower()} at step {fmt(r.get('diverged_at_step'), '.0f')}"
+                            + (f": {r['diverged_reason']}" if r.get("diverged_reason") else "")
                             if _num(r.get("diverged_at_step")) is not None
                             else f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}"
                         )

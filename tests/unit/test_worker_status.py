@@ -55,7 +55,7 @@ def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
     losses = [s["loss"] for s in record.read_steps(tmp_path)]
     assert rec["status"] == "diverged" and rec["end_time"]
     first_bad = next(i for i, x in enumerate(losses) if not math.isfinite(x))
-    assert rec["divergence"] == {"step": first_bad, "loss": str(losses[first_bad])}
+    assert rec["divergence"] == {"step": first_bad, "loss": str(losses[first_bad]), "reason": "non-finite loss"}
     assert len(losses) == first_bad + 1 < 8  # stopped there
     assert all(math.isfinite(x) for x in losses[:first_bad])
 
