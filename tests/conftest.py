@@ -10,8 +10,15 @@ import pytest
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
 
 
+def selects_gpu(markexpr: str) -> bool:
+    """A `-m` expression that asks for the `gpu` marker (`gpu`, `gpu and slow`), not one that excludes it."""
+    words = markexpr.replace("(", " ").replace(")", " ").split()
+    return any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` are skipped, with the reason, where CUDA is missing."""
+    """Tests marked `gpu` are skipped, with the reason, where CUDA is missing; selecting them with `-m gpu` there
+    is a usage error (`make test-gpu` without CUDA would otherwise pass having run nothing)."""
     try:
         import torch
 
@@ -20,6 +27,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         has_cuda = False
     if has_cuda:
         return
+    if selects_gpu(config.getoption("markexpr") or ""):
+        raise pytest.UsageError(
+            f"-m {config.getoption('markexpr')!r} selects the GPU tests and CUDA is not available here: every one "
+            "would be skipped and the run would pass having checked nothing; run it on a GPU machine"
+        )
     skip = pytest.mark.skip(reason="needs CUDA (run `make test-gpu` on a GPU machine)")
     for item in items:
         if (

@@ -270,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmp = compare(results, golden, tolerance=args.tolerance, min_delta_s=args.min_delta_s)
     print(render(cmp, results_path=args.results, golden_path=args.golden, tolerance=args.tolerance))
+    if not cmp.checks:  # a check that checked nothing does not pass, --warn-only or not
+        print(
+            f"error: 0 rows of {args.results} compared: none is an ok run with a golden row in {args.golden} "
+            "(bless one, or pick the golden file of this hardware)",
+            file=sys.stderr,
+        )
+        return 1
     return 1 if cmp.flagged and not args.warn_only else 0
 
 

@@ -108,16 +108,26 @@ def test_warn_only_exits_0_but_prints(tmp_path, golden, capsys):
 
 
 def test_no_golden_row_listed_not_failed(tmp_path, golden, capsys):
-    assert _compare(tmp_path, golden, [_row("new", config_hash="bbbb", step=9.0)]) == 0
+    assert _compare(tmp_path, golden, [_row("now"), _row("new", config_hash="bbbb", step=9.0)]) == 0
     out = capsys.readouterr().out
     assert "- new: config_hash bbbb" in out and "| new |" not in out
-    assert "0 compared, 0 flagged, 1 without golden row" in out
+    assert "1 compared, 0 flagged, 1 without golden row" in out
+
+
+@pytest.mark.parametrize("extra", [(), ("--warn-only",)])
+def test_a_comparison_of_zero_rows_fails_loudly(tmp_path, golden, capsys, extra):
+    """`make regress` that compared nothing (no golden row for any run, or only failed runs) exited 0."""
+    failed = _row("oom", status="oom") | {"step_s_median": "", "model_tflops_per_gpu": ""}
+    assert _compare(tmp_path, golden, [_row("new", config_hash="bbbb"), failed], *extra) == 1
+    captured = capsys.readouterr()
+    assert "0 compared, 0 flagged, 1 without golden row" in captured.out
+    assert captured.err.startswith(f"error: 0 rows of {tmp_path / 'results.csv'} compared: none is an ok run")
 
 
 def test_failed_rows_listed_not_compared(tmp_path, golden, capsys):
     """Localises a check that compares the empty metrics of a crashed run (or drops it silently)."""
     failed = _row("oom", status="oom") | {"step_s_median": "", "model_tflops_per_gpu": ""}
-    assert _compare(tmp_path, golden, [failed]) == 0
+    assert _compare(tmp_path, golden, [_row("now"), failed]) == 0
     out = capsys.readouterr().out
     assert "- oom: status oom" in out and "| oom |" not in out
 

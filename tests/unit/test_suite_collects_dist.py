@@ -42,3 +42,29 @@ def test_make_test_collects_every_experiment_test() -> None:
     assert len(on_disk) >= 7
     for path in on_disk:
         assert f"{path}::" in out.stdout, (path, out.stdout[-2000:])
+
+
+def test_selecting_the_gpu_tests_without_cuda_fails_loudly() -> None:
+    """`make test-gpu` without CUDA skipped all its tests and exited 0; now pytest refuses with the reason. (On a
+    GPU machine the same command runs them: the check is for CUDA, not for this host.)"""
+    import torch
+
+    if torch.cuda.is_available():
+        import pytest
+
+        pytest.skip("CUDA is available: -m gpu runs the GPU tests here")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "tests/gpu/test_soap_gpu.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "selects the GPU tests and CUDA is not available here" in out.stderr
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import selects_gpu
+
+    assert selects_gpu("gpu") and selects_gpu("gpu and not slow") and selects_gpu("(dist or gpu)")
+    assert not selects_gpu("") and not selects_gpu("not gpu") and not selects_gpu("dist and not gpu")
