@@ -348,10 +348,17 @@ def render(diff: Diff) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    from muonbench.cli_help import module_help
     from recipes.bridge import require_bridge
 
+    if module_help(__doc__, list(args)):
+        return 0
     try:
         split_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
         require_bridge()
     except ValueError as exc:
         raise SystemExit(f"bench.tools.bridge_diff: {exc}") from None

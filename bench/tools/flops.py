@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print(
             usage(
-                "bench.flops",
+                "bench.tools.flops",
                 "Model FLOPs per token and per step (Megatron formula) and the Newton-Schulz FLOPs of one optimizer\n"
                 "step (plain, syrk and Gram-NS counts) of a composed configuration; no GPU, no torch.",
                 tool_options={"format=text|json": "output format (default text)"},

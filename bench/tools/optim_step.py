@@ -253,13 +253,20 @@ def to_markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry: key=value arguments (device, format, scale, repeats, warmup, threads, impls, layout)."""
-    from muonbench.cli_help import module_help
+def _number(args: dict[str, str], key: str, kind: type, default: float) -> Any:
+    try:
+        return kind(args.get(key, default))
+    except ValueError:
+        raise ValueError(f"{key}={args[key]!r}: not a {kind.__name__}") from None
 
-    if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
-        return 0
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv))
+
+def parse_args(argv: list[str]) -> tuple[dict[str, Any], str]:
+    """(the keyword arguments of `run`, the output format) from key=value arguments; ValueError names the
+    argument, its value and what is allowed."""
+    bare = [a for a in argv if "=" not in a]
+    if bare:
+        raise ValueError(f"{bare}: arguments are key=value (python -m bench.tools.optim_step --help)")
+    args = dict(a.split("=", 1) for a in argv)
     allowed = {"device", "format", "scale", "repeats", "warmup", "threads", "impls", "layout"}
     if set(args) - allowed:
         raise ValueError(f"unknown arguments {sorted(set(args) - allowed)}; allowed: {sorted(allowed)}")
@@ -272,22 +279,36 @@ def main(argv: list[str] | None = None) -> int:
     impls = tuple(args.get("impls", ",".join(IMPLS)).split(","))
     if set(impls) - set(IMPLS):
         raise ValueError(f"impls={sorted(set(impls) - set(IMPLS))} not among {IMPLS}")
-    scale = float(args.get("scale", 1.0 if device == "cuda" else 1 / 16))
-    warmup = int(args.get("warmup", 1))
     layout = args.get("layout", "separate")
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
+    warmup = _number(args, "warmup", int, 1)
     if warmup < 0:
         raise ValueError(f"warmup={warmup}: the number of untimed steps must be >= 0")
-    res = run(
-        device=device,
-        scale=scale,
-        repeats=int(args.get("repeats", 10 if device == "cuda" else 5)),
-        threads=int(args.get("threads", 0)),
-        impls=impls,
-        warmup=warmup,
-        layout=layout,
-    )
+    kwargs = {
+        "device": device,
+        "scale": _number(args, "scale", float, 1.0 if device == "cuda" else 1 / 16),
+        "repeats": _number(args, "repeats", int, 10 if device == "cuda" else 5),
+        "threads": _number(args, "threads", int, 0),
+        "impls": impls,
+        "warmup": warmup,
+        "layout": layout,
+    }
+    return kwargs, fmt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: key=value arguments (device, format, scale, repeats, warmup, threads, impls, layout)."""
+    from muonbench.cli_help import module_help
+
+    if module_help(__doc__, list(sys.argv[1:] if argv is None else argv)):
+        return 0
+    try:
+        kwargs, fmt = parse_args(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:  # user errors: one line naming the argument, the value and the allowed set
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    res = run(**kwargs)
     print(json.dumps(res, indent=1) if fmt == "json" else to_markdown(res))
     return 0
 

@@ -297,3 +297,24 @@ def test_kill_9_of_bench_run_is_recorded_killed_by_the_next_invocation(tmp_path)
     assert killed["status"] == "killed" and f"bench.run (pid {pid} on " in killed["error"]["message"]
     assert killed["end_time"]
     assert record.read_json(tmp_path / "sweep" / "0_adamw" / "run.json")["status"] == "ok"
+
+
+def test_tool_help_names_the_module_that_runs_and_bad_arguments_are_one_line(capsys, tmp_path):
+    """`bench.tools.flops --help` named `python -m bench.flops` (prints nothing); `bench.tools.quality.report
+    --help` and `bench.tools.bridge_diff --help` crashed; a missing quality source was a traceback."""
+    from bench.tools import bridge_diff, flops
+    from bench.tools.quality import report
+
+    assert flops.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "python -m bench.tools.flops model=" in out and "python -m bench.flops" not in out
+    for main in (report.main, bridge_diff.main):
+        assert main(["--help"]) == 0
+        assert capsys.readouterr().out.strip() == importlib.import_module(main.__module__).__doc__.strip()
+    assert report.main([]) == 2
+    assert capsys.readouterr().err.startswith("error: usage: python -m bench.tools.quality.report")
+    assert report.main([f"src={tmp_path / 'none'}"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: src={tmp_path / 'none'}: no such directory (a quality sweep's output directory)\n"
+    assert bridge_diff.main(["engine=megatron"]) == 2
+    assert capsys.readouterr().err.startswith("error: 'engine=megatron': the engines are fixed")

@@ -326,10 +326,23 @@ def commits_by_piece(pieces: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    kv = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv) if "=" in a)
-    unknown = set(kv) - {"src", "dest"}
-    if "src" not in kv or unknown:
-        raise ValueError(f"usage: python -m bench.tools.quality.report src=DIR [dest=DIR]; got keys {sorted(kv)}")
+    from muonbench.cli_help import module_help
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if module_help(__doc__, args):
+        return 0
+    kv = dict(a.split("=", 1) for a in args if "=" in a)
+    bad = sorted(set(kv) - {"src", "dest"}) + [a for a in args if "=" not in a]
+    if "src" not in kv or bad:
+        print(
+            f"error: usage: python -m bench.tools.quality.report src=DIR [dest=DIR]; "
+            f"{'not understood: ' + str(bad) if bad else 'src=DIR is required'}",
+            file=sys.stderr,
+        )
+        return 2
+    if not Path(kv["src"]).is_dir():
+        print(f"error: src={kv['src']}: no such directory (a quality sweep's output directory)", file=sys.stderr)
+        return 2
     print(write_report(Path(kv["src"]), Path(kv.get("dest", kv["src"]))))
     return 0
 
