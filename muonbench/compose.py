@@ -249,6 +249,8 @@ def check_runnable(root: schema.RootConfig) -> None:
     layouts that no local engine runs."""
     eng, par, opt = root.engine.name, root.parallelism, root.optimizer
     impl = opt.implementation
+    if root.engine.recipe and eng != "bridge":
+        _fail("engine.recipe", root.engine.recipe, f"a Bridge recipe runs under engine=bridge (engine={eng!r})")
     if eng == "hf":
         for knob in ("tp", "pp", "cp", "ep", "etp"):
             if getattr(par, knob) != 1:

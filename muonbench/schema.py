@@ -293,6 +293,10 @@ class EngineConfig:
     ab_mode: str = "published"
     """bridge: `published` (MB's A/B: AdamW with distributed optimizer, param-gather overlap and MXFP8 gather; Muon
     without) or `fair` (the same param-gather and FP8 settings for every optimizer)."""
+    recipe: str = ""
+    """bridge: a Megatron-Bridge recipe function by dotted path (`megatron.bridge.recipes.llama.
+    llama3_8b_pretrain_config`) used instead of the model family's recipe; `model` still sets the shapes and the
+    run's layout, precision, optimizer and benchmark settings are applied on top (docs/bridge_recipes.md)."""
     empty_unused_memory_level: int = 0
     """megatron: as Megatron-LM's `--empty-unused-memory-level`: 1 = `torch.cuda.empty_cache()` after the optimizer
     step, 2 = also after forward-backward (both inside the timed step)."""

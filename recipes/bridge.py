@@ -240,7 +240,8 @@ def make_config_container(
 
     from recipes.hf_config import offline_hub
 
-    plan.metadata["hf_offline"] = offline_hub(root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_"))
+    if not root.engine.recipe:  # a user's recipe reads its own Hub config (the node's Hugging Face cache)
+        plan.metadata["hf_offline"] = offline_hub(root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_"))
     import megatron.core
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
@@ -251,7 +252,13 @@ def make_config_container(
             f"megatron-core {need}; installed {megatron.core.__version__}. Use ab_mode=published or build the image "
             "with a newer Megatron-Core (Dockerfile ARG MCORE_VERSION)."
         )
-    cfg = _import(plan.base_recipe)()
+    if root.engine.recipe:
+        from recipes.container import load_recipe
+
+        cfg = load_recipe(root.engine.recipe)
+        plan.metadata["user_recipe"] = root.engine.recipe
+    else:
+        cfg = _import(plan.base_recipe)()
     cfg.mixed_precision = get_mixed_precision_config(plan.precision_preset)
     renamed = apply_overrides(cfg, plan.overrides)
     if plan.optimizer_impl == "ours":

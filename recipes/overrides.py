@@ -33,7 +33,15 @@ from muonbench.schema import (
     PrecisionConfig,
     RootConfig,
 )
-from recipes.models import Sections, base_sections, model_recipe
+from recipes.models import (
+    KIMI_K2,
+    QWEN3_MOE,
+    ModelRecipe,
+    Sections,
+    base_sections,
+    model_recipe,
+    shape_fields,
+)
 from recipes.optimizers import apply_optimizer
 
 AB_MODES = ("published", "fair")
@@ -168,6 +176,21 @@ def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -
     }
 
 
+PROVIDERS: dict[str, str] = {"gqa": QWEN3_MOE.provider, "mla": KIMI_K2.provider}
+"""`model.attention` -> the provider base class of a user recipe's model (the offline field check)."""
+
+
+def user_recipe(dotted: str, model: ModelConfig) -> ModelRecipe:
+    """A user's Bridge recipe (`engine.recipe`) as a `ModelRecipe`: no published per-model settings; `model`
+    sets the shapes (a no-op when it describes the recipe's model, a slice with fewer layers)."""
+    from recipes.container import split_recipe
+
+    module, function = split_recipe(dotted)
+    return ModelRecipe(
+        family=model.family, base_recipe=f"{module}:{function}", provider=PROVIDERS[model.attention]
+    )
+
+
 def ab_mode_of(root: RootConfig) -> str:
     """The A/B mode a config asks for (`engine.ab_mode`)."""
     return root.engine.ab_mode
@@ -178,8 +201,12 @@ def build_plan(root: RootConfig, *, ab_mode: str | None = None) -> BridgePlan:
     ab_mode = ab_mode or ab_mode_of(root)
     if ab_mode not in AB_MODES:
         raise ValueError(f"ab_mode={ab_mode!r}: allowed {list(AB_MODES)}")
-    recipe = model_recipe(root.model)
-    sections = base_sections(root.model)
+    if root.engine.recipe:
+        recipe = user_recipe(root.engine.recipe, root.model)
+        sections = {"model": shape_fields(root.model), "dataset": {"seq_length": root.model.seq_length}}
+    else:
+        recipe = model_recipe(root.model)
+        sections = base_sections(root.model)
     apply_parallelism(sections, root.parallelism, root.model, root.hardware)
     preset = apply_precision(sections, root.precision)
     opt_meta = apply_optimizer(
