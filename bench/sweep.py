@@ -64,12 +64,12 @@ def preflight(jobs: list[list[str]]) -> list[str]:
         try:
             cfg = muonbench.load(list(job_key(job)))
             muonbench.check_runnable(cfg)
-            launch.check_launchable(cfg)
-            check_out_dir(cfg.bench.out_dir)
             if cfg.engine.recipe:
                 from recipes.container import check_recipe
 
                 check_recipe(cfg.engine.recipe)
+            launch.check_launchable(cfg)
+            check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:
             label = " ".join(job_key(job)) or "(defaults)"
             errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))
