@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from muonbench.compose import config_from_dict
 from muonbench.schema import RootConfig
 
 WORKER_MODULE = "bench.worker"
@@ -193,7 +194,7 @@ def prewarm_local(cfg_dict: dict[str, Any], cfg: RootConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     try:
         record.write_json_atomic(scratch / "run.json", {"schema": record.RUN_SCHEMA, "config": warm_dict})
-        res = run_local(record.config_from_dict(warm_dict), scratch, echo=False)
+        res = run_local(config_from_dict(warm_dict), scratch, echo=False)
         out = {"returncode": res.returncode, "timed_out": res.timed_out}
         if res.returncode != 0:
             out["stderr_tail"] = res.stderr_tail[-1000:]

@@ -19,6 +19,7 @@ from typing import Any
 from bench import flops, probes
 from bench.results import record
 from bench.engines import RankInfo, StepMetrics, engine_class
+from muonbench.compose import config_from_dict
 
 _FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")
 _EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s", "grad_norm", "alloc_retries")
@@ -114,7 +115,7 @@ def run(run_dir: Path) -> None:
     import torch.distributed as dist
 
     rec = record.read_json(run_dir / "run.json")
-    cfg = record.config_from_dict(rec["config"])
+    cfg = config_from_dict(rec["config"])
     rank = rank_info()
     if cfg.engine.device == "cuda":
         import torch

@@ -1,4 +1,4 @@
-"""The typed config tree: Hydra schemas, compose / validate / hash, and the one schema -> `optim` conversion.
+"""The typed config tree: Hydra schemas, compose / validate / hash, as_dict and its inverse.
 
 A leaf package: it imports the standard library, omegaconf / hydra and `optim` only, so `bench/` and `recipes/`
 both build on it and never on each other.
@@ -11,6 +11,7 @@ from muonbench.compose import (
     as_dict,
     available_options,
     check_runnable,
+    config_from_dict,
     config_hash,
     load,
     to_typed,
@@ -24,6 +25,7 @@ __all__ = [
     "as_dict",
     "available_options",
     "check_runnable",
+    "config_from_dict",
     "config_hash",
     "load",
     "to_typed",

@@ -17,6 +17,7 @@ from typing import Any
 
 from muonbench import schema
 from muonbench.pipeline import parse_pipeline_layout
+from optim import configs as C
 
 # The Hydra tree ships inside the package (`muonbench/conf`, a link to the checkout's `conf/`): found from anywhere.
 CONF_DIR = (Path(__file__).parent / "conf").resolve()
@@ -27,6 +28,7 @@ USER_CONFIG_DIRS: list[Path] = []
 
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 
+# The optimizer's choice sets are `optim.configs`' own; listed here so the error names the config path.
 ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.layers": ("auto", "te", "local"),
     "model.family": ("qwen3_moe", "deepseek_v3"),
@@ -35,30 +37,17 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
     "optimizer.lr_decay": ("cosine", "linear", "constant"),
-    "parallelism.distribution.tp_mode": (
-        "duplicated",
-        "distributed",
-        "distributed_gram",
-        "blockwise",
-        "auto",
-    ),
+    "parallelism.distribution.tp_mode": C.TP_MODE_CHOICES,
     "parallelism.distribution.distributed": ("none", "layerwise"),
     "parallelism.distribution.assignment": ("round_robin", "ping_pong_numel", "lpt_cost"),
     "parallelism.distribution.grad_sync": ("reduce_scatter", "all_reduce"),
     "parallelism.distribution.collective": ("auto", "padded", "per_owner"),
-    "optimizer.nonfinite_policy": ("skip", "raise"),
-    "optimizer.scale_mode": ("spectral", "shape_scaling", "unit_rms_norm", "nuclear_norm"),
-    "optimizer.coefficient_type": (
-        "simple",
-        "quintic",
-        "polar_express",
-        "aol",
-        "cans",
-        "deepseekv4",
-        "custom",
-    ),
-    "optimizer.ns_precision": ("bf16", "fp16", "fp32"),
-    "optimizer.polar_method": ("svd", "polar_express"),
+    "optimizer.nonfinite_policy": C.NONFINITE_POLICIES,
+    "optimizer.scale_mode": tuple(dict.fromkeys((*C.MUON_SCALE_MODES, *C.MOP_SCALE_MODES))),
+    "optimizer.coefficient_type": C.COEFFICIENT_TYPES,
+    "optimizer.ns_precision": C.NS_PRECISIONS,
+    "optimizer.polar_method": C.POLAR_METHODS,
+    "optimizer.weight_decay_method": C.WEIGHT_DECAY_METHODS,
     "precision.name": ("bf16", "fp8_mx"),
     "engine.name": ("hf", "megatron", "bridge"),
     "engine.device": ("cpu", "cuda"),
@@ -201,6 +190,20 @@ def as_dict(root: schema.RootConfig) -> dict[str, Any]:
     return out
 
 
+def config_from_dict(d: dict[str, Any]) -> schema.RootConfig:
+    """The inverse of `as_dict`: the typed `RootConfig` from the plain dict stored in run.json (the optimizer
+    schema chosen by name; records of older trees lifted to today's field names first)."""
+    d = schema.lift_record(d)
+    parts: dict[str, Any] = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
+    parts["parallelism"].distribution = schema.DistributionConfig(**d["parallelism"]["distribution"])
+    opt = d["optimizer"]
+    if opt.get("name") not in schema.OPTIMIZER_SCHEMAS:
+        raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.OPTIMIZER_SCHEMAS)}")
+    parts["optimizer"] = schema.OPTIMIZER_SCHEMAS[opt["name"]](**opt)
+    parts["bench"] = schema.BenchConfig(**d.get("bench", {}))
+    return schema.RootConfig(**parts, experiment_name=d.get("experiment_name", ""))
+
+
 def config_hash(root: schema.RootConfig) -> str:
     """Stable short hash of the resolved config (bench settings that do not change the workload excluded)."""
     d = as_dict(root)
@@ -222,25 +225,27 @@ def _check_allowed(root: schema.RootConfig) -> None:
             _fail(dotted, value, f"must be one of {list(allowed)}")
 
 
-_OPTIM_TO_SCHEMA = {"betas[0]": "adam_beta1", "betas[1]": "adam_beta2", "eps": "adam_eps"}
-"""optim config field -> optimizer schema field, where the names differ (AdamW and SOAP's inner Adam)."""
+_ADAMW_TO_SCHEMA = {"betas[0]": "adam_beta1", "betas[1]": "adam_beta2", "eps": "adam_eps"}
+"""AdamWConfig field -> optimizer field of the non-matrix AdamW (Megatron-core's names, `schema.adamw_config`)."""
 
 
 def _check_optimizer(opt: Any) -> None:
     """The optimizer's ranges, checked by building its `optim` configs here (no torch), so a bad value fails at
-    compose time with the schema's field path instead of inside every rank."""
-    from muonbench.convert import convert
-    from optim.configs import ConfigFieldError
-
+    compose time with the config path instead of inside every rank."""
     for name in ("lr_warmup_steps", "min_lr", "clip_grad"):
         if getattr(opt, name) < 0:
             _fail(f"optimizer.{name}", getattr(opt, name), "must be >= 0")
     try:
-        convert(opt)
-    except ConfigFieldError as exc:
-        _fail(f"optimizer.{_OPTIM_TO_SCHEMA.get(exc.field, exc.field)}", exc.value, exc.rule)
+        schema.algorithm_config(opt)
+    except C.ConfigFieldError as exc:
+        names = _ADAMW_TO_SCHEMA if opt.name not in schema.ALGORITHMS else {}
+        _fail(f"optimizer.{names.get(exc.field, exc.field)}", exc.value, exc.rule)
     except ValueError as exc:
         raise ConfigError(f"optimizer: {exc}") from exc
+    try:
+        schema.adamw_config(opt)
+    except C.ConfigFieldError as exc:
+        _fail(f"optimizer.{_ADAMW_TO_SCHEMA.get(exc.field, exc.field)}", exc.value, exc.rule)
 
 
 def check_runnable(root: schema.RootConfig) -> None:

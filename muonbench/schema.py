@@ -9,16 +9,17 @@ This module imports no torch and no Megatron: a login node can compose, validate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field, fields, make_dataclass
+from types import UnionType
+from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING
 
 from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
 
-# One set of defaults: every optimizer field that `optim` also has takes `optim`'s default (emerging-optimizers
-# 0.3.0); the YAML files of conf/optimizer/ state the recipe values that differ (e.g. Nesterov, weight decay 0.033).
-_ADAMW, _MUON, _MOP, _SOAP, _ROUTING = AdamWConfig(), MuonConfig(), MOPConfig(), SOAPConfig(), RoutingConfig()
+# The optimizer schemas are generated from `optim`'s config dataclasses, so their defaults are `optim`'s
+# (emerging-optimizers 0.3.0); the YAML files of conf/optimizer/ state the recipe values that differ.
+_ADAMW = AdamWConfig()
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -154,19 +155,21 @@ class ParallelismConfig:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# optimizer (one schema per algorithm; no flat config with prefixed fields)
+# optimizer: the algorithm fields are `optim`'s config dataclasses themselves (one name per setting, YAML to kernel)
 # --------------------------------------------------------------------------------------------------------------
 @dataclass
 class OptimizerSchemaBase:
+    """What every optimizer config carries beside its algorithm: the LR schedule, clipping, the AdamW that steps the
+    non-matrix parameters (named as Megatron-core's OptimizerConfig names them) and who implements the step."""
+
     name: str = MISSING
     """adamw | muon | mop | soap_rekls."""
     lr: float = _ADAMW.lr
+    weight_decay: float = _ADAMW.weight_decay
     min_lr: float = 3e-5
     lr_warmup_steps: int = 2000
     lr_decay: str = "cosine"
-    weight_decay: float = _ADAMW.weight_decay
     clip_grad: float = 1.0
-    # The AdamW that handles non-matrix parameters (embeddings, output, norms, biases) and the AdamW baseline.
     adam_beta1: float = _ADAMW.betas[0]
     adam_beta2: float = _ADAMW.betas[1]
     adam_eps: float = _ADAMW.eps
@@ -176,71 +179,105 @@ class OptimizerSchemaBase:
 
 @dataclass
 class AdamWSchema(OptimizerSchemaBase):
+    """The AdamW baseline: its AdamWConfig is the non-matrix side's (`adamw_config`)."""
+
     name: str = "adamw"
     implementation: str = "torch"
 
 
 @dataclass
 class MatrixOptimizerSchema(OptimizerSchemaBase):
-    """Fields shared by the matrix optimizers (routing, splitting, non-finite policy); how their work is spread over
-    ranks is `parallelism.distribution`."""
-
-    split_qkv: bool = _ROUTING.split_qkv
-    split_mla: bool = _ROUTING.split_mla_kv_down
-    split_gate_up: bool = _ROUTING.split_gate_up
-    router_to_matrix_optimizer: bool = _ROUTING.router_to_matrix
-    """MCore routes the MoE router weight to Muon; set False to send it to AdamW."""
-    nonfinite_policy: str = _MUON.nonfinite_policy
-    """skip | raise: what to do with a NaN/Inf gradient or momentum."""
+    """Base of the matrix optimizers; `optim.configs.RoutingConfig`'s fields are added with the algorithm's."""
 
 
 @dataclass
-class MuonSchema(MatrixOptimizerSchema):
-    name: str = "muon"
-    momentum: float = _MUON.momentum
-    nesterov: bool = _MUON.nesterov
-    scale_mode: str = _MUON.scale_mode
-    """spectral | shape_scaling | unit_rms_norm."""
-    extra_scale_factor: float = _MUON.extra_scale_factor
-    coefficient_type: str = _MUON.coefficient_type
-    """simple | quintic | polar_express | aol | cans | deepseekv4 | custom."""
-    custom_coefficients: list[list[float]] = field(default_factory=list)
-    num_ns_steps: int = _MUON.num_ns_steps
-    ns_precision: str = _MUON.ns_precision
-    """bf16 (MCore fp32_matmul_prec "medium") | fp16 (ours only: ~8x more accurate at the same GEMM rate, a I folded
-    into the NS polynomial) | fp32 ("highest")."""
-    use_gram_ns: bool = _MUON.use_gram_ns
-    fused_step: bool = _MUON.fused_step
-    """CUDA: fused momentum/update kernels for whole fp32 matrices (optim.configs.MuonConfig.fused_step)."""
+class MuonRunSchema(MatrixOptimizerSchema):
     ns_overlap: bool = False
     """engine=megatron, implementation=ours, DP x CP = 1: start each layer's NS in the last micro-batch's backward
     on a side stream, used at the step when clipping leaves the gradients unchanged (optim.megatron.overlap)."""
 
 
-@dataclass
-class MOPSchema(MatrixOptimizerSchema):
-    name: str = "mop"
-    momentum: float = _MOP.momentum
-    nesterov: bool = _MOP.nesterov
-    scale_mode: str = _MOP.scale_mode
-    """nuclear_norm | spectral | shape_scaling | unit_rms_norm."""
-    extra_scale_factor: float = _MOP.extra_scale_factor
-    polar_method: str = _MOP.polar_method
-    """svd (exact) | polar_express (NS iterations)."""
-    num_ns_steps: int = _MOP.num_ns_steps
+def _hydra_type(tp: Any) -> Any:
+    """The OmegaConf-typed form of an `optim` field type: Literal -> str, tuple -> list, X | None -> Optional."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return type(args[0])
+    if origin is tuple:
+        return list[_hydra_type(args[0])]  # type: ignore[misc]
+    if origin in (Union, UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return Optional[_hydra_type(inner[0])]  # noqa: UP045 -- OmegaConf reads typing.Optional
+    return tp
 
 
-@dataclass
-class SOAPSchema(MatrixOptimizerSchema):
-    name: str = "soap_rekls"
-    shampoo_beta: float = _SOAP.shampoo_beta
-    use_eigh: bool = _SOAP.use_eigh
-    """True: REKLS, eigh every step; False: SOAP, QR power step every precondition_frequency."""
-    use_kl_shampoo: bool = _SOAP.use_kl_shampoo
-    precondition_frequency: int = _SOAP.precondition_frequency
-    max_precond_dim: int = _SOAP.max_precond_dim
-    """Sides larger than this stay unpreconditioned."""
-    eps_eigenvalue: float = _SOAP.eps_eigenvalue
+def _thaw(value: Any) -> Any:
+    return [_thaw(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _freeze(value: Any) -> Any:
+    return tuple(_freeze(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def _schema_fields(*classes: type) -> list[tuple[str, Any, Any]]:
+    """(name, Hydra type, dataclasses.field) of every field of `classes`, with the classes' defaults."""
+    out = []
+    for cls in classes:
+        hints = get_type_hints(cls)
+        for f in fields(cls):
+            default = f.default
+            spec = (
+                field(default_factory=lambda d=default: _thaw(d))
+                if isinstance(default, tuple)
+                else field(default=default)
+            )
+            out.append((f.name, _hydra_type(hints[f.name]), spec))
+    return out
+
+
+def _matrix_schema(name: str, algorithm: type, base: type = MatrixOptimizerSchema) -> type:
+    cls = make_dataclass(
+        f"{algorithm.__name__.removesuffix('Config')}Schema",
+        [("name", str, field(default=name)), *_schema_fields(algorithm, RoutingConfig)],
+        bases=(base,),
+        namespace={"__doc__": f"`optimizer={name}`: {algorithm.__name__}'s and RoutingConfig's fields."},
+    )
+    cls.__module__ = __name__
+    return cls
+
+
+ALGORITHMS: dict[str, type] = {"muon": MuonConfig, "mop": MOPConfig, "soap_rekls": SOAPConfig}
+"""optimizer.name -> the `optim` config class whose fields the schema has (AdamW: `adamw_config`)."""
+MuonSchema = _matrix_schema("muon", MuonConfig, MuonRunSchema)
+MOPSchema = _matrix_schema("mop", MOPConfig)
+SOAPSchema = _matrix_schema("soap_rekls", SOAPConfig)
+
+
+def adamw_config(opt: OptimizerSchemaBase) -> AdamWConfig:
+    """The AdamW of the non-matrix parameters (and the AdamW baseline)."""
+    return AdamWConfig(
+        lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps, weight_decay=opt.weight_decay
+    )
+
+
+def algorithm_config(opt: OptimizerSchemaBase) -> AdamWConfig | MuonConfig | MOPConfig | SOAPConfig:
+    """The `optim` config of `opt`'s algorithm, field for field (its `__post_init__` checks the values)."""
+    if opt.name not in ALGORITHMS:
+        return adamw_config(opt)
+    cls = ALGORITHMS[opt.name]
+    return cls(**{f.name: _freeze(getattr(opt, f.name)) for f in fields(cls)})
+
+
+def routing_config(opt: OptimizerSchemaBase) -> RoutingConfig | None:
+    """Which parameters the matrix optimizer takes; None for the AdamW baseline."""
+    if not isinstance(opt, MatrixOptimizerSchema):
+        return None
+    return RoutingConfig(**{f.name: getattr(opt, f.name) for f in fields(RoutingConfig)})
+
+
+def optim_configs(opt: OptimizerSchemaBase) -> tuple[Any, RoutingConfig | None, AdamWConfig]:
+    """(algorithm config, RoutingConfig | None, AdamWConfig of the non-matrix side), as `optim.build_optimizer`
+    and `optim.megatron` take them."""
+    return algorithm_config(opt), routing_config(opt), adamw_config(opt)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -407,12 +444,16 @@ OPTIMIZER_SCHEMAS: dict[str, type] = {
 }
 
 
-def lift_distribution(config: dict[str, Any]) -> dict[str, Any]:
-    """A resolved config dict (run.json) with its distribution at `parallelism.distribution` as a dict: records
-    written while the optimizer schema held the distribution fields have them moved there (a copy; `config` is
-    not changed)."""
+RENAMED_OPTIMIZER_FIELDS = {"split_mla": "split_mla_kv_down", "router_to_matrix_optimizer": "router_to_matrix"}
+"""Optimizer fields of older run records -> today's names (the names of `optim.configs.RoutingConfig`)."""
+
+
+def lift_record(config: dict[str, Any]) -> dict[str, Any]:
+    """A resolved config dict (run.json) in today's field names (a copy; `config` is not changed): records written
+    while the optimizer schema held the distribution fields have them moved to `parallelism.distribution`, and
+    renamed optimizer fields take their new names."""
     names = {f.name for f in fields(DistributionConfig)}
-    opt = dict(config.get("optimizer") or {})
+    opt = {RENAMED_OPTIMIZER_FIELDS.get(k, k): v for k, v in (config.get("optimizer") or {}).items()}
     par = dict(config.get("parallelism") or {})
     dist = {**{k: opt.pop(k) for k in list(opt) if k in names}, **(par.get("distribution") or {})}
     return {**config, "optimizer": opt, "parallelism": {**par, "distribution": dist}}

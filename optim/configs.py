@@ -7,6 +7,7 @@ routed and split is RoutingConfig; the parallel layout is not configured here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 WEIGHT_DECAY_METHODS = ("decoupled", "independent", "l2")
@@ -16,6 +17,20 @@ COEFFICIENT_TYPES = ("simple", "quintic", "polar_express", "aol", "cans", "deeps
 NS_PRECISIONS = ("bf16", "fp16", "fp32")
 NONFINITE_POLICIES = ("skip", "raise")
 POLAR_METHODS = ("svd", "polar_express")
+
+
+class TPMode(StrEnum):
+    """How NS runs on a tensor-parallel sharded matrix (`optim.distributed.tp_orthogonalize`)."""
+
+    DUPLICATED = "duplicated"
+    DISTRIBUTED = "distributed"
+    DISTRIBUTED_GRAM = "distributed_gram"
+    BLOCKWISE = "blockwise"
+
+
+TP_MODES: tuple[str, ...] = tuple(TPMode)
+TP_MODE_CHOICES: tuple[str, ...] = (*TP_MODES, "auto")
+"""`parallelism.distribution.tp_mode`: a mode, or `auto` (the cost model's choice per matrix, `optim.cost`)."""
 
 WeightDecayMethod = Literal["decoupled", "independent", "l2"]
 NonfinitePolicy = Literal["skip", "raise"]

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optim.configs import TP_MODES
+
 CONVENTIONS: tuple[str, ...] = ("plain", "syrk", "gram")
 FORMULAS: dict[str, str] = {
     "plain": "k*(4*m^2*n + 2*m^3)",
     "syrk": "k*(3*m^2*n + m^3)",
     "gram": "3*s*m^2*n + (4*k - 3*s)*m^3, s = 1 + restarts (k=5, restart after step 2: 6*m^2*n + 14*m^3)",
 }
-TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "distributed_gram", "blockwise")
 
 GEMM_CEILING_FRACTION = 701.0 / 989.0
 """Achievable fraction of the dense bf16 datasheet peak: our H200 bf16 GEMM 8192^3 ceiling, 701 of 989 TF/s."""

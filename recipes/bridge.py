@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from muonbench.schema import OPTIMIZER_SCHEMAS, DistributionConfig, RootConfig
+from muonbench.schema import OPTIMIZER_SCHEMAS, DistributionConfig, RootConfig, optim_configs
 from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, build_plan
 
 REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
@@ -132,7 +132,6 @@ def _ours_optimizer_class() -> type:
             pg_collection: Any = None,
         ) -> Any:
             del config_overrides, use_gloo_process_groups, pg_collection
-            from muonbench.convert import optim_configs
             from optim.megatron import build_ours
 
             opt = OPTIMIZER_SCHEMAS[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)

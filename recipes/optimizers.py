@@ -71,9 +71,9 @@ def _common(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def _megatron_matrix_checks(opt: MatrixOptimizerSchema, dist: DistributionConfig) -> None:
     """Knobs of ours that Megatron's layer-wise path cannot honour (they would change the run silently)."""
-    if opt.split_mla:
+    if opt.split_mla_kv_down:
         _fail(
-            "split_mla", True, "Megatron-Core orthogonalises MLA projections whole; use implementation=ours"
+            "split_mla_kv_down", True, "Megatron-Core orthogonalises MLA projections whole; use implementation=ours"
         )
     if opt.split_gate_up:
         _fail(
@@ -81,9 +81,9 @@ def _megatron_matrix_checks(opt: MatrixOptimizerSchema, dist: DistributionConfig
             True,
             "Megatron-Core orthogonalises fc1 [gate; up] jointly; use implementation=ours",
         )
-    if not opt.router_to_matrix_optimizer:
+    if not opt.router_to_matrix:
         _fail(
-            "router_to_matrix_optimizer", False, "Megatron-Core routes the MoE router to the matrix optimizer"
+            "router_to_matrix", False, "Megatron-Core routes the MoE router to the matrix optimizer"
         )
     if dist.grad_sync != "all_reduce":
         _fail_dist(

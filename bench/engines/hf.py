@@ -27,8 +27,14 @@ import torch.distributed as dist
 from bench.engines.base import Engine, RankInfo, StepMetrics, count_skipped_updates
 from bench.models.hf_build import build_model, padded_vocab_size
 from bench.timing import PhaseTimer, ns_flops_plain
-from muonbench import convert
-from muonbench.schema import MatrixOptimizerSchema, RootConfig
+from muonbench.compose import check_runnable
+from muonbench.schema import MatrixOptimizerSchema, RootConfig, optim_configs
+
+
+def _matrix_names(routes: Any) -> Any:
+    """(name, tensor) -> True for the parameters the matrix optimizer takes whole."""
+    matrix = {r.name for r in routes if r.optimizer == "matrix"}
+    return lambda name, p: name in matrix
 
 
 class TokenStream:
@@ -137,14 +143,21 @@ class HFEngine(Engine):
 
     def _build_optimizer(self) -> None:
         """Replicated optimizer (one all-reduce per step), or the layer-wise distributed one when configured."""
-        from optim.routing import SplitLayout
+        from optim.hybrid import build_optimizer
+        from optim.routing import SplitLayout, route_parameters
 
+        check_runnable(self.cfg)
         opt, dist_cfg, world = self.cfg.optimizer, self.cfg.parallelism.distribution, self.rank.world_size
+        algo, routing, adamw = optim_configs(opt)
         layout = SplitLayout.from_hf_config(self.model.config)
         named = list(self.model.named_parameters())
+
+        def build(params: Any) -> Any:
+            return build_optimizer(params, algo, naming="hf", routing=routing, layout=layout, adamw=adamw)
+
         distributed = dist_cfg.distributed if isinstance(opt, MatrixOptimizerSchema) else "none"
         if distributed == "none" or world == 1:
-            self.inner = convert.build(named, opt, naming="hf", layout=layout)
+            self.inner = build(named)
             self.distribution = "replicated: every rank steps every parameter after one gradient all-reduce"
         else:
             from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
@@ -160,8 +173,8 @@ class HFEngine(Engine):
             )
             self.layerwise = LayerWiseDistributedOptimizer(
                 named,
-                lambda owned: convert.build(owned, opt, naming="hf", layout=layout),
-                is_matrix=convert.is_matrix(named, opt, naming="hf", layout=layout),
+                build,
+                is_matrix=_matrix_names(route_parameters(named, naming="hf", routing=routing, layout=layout)),
                 dp_group=dist.group.WORLD,
                 config=lw_cfg,
             )

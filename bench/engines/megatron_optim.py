@@ -1,4 +1,4 @@
-"""Optimizer side of the megatron engine: our schemas -> `optim` configs -> a Megatron optimizer, plus NS timing hooks.
+"""Optimizer side of the megatron engine: our optimizer config -> `optim` configs -> a Megatron optimizer, plus NS timing hooks.
 
 `build(cfg, model_chunks, timer)` picks, from `cfg.optimizer`:
 - adamw                      -> Megatron DistributedOptimizer (torch fused AdamW inside) [optim.megatron]
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from muonbench.schema import RootConfig
+from muonbench.schema import RootConfig, optim_configs
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
     "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
@@ -72,11 +72,10 @@ def megatron_muon_tp_mode(cfg: RootConfig) -> str:
 
 def megatron_config(cfg: RootConfig) -> Any | None:
     """The Megatron OptimizerConfig `build` hands Megatron for AdamW or Megatron's Muon; None for ours."""
-    from muonbench.convert import convert
     from optim import megatron as om
 
     kind = implementation(cfg)
-    matrix, routing, adamw = convert(cfg.optimizer)
+    matrix, routing, adamw = optim_configs(cfg.optimizer)
     clip = cfg.optimizer.clip_grad
     if kind == "adamw":
         return om.megatron_adamw_config(adamw, clip_grad=clip, distributed=ADAMW_DISTRIBUTED)
@@ -92,9 +91,7 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
     from optim import megatron as om
 
     kind = implementation(cfg)
-    from muonbench.convert import convert
-
-    matrix, routing, adamw = convert(cfg.optimizer)
+    matrix, routing, adamw = optim_configs(cfg.optimizer)
     clip = cfg.optimizer.clip_grad
     if kind == "adamw":
         opt = om.build_megatron_adamw(model_chunks, adamw, clip_grad=clip, distributed=ADAMW_DISTRIBUTED)

@@ -26,6 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from muonbench.compose import config_from_dict
+
 RUN_SCHEMA = "muonbench.run/1"
 
 
@@ -471,21 +473,6 @@ def judge_training(steps: list[dict[str, Any]], *, vocab_sizes: tuple[int, ...] 
     return None
 
 
-def config_from_dict(d: dict[str, Any]) -> Any:
-    """Rebuild the typed `RootConfig` from the plain dict stored in run.json (optimizer schema chosen by name)."""
-    from muonbench import schema
-
-    d = schema.lift_distribution(d)
-    parts = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
-    parts["parallelism"].distribution = schema.DistributionConfig(**d["parallelism"]["distribution"])
-    opt = d["optimizer"]
-    if opt.get("name") not in schema.OPTIMIZER_SCHEMAS:
-        raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.OPTIMIZER_SCHEMAS)}")
-    parts["optimizer"] = schema.OPTIMIZER_SCHEMAS[opt["name"]](**opt)
-    parts["bench"] = schema.BenchConfig(**d.get("bench", {}))
-    return schema.RootConfig(**parts, experiment_name=d.get("experiment_name", ""))
-
-
 def model_flops_per_step(config: dict[str, Any]) -> float | None:
     """Model FLOPs of one global batch (Megatron formula, `bench.flops`); None for a config that cannot be typed."""
     from bench import flops
@@ -509,14 +496,15 @@ def ns_flops_enumerated(config: dict[str, Any]) -> float | None:
     if not uses_ns:
         return None
     root = config_from_dict(config)
+    o = root.optimizer
     mats = flops.enumerate_ns_matrices(
         root.model,
-        split_qkv=opt["split_qkv"],
-        split_mla=opt["split_mla"],
-        split_gate_up=opt["split_gate_up"],
-        include_router=opt["router_to_matrix_optimizer"],
+        split_qkv=o.split_qkv,
+        split_mla=o.split_mla_kv_down,
+        split_gate_up=o.split_gate_up,
+        include_router=o.router_to_matrix,
     )
-    return float(flops.ns_flops_per_step(mats, opt["num_ns_steps"], "plain"))
+    return float(flops.ns_flops_per_step(mats, o.num_ns_steps, "plain"))
 
 
 def finalize(

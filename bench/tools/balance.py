@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     strategies = STRATEGIES if opts["strategy"] == "all" else (opts["strategy"],)
     opt = cfg.optimizer
     splits = (
-        {"split_qkv": opt.split_qkv, "split_mla": opt.split_mla, "split_gate_up": opt.split_gate_up}
+        {"split_qkv": opt.split_qkv, "split_mla": opt.split_mla_kv_down, "split_gate_up": opt.split_gate_up}
         if isinstance(opt, MatrixOptimizerSchema)
         else {}
     )

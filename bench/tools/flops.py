@@ -1,8 +1,8 @@
 """CLI and summary of `bench.flops`: `python -m bench.tools.flops model=... parallelism=... [format=json]`.
 
 Hydra-style overrides compose the config tree (`config.load`); the optimizer group supplies the NS options
-(num_ns_steps, split_qkv, split_mla, split_gate_up, router_to_matrix_optimizer, distributed, tp_mode), so e.g.
-`optimizer.split_mla=true` changes the enumeration. `format=json` (CLI only) prints one JSON object.
+(num_ns_steps, split_qkv, split_mla_kv_down, split_gate_up, router_to_matrix, distributed, tp_mode), so e.g.
+`optimizer.split_mla_kv_down=true` changes the enumeration. `format=json` (CLI only) prints one JSON object.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def _print_text(s: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m bench.tools.flops model=... parallelism=... [optimizer.split_mla=true ...] [format=json]`."""
+    """`python -m bench.tools.flops model=... parallelism=... [optimizer.split_mla_kv_down=true ...] [format=json]`."""
     import json
     import sys
 
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 tool_options={"format=text|json": "output format (default text)"},
                 examples=(
                     "model=qwen3_30b_a3b parallelism=dp8_ep8 format=json",
-                    "model=kimi_k2 optimizer.split_mla=true",
+                    "model=kimi_k2 optimizer.split_mla_kv_down=true",
                 ),
             )
         )
@@ -198,9 +198,9 @@ def _summary_from(root: Any) -> dict[str, Any]:
     if isinstance(opt, MatrixOptimizerSchema):
         opts.update(
             split_qkv=opt.split_qkv,
-            split_mla=opt.split_mla,
+            split_mla=opt.split_mla_kv_down,
             split_gate_up=opt.split_gate_up,
-            include_router=opt.router_to_matrix_optimizer,
+            include_router=opt.router_to_matrix,
             distributed=dist.distributed,
             tp_mode=_TP_MODE_COST.get(dist.tp_mode, dist.tp_mode),
         )

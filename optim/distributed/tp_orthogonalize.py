@@ -28,22 +28,13 @@ from __future__ import annotations
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import torch
 import torch.distributed as dist
 
+from optim.configs import TPMode
 from optim.distributed.comm import all_gatherv, all_reduce_symmetric, group_rank_size
 from optim.functional.newton_schulz import Coeff, newton_schulz, ns_coefficients
-
-
-class TPMode(StrEnum):
-    """How NS runs on a tensor-parallel sharded matrix."""
-
-    DUPLICATED = "duplicated"
-    DISTRIBUTED = "distributed"
-    DISTRIBUTED_GRAM = "distributed_gram"
-    BLOCKWISE = "blockwise"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

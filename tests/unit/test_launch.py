@@ -197,7 +197,7 @@ def test_prewarm_runs_one_untimed_step_in_a_scratch_dir(monkeypatch):
     seen = {}
 
     def fake_run_local(c, run_dir, *, echo=True):
-        seen["cfg"] = record.config_from_dict(record.read_json(run_dir / "run.json")["config"])
+        seen["cfg"] = muonbench.config_from_dict(record.read_json(run_dir / "run.json")["config"])
         seen["dir"], seen["echo"] = run_dir, echo
         return launch.LaunchResult(command=["torchrun"], returncode=0, timed_out=False, stderr_tail="")
 

@@ -330,7 +330,7 @@ def test_one_gpu_proxy_uses_the_all_to_all_dispatcher() -> None:
     [
         (["optimizer=mop", "optimizer.implementation=megatron"], "MOP rejects"),
         (["optimizer=soap_rekls", "optimizer.implementation=megatron"], "use_eigh"),
-        (["optimizer.split_mla=true"], "split_mla"),
+        (["optimizer.split_mla_kv_down=true"], "split_mla_kv_down"),
         (["parallelism.distribution.tp_mode=distributed_gram"], r"parallelism\.distribution\.tp_mode="),
         (["parallelism.distribution.grad_sync=reduce_scatter"], r"parallelism\.distribution\.grad_sync="),
         (["optimizer=adamw", "optimizer.implementation=ours"], "AdamW"),

@@ -90,7 +90,7 @@ def test_schema_defaults_are_optim_defaults() -> None:
     """One set of defaults: a default optimizer schema converts to the default `optim` config, so the Hydra tree
     and a plain PyTorch user of `optim` start from the same values (the YAMLs state the recipe values)."""
     from muonbench import schema as S
-    from muonbench.convert import convert
+    from muonbench.schema import optim_configs as convert
     from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
 
     for sch, want in (
@@ -189,9 +189,28 @@ def test_distribution_is_a_parallelism_field_not_an_optimizer_field() -> None:
         load(["optimizer.tp_mode=duplicated"])
 
 
+def test_optimizer_schema_fields_are_the_optim_config_fields() -> None:
+    """No parallel copy: every field of an algorithm config and of RoutingConfig is an optimizer field of the same
+    name, and a value set in the Hydra tree arrives unchanged in the `optim` config."""
+    from dataclasses import fields
+
+    from muonbench import schema
+    from optim.configs import RoutingConfig
+
+    for name, algo in schema.ALGORITHMS.items():
+        have = {f.name for f in fields(schema.OPTIMIZER_SCHEMAS[name])}
+        assert {f.name for f in fields(algo)} | {f.name for f in fields(RoutingConfig)} <= have, name
+    overrides = ["gram_restart_iterations=[3]", "use_gram_ns=true", "weight_decay_method=independent"]
+    root = load(["optimizer=muon", "optimizer.split_mla_kv_down=true", *(f"optimizer.{o}" for o in overrides)])
+    algo, routing, _ = schema.optim_configs(root.optimizer)
+    assert (algo.gram_restart_iterations, algo.use_gram_ns, algo.weight_decay_method) == ((3,), True, "independent")
+    assert routing.split_mla_kv_down
+    with pytest.raises(ConfigError, match=r"optimizer.weight_decay_method='l1'.*decoupled"):
+        load(["optimizer.weight_decay_method=l1"])
+
+
 def test_run_record_config_round_trips_and_old_records_lift_their_distribution() -> None:
-    from bench.results.record import config_from_dict
-    from muonbench import as_dict
+    from muonbench import as_dict, config_from_dict
     from muonbench.schema import DistributionConfig
 
     root = load(["optimizer=muon_megatron"])
@@ -202,3 +221,9 @@ def test_run_record_config_round_trips_and_old_records_lift_their_distribution()
     lifted = config_from_dict(old)
     assert lifted.parallelism.distribution == DistributionConfig(grad_sync="all_reduce", tp_mode="duplicated")
     assert lifted.optimizer == root.optimizer
+    # Records written before the routing fields took RoutingConfig's names.
+    renamed = as_dict(root)
+    opt = renamed["optimizer"]
+    opt["split_mla"], opt["router_to_matrix_optimizer"] = opt.pop("split_mla_kv_down"), opt.pop("router_to_matrix")
+    opt["router_to_matrix_optimizer"] = False
+    assert config_from_dict(renamed).optimizer.router_to_matrix is False

@@ -50,7 +50,7 @@ def _typed(cfg: dict[str, Any]) -> Any:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
-    cfg = schema.lift_distribution(cfg)
+    cfg = schema.lift_record(cfg)
     opt_cls = schema.OPTIMIZER_SCHEMAS[cfg["optimizer"]["name"]]
     parallelism = build(schema.ParallelismConfig, cfg["parallelism"])
     parallelism.distribution = build(schema.DistributionConfig, cfg["parallelism"]["distribution"])
