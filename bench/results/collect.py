@@ -127,6 +127,9 @@ def step_rows(rec: dict[str, Any], run_dir: Path, problems: list[str]) -> list[d
     """The steps.csv rows of one run (run id and optimizer in front of every steps.jsonl line)."""
     opt = _get(rec.get("config") or {}, "optimizer.name")
     steps = record.read_steps(run_dir, problems=problems)
+    if not steps and rec.get("status") == record.Status.OK:
+        why = "empty" if (run_dir / "steps.jsonl").exists() else "missing"
+        problems.append(f"{run_dir / 'steps.jsonl'}: {why} for a run recorded ok; its row kept, no step rows")
     return [{"run_id": rec.get("run_id"), "optimizer": opt, **s} for s in steps]
 
 

@@ -551,8 +551,18 @@ def tail(text: str, n: int = STDERR_TAIL_CHARS) -> str:
 
 
 def find_runs(root: str | Path) -> list[Path]:
-    """Every run directory (holding a run.json) under `root`, sorted by path."""
+    """Every run directory (holding a run.json) under `root`, sorted by path; a report folder's run.json (its
+    provenance, `bench.results.collect`) is not a run."""
     root = Path(root)
-    if (root / "run.json").exists():
-        return [root]
-    return sorted(p.parent for p in root.rglob("run.json"))
+    found = [root] if (root / "run.json").exists() else sorted(p.parent for p in root.rglob("run.json"))
+    return [d for d in found if not is_report(d)]
+
+
+def is_report(folder: Path) -> bool:
+    """The folder is a report (its run.json is a report's provenance), not a run; an unreadable run.json counts as
+    a run, so the collector names it as broken instead of passing over it."""
+    try:
+        data = read_json(folder / "run.json")
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and str(data.get("schema", "")).startswith("muonbench.report/")

@@ -381,6 +381,15 @@ def _setup_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _left_out(dest: Path) -> list[str]:
+    """The records the collector dropped or cut, with why (`skipped_records` of the report's run.json)."""
+    try:
+        prov = record.read_json(dest / "run.json")
+    except (OSError, ValueError):
+        return []
+    return [str(m) for m in (prov.get("skipped_records") or [])] if isinstance(prov, dict) else []
+
+
 def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     """Write report.md and the plots into `dest`; returns the markdown."""
     import matplotlib
@@ -494,6 +503,14 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
         ),
         _loss_note(ok),
     ]
+    left_out = _left_out(dest)
+    if left_out:
+        parts += [
+            "## Records left out",
+            "What `bench.results.collect` could not read whole (its `run.json`: `skipped_records`); the tables "
+            "above do not include it:",
+            "\n".join(f"- {m}" for m in left_out),
+        ]
     if failed:
         parts += [
             "## Runs that did not end ok",

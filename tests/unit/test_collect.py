@@ -150,3 +150,31 @@ def test_engine_layer_and_fusion_options_are_columns():
     row = run_row({"run_id": "r", "status": "ok", "config": {"engine": engine}})
     assert {k: row[k] for k in engine if k != "name"} == {k: v for k, v in engine.items() if k != "name"}
     assert row["engine"] == "megatron"
+
+
+def test_an_earlier_report_is_not_a_run_and_the_report_lists_what_was_left_out(runs, tmp_path, capsys):
+    """`collect --runs <root>` counted earlier report/ folders as runs (empty rows); a truncated run.json or an
+    ok run without steps.jsonl shrank the report with at most a stderr line. Now the report's own text lists
+    every record left out and why."""
+    from bench.results import report
+
+    _, dirs = runs
+    root = tmp_path / "runs"
+    a, b, c = _copy_runs(dirs, root)
+    collect.collect([a, b, c], root / "report")  # an earlier report inside the root
+    assert collect.main(["--runs", str(root), "--reports", str(tmp_path / "r1"), "--name", "one"]) == 0
+    assert len(pd.read_csv(tmp_path / "r1" / "one" / "results.csv")) == 3
+    text = (b / "run.json").read_text()
+    (b / "run.json").write_text(text[: len(text) // 3])  # truncated
+    (a / "steps.jsonl").unlink()  # an ok run without its steps
+    (c / "run.json").write_text("")  # empty
+    assert collect.main(["--runs", str(root), "--reports", str(tmp_path / "r2"), "--name", "two"]) == 0
+    capsys.readouterr()
+    dest = tmp_path / "r2" / "two"
+    assert list(pd.read_csv(dest / "results.csv")["run_id"]) == ["0_adamw"]
+    md = report.render(pd.read_csv(dest / "results.csv"), pd.read_csv(dest / "steps.csv"), dest, "two")
+    section = md.split("## Records left out", 1)[1].split("\n## ", 1)[0]
+    assert f"- {a / 'steps.jsonl'}: missing for a run recorded ok; its row kept, no step rows" in section
+    for broken in (b, c):
+        assert f"- {broken / 'run.json'}:" in section
+    assert section.count("unreadable JSON") == 2 and section.count("run skipped") == 2
