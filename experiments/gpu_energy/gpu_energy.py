@@ -27,9 +27,10 @@ EVENT_REASONS = {
 
 @dataclass(frozen=True)
 class Reading:
-    """One NVML sample: cumulative energy (J), SM clock (MHz), power (W), temperature (C), clock-event bits."""
+    """One NVML sample: cumulative energy (J; None where the GPU's counter is unavailable), SM clock (MHz), power
+    (W), temperature (C), clock-event bits."""
 
-    energy_j: float
+    energy_j: float | None
     sm_mhz: float
     power_w: float
     temp_c: float
@@ -61,6 +62,17 @@ class EnergyMeter:
             props = torch.cuda.get_device_properties(device_index)
             bus_id = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
         self.handle = nvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        self.energy_unavailable = self._energy_unavailable()
+        """Why the energy counter cannot be used on this GPU ('' when it can): NVML refuses it, or it reads 0
+        (an H200 has been seen to: a cumulative counter of a GPU that has run is never 0, so 0 means no counter,
+        and its phases would record 0 J)."""
+
+    def _energy_unavailable(self) -> str:
+        try:
+            mj = self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except Exception as e:  # noqa: BLE001 - NVMLError_NotSupported and kin: no counter on this GPU
+            return f"NVML energy counter not readable on this GPU ({type(e).__name__}: {e})"
+        return "NVML energy counter reads 0 on this GPU" if mj == 0 else ""
 
     def sm_mhz(self) -> float:
         """The current SM clock alone (one NVML call)."""
@@ -73,7 +85,7 @@ class EnergyMeter:
         except AttributeError:  # drivers / bindings before the "event" naming
             reasons = int(n.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         return Reading(
-            energy_j=n.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,
+            energy_j=None if self.energy_unavailable else n.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,
             sm_mhz=float(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM)),
             power_w=n.nvmlDeviceGetPowerUsage(h) / 1000.0,
             temp_c=float(n.nvmlDeviceGetTemperature(h, n.NVML_TEMPERATURE_GPU)),
@@ -89,7 +101,9 @@ step of a tiny model read 0 J in one step and 1,538 W in another; its joules are
 class PhaseEnergy:
     """Joules and mean watts per phase of one step from readings taken at its boundaries.
 
-    `mark(name)` closes the phase `name` that began at the previous mark (or `start()`); `sync` runs before every
+    `mark(name)` closes the phase `name` that began at the previous mark (or `start()`); a GPU without a usable
+    energy counter (`EnergyMeter.energy_unavailable`) gets `energy_available` 0 and no joules or watts, never 0 J;
+    `sync` runs before every
     reading (the engine passes `torch.cuda.synchronize`), so the energy of queued GPU work lands in its phase. A phase
     shorter than `MIN_WATTS_WINDOW_S` gets no `watts_<name>` (the counter's tick, not the power).
     """
@@ -112,11 +126,15 @@ class PhaseEnergy:
         self._sync()
         t1, r1 = self._clock(), self._read()
         t0, r0 = self._last
-        joules = r1.energy_j - r0.energy_j
-        seconds = max(t1 - t0, 1e-9)
-        self.values[f"energy_{name}_j"] = joules
-        if seconds >= MIN_WATTS_WINDOW_S:
-            self.values[f"watts_{name}"] = joules / seconds
+        if r0.energy_j is None or r1.energy_j is None:  # no counter: no joules, never 0 J
+            self.values["energy_available"] = 0.0
+        else:
+            joules = r1.energy_j - r0.energy_j
+            seconds = max(t1 - t0, 1e-9)
+            self.values["energy_available"] = 1.0
+            self.values[f"energy_{name}_j"] = joules
+            if seconds >= MIN_WATTS_WINDOW_S:
+                self.values[f"watts_{name}"] = joules / seconds
         self.values[f"sm_mhz_end_{name}"] = r1.sm_mhz
         self.values[f"power_capped_end_{name}"] = float(bool(r1.reasons & 0x4))
         self._last = (t1, r1)

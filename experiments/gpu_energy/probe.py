@@ -17,6 +17,7 @@ class Probe(probes.Probe):
 
     keys: ClassVar[tuple[str, ...]] = (
         "t_wall",
+        "energy_available",
         *(
             k
             for ph in PHASES

@@ -37,13 +37,13 @@ def _fake_nvml(energy_mj: list[int], *, throttle_only: bool = False) -> types.Si
 
 
 def test_meter_reads_units_and_falls_back_to_throttle_reasons() -> None:
-    nvml = _fake_nvml([2_000_500, 2_001_500])
+    nvml = _fake_nvml([1_999_000, 2_000_500, 2_001_500])  # the first: the meter's check of the counter
     m = EnergyMeter(0, nvml=nvml, bus_id="00000000:19:00.0")
     r = m.read()
     assert nvml.calls == {"init": 1, "bus": "00000000:19:00.0"}
     assert r == Reading(energy_j=2000.5, sm_mhz=1830.0, power_w=675.5, temp_c=54.0, reasons=0x44)
     assert reasons_text(r.reasons) == "sw_power_cap+hw_thermal"
-    old = EnergyMeter(0, nvml=_fake_nvml([7], throttle_only=True), bus_id="x").read()
+    old = EnergyMeter(0, nvml=_fake_nvml([7, 7], throttle_only=True), bus_id="x").read()
     assert old.reasons == 0x4 and reasons_text(0) == ""
 
 
@@ -72,6 +72,37 @@ def test_phase_energy_splits_joules_and_watts_per_phase() -> None:
     pe.start()
     pe.mark("optim")
     assert pe.values["energy_optim_j"] == 0.0 and "watts_optim" not in pe.values
+
+
+@pytest.mark.parametrize("counter", ["zero", "not supported"])
+def test_an_unavailable_energy_counter_is_recorded_unavailable_not_zero_joules(counter: str) -> None:
+    """An H200 whose NVML energy counter reads 0 recorded 0 J per phase (and the GPU test failed on its sum): the
+    meter says why the counter is unusable and the phases get `energy_available` 0 and no joules or watts."""
+    nvml = _fake_nvml([0, 0, 0, 0])
+    if counter == "not supported":
+
+        def refuse(h: str) -> int:
+            raise RuntimeError("Not Supported")  # NVMLError_NotSupported in pynvml
+
+        nvml.nvmlDeviceGetTotalEnergyConsumption = refuse
+    m = EnergyMeter(0, nvml=nvml, bus_id="x")
+    assert m.energy_unavailable == (
+        "NVML energy counter reads 0 on this GPU"
+        if counter == "zero"
+        else "NVML energy counter not readable on this GPU (RuntimeError: Not Supported)"
+    )
+    assert m.read().energy_j is None and m.read().sm_mhz == 1830.0
+    pe = PhaseEnergy(m.read, lambda: None, iter([0.0, 1.0, 2.0]).__next__)
+    pe.start()
+    pe.mark("fwd_bwd")
+    pe.mark("optim")
+    assert pe.values == {
+        "energy_available": 0.0,
+        "sm_mhz_end_fwd_bwd": 1830.0,
+        "power_capped_end_fwd_bwd": 1.0,
+        "sm_mhz_end_optim": 1830.0,
+        "power_capped_end_optim": 1.0,
+    }
 
 
 def test_meter_without_pynvml_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -286,12 +286,9 @@ def test_probes_record_energy_microbatches_load_and_idle_outside_the_step(mode):
     # the idle is not in the step: the two steps leave the two 0.3 s idles of the wall time out (the steps' own
     # times differ, 0.24 s then ~0.06 s on an H200, so each is not compared with half the wall time)
     assert sum(m.step_s for m in rows) < wall - 0.5
-    # NVML's energy counter advances in coarse ticks: the tiny model's ~10 ms optimizer step can read 0 J, the
-    # forward-backward of two steps cannot
-    assert sum(m.extra["energy_fwd_bwd_j"] for m in rows) > 0
     for m in rows:
         e = m.extra
-        assert "energy_optim_j" in e and "power_capped_end_optim" in e
+        assert "power_capped_end_optim" in e
         # phases shorter than gpu_energy.MIN_WATTS_WINDOW_S get no mean power (a 1,538 W reading over one)
         assert all(0 <= e[k] < 1500 for k in ("watts_fwd_bwd", "watts_optim") if k in e)
         assert 100 < e["sm_mhz_end_optim"] < 3000 and e["t_wall"] > 1.7e9
@@ -300,6 +297,14 @@ def test_probes_record_energy_microbatches_load_and_idle_outside_the_step(mode):
         # 8 experts, top-2 routing: max / mean tokens per expert is at least 1 and at most 8
         assert 1.0 <= e["moe_load_max_mean"] <= 8.0
     assert rows[1].extra["t_wall"] - rows[0].extra["t_wall"] >= 0.3
+    if not all(m.extra["energy_available"] for m in rows):  # recorded as unavailable, not as 0 J
+        measured = [k for m in rows for k in m.extra if k.startswith(("energy_", "watts_")) and k != "energy_available"]
+        assert not measured, measured
+        pytest.skip(f"energy not checked: {eng.probes[1].meter.energy_unavailable}")
+    # NVML's energy counter advances in coarse ticks: the tiny model's ~10 ms optimizer step can read 0 J, the
+    # forward-backward of two steps cannot
+    assert sum(m.extra["energy_fwd_bwd_j"] for m in rows) > 0
+    assert all("energy_optim_j" in m.extra for m in rows)
 
 
 @pytest.mark.parametrize("clip", ["0.0", "1e-6"], ids=["unclipped", "clipped"])
