@@ -27,14 +27,12 @@ from muonbench.schema import (
     MuonSchema,
     PrecisionConfig,
     SOAPSchema,
+    optim_configs,
 )
 from recipes.models import Sections
 
 FAIR_PROFILE: dict[str, bool] = {"overlap_param_gather": True, "fp8_param_gather": True}
 """ab_mode="fair": one setting for every optimizer (fp8_param_gather only where the precision has an FP8 recipe)."""
-
-MCORE_TP_MODES = ("duplicated", "distributed", "blockwise")
-
 
 def _fail(name: str, value: Any, rule: str) -> None:
     raise ValueError(f"optimizer.{name}={value!r}: {rule}")
@@ -69,22 +67,8 @@ def _common(opt: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return optimizer, scheduler
 
 
-def _megatron_matrix_checks(opt: MatrixOptimizerSchema, dist: DistributionConfig) -> None:
-    """Knobs of ours that Megatron's layer-wise path cannot honour (they would change the run silently)."""
-    if opt.split_mla_kv_down:
-        _fail(
-            "split_mla_kv_down", True, "Megatron-Core orthogonalises MLA projections whole; use implementation=ours"
-        )
-    if opt.split_gate_up:
-        _fail(
-            "split_gate_up",
-            True,
-            "Megatron-Core orthogonalises fc1 [gate; up] jointly; use implementation=ours",
-        )
-    if not opt.router_to_matrix:
-        _fail(
-            "router_to_matrix", False, "Megatron-Core routes the MoE router to the matrix optimizer"
-        )
+def _megatron_distribution_checks(dist: DistributionConfig) -> None:
+    """The distribution Megatron's layer-wise path runs (other settings would change the run silently)."""
     if dist.grad_sync != "all_reduce":
         _fail_dist(
             "grad_sync",
@@ -101,39 +85,46 @@ def _megatron_matrix_checks(opt: MatrixOptimizerSchema, dist: DistributionConfig
         )
 
 
+def _mcore(fn: Any, *args: Any) -> Any:
+    """`fn(*args)` of the one Megatron-core adapter (`optim.megatron.config`), its errors named by config path."""
+    from optim.configs import ConfigFieldError
+
+    try:
+        return fn(*args)
+    except ConfigFieldError as exc:
+        path = "parallelism.distribution" if exc.field == "tp_mode" else "optimizer"
+        raise ValueError(f"{path}.{exc.field}={exc.value!r}: {exc.rule}") from exc
+
+
 def _megatron_muon(opt: MuonSchema, dist: DistributionConfig) -> dict[str, Any]:
-    _megatron_matrix_checks(opt, dist)
-    if dist.tp_mode not in MCORE_TP_MODES:
-        _fail_dist("tp_mode", dist.tp_mode, f"Megatron-Core allows {list(MCORE_TP_MODES)}")
-    if opt.coefficient_type == "custom":
-        _fail("coefficient_type", "custom", "Megatron-Core takes a named coefficient set only")
-    if opt.use_gram_ns:
-        _fail("use_gram_ns", True, "Megatron-Core has no Gram Newton-Schulz; use implementation=ours")
-    if opt.ns_precision == "fp16":
-        _fail("ns_precision", "fp16", "Megatron-Core iterates in bf16 or fp32; use implementation=ours")
-    return {
-        "optimizer": "dist_muon" if dist.distributed == "layerwise" else "muon",
-        "muon_momentum": opt.momentum,
-        "muon_nesterov": opt.nesterov,
-        "muon_scale_mode": opt.scale_mode,
-        "muon_extra_scale_factor": opt.extra_scale_factor,
-        "muon_fp32_matmul_prec": "medium" if opt.ns_precision == "bf16" else "highest",
-        "muon_coefficient_type": opt.coefficient_type,
-        "muon_num_ns_steps": opt.num_ns_steps,
-        "muon_tp_mode": dist.tp_mode,
-        "muon_split_qkv": opt.split_qkv,
-        "muon_scalar_optimizer": "adam",
-    }
+    """Megatron-core's Muon: the `muon_*` fields from the adapter the megatron engine uses as well."""
+    from optim.megatron.config import megatron_muon_fields
+
+    _megatron_distribution_checks(dist)
+    algo, routing, _ = optim_configs(opt)
+    fields = _mcore(megatron_muon_fields, algo, routing, dist.tp_mode)
+    optimizer = "dist_muon" if dist.distributed == "layerwise" else "muon"
+    return {"optimizer": optimizer, **fields, "muon_scalar_optimizer": "adam"}
 
 
 def _megatron_soap(opt: SOAPSchema, dist: DistributionConfig) -> dict[str, Any]:
+    from optim.megatron.config import check_megatron_routing
+
     if opt.use_eigh:
         _fail(
             "use_eigh",
             True,
             "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours",
         )
-    _megatron_matrix_checks(opt, dist)
+    if (list(opt.betas), opt.eps) != ([opt.adam_beta1, opt.adam_beta2], opt.adam_eps):
+        _fail(
+            "betas",
+            opt.betas,
+            "Megatron-Core's SOAP takes its betas and eps from adam_beta1, adam_beta2 and adam_eps; set them equal "
+            "or use implementation=ours",
+        )
+    _mcore(check_megatron_routing, optim_configs(opt)[1])
+    _megatron_distribution_checks(dist)
     return {
         "optimizer": "dist_soap" if dist.distributed == "layerwise" else "soap",
         "soap_shampoo_beta": opt.shampoo_beta,

@@ -73,11 +73,7 @@ def megatron_muon_config(
     clip_grad: float,
     tp_mode: str = "blockwise",
 ) -> Any:
-    """The OptimizerConfig `build_megatron_muon` hands Megatron; ValueError for a routing it cannot follow."""
-    if not routing.router_to_matrix or routing.split_mla_kv_down or routing.split_gate_up:
-        raise ValueError(
-            f"routing={routing}: Megatron's built-in Muon always sends the router to Muon and splits only QKV"
-        )
+    """The OptimizerConfig `build_megatron_muon` hands Megatron; ValueError for a setting it cannot follow."""
     return megatron_optimizer_config(
         optimizer="muon",
         adamw=adamw,

@@ -8,12 +8,13 @@ from typing import Any
 
 import torch
 
-from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim.configs import AdamWConfig, ConfigFieldError, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig, TPMode
 from optim.functional.split import RowSplit
 
 MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
 IMPLEMENTATIONS = ("ours", "megatron")
-TP_MODES = ("blockwise", "duplicated", "distributed")
+TP_MODES: tuple[str, ...] = (TPMode.BLOCKWISE, TPMode.DUPLICATED, TPMode.DISTRIBUTED)
+"""The TP modes of Megatron-core's TensorParallelMuon (no Gram variant)."""
 
 
 def process_groups() -> dict[str, Any]:
@@ -30,6 +31,51 @@ def process_groups() -> dict[str, Any]:
 
 def _fields(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
+
+
+def _unsupported(rows: tuple[tuple[str, Any, bool, str], ...]) -> None:
+    for name, value, bad, why in rows:
+        if bad:
+            rule = f"is not available in Megatron-Core, which {why}; use implementation=ours"
+            raise ConfigFieldError(name, value, rule)
+
+
+def check_megatron_routing(routing: RoutingConfig) -> None:
+    """ConfigFieldError for a routing Megatron-core's matrix optimizers (Muon, SOAP) cannot follow."""
+    _unsupported(
+        (
+            ("split_mla_kv_down", True, routing.split_mla_kv_down, "orthogonalises MLA projections whole"),
+            ("split_gate_up", True, routing.split_gate_up, "orthogonalises fc1 [gate; up] jointly"),
+            ("router_to_matrix", False, not routing.router_to_matrix, "routes the MoE router to the matrix side"),
+        )
+    )
+
+
+def megatron_muon_fields(muon: MuonConfig, routing: RoutingConfig, tp_mode: str) -> dict[str, Any]:
+    """The `muon_*` fields of Megatron-core's OptimizerConfig for `muon` (newest names: `muon_nesterov`), the one
+    mapping used by the megatron engine and the Bridge recipes. ConfigFieldError names a setting Megatron-core's
+    Muon cannot follow (it would change the run silently); the field is `tp_mode` or one of `muon` / `routing`."""
+    if tp_mode not in TP_MODES:
+        raise ConfigFieldError("tp_mode", tp_mode, f"is not one of {list(TP_MODES)} in Megatron-Core's Muon")
+    check_megatron_routing(routing)
+    _unsupported(
+        (
+            ("coefficient_type", "custom", muon.coefficient_type == "custom", "takes a named coefficient set"),
+            ("use_gram_ns", True, muon.use_gram_ns, "has no Gram Newton-Schulz"),
+            ("ns_precision", "fp16", muon.ns_precision == "fp16", "iterates in bf16 or fp32 only"),
+        )
+    )
+    return {
+        "muon_momentum": muon.momentum,
+        "muon_nesterov": muon.nesterov,
+        "muon_scale_mode": muon.scale_mode,
+        "muon_extra_scale_factor": muon.extra_scale_factor,
+        "muon_fp32_matmul_prec": "medium" if muon.ns_precision == "bf16" else "highest",
+        "muon_coefficient_type": muon.coefficient_type,
+        "muon_num_ns_steps": muon.num_ns_steps,
+        "muon_tp_mode": tp_mode,
+        "muon_split_qkv": routing.split_qkv,
+    }
 
 
 def megatron_optimizer_config(
@@ -67,29 +113,12 @@ def megatron_optimizer_config(
     if optimizer == "muon":
         if muon is None or routing is None:
             raise ValueError("optimizer='muon' needs the muon and routing configs")
-        if tp_mode not in TP_MODES:
-            raise ValueError(f"tp_mode={tp_mode!r} is not one of {TP_MODES} for Megatron's built-in Muon")
-        if muon.coefficient_type == "custom":
-            raise ValueError("coefficient_type='custom' is not available in Megatron's built-in Muon")
-        if muon.ns_precision == "fp16":
-            raise ValueError(
-                "ns_precision='fp16' is ours only: Megatron's built-in Muon iterates in bf16 or fp32"
-            )
+        fields = megatron_muon_fields(muon, routing, tp_mode)
+        if "muon_nesterov" not in have:
+            fields["muon_use_nesterov"] = fields.pop("muon_nesterov")
         kw.update(
-            lr=muon.lr,
-            min_lr=muon.lr,
-            weight_decay=muon.weight_decay,
-            use_distributed_optimizer=False,
-            muon_momentum=muon.momentum,
-            muon_split_qkv=routing.split_qkv,
-            muon_scale_mode=muon.scale_mode,
-            muon_fp32_matmul_prec="medium" if muon.ns_precision == "bf16" else "highest",
-            muon_coefficient_type=muon.coefficient_type,
-            muon_num_ns_steps=muon.num_ns_steps,
-            muon_tp_mode=tp_mode,
-            muon_extra_scale_factor=muon.extra_scale_factor,
+            lr=muon.lr, min_lr=muon.lr, weight_decay=muon.weight_decay, use_distributed_optimizer=False, **fields
         )
-        kw["muon_nesterov" if "muon_nesterov" in have else "muon_use_nesterov"] = muon.nesterov
         if "use_layer_wise_distributed_optimizer" in have:
             kw.update(optimizer="muon", use_layer_wise_distributed_optimizer=True)
         else:

@@ -305,7 +305,7 @@ def test_optimizer_config_versions_and_errors():
             routing=RoutingConfig(),
             tp_mode="layer_sharded",
         )
-    with pytest.raises(ValueError, match="ns_precision='fp16' is ours only"):
+    with pytest.raises(ValueError, match=r"ns_precision='fp16' .*bf16 or fp32"):
         om.megatron_optimizer_config(
             optimizer="muon",
             adamw=AdamWConfig(),
@@ -578,3 +578,21 @@ def test_engine_times_ours_through_the_public_hook():
     phases = timer.collect()
     assert phases["ns"] > 0
     assert timer.counters["ns_flops"] == ns_flops_plain(8, 12, 5, batch=2)  # one batched call, both matrices
+
+
+def test_engine_and_bridge_recipe_share_one_megatron_muon_mapping():
+    """The megatron engine's OptimizerConfig and the Bridge recipe's optimizer section carry the same muon_* fields
+    for one config (one adapter, `optim.megatron.megatron_muon_fields`), and both refuse what MCore cannot run."""
+    import muonbench
+    from bench.engines.megatron_optim import megatron_config
+    from recipes.bridge import build_plan
+
+    overrides = ["model=qwen3_moe_tiny", "optimizer=muon_megatron", "optimizer.num_ns_steps=7"]
+    engine = megatron_config(muonbench.load(["engine=megatron", *overrides]))
+    recipe = build_plan(muonbench.load(["engine=bridge", "engine.device=cuda", *overrides])).overrides["optimizer"]
+    muon_keys = [k for k in recipe if k.startswith("muon_") and k != "muon_scalar_optimizer"]
+    assert len(muon_keys) >= 9 and recipe["muon_num_ns_steps"] == 7
+    assert {k: getattr(engine, k) for k in muon_keys} == {k: recipe[k] for k in muon_keys}
+    gram = muonbench.load(["engine=megatron", *overrides, "optimizer.use_gram_ns=true"])
+    with pytest.raises(ValueError, match="use_gram_ns=True.*Gram"):
+        megatron_config(gram)
