@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from bench import memory
 from muonbench.compose import config_from_dict
 from muonbench.schema import RootConfig
 
@@ -253,6 +254,7 @@ def check_launchable(cfg: RootConfig) -> None:
     check_engine_present(cfg.engine.name)
     if cfg.launcher.name == "local":
         check_device(cfg)
+    memory.check(cfg)
 
 
 def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None = None) -> LaunchResult:

@@ -319,6 +319,32 @@ def _check_finite(node: Any, path: str) -> None:
         _fail(path, node, "must be a finite number")
 
 
+MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
+"""Model families whose builders make mixture-of-experts layers (`model.num_experts` >= 1)."""
+
+
+def _check_model_sizes(m: schema.ModelConfig) -> None:
+    """Sizes that no builder can make (0 or negative), checked before the divisibility rules use them."""
+    for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
+        if getattr(m, name) < 1:
+            _fail(f"model.{name}", getattr(m, name), "must be >= 1")
+    if m.make_vocab_size_divisible_by < 1:
+        _fail("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, "must be >= 1")
+    for name in ("num_dense_layers", "num_experts", "moe_shared_expert_intermediate_size", "mtp_num_layers"):
+        if getattr(m, name) < 0:
+            _fail(f"model.{name}", getattr(m, name), "must be >= 0")
+    if m.family in MOE_FAMILIES and m.num_experts < 1:
+        _fail("model.num_experts", m.num_experts, f"must be >= 1: model.family={m.family!r} is a mixture of experts")
+    if m.num_experts and m.num_dense_layers < m.num_layers and m.moe_ffn_hidden_size < 1:
+        _fail("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "must be >= 1 for the MoE layers")
+    if (m.num_experts == 0 or m.num_dense_layers > 0) and m.ffn_hidden_size < 1:
+        _fail("model.ffn_hidden_size", m.ffn_hidden_size, "must be >= 1 for the dense layers")
+    if m.attention == "gqa" and m.kv_channels % 2:
+        _fail("model.kv_channels", m.kv_channels, "must be even (rotary embeddings rotate pairs)")
+    if m.attention == "mla" and m.qk_pos_emb_head_dim % 2:
+        _fail("model.qk_pos_emb_head_dim", m.qk_pos_emb_head_dim, "must be even (rotary embeddings rotate pairs)")
+
+
 def validate(root: schema.RootConfig) -> None:
     """Cross-group rules. Each error names the field, the value and the rule it breaks."""
     _check_allowed(root)
@@ -333,6 +359,7 @@ def validate(root: schema.RootConfig) -> None:
             f"only implementation='ours' iterates in fp16 (optimizer.implementation={opt.implementation!r})",
         )
     m, p = root.model, root.parallelism
+    _check_model_sizes(m)
     for name in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp", "mbs", "gbs"):
         if getattr(p, name) < 1:
             _fail(f"parallelism.{name}", getattr(p, name), "must be >= 1")

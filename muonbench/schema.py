@@ -410,6 +410,9 @@ class BenchConfig:
     in a scratch directory, so the timed processes find our Triton kernels compiled and the NS plan measured on
     disk (a process that compiled them itself ran ~0.5% slower for its whole life on the H200: see
     reports/megatron_h200_flops_202611). Costs one setup and one first step."""
+    allow_oversize: bool = False
+    """Launch a config whose memory lower bound (`bench.memory`) exceeds the hardware's memory, with a warning,
+    instead of refusing it."""
     probes: list[str] = field(default_factory=list)
     """megatron: diagnostics hooked into each step, by name (`experiments/<name>/probe.py`), with optional
     arguments: `[gpu_energy, "idle_before_step:seconds=0.3,mode=gpu_spin"]` (bench.probes)."""

@@ -58,3 +58,45 @@ def test_gpu_only_job_is_refused_in_the_preflight_on_a_machine_without_gpus(monk
     assert len(errors) == 1 and "needs a CUDA GPU, and this machine has none" in errors[0], errors
     assert not any(tmp_path.iterdir())
     launch.check_launchable(load([]))  # a CPU job passes
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.num_layers=0", "model.num_layers=0: must be >= 1"),
+        ("model.num_experts=0", "model.num_experts=0: must be >= 1: model.family='qwen3_moe' is a mixture"),
+        ("model.hidden_size=0", "model.hidden_size=0: must be >= 1"),
+        ("model.hidden_size=-64", "model.hidden_size=-64: must be >= 1"),
+        ("model.vocab_size=0", "model.vocab_size=0: must be >= 1"),
+        ("model.seq_length=0", "model.seq_length=0: must be >= 1"),
+        ("model.moe_ffn_hidden_size=0", "model.moe_ffn_hidden_size=0: must be >= 1"),
+        ("model.kv_channels=15", "model.kv_channels=15: must be even"),
+    ],
+)
+def test_model_sizes_are_refused_naming_the_field(override: str, message: str) -> None:
+    """Localises model sizes that reached the workers and died there with tracebacks."""
+    with pytest.raises(ConfigError) as info:
+        load([override])
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_model_beyond_the_memory_is_refused_before_launch_or_warned_with_the_flag() -> None:
+    """Localises a model far beyond the hardware's memory running until the out-of-memory killer: a GPU config
+    against `hardware.memory_gib`, a CPU one against this machine's memory; every committed experiment fits."""
+    from bench import memory
+
+    gpu = ["model=kimi_k2", "engine=megatron", "hardware=h200", "launcher=slurm", "parallelism=single_gpu"]
+    with pytest.raises(ValueError, match=r"^model=kimi_k2: needs at least \d+\.\d GiB per rank .* than 131\.3 GiB"):
+        launch.check_launchable(load(gpu))
+    cpu = load(["model=qwen3_30b_a3b"])
+    need = memory.estimate(cpu)["total"]
+    assert need > 30e9 * 4 * 2  # fp32 weights and gradients of ~30B parameters at least
+    if need > memory.capacity(cpu)[0]:
+        with pytest.raises(ValueError, match="this machine's"):
+            memory.check(cpu)
+    with pytest.warns(UserWarning, match="needs at least"):
+        launch.check_launchable(load([*gpu, "bench.allow_oversize=true"]))
+    for name in ("gb300/kimi_k2_adamw", "h200/qwen3_30b_a3b_slice_adamw_1gpu"):  # the largest per GPU
+        cfg = load([f"experiment={name}"])
+        cap = memory.capacity(cfg)
+        assert cap is None or memory.estimate(cfg)["total"] < cap[0] / 2, name
