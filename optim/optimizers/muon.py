@@ -1,8 +1,10 @@
 """Muon: MomentUm Orthogonalized by Newton-Schulz (Jordan 2024; Moonlight arXiv 2502.16982).
 
 Semantics of emerging-optimizers 0.3.0 `Muon` (EMA momentum, decoupled weight decay, scale modes), with
-two deliberate differences: all matrices of one shape are orthogonalized in one batched call instead of a Python
-loop over parameters, and momentum of bf16/fp16 parameters is kept in fp32. On CUDA, `optim.kernels` is used when
+three deliberate differences: all matrices of one shape are orthogonalized in one batched call instead of a Python
+loop over parameters, momentum of bf16/fp16 parameters is kept in fp32, and Newton-Schulz steps beyond a
+coefficient set's length repeat its last tuple (EO starts the set over, which leaves the singular values far
+from 1). On CUDA, `optim.kernels` is used when
 that package is importable and reports itself available (bf16 iterate only); otherwise plain torch.
 """
 

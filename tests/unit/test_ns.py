@@ -38,11 +38,12 @@ def gen(seed: int) -> torch.Generator:
 
 
 def test_coefficient_iteration_modes() -> None:
-    """Localises a wrong cycle/repeat-last rule or wrong published values."""
-    assert ns_coefficients("quintic", 7)[5:] == list(COEFFICIENT_SETS["quintic"][:2])
+    """Localises a wrong repeat-last rule or wrong published values."""
+    assert ns_coefficients("quintic", 7)[5:] == [(2.8366, -3.0525, 1.2012)] * 2
     assert ns_coefficients("polar_express", 10)[8:] == [(1.8750, -1.2500, 0.3750)] * 2
     assert ns_coefficients("cans", 6)[-1] == (2.2737, -1.6447, 0.4162)
-    assert ns_coefficients("aol", 5)[-1] == (4.0098, -7.0585, 2.4635)
+    assert ns_coefficients("aol", 5)[-1] == (2.7215, -3.0494, 1.3169)
+    assert ns_coefficients("custom", 3, custom=[(3.0, -3.0, 1.0), (1.5, -0.5, 0.0)])[2] == (1.5, -0.5, 0.0)
     assert ns_coefficients("deepseekv4", 10) == [(3.4445, -4.7750, 2.0315)] * 8 + [(2.0, -1.5, 0.5)] * 2
     assert ns_coefficients("custom", 3, custom=[(1.5, -0.5, 0.0)]) == [(1.5, -0.5, 0.0)] * 3
     with pytest.raises(ValueError, match="custom"):
@@ -65,6 +66,46 @@ def test_singular_values_in_band(name: str, dtype: torch.dtype, gen: torch.Gener
         )
         slack = 0.01 if dtype == torch.bfloat16 else 0.0
         assert lo - slack <= s.min().item() and s.max().item() <= hi + slack, (name, s.min(), s.max())
+
+
+# Singular-value band of fp64 NS at every allowed step count from the set's design count on (steps beyond a set's
+# length repeat its last tuple), measured on `_conditioned(24, 40, 2.0)` matrices: (design steps, lo, hi).
+# Before the design count the iterate may overshoot (Polar Express and CANS reach ~2) but never beyond 2.
+STEP_BANDS = {
+    "simple": (5, 0.68, 1.14),
+    "quintic": (5, 0.977, 1.061),
+    "polar_express": (8, 0.9999, 1.0001),
+    "cans": (5, 0.886, 1.109),
+    "aol": (4, 0.56, 1.085),
+    "deepseekv4": (10, 0.9999, 1.0006),
+}
+MAX_NS_STEPS = 100  # MuonConfig's allowed num_ns_steps is [1, 100]
+
+
+@pytest.mark.parametrize("name", sorted(STEP_BANDS))
+def test_every_step_count_stays_in_band(name: str) -> None:
+    """Localises steps beyond a set's length starting the set over (6 quintic steps gave singular values of
+    0.06-0.17): the step-k coefficients are a prefix of the 100-step list, and the singular values of the fp64
+    iterate after every k in [design, 100] lie in the set's band."""
+    assert set(STEP_BANDS) == set(COEFFICIENT_SETS)
+    design, lo, hi = STEP_BANDS[name]
+    full = ns_coefficients(name, MAX_NS_STEPS)
+    assert all(ns_coefficients(name, k) == full[:k] for k in range(1, MAX_NS_STEPS + 1))
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.stack([_conditioned(24, 40, 2.0, gen) for _ in range(3)])
+    x = x0 / x0.norm(dim=(-2, -1), keepdim=True)
+    for k, (a, b, c) in enumerate(full, start=1):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+        s = torch.linalg.svdvals(x)
+        if k >= design:
+            assert lo <= s.min().item() and s.max().item() <= hi, (name, k, s.min(), s.max())
+        else:
+            assert 0 < s.min().item() and s.max().item() <= 2.0, (name, k, s.min(), s.max())
+    for k in (max(design, len(COEFFICIENT_SETS[name]) + 1), MAX_NS_STEPS):  # the function takes that path too
+        out = newton_schulz(x0, num_steps=k, coefficients=name, compute_dtype=torch.float64)
+        s = torch.linalg.svdvals(out)
+        assert lo <= s.min().item() and s.max().item() <= hi, (name, k, s.min(), s.max())
 
 
 def test_converges_to_svd_polar_factor(gen: torch.Generator) -> None:
@@ -132,15 +173,21 @@ def test_matches_emerging_optimizers(name: str, gen: torch.Generator) -> None:
     from emerging_optimizers.orthogonalized_optimizers import muon_utils
     from emerging_optimizers.utils import fp32_matmul_precision
 
+    # EO starts a set over after its last tuple (aol's 5th step is its 1st); ours repeats the last: compare aol
+    # within its 4 tuples
+    steps = 4 if name == "aol" else 5
     x = torch.randn(2, 40, 24, generator=gen)
     with fp32_matmul_precision("highest"):
-        ref = muon_utils.newton_schulz(x, steps=5, coefficient_type=name)
+        ref = muon_utils.newton_schulz(x, steps=steps, coefficient_type=name)
     torch.testing.assert_close(
-        newton_schulz(x, coefficients=name, compute_dtype=torch.float32), ref, atol=1e-5, rtol=1e-5
+        newton_schulz(x, num_steps=steps, coefficients=name, compute_dtype=torch.float32),
+        ref,
+        atol=1e-5,
+        rtol=1e-5,
     )
     with fp32_matmul_precision("medium"):
-        ref_bf = muon_utils.newton_schulz(x[0], steps=5, coefficient_type=name)
-    ours_bf = newton_schulz(x[0], coefficients=name)
+        ref_bf = muon_utils.newton_schulz(x[0], steps=steps, coefficient_type=name)
+    ours_bf = newton_schulz(x[0], num_steps=steps, coefficients=name)
     assert (ours_bf - ref_bf).norm() / ref_bf.norm() < 2e-2
 
 
