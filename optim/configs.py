@@ -6,6 +6,7 @@ routed and split is RoutingConfig; the parallel layout is not configured here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -52,9 +53,12 @@ def _choice(field: str, value: object, allowed: tuple[object, ...]) -> None:
 def _range(
     field: str, value: float, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
 ) -> None:
+    """`value` within the interval and finite (NaN fails every comparison, so it is rejected by name)."""
+    lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+    if not math.isfinite(value):
+        raise ConfigFieldError(field, value, f"is not a finite number in {lb}{lo}, {hi}{rb}")
     bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
     if bad:
-        lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
         raise ConfigFieldError(field, value, f"is not in {lb}{lo}, {hi}{rb}")
 
 
@@ -66,6 +70,7 @@ def _check_common(cfg: MuonConfig | MOPConfig) -> None:
     _choice("nonfinite_policy", cfg.nonfinite_policy, NONFINITE_POLICIES)
     _choice("ns_precision", cfg.ns_precision, NS_PRECISIONS)
     _range("num_ns_steps", cfg.num_ns_steps, 1, 100)
+    _range("extra_scale_factor", cfg.extra_scale_factor, 0.0, float("inf"), lo_open=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

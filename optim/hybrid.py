@@ -52,11 +52,19 @@ class HybridOptimizer(torch.optim.Optimizer):
         self.nonfinite_policy = nonfinite_policy
         self.nonfinite_events: list[tuple[str, int, str]] = []
         """Every (parameter name, step, "grad") of the AdamW side whose update was skipped or raised."""
+        self._num_skipped_adamw = 0
         self._num_steps = 0
         params = [p for opt in optimizers.values() for g in opt.param_groups for p in g["params"]]
         self._own_groups: list[dict[str, Any]] | None = []  # used only while the base class initialises
         super().__init__(params, {})
         self._own_groups = None
+
+    @property
+    def num_skipped_updates(self) -> int:
+        """Parameter updates skipped for a NaN/Inf (nonfinite_policy="skip"): the AdamW side's and the matrix
+        optimizer's (torch's AdamW skips none itself)."""
+        subs = sum(getattr(opt, "num_skipped_updates", 0) for opt in self.optimizers.values())
+        return self._num_skipped_adamw + subs
 
     # `param_groups` and `state` are views of the sub-optimizers' (load_state_dict replaces their objects), so
     # LR schedulers and per-group edits reach them; the base class's own assignments are dropped.
@@ -111,7 +119,7 @@ class HybridOptimizer(torch.optim.Optimizer):
             return []
         names = param_names(adamw.param_groups)
         events = [(names[id(p)], self._num_steps + 1, "grad") for p, _ in held]
-        handle_nonfinite(events, self.nonfinite_policy, self.nonfinite_events)
+        self._num_skipped_adamw += handle_nonfinite(events, self.nonfinite_policy, self.nonfinite_events)
         for p, _ in held:
             p.grad = None
         return held

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import Any, NamedTuple
 
 import torch
+
+from optim.configs import AdamWConfig, MOPConfig, MuonConfig, SOAPConfig
 
 
 class NonFiniteError(RuntimeError):
@@ -42,22 +45,70 @@ def config_from[C](cls: type[C], config: C | float | None, hyperparameters: dict
     return replace(base, **hyperparameters) if hyperparameters else base  # type: ignore[type-var]
 
 
-def check_param_shapes(owner: str, param_groups: list[dict[str, Any]], ndims: tuple[int, ...]) -> None:
-    """Reject, naming the parameter, what the optimizer cannot step: a tensor of another rank, or one with a
-    0-size dimension (nothing to orthogonalize or precondition; route it to AdamW or leave it out)."""
-    names = param_names(param_groups)
-    for group in param_groups:
-        for p in group["params"]:
-            if p.ndim not in ndims:
-                raise ValueError(
-                    f"{names[id(p)]}: {owner} takes {' or '.join(f'{n}-D' for n in ndims)} tensors "
-                    f"(3-D: experts, out, in), got shape {tuple(p.shape)}; route it to AdamW"
-                )
-            if p.numel() == 0:
-                raise ValueError(
-                    f"{names[id(p)]}: shape {tuple(p.shape)} has a 0-size dimension; {owner} cannot step it "
-                    "(leave it out, or route it to AdamW)"
-                )
+# Option names of our configs and of torch.optim's optimizers: a param-group key among them that an optimizer does
+# not take per group is an option it would silently ignore. Other keys belong to the caller (an LR scheduler's
+# `initial_lr`, Megatron's `max_lr` / `wd_mult` / ...) and pass through.
+KNOWN_OPTIONS = frozenset(
+    {f.name for c in (MuonConfig, MOPConfig, SOAPConfig, AdamWConfig) for f in fields(c)}
+    | {"amsgrad", "maximize", "foreach", "capturable", "differentiable", "dampening", "ns_steps"}
+    | {"ns_coefficients", "adjust_lr_fn", "decoupled_weight_decay", "alpha", "centered", "rho"}
+)
+
+
+def check_param_group[C](
+    owner: str, group: dict[str, Any], index: int, ndims: tuple[int, ...], config: C, options: tuple[str, ...]
+) -> None:
+    """Reject, naming the parameter or the key, what the optimizer cannot step or would ignore in one param group.
+
+    Parameters: another rank than `ndims`, a 0-size dimension (nothing to orthogonalize or precondition), or not
+    a real floating-point tensor (complex ones would be cast to real). Keys: an optimizer option that is not one
+    of the per-group `options` (e.g. `nesterov`, a config-wide setting), or a near-miss of one (a typo). Values:
+    the per-group options are checked by the config's own ranges (NaN / inf included)."""
+    given = group.get("param_names")
+    for i, p in enumerate(group["params"]):
+        name = given[i] if given else f"group{index}.param{i}"
+        if p.ndim not in ndims:
+            raise ValueError(
+                f"{name}: {owner} takes {' or '.join(f'{n}-D' for n in ndims)} tensors "
+                f"(3-D: experts, out, in), got shape {tuple(p.shape)}; route it to AdamW"
+            )
+        if p.numel() == 0:
+            raise ValueError(
+                f"{name}: shape {tuple(p.shape)} has a 0-size dimension; {owner} cannot step it "
+                "(leave it out, or route it to AdamW)"
+            )
+        if not p.is_floating_point():
+            raise ValueError(
+                f"{name}: {owner} takes real floating-point tensors (float32, bfloat16, float16, float64), got "
+                f"{p.dtype}"
+            )
+    allowed = sorted(options)
+    for key in group:
+        # torch.optim's own keys (its load_state_dict adds differentiable=False to the defaults)
+        if key in options or key in ("params", "param_names") or (key, group[key]) == ("differentiable", False):
+            continue
+        close = difflib.get_close_matches(key, options, n=1, cutoff=0.8)
+        if key in KNOWN_OPTIONS or close:
+            hint = f" (did you mean {close[0]!r}?)" if close else " (set it in the config, for every group)"
+            raise ValueError(
+                f"param group {index}: {key}={group[key]!r} is not a per-group option of {owner}{hint}; "
+                f"per-group options: {allowed}"
+            )
+    try:
+        replace(config, **{k: group[k] for k in options if k in group})  # type: ignore[type-var]
+    except ValueError as e:
+        raise ValueError(f"param group {index}: {e}") from e
+
+
+def reject_sparse_grads(owner: str, params: list[torch.Tensor], param_groups: list[dict[str, Any]]) -> None:
+    """A sparse gradient (nn.Embedding(sparse=True)) named, instead of an aten error inside the step."""
+    for p in params:
+        if p.grad is not None and p.grad.layout != torch.strided:
+            name = param_names(param_groups).get(id(p), "a parameter")
+            raise ValueError(
+                f"{name}: {owner} takes dense gradients, got a {p.grad.layout} one (use a dense embedding, or "
+                "route the parameter to an optimizer that takes sparse gradients)"
+            )
 
 
 def param_names(param_groups: list[dict[str, Any]]) -> dict[int, str]:
@@ -89,10 +140,11 @@ def finite_flags(tensors: Iterable[torch.Tensor]) -> list[bool]:
 
 def handle_nonfinite(
     events: list[tuple[str, int, str]], policy: str, log: list[tuple[str, int, str]]
-) -> None:
-    """Raise or warn about (name, step, kind) events; appends them to `log` either way."""
+) -> int:
+    """Raise or warn about (name, step, kind) events; appends them to `log` either way. Returns the number of
+    parameter updates skipped (each event, under "skip"), which the optimizers add to `num_skipped_updates`."""
     if not events:
-        return
+        return 0
     log.extend(events)
     if policy == "raise":
         raise NonFiniteError(events)
@@ -102,6 +154,7 @@ def handle_nonfinite(
             NonFiniteWarning,
             stacklevel=3,
         )
+    return len(events)
 
 
 def keep_state_dtypes(opt: torch.optim.Optimizer, state_dict: dict[str, Any]) -> None:

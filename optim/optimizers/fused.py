@@ -62,6 +62,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         splits: dict[int, RowSplit]
         tp: dict[int, TPSpec]
         nonfinite_events: list[tuple[str, int, str]]
+        num_skipped_updates: int
         _fused_static: tuple[tuple[int, ...], list[torch.Tensor], dict[int, dict[str, Any]]] | None
         _fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None
         _packed_sumsq: torch.Tensor | None
@@ -91,7 +92,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         return [
             p
             for p in self._fused_static_params()
-            if (g := p.grad) is not None and g.dtype == fp32 and g.is_contiguous()
+            if (g := p.grad) is not None and g.dtype == fp32 and g.layout == torch.strided and g.is_contiguous()
         ]
 
     def _fused_static_params(self) -> list[torch.Tensor]:
@@ -237,7 +238,7 @@ class FusedStepMixin(torch.optim.Optimizer):
             events = [
                 (names[id(p)], self.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
             ]
-        handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
+        self.num_skipped_updates += handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
         usable = self._usable_speculation(params, skipped, spec or [])
         done = {id(p) for sp in usable for p in sp.params}
         buckets = (

@@ -44,17 +44,22 @@ from optim.functional.split import RowSplit
 from optim.optimizers.base import Entry as _Entry
 from optim.optimizers.base import bucket as _bucket
 from optim.optimizers.base import (
-    check_param_shapes,
+    check_param_group,
     handle_nonfinite,
     host_flags,
     keep_state_dtypes,
     param_names,
+    reject_sparse_grads,
     state_dtype,
 )
 from optim.optimizers.fused import FusedStepMixin, _FusedBucket
 from optim.optimizers.sharded import TPShardedMixin, _all_ranks_true, _all_reduce_min
 from optim.optimizers.speculative import SpeculativeNSMixin, _Speculation
 from optim.optimizers.tp import TPModeFn, TPSpec
+
+
+GROUP_OPTIONS = ("lr", "momentum", "weight_decay")
+"""The options a param group may set; the rest of the config holds for every group."""
 
 
 def _dtype_device_of_buf(slot: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[torch.dtype, torch.device]:
@@ -87,9 +92,11 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         tp_mode_fn: TPModeFn | None = None,
     ) -> None:
         defaults = {"lr": config.lr, "momentum": config.momentum, "weight_decay": config.weight_decay}
-        super().__init__(params, defaults)
         self.config = config
         self.splits: dict[int, RowSplit] = {id(p): s for p, s in (splits or {}).items()}
+        self.num_skipped_updates = 0
+        """Parameter updates skipped for a NaN/Inf (nonfinite_policy="skip"), over this optimizer's life."""
+        super().__init__(params, defaults)  # checks each group (`add_param_group`)
         self.tp: dict[int, TPSpec] = {id(p): s for p, s in (tp or {}).items()}
         """id(parameter) -> its TP spec (parameters without one are whole matrices)."""
         self.tp_mode_fn = tp_mode_fn
@@ -126,12 +133,22 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         ) = None
         self.spec_stats: dict[str, int] = {"used": 0, "discarded": 0}
         """Matrices whose speculative NS the last step used / threw away (reset at each step)."""
-        check_param_shapes(type(self).__name__, self.param_groups, (2, 3))
-        for group in self.param_groups:
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch.optim's, plus the constructor's checks of the group (`check_param_group`) and of its splits."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        try:
+            check_param_group(
+                type(self).__name__, group, len(self.param_groups) - 1, (2, 3), self.config, GROUP_OPTIONS
+            )
             for p in group["params"]:
                 split = self.splits.get(id(p))
                 if split is not None and split.rows != p.size(-2):
                     raise ValueError(f"{split} does not fit a parameter of shape {tuple(p.shape)}")
+        except ValueError:
+            self.param_groups.pop()
+            raise
 
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, m, n), m <= n -> (orthogonalized stack, optional per-matrix scale of shape (B,))."""
@@ -178,7 +195,7 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         if not entries:
             return loss
         good, events = self._check_finite(entries)
-        handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
+        self.num_skipped_updates += handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
         for e in entries:
             self.state[e.p]["step"] += 1
         for e in good:
@@ -205,6 +222,7 @@ class OrthogonalizedOptimizer(SpeculativeNSMixin, FusedStepMixin, TPShardedMixin
         for group in self.param_groups:
             beta, wd = group["momentum"], group["weight_decay"]
             ps = [p for p in group["params"] if p.grad is not None and id(p) not in skip]
+            reject_sparse_grads(type(self).__name__, ps, self.param_groups)
             for p in ps:
                 st = self.state[p]
                 if not st:

@@ -27,13 +27,18 @@ import torch
 from optim.configs import SOAPConfig
 from optim.functional import soap_math as sm
 from optim.optimizers.base import (
-    check_param_shapes,
+    check_param_group,
     config_from,
     finite_flags,
     handle_nonfinite,
     keep_state_dtypes,
     param_names,
+    reject_sparse_grads,
 )
+
+
+GROUP_OPTIONS = ("lr", "betas", "shampoo_beta", "eps", "weight_decay")
+"""The options a param group may set; the rest of the config holds for every group."""
 
 
 class SOAP(torch.optim.Optimizer):
@@ -53,10 +58,21 @@ class SOAP(torch.optim.Optimizer):
             "eps": config.eps,
             "weight_decay": config.weight_decay,
         }
-        super().__init__(params, defaults)
         self.config = config
         self.nonfinite_events: list[tuple[str, int, str]] = []
-        check_param_shapes("SOAP", self.param_groups, (2, 3))
+        self.num_skipped_updates = 0
+        """Parameter updates skipped for a NaN/Inf (nonfinite_policy="skip"), over this optimizer's life."""
+        super().__init__(params, defaults)  # checks each group (`add_param_group`)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """torch.optim's, plus the constructor's checks of the group (`check_param_group`)."""
+        super().add_param_group(param_group)
+        try:
+            index = len(self.param_groups) - 1
+            check_param_group("SOAP", self.param_groups[-1], index, (2, 3), self.config, GROUP_OPTIONS)
+        except ValueError:
+            self.param_groups.pop()
+            raise
 
     def _init_state(self, p: torch.Tensor) -> dict[str, Any]:
         st: dict[str, Any] = self.state[p]
@@ -82,13 +98,14 @@ class SOAP(torch.optim.Optimizer):
         cfg = self.config
         names = param_names(self.param_groups)
         todo = [(p, g) for g in self.param_groups for p in g["params"] if p.grad is not None]
+        reject_sparse_grads("SOAP", [p for p, _ in todo], self.param_groups)
         flags = finite_flags(p.grad for p, _ in todo)
         bad = [
             (names[id(p)], self._init_state(p)["step"] + 1, "grad")
             for (p, _), ok in zip(todo, flags)
             if not ok
         ]
-        handle_nonfinite(bad, cfg.nonfinite_policy, self.nonfinite_events)
+        self.num_skipped_updates += handle_nonfinite(bad, cfg.nonfinite_policy, self.nonfinite_events)
         updates = []
         for (p, group), ok in zip(todo, flags, strict=True):
             st = self._init_state(p)
@@ -101,7 +118,7 @@ class SOAP(torch.optim.Optimizer):
             for (p, _, _), ok in zip(updates, upd_ok)
             if not ok
         ]
-        handle_nonfinite(late, cfg.nonfinite_policy, self.nonfinite_events)
+        self.num_skipped_updates += handle_nonfinite(late, cfg.nonfinite_policy, self.nonfinite_events)
         for (p, group, u), ok in zip(updates, upd_ok, strict=True):
             if not ok:
                 continue

@@ -96,3 +96,103 @@ def test_adamw_baseline_stays_torchs_adamw():
         warnings.simplefilter("error")
         model.weight.grad = torch.ones_like(model.weight)
         opt.step()
+
+
+NONFINITE = [float("nan"), float("inf"), float("-inf")]
+SCALAR_FIELDS = {
+    Muon: ("lr", "weight_decay", "momentum", "eps", "extra_scale_factor"),
+    MOP: ("lr", "weight_decay", "momentum", "eps"),
+    SOAP: ("lr", "weight_decay", "eps", "shampoo_beta"),
+}
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+@pytest.mark.parametrize("value", NONFINITE)
+def test_nonfinite_hyperparameters_rejected_by_name(cls, cfg_cls, value, weight):
+    """Localises NaN passing every range check (NaN compares false with both bounds) and inf passing [0, inf]:
+    `Muon(params, lr=nan)` was accepted and every update then skipped. torch.optim rejects it too."""
+    for field in SCALAR_FIELDS[cls]:
+        with pytest.raises(ValueError, match=rf"^{field}={value!r} is not a finite number in [\[(]"):
+            cls([weight], **{field: value})
+        with pytest.raises(ValueError, match=rf"^{field}={value!r} is not a finite number"):
+            cfg_cls(**{field: value})
+    if cls is SOAP:
+        with pytest.raises(ValueError, match=rf"betas\[1\]={value!r} is not a finite number in \[0.0, 1.0\)"):
+            cls([weight], betas=(0.9, value))
+    with pytest.raises(ValueError, match=rf"^param group 1: lr={value!r} is not a finite number"):
+        cls([{"params": [weight]}, {"params": [torch.nn.Parameter(torch.ones(3, 3))], "lr": value}])
+
+
+@pytest.mark.parametrize("value", NONFINITE)
+def test_adamw_config_rejects_nonfinite(value):
+    from optim.configs import AdamWConfig
+
+    for field in ("lr", "weight_decay", "eps"):
+        with pytest.raises(ValueError, match=rf"^{field}={value!r} is not a finite number"):
+            AdamWConfig(**{field: value})
+    with pytest.raises(ValueError, match=r"^betas\[0\]"):
+        AdamWConfig(betas=(value, 0.95))
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+def test_add_param_group_runs_the_constructors_checks(cls, cfg_cls, weight):
+    """Localises `add_param_group` skipping the constructor's checks: a 1-D parameter failed mid-step with an unpack
+    error, a complex one was cast to real, and a group option the optimizer ignores (nesterov) passed silently. A
+    refused group leaves the optimizer as it was."""
+    opt = cls([weight], cfg_cls())
+    bias = torch.nn.Parameter(torch.zeros(4))
+    with pytest.raises(ValueError, match=r"^group1.param0: .* takes 2-D or 3-D tensors .* got shape \(4,\)"):
+        opt.add_param_group({"params": [bias]})
+    with pytest.raises(ValueError, match=r"^bias: .* takes 2-D or 3-D tensors"):
+        cls([("w", weight), ("bias", bias)], cfg_cls())
+    cplx = torch.nn.Parameter(torch.randn(4, 4, dtype=torch.complex64))
+    with pytest.raises(ValueError, match=r"real floating-point tensors .* got torch.complex64"):
+        opt.add_param_group({"params": [cplx]})
+    with pytest.raises(ValueError, match=r"real floating-point tensors"):
+        cls([cplx], cfg_cls())
+    other = torch.nn.Parameter(torch.randn(3, 5))
+    with pytest.raises(ValueError, match=r"^param group 1: nesterov=True is not a per-group option .*; per-group"):
+        opt.add_param_group({"params": [other], "nesterov": True})
+    with pytest.raises(ValueError, match=r"weight_decya=0.1 .*did you mean 'weight_decay'"):
+        opt.add_param_group({"params": [other], "weight_decya": 0.1})
+    assert len(opt.param_groups) == 1
+    # keys the optimizer does not own (an LR scheduler's, Megatron's) pass through
+    opt.add_param_group({"params": [other], "lr": 0.5, "max_lr": 0.5, "wd_mult": 1.0, "initial_lr": 0.5})
+    assert len(opt.param_groups) == 2 and opt.param_groups[1]["lr"] == 0.5
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+def test_sparse_gradient_named(cls, cfg_cls, weight):
+    """Localises a sparse gradient (nn.Embedding(sparse=True)) failing with a raw aten error inside the step."""
+    emb = torch.nn.Embedding(10, 4, sparse=True)
+    opt = cls([("emb.weight", emb.weight), ("w", weight)], cfg_cls())
+    emb(torch.tensor([1, 2])).sum().backward()
+    weight.grad = torch.ones_like(weight)
+    before = weight.detach().clone()
+    with pytest.raises(ValueError, match=r"^emb.weight: .* takes dense gradients, got a torch.sparse_coo one"):
+        opt.step()
+    assert torch.equal(weight.detach(), before)
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+def test_num_skipped_updates_counts_each_skipped_parameter_update(cls, cfg_cls):
+    """Localises skipped updates being visible only as warnings: the run record needs their count."""
+    a, b = torch.nn.Parameter(torch.randn(4, 6)), torch.nn.Parameter(torch.randn(6, 4))
+    opt = cls([("a", a), ("b", b)], cfg_cls(nonfinite_policy="skip"))
+    assert opt.num_skipped_updates == 0
+    for step in range(3):
+        a.grad = torch.randn(4, 6)
+        b.grad = torch.full((6, 4), float("nan")) if step > 0 else torch.randn(6, 4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NonFiniteWarning)
+            opt.step()
+    assert opt.num_skipped_updates == 2 and [e[:2] for e in opt.nonfinite_events] == [("b", 2), ("b", 3)]
+
+
+def test_hybrid_num_skipped_updates_sums_both_sides():
+    model, opt, _ = _hybrid("skip")
+    model[0].weight.grad[0, 0] = float("nan")  # the matrix side too
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteWarning)
+        opt.step()
+    assert opt.optimizers["matrix"].num_skipped_updates == 1 and opt.num_skipped_updates == 2
