@@ -87,14 +87,17 @@ class Engine(ABC):
 
 
 def count_skipped_updates(optimizers: Any) -> int:
-    """Skipped parameter updates of torch optimizers (a HybridOptimizer counts its parts): their
-    `num_skipped_updates`, else the length of their `nonfinite_events` log; 0 for optimizers without either."""
+    """Skipped parameter updates of torch optimizers: their `num_skipped_updates` (a HybridOptimizer's counts its
+    AdamW side and its parts), else their parts' (a dict of `optimizers`), else the length of their
+    `nonfinite_events` log; 0 for optimizers without any."""
     total = 0
     for opt in optimizers:
-        parts = getattr(opt, "optimizers", None)
-        if isinstance(parts, dict):
-            total += count_skipped_updates(parts.values())
-            continue
         counter = getattr(opt, "num_skipped_updates", None)
-        total += int(counter) if counter is not None else len(getattr(opt, "nonfinite_events", ()))
+        parts = getattr(opt, "optimizers", None)
+        if counter is not None:
+            total += int(counter)
+        elif isinstance(parts, dict):
+            total += count_skipped_updates(parts.values())
+        else:
+            total += len(getattr(opt, "nonfinite_events", ()))
     return total

@@ -352,6 +352,11 @@ class LayerWiseDistributedOptimizer:
         return [float(x) for x in out]
 
     @property
+    def num_skipped_updates(self) -> int:
+        """Updates of this rank's pieces skipped for a NaN/Inf by the inner optimizer (`nonfinite_policy=skip`)."""
+        return int(getattr(self.inner, "num_skipped_updates", 0)) if self.inner is not None else 0
+
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The inner optimizer's groups (this rank's pieces); LR schedulers edit these."""
         return self.inner.param_groups if self.inner is not None else []

@@ -196,3 +196,14 @@ def test_hybrid_num_skipped_updates_sums_both_sides():
         warnings.simplefilter("ignore", NonFiniteWarning)
         opt.step()
     assert opt.optimizers["matrix"].num_skipped_updates == 1 and opt.num_skipped_updates == 2
+
+
+def test_run_record_counts_the_hybrids_adamw_side_too():
+    """Localises the harness counting only the matrix side of a hybrid (its AdamW-side skips live on the hybrid)."""
+    from bench.engines.base import count_skipped_updates
+
+    model, opt, _ = _hybrid("skip")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteWarning)
+        opt.step()
+    assert opt.num_skipped_updates == 1 and count_skipped_updates([opt]) == 1

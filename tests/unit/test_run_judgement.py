@@ -44,12 +44,24 @@ def test_runs_that_did_not_train_are_judged_with_the_reason(rows, step, reason):
     assert got is not None and got["step"] == step and got["reason"].startswith(reason), got
 
 
-def test_skipped_updates_are_counted_and_the_run_is_not_ok(tmp_path):
+def test_skipped_updates_are_counted_and_the_run_is_not_ok(tmp_path, monkeypatch):
     """Localises `optimizer.momentum=nan` (every Muon update skipped under nonfinite_policy=skip) recorded `ok`:
-    the count lands in steps.jsonl, the summary and the status. Validation refuses the value now, so the config is
-    built unvalidated, as a record written by an older version would hold it."""
+    the count lands in steps.jsonl, the summary and the status. Validation and the optimizer refuse that value now,
+    so NaN gradients of every matrix stand in for it."""
     import torch
 
+    from optim.optimizers.muon import Muon
+
+    real_step = Muon.step
+
+    def nan_grads_step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.fill_(float("nan"))
+        return real_step(self, closure)
+
+    monkeypatch.setattr(Muon, "step", nan_grads_step)
     torch.set_num_threads(1)
     cfg = muonbench.load(
         [
@@ -63,9 +75,7 @@ def test_skipped_updates_are_counted_and_the_run_is_not_ok(tmp_path):
             "bench.warmup_steps=1",
             "bench.progress=false",
             "optimizer=muon",
-            "optimizer.momentum=nan",
         ],
-        validate_=False,
     )
     record.write_json_atomic(
         tmp_path / "run.json",
