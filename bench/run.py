@@ -39,12 +39,13 @@ from bench.results.record import Status
 from muonbench import compose, schema
 
 HYDRA_DEFAULTS = {
-    "hydra.run.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}_${optimizer.name}",
+    "hydra.run.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}_${hydra:runtime.choices.optimizer}",
     "hydra.sweep.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}",
-    "hydra.sweep.subdir": "${hydra.job.num}_${optimizer.name}",
+    "hydra.sweep.subdir": "${hydra.job.num}_${hydra:runtime.choices.optimizer}",
     "hydra.job.chdir": "false",
 }
-"""Run-directory layout; each can be overridden on the command line (the key is then left alone)."""
+"""Run-directory layout; each can be overridden on the command line (the key is then left alone). Named by the
+optimizer config chosen (`muon_split_gate_up`), not its `name` field, which several configs share (`muon`)."""
 
 LAUNCHED_OK = tuple(s.value for s in record.NOT_FAILED)
 """Statuses of a run that did not fail: finished ok, or a Slurm job submitted / its script written (dry run)."""

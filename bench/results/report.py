@@ -52,7 +52,8 @@ def _overrides(r: dict[str, Any]) -> dict[str, str]:
     text = r.get("overrides")
     if not isinstance(text, str):
         return {}
-    return dict(o.split("=", 1) for o in text.split() if "=" in o and not o.startswith("hydra."))
+    pairs = (o.lstrip("+~").split("=", 1) for o in text.split() if "=" in o)
+    return {k: v for k, v in pairs if not k.startswith(("hydra.", "bench.resume"))}  # how it ran, not what
 
 
 def run_labels(rows: list[dict[str, Any]]) -> list[str]:
@@ -69,6 +70,21 @@ def run_labels(rows: list[dict[str, Any]]) -> list[str]:
         parts += [f"{k.removeprefix('optimizer.')}={o[k]}" for k in swept if k in o]
         labels.append(" ".join(parts))
     return [f"{lab} ({r['run_id']})" if labels.count(lab) > 1 else lab for lab, r in zip(labels, rows)]
+
+
+NONE_OK = "No run ended ok: nothing to tabulate here (see Runs that did not end ok)."
+NOT_RUN_HERE = {
+    "written": "script written, not submitted (launcher.dry_run)",
+    "submitted": "submitted; the cluster job closes its record",
+}
+
+
+def _error_text(r: dict[str, Any]) -> str:
+    """The error cell of a run that did not end ok: its recorded error, or what its status means."""
+    kind, message = (r.get(k) for k in ("error_type", "error_message"))
+    if isinstance(kind, str) or isinstance(message, str):
+        return f"{kind if isinstance(kind, str) else 'error'}: {str(message)[:200]}"
+    return NOT_RUN_HERE.get(str(r.get("status")), "no error recorded")
 
 
 def _status_text(r: dict[str, Any]) -> str:
@@ -322,6 +338,8 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
                 fmt(r.get("ns_flops_enumerated_per_step"), ".4g"),
             ]
         )
+    if not body:  # a header alone says nothing
+        return NONE_OK
     return _md_table(header, body) + (
         "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
         "exactly). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
@@ -500,7 +518,9 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                 ]
                 for r in ok
             ],
-        ),
+        )
+        if ok
+        else NONE_OK,
         _loss_note(ok),
     ]
     left_out = _left_out(dest)
@@ -525,7 +545,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
                             f"loss {str(r.get('diverged_loss')).lower()} at step {fmt(r.get('diverged_at_step'), '.0f')}"
                             + (f": {r['diverged_reason']}" if r.get("diverged_reason") else "")
                             if _num(r.get("diverged_at_step")) is not None
-                            else f"{r.get('error_type')}: {str(r.get('error_message'))[:200]}"
+                            else _error_text(r)
                         )
                         .replace("|", "/")
                         .replace("\n", " "),
@@ -612,6 +632,10 @@ def main(argv: list[str] | None = None) -> int:
     start = text.index("## Throughput")
     end = text.index("## Loss")
     print(text[start:end].rstrip())
+    if "## Runs that did not end ok" in text:  # on the terminal too: an all-failed sweep says why
+        section = text[text.index("## Runs that did not end ok") :]
+        nxt = section.find("\n## ")
+        print("\n" + (section if nxt < 0 else section[:nxt]).rstrip())
     print(f"\n== report: {dest / 'report.md'} (+ {', '.join(p for p in PLOTS if (dest / p).exists())})")
     return 0
 

@@ -210,3 +210,52 @@ def test_pooled_across_calls_matches_gpus_in_a_crossover():
     assert c1["same_gpu_runs"] == 4 and c1["same_gpu_mean"] == pytest.approx(0.99)
     assert c1["same_gpu_sd"] == pytest.approx(0.0, abs=1e-12)
     assert "same_gpu_mean" not in got["c2"]
+
+
+def test_labels_leave_out_how_a_run_was_started():
+    """After a resume every label carried `bench.resume=<path>` (a value that differs between the runs)."""
+    rows = [
+        {"run_id": "0_adamw", "optimizer": "adamw", "overrides": "optimizer=adamw bench.steps=3"},
+        {"run_id": "1_muon", "optimizer": "muon", "overrides": "optimizer=muon bench.steps=3 bench.resume=runs/a"},
+        {"run_id": "2_muon", "optimizer": "muon", "overrides": "optimizer=muon bench.steps=5 +hydra.x=1"},
+    ]
+    assert report.run_labels(rows) == ["adamw bench.steps=3", "muon bench.steps=3", "muon bench.steps=5"]
+
+
+def test_the_breakdown_bars_are_as_tall_as_the_median_step():
+    """Each part is its own median, so the parts can add up to more than the step: the clamped negative
+    remainder drew bars past the median step. Each bar now ends at it, optimizer parts inside the optimizer."""
+    from bench.results import plots
+
+    rows = [
+        {"step_s_median": 0.100, "fwd_bwd_s_median": 0.070, "comm_s_median": 0.010, "optim_s_median": 0.030,
+         "ns_s_median": 0.025, "adamw_s_median": 0.008, "clip_s_median": 0.001},
+        {"step_s_median": 0.100, "fwd_bwd_s_median": 0.050, "comm_s_median": 0.010, "optim_s_median": 0.020,
+         "ns_s_median": 0.010, "adamw_s_median": 0.002, "clip_s_median": 0.001},
+    ]  # fmt: skip
+    fig = plots.breakdown_figure(rows, lambda r: str(r["fwd_bwd_s_median"]))
+    bars = fig.axes[0].patches
+    for i in range(2):
+        mine = bars[i :: 2]  # one container per part, one bar per run
+        assert sum(b.get_height() for b in mine) == pytest.approx(100.0)
+        optim = [b.get_height() for b in mine[2:6]]  # NS, AdamW part, clipping, other
+        assert min(optim) >= 0 and sum(optim) == pytest.approx(mine[0].get_height() * 30 / 70 if i == 0 else 20.0)
+    assert bars[1 * 2 + 1].get_height() == pytest.approx(10.0)  # the second run's parts add up: as measured
+
+
+def test_a_dry_run_and_an_all_failed_sweep_say_what_happened(tmp_path, capsys):
+    """A dry-run record printed "nan: nan" as its error; an all-failed sweep printed tables of headers only."""
+    from bench.results import record
+
+    dirs = make_fixture_runs(tmp_path / "runs")
+    for d in dirs[:2]:  # two scripts written by a dry run, the third run failed
+        record.update_run_json(d, status="written", error=None, summary=None)
+    dest = tmp_path / "report"
+    collect.collect(dirs, dest)
+    assert report.main(["--dir", str(dest)]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "| 0_adamw | adamw | written | script written, not submitted (launcher.dry_run) |" in out
+    assert re.search(r"\| 2_muon \| [^|]+ \| error \| FileNotFoundError: ", out)
+    text = (dest / "report.md").read_text()
+    assert text.count(report.NONE_OK) == 2  # breakdown and loss: no table of headers alone
+    assert "|---|---|---|---|---|---|---|---|---|---|---|\n\n" not in text

@@ -318,3 +318,17 @@ def test_tool_help_names_the_module_that_runs_and_bad_arguments_are_one_line(cap
     assert err == f"error: src={tmp_path / 'none'}: no such directory (a quality sweep's output directory)\n"
     assert bridge_diff.main(["engine=megatron"]) == 2
     assert capsys.readouterr().err.startswith("error: 'engine=megatron': the engines are fixed")
+
+
+def test_run_directories_are_named_by_the_optimizer_config_chosen(tmp_path):
+    """`muon`, `muon_split_gate_up` and `muon_megatron` share the `name` muon: their run directories were all
+    `<n>_muon`. (A Slurm dry run: the directories and records without launching anything.)"""
+    out = tmp_path / "runs"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench.run", "-m", "optimizer=muon,muon_split_gate_up", "launcher=slurm",
+         "launcher.dry_run=true", f"bench.out_dir={out}"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    runs = record.read_json(out / "LATEST.json")["runs"]
+    assert [Path(r).name for r in runs] == ["0_muon", "1_muon_split_gate_up"]
