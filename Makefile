@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance project perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -59,6 +59,9 @@ balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model
 
 project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
 	$(PY) -m bench.tools.project $(ARGS)
+
+recommend: $(STAMP) ## Recommended Muon settings, predicted cost and DP scaling curve: make recommend ARGS="model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200"
+	$(PY) -m bench.tools.recommend $(ARGS)
 
 perfmodel: $(STAMP) ## Performance model calibration and sweeps: README, CSV and plots under reports/perfmodel_gb300_202611
 	$(PY) -m bench.tools.project report=reports/perfmodel_gb300_202611

@@ -31,6 +31,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "flops": Subcommand(module="bench.tools.flops", summary="model and Newton-Schulz FLOPs of a configuration"),
     "balance": Subcommand(module="bench.tools.balance", summary="layer-wise optimizer load balance"),
     "project": Subcommand(module="bench.tools.project", summary="performance-model projection at any scale"),
+    "recommend": Subcommand(
+        module="bench.tools.recommend", summary="recommended Muon settings with their predicted cost"
+    ),
     "quality": Subcommand(
         module="bench.tools.quality.run", summary="time to AdamW's loss for AdamW, Muon, MOP, SOAP-REKLS"
     ),
