@@ -183,7 +183,7 @@ def test_bad_input_names_the_field(hub) -> None:
         apply_optimizer(load_recipe(QWEN3), "nope")
     with pytest.raises(ValueError, match=r"tp_mode='sideways': must be one of"):
         apply_optimizer(load_recipe(QWEN3), "muon", {"tp_mode": "sideways"})
-    with pytest.raises(ValueError, match=r"optimizer.use_gram_ns=True: Megatron-Core has no Gram"):
+    with pytest.raises(ValueError, match=r"optimizer.use_gram_ns=True: .*Megatron-Core, which has no Gram"):
         apply_optimizer(load_recipe(QWEN3), "muon_megatron", use_gram_ns=True)
     with pytest.raises(ValueError, match=r"container: builtins.dict, not a Bridge ConfigContainer"):
         apply_optimizer({}, "muon")
