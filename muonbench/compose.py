@@ -161,6 +161,7 @@ def to_typed(cfg: Any, *, validate_: bool = True) -> schema.RootConfig:
     from omegaconf import OmegaConf
 
     _check_unknown_keys(cfg, "")
+    _apply_optimizer_overrides(cfg)
     root = OmegaConf.to_object(cfg)
     assert isinstance(root, schema.RootConfig), type(root)
     if validate_:
@@ -182,6 +183,32 @@ def _check_unknown_keys(node: Any, path: str) -> None:
         if key not in names:
             raise ConfigError(f"{dotted}: no such field in {cls.__name__}; its fields: {', '.join(sorted(names))}")
         _check_unknown_keys(node._get_node(key), dotted)
+
+
+def _apply_optimizer_overrides(cfg: Any) -> None:
+    """Merge `bench.optimizer_overrides.<name>` into `optimizer` when `optimizer.name` is `<name>`; every entry's
+    optimizer and fields are checked against the schemas, also the ones this job does not apply."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = OmegaConf.to_container(cfg.bench.optimizer_overrides, resolve=True)
+    for name, values in overrides.items():
+        path = f"bench.optimizer_overrides.{name}"
+        if name not in schema.OPTIMIZER_SCHEMAS:
+            _fail(path, values, f"no such optimizer; allowed: {list(schema.OPTIMIZER_SCHEMAS)}")
+        if not isinstance(values, dict):
+            _fail(path, values, "must map fields of that optimizer to values")
+        names = {f.name for f in fields(schema.OPTIMIZER_SCHEMAS[name])} - {"name"}
+        for key in values:
+            if key not in names:
+                raise ConfigError(
+                    f"{path}.{key}: no such field of optimizer {name!r}; its fields: {', '.join(sorted(names))}"
+                )
+        if cfg.optimizer.name == name:
+            try:
+                cfg.optimizer = OmegaConf.merge(cfg.optimizer, values)
+            except OmegaConfBaseException as exc:
+                raise ConfigError(f"{path}: {exc}".splitlines()[0]) from exc
 
 
 def as_dict(root: schema.RootConfig) -> dict[str, Any]:

@@ -100,3 +100,29 @@ def test_a_model_beyond_the_memory_is_refused_before_launch_or_warned_with_the_f
         cfg = load([f"experiment={name}"])
         cap = memory.capacity(cfg)
         assert cap is None or memory.estimate(cfg)["total"] < cap[0] / 2, name
+
+
+def test_a_setting_of_one_optimizer_applies_only_when_it_runs() -> None:
+    """Localises `-m optimizer=adamw,muon optimizer.num_ns_steps=6` failing on AdamW with no other way in."""
+    muon_only = "+bench.optimizer_overrides.muon.num_ns_steps=6"
+    assert load(["optimizer=muon", muon_only]).optimizer.num_ns_steps == 6
+    assert load(["optimizer=muon_split_gate_up", muon_only]).optimizer.num_ns_steps == 6
+    adamw = load(["optimizer=adamw", muon_only, "+bench.optimizer_overrides.adamw.lr=0.001"])
+    assert type(adamw.optimizer).__name__ == "AdamWSchema" and adamw.optimizer.lr == 0.001
+    with pytest.raises(ConfigError, match=r"^optimizer\.num_ns_steps: no such field in AdamWSchema"):
+        load(["optimizer=adamw", "optimizer.num_ns_steps=6"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("+bench.optimizer_overrides.muon.num_ns_step=6", "bench.optimizer_overrides.muon.num_ns_step: no such field"),
+        ("+bench.optimizer_overrides.moun.lr=1", "bench.optimizer_overrides.moun={'lr': 1}: no such optimizer"),
+        ("+bench.optimizer_overrides.muon.num_ns_steps=six", "bench.optimizer_overrides.muon: Value 'six'"),
+        ("+bench.optimizer_overrides.muon.momentum=nan", "optimizer.momentum=nan: must be a finite number"),
+    ],
+)
+def test_per_optimizer_settings_are_checked_even_for_the_optimizer_not_run(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(["optimizer=adamw", override] if "six" not in override and "nan" not in override else [override])
+    assert str(info.value).startswith(message), str(info.value)
