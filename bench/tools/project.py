@@ -19,13 +19,14 @@ from typing import Any
 CLI_KEYS = ("profile", "format", "report")
 
 
-def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    """CLI-only keys (profile, format, report) and the remaining Hydra overrides."""
+def split_args(argv: list[str], keys: tuple[str, ...] = CLI_KEYS) -> tuple[dict[str, str], list[str]]:
+    """CLI-only `keys` (default: profile, format, report) and the remaining Hydra overrides; `format` is text or
+    json."""
     cli: dict[str, str] = {}
     overrides: list[str] = []
     for arg in argv:
         key, sep, value = arg.partition("=")
-        if sep and key in CLI_KEYS:
+        if sep and key in keys:
             cli[key] = value
         else:
             overrides.append(arg)

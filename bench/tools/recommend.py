@@ -44,16 +44,9 @@ SEARCHED = ("tp_mode", "assignment", "split_gate_up")
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """CLI-only keys (out, format) and the Hydra overrides; optimizer=muon and engine=megatron unless given."""
-    cli: dict[str, str] = {}
-    overrides: list[str] = []
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and key in CLI_KEYS:
-            cli[key] = value
-        else:
-            overrides.append(arg)
-    if cli.get("format", "text") not in ("text", "json"):
-        raise ValueError(f"format={cli['format']!r}: must be one of ['text', 'json']")
+    from bench.tools import project
+
+    cli, overrides = project.split_args(argv, CLI_KEYS)
     for arg in overrides:
         key, _, value = arg.partition("=")
         if key == "optimizer" and value != "muon":
