@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-reports/ns_tiles_local}
-$PY -m bench.ns_tiles plan=reports/megatron_h200_flops_202611/ns_plan_qwen3_slice_h200.json out="$OUT"
+$PY -m experiments.ns_tiles.ns_tiles plan=reports/megatron_h200_flops_202611/ns_plan_qwen3_slice_h200.json out="$OUT"

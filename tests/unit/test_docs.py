@@ -127,3 +127,126 @@ def test_process_word_pattern_catches_the_diary_forms():
         assert PROCESS_WORDS.search(s), s
     for s in ("NS calls per step", "a call to torch", "each call a batch", "recall"):
         assert not PROCESS_WORDS.search(s), s
+
+
+PACKAGES = ("optim", "muonbench", "recipes", "bench", "experiments")
+DOTTED_NAME = re.compile(r"(?<![\w./-])((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES))
+REPO_PATH = re.compile(r"(?<![\w./<-])((?:%s)/[\w./-]*)" % "|".join((*PACKAGES, "conf", "tests", "docs", "reports")))
+FILE_SUFFIXES = {"py", "md", "json", "jsonl", "csv", "yaml", "sh", "png", "txt"}
+
+
+def _cited_docs() -> list[Path]:
+    return [*_docs_files(), *sorted((REPO / "reports").glob("*/README.md"))]
+
+
+def _bench_config_keys() -> set[str]:
+    """Fields of the `bench` config group: `bench.steps` in a doc is a setting, not a module."""
+    import ast
+
+    tree = ast.parse((REPO / "muonbench" / "schema.py").read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BenchConfig")
+    return {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+
+def _module(dotted: str) -> tuple[Path | None, list[str]]:
+    """The longest prefix of `dotted` that is one of our modules or packages, and the attribute path after it."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = REPO.joinpath(*parts[:i])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate, parts[i:]
+        if i > 1 and base.is_dir():  # a folder without __init__ (experiments/<name>/)
+            return base, parts[i:]
+    return None, parts
+
+
+def stale_names(doc: Path, bench_keys: set[str]) -> list[str]:
+    """Module names (`bench.results.collect`, `optim.kernels.plan.pick`) and repository paths (`bench/flops.py`,
+    `conf/hardware/`) a doc cites that do not exist. Placeholders (`reports/<name>/`, `*.png`) are skipped."""
+    text, out = doc.read_text(), []
+    for m in DOTTED_NAME.finditer(text):
+        name = m.group(1)
+        path, rest = _module(name)
+        if path is None:
+            out.append(name)
+        elif rest and rest[0] not in FILE_SUFFIXES:
+            if path.is_dir() or not re.search(rf"\b{re.escape(rest[0])}\b", path.read_text()):
+                if not (path == REPO / "bench" / "__init__.py" and rest[0] in bench_keys):
+                    out.append(name)
+    for m in REPO_PATH.finditer(text):
+        if text[m.end() : m.end() + 1] in ("<", "*", "{"):
+            continue
+        rel = m.group(1).rstrip(".,:;)")
+        if not (REPO / rel).exists() and not (doc.parent / rel).exists():
+            out.append(rel)
+    return out
+
+
+@pytest.mark.parametrize("doc", _cited_docs(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_module_and_file_names_in_docs_exist(doc: Path):
+    """A renamed module or moved file leaves no stale name in README, docs/ or a report's README."""
+    assert stale_names(doc, _bench_config_keys()) == []
+
+
+def test_stale_name_check_sees_a_stale_name(tmp_path: Path):
+    """The check itself: a moved module, a missing attribute and a missing file are found; settings, placeholders
+    and existing names are not."""
+    doc = tmp_path / "d.md"
+    doc.write_text(
+        "`bench.ns_tiles`, `bench/peak.py`, `optim.kernels.plan.no_such_function`; fine: `bench.steps`, "
+        "`optim.kernels.plan.pick`, `bench/results/record.py`, `reports/<name>/`, `bench.tools.perfmodel.data`.\n"
+    )
+    assert stale_names(doc, _bench_config_keys()) == [
+        "bench.ns_tiles",
+        "optim.kernels.plan.no_such_function",
+        "bench/peak.py",
+    ]
+
+
+def layout_mismatches(readme: str, root: Path) -> list[str]:
+    """Names in the README's layout block that are not in the tree: each entry's top folder, every `name/` and
+    `name.py` (under that folder or the repository), and every bare lower-case item of a list (a module or folder
+    somewhere under the entry's folder)."""
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    entries: list[tuple[str, str]] = []
+    for line in block.strip("\n").splitlines():
+        if line and not line[0].isspace():
+            top, _, rest = line.partition(" ")
+            entries.append((top.rstrip("/"), rest))
+        elif entries:
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + line.strip())
+    out = []
+    for top, text in entries:
+        base = root / top
+        if not base.is_dir():
+            out.append(f"{top}/")
+            continue
+        for name in re.findall(r"(?<![\w/.])([\w]+(?:/\w+)*/|\w+\.py)(?![\w/])", text):
+            if not (base / name).exists() and not (root / name).exists():
+                out.append(f"{top}/{name}")
+        for piece in re.split(r"[,;():]", text):
+            name = piece.strip()
+            if re.fullmatch(r"[a-z][a-z0-9_]*", name) and not (
+                any(base.rglob(f"{name}.py")) or any(p.is_dir() for p in base.rglob(name))
+            ):
+                out.append(f"{top}: {name}")
+    return out
+
+
+def test_readme_layout_matches_the_tree():
+    """Every folder, file and module the README's layout section names exists."""
+    assert layout_mismatches((REPO / "README.md").read_text(), REPO) == []
+
+
+def test_layout_check_sees_a_missing_name(tmp_path: Path):
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "run.py").write_text("")
+    (tmp_path / "bench" / "results" / "record.py").write_text("")
+    readme = (
+        "## Layout\n\n```\nbench/        run, launch, results/ (record, collect); engines/\n"
+        "              tools/ (flops, ...)\nconfig/       gone\n```\n"
+    )
+    assert sorted(layout_mismatches(readme, tmp_path)) == sorted(
+        ["bench/engines/", "bench/tools/", "bench: launch", "bench: collect", "bench: flops", "config/"]
+    )
