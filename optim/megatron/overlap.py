@@ -3,18 +3,15 @@ micro-batch's backward, as soon as that layer's gradients are final, on a second
 
 With gradient accumulation a parameter's gradient is final once its last micro-batch's backward has passed it: the
 top layer's early in that backward, the bottom layer's at its end. Without overlap the whole NS waits for the
-optimizer step (on the FLOP-matched Qwen3 slice: ~0.18 s after ~20.5 s of forward-backward, on one H200). Here,
-armed by the caller just before the last micro-batch (`arm()`, from the forward-step function), a hook on each
-matrix's gradient accumulator (registered after DDP's, so `main_grad` already holds the sum) marks it final; when
-every matrix of a unit (one layer's matrices of one shape and param group) is, `OrthogonalizedOptimizer.speculate`
-computes that unit's NS input and orthogonalization on the side stream while the backward of the layers below
-goes on. Nothing of the optimizer state changes then. The hooks exist only during that last backward: on the H200
-hooks left on for every micro-batch added ~1 ms per micro-batch (1,548 Python calls; the MoE layers'
-host syncs keep the CPU from running far ahead), armed once per step ~0.3 ms.
+optimizer step. Here, armed by the caller just before the last micro-batch (`arm()`, from the forward-step
+function), a hook on each matrix's gradient accumulator (registered after DDP's, so `main_grad` already holds the
+sum) marks it final; when every matrix of a unit (one layer's matrices of one shape and param group) is,
+`OrthogonalizedOptimizer.speculate` computes that unit's NS input and orthogonalization on the side stream while
+the backward of the layers below goes on. Nothing of the optimizer state changes then. The hooks exist only during
+that last backward, because hooks left on for every micro-batch cost host time in each of them.
 
-Measured on one H200 (FLOP-matched Qwen3 slice): the optimizer step drops to AdamW's (0.06-0.07 s), but
-the last micro-batch grows by the NS time (~252 -> ~445 ms): the backward already keeps the GPU busy at its power
-limit, so the overlap hides nothing there. It can only pay where the backward leaves the GPU idle.
+The overlap hides NS only where the backward leaves the GPU idle; on one H200, whose backward already runs at the
+power limit, the last micro-batch grows by the NS time (measurements: docs/megatron_h200.md, "Findings").
 
 The step uses those results only if nothing changed the gradients after the hooks: the chain
 (`optim.megatron.builders.finite_norm_chain`) confirms them when Megatron's global norm is finite and clipping does

@@ -250,3 +250,17 @@ def test_layout_check_sees_a_missing_name(tmp_path: Path):
     assert sorted(layout_mismatches(readme, tmp_path)) == sorted(
         ["bench/engines/", "bench/tools/", "bench: launch", "bench: collect", "bench: flops", "config/"]
     )
+
+
+def test_no_dated_measurements_in_product_code():
+    """Code says why and points to the doc holding the numbers: no dated measurement (`2026-12-02`, `2026-12`) in
+    the comments or docstrings of optim/, muonbench/, recipes/ or bench/."""
+    date = re.compile(r"\b20\d\d-[01]\d\b")
+    hits = [
+        f"{p.relative_to(REPO)}:{i}"
+        for pkg in ("optim", "muonbench", "recipes", "bench")
+        for p in sorted((REPO / pkg).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if date.search(line)
+    ]
+    assert hits == []
