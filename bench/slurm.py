@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.results import collect, record, report
 from muonbench.schema import RootConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -198,8 +199,6 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
 
 def collect_and_report(out_root: str | Path, report_name: str) -> int:
     """Collect the runs under `out_root` whose `bench.report_name` is `report_name`, then write that report."""
-    from bench.results import collect, record, report
-
     runs = [
         d
         for d in record.find_runs(out_root)

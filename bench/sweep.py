@@ -65,7 +65,7 @@ def preflight(jobs: list[list[str]]) -> list[str]:
             cfg = muonbench.load(list(job_key(job)))
             muonbench.check_runnable(cfg)
             if cfg.engine.recipe:
-                from recipes.container import check_recipe
+                from recipes.user_recipe import check_recipe
 
                 check_recipe(cfg.engine.recipe)
             launch.check_launchable(cfg)

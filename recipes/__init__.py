@@ -6,7 +6,8 @@ imports Megatron-Bridge lazily and only works where Transformer Engine is instal
 (docs/bridge_recipes.md).
 """
 
-from recipes.container import apply_optimizer, load_recipe
+from recipes.container import apply_optimizer
 from recipes.overrides import AB_MODES, BridgePlan, build_overrides, build_plan
+from recipes.user_recipe import load_recipe
 
 __all__ = ["AB_MODES", "BridgePlan", "apply_optimizer", "build_overrides", "build_plan", "load_recipe"]

@@ -240,7 +240,9 @@ def make_config_container(
     from recipes.hf_config import offline_hub
 
     if not root.engine.recipe:  # a user's recipe reads its own Hub config (the node's Hugging Face cache)
-        plan.metadata["hf_offline"] = offline_hub(root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_"))
+        plan.metadata["hf_offline"] = offline_hub(
+            root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_")
+        )
     import megatron.core
     from megatron.bridge.training.mixed_precision import get_mixed_precision_config
 
@@ -252,7 +254,7 @@ def make_config_container(
             "with a newer Megatron-Core (Dockerfile ARG MCORE_VERSION)."
         )
     if root.engine.recipe:
-        from recipes.container import load_recipe
+        from recipes.user_recipe import load_recipe
 
         cfg = load_recipe(root.engine.recipe)
         plan.metadata["user_recipe"] = root.engine.recipe

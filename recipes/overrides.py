@@ -183,7 +183,7 @@ PROVIDERS: dict[str, str] = {"gqa": QWEN3_MOE.provider, "mla": KIMI_K2.provider}
 def user_recipe(dotted: str, model: ModelConfig) -> ModelRecipe:
     """A user's Bridge recipe (`engine.recipe`) as a `ModelRecipe`: no published per-model settings; `model`
     sets the shapes (a no-op when it describes the recipe's model, a slice with fewer layers)."""
-    from recipes.container import split_recipe
+    from recipes.user_recipe import split_recipe
 
     module, function = split_recipe(dotted)
     return ModelRecipe(

@@ -36,6 +36,7 @@ import warnings
 from typing import Any
 
 from bench.engines.base import Engine, RankInfo, StepMetrics
+from bench.timing import PhaseTimer
 from muonbench.schema import RootConfig
 
 _POLL_S = 5.0
@@ -89,8 +90,6 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
     """A `megatron.bridge.training.callbacks.Callback` feeding `lock` (built lazily: Bridge imports TE)."""
     import torch
     from megatron.bridge.training.callbacks import Callback
-
-    from bench.timing import PhaseTimer
 
     class StepChannel(Callback):
         def __init__(self) -> None:

@@ -17,7 +17,9 @@ import os
 import random
 from typing import Any, ClassVar
 
+from bench import probes
 from bench.engines.base import Engine, RankInfo, StepMetrics, count_skipped_updates
+from bench.timing import PhaseTimer, phase_range
 from muonbench.schema import RootConfig
 
 
@@ -62,7 +64,6 @@ class MegatronEngine(Engine):
 
         from bench.engines import megatron_model as mm
         from bench.engines import megatron_optim
-        from bench.timing import PhaseTimer
 
         self.cfg = cfg
         par, model = cfg.parallelism, cfg.model
@@ -113,7 +114,6 @@ class MegatronEngine(Engine):
             "ns_backend": _ns_backend(built.kind),
             "ns_overlap": self._overlap.describe() if self._overlap is not None else None,
         }
-        from bench import probes
 
         self.probes = probes.load(cfg.bench.probes)
         for probe in self.probes:
@@ -188,8 +188,6 @@ class MegatronEngine(Engine):
     # ------------------------------------------------------------------------------------------------ step
     def step(self) -> StepMetrics:
         import torch
-
-        from bench.timing import phase_range
 
         t = self.ptimer
         t.reset()

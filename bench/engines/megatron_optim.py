@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.timing import ns_flops_plain
 from muonbench.schema import RootConfig, optim_configs
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
@@ -148,7 +149,6 @@ def _inner(opt: Any) -> list[Any]:
 
 def _time_ours(opt: Any, timer: Any, k: int) -> None:
     """Time every batched orthogonalize call of our matrix optimizer; count plain NS FLOPs from its (B, m, n)."""
-    from bench.timing import ns_flops_plain
     from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 
     for inner in _inner(opt):
@@ -162,8 +162,6 @@ def _time_ours(opt: Any, timer: Any, k: int) -> None:
 
 def _time_megatron_muon(opt: Any, timer: Any, k: int) -> None:
     """Time every per-matrix `scaled_orthogonalize_fn` call of Megatron's TensorParallelMuon (QKV pieces included)."""
-    from bench.timing import ns_flops_plain
-
     for inner in _inner(opt):
         fn = getattr(inner, "scaled_orthogonalize_fn", None)
         if fn is not None:

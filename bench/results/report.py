@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import plots, record
-from bench.results.collect import GROUP_COLUMNS
+from bench.results.collect import GROUP_COLUMNS, default_report_dir
 
 PLOTS = ("tflops.png", "step_breakdown.png", "step_time.png", "loss.png")
 BASELINE = "adamw"
@@ -589,11 +589,11 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
-    from bench.results.collect import default_report_dir
-
     ap = argparse.ArgumentParser(prog="python -m bench.results.report", description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--dir", type=Path, help="the folder holding results.csv and steps.csv (bench.results.collect's output)"
+        "--dir",
+        type=Path,
+        help="the folder holding results.csv and steps.csv (bench.results.collect's output)",
     )
     ap.add_argument(
         "--name", help="report folder under --reports (with --reports alone: the newest one there)"
@@ -621,7 +621,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
             dest = default_report_dir(record.read_json(manifest))
         if not (dest / "results.csv").exists():
-            raise ValueError(f"{dest / 'results.csv'} does not exist; run `python -m bench.results.collect` first")
+            raise ValueError(
+                f"{dest / 'results.csv'} does not exist; run `python -m bench.results.collect` first"
+            )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -51,6 +51,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results.record import git_info
+from bench.timing import PhaseTimer
+
 DEFAULTS = {
     "model": "qwen3_30b_a3b",
     "layers": "1",
@@ -191,7 +194,6 @@ def run_strategy(
     """Build the layer-wise optimizer for `strategy`, time warmup + steps; this rank's phase medians."""
     import torch
 
-    from bench.timing import PhaseTimer
     from optim.configs import MuonConfig
     from optim.distributed.assignment import CostModel
     from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
@@ -308,8 +310,6 @@ def _numel(shape: tuple[int, ...]) -> int:
 def _meta(device: Any, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-
-    from bench.results.record import git_info
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     nccl = None

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from experiments.gpu_energy.gpu_energy import SmiSampler
+
 
 def parse_frees(text: str, sms: int | None = None) -> list[int]:
     """`free=` as a list of distinct SM counts, each >= 0 and, given the device's SM count `sms`, below it."""
@@ -59,7 +61,6 @@ def limit_sms(free: int) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from experiments.gpu_energy.gpu_energy import SmiSampler
     from optim.functional.newton_schulz import ns_coefficients
     from optim.kernels import fused_step as fs
     from optim.kernels import orthogonalize, plans_in_use

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from bench import probes
+from experiments.gpu_energy.gpu_energy import EnergyMeter
 
 
 class MicrobatchClock:
@@ -73,8 +74,6 @@ class Probe(probes.Probe):
     def setup(self, engine: Any) -> None:
         clock = None
         if self.sm_clock:
-            from experiments.gpu_energy.gpu_energy import EnergyMeter
-
             clock = EnergyMeter(engine.device.index).sm_mhz
         self.clock = MicrobatchClock(clock_mhz=clock, first=self.first)
 

@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 
+from bench.tools.optim_step import layer_shapes
 from experiments.gpu_energy.gpu_energy import SmiSampler, energy_meter_or_none
 
 VARIANTS = ("optim_muon", "no_side", "vouched")
@@ -24,10 +25,9 @@ VARIANTS = ("optim_muon", "no_side", "vouched")
 def main(argv: list[str]) -> int:
     import torch
 
+    from bench.tools.ns_kernels_measure import make_params
     from optim import Muon, MuonConfig
     from optim.kernels.timing import rotation
-    from bench.tools.ns_kernels_measure import make_params
-    from bench.tools.optim_step import layer_shapes
 
     args = dict(a.split("=", 1) for a in argv)
     names = args.get("variants", "optim_muon,no_side").split(",")

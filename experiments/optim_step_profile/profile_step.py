@@ -14,6 +14,8 @@ import sys
 import time
 from collections import defaultdict
 
+from bench.tools.optim_step import layer_shapes
+
 
 def family(name: str) -> str:
     n = name.lower()
@@ -42,9 +44,8 @@ def main(argv: list[str]) -> int:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from optim import Muon, MuonConfig
     from bench.tools.ns_kernels_measure import make_params
-    from bench.tools.optim_step import layer_shapes
+    from optim import Muon, MuonConfig
 
     args = dict(a.split("=", 1) for a in argv)
     out = args.get("out", "profile.json")

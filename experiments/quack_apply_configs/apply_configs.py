@@ -22,13 +22,14 @@ import sys
 import time
 from typing import Any
 
+from experiments.gpu_energy.gpu_energy import capped_blocks, energy_meter_or_none
+from experiments.ns_plan_hot.hot_plan import parse_shapes
+
 ALLOWED = {"shapes", "swap", "top", "block_ms", "rounds", "out"}
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
     """key=value arguments; unknown keys, malformed shapes and bad numbers raise before anything runs."""
-    from experiments.ns_plan_hot.hot_plan import parse_shapes
-
     args = dict(a.split("=", 1) if "=" in a else (a, "") for a in argv)
     if set(args) - ALLOWED:
         raise ValueError(f"unknown arguments {sorted(set(args) - ALLOWED)}; allowed: {sorted(ALLOWED)}")
@@ -64,7 +65,6 @@ def measure_shape(
     """Compile time, error, idle and capped time of each config on one B x m x n product (module docstring)."""
     import torch
 
-    from experiments.gpu_energy.gpu_energy import capped_blocks
     from optim.kernels.timing import interleaved_medians, latency_ms
 
     dev = torch.device("cuda")
@@ -141,7 +141,6 @@ def measure_shape(
 def main(argv: list[str]) -> int:
     import torch
 
-    from experiments.gpu_energy.gpu_energy import energy_meter_or_none
     from optim.kernels import sym_quack
 
     args = parse_args(argv)

@@ -27,14 +27,15 @@ import json
 import sys
 from typing import Any
 
+from experiments.gpu_energy.gpu_energy import capped_blocks, energy_meter_or_none
+from experiments.ns_plan_hot.hot_plan import parse_shapes
+
 VARIANTS = ("default", "pp", "paired")
 ALLOWED = {"shapes", "block_ms", "rounds", "out"}
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
     """key=value arguments; unknown keys and malformed shapes raise before anything runs."""
-    from experiments.ns_plan_hot.hot_plan import parse_shapes
-
     args = dict(a.split("=", 1) if "=" in a else (a, "") for a in argv)
     if set(args) - ALLOWED:
         raise ValueError(f"unknown arguments {sorted(set(args) - ALLOWED)}; allowed: {sorted(ALLOWED)}")
@@ -62,7 +63,6 @@ def measure_shape(
     """Errors and times of the three variants on one B x m x k shape (module docstring)."""
     import torch
 
-    from experiments.gpu_energy.gpu_energy import capped_blocks
     from optim.kernels.timing import interleaved_medians, latency_ms
 
     dev = torch.device("cuda")
@@ -127,7 +127,6 @@ def measure_shape(
 def main(argv: list[str]) -> int:
     import torch
 
-    from experiments.gpu_energy.gpu_energy import energy_meter_or_none
     from optim.functional.newton_schulz import ns_coefficients
     from optim.kernels import sym_quack
 

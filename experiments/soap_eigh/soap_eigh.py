@@ -35,6 +35,9 @@ from typing import Any
 
 import torch
 
+from bench.tools.quality import run
+from bench.tools.quality.config import parse_cli
+
 ALLOWED = ("profile", "device", "streams", "repeats", "out")
 
 
@@ -53,8 +56,6 @@ def parse_args(argv: list[str]) -> dict[str, str]:
 def factor_census(profile: str) -> Counter[int]:
     """Side length -> number of preconditioned factors of SOAP-REKLS on the quality model of `profile`."""
     from optim.optimizers.soap import SOAP
-    from bench.tools.quality import run
-    from bench.tools.quality.config import parse_cli
 
     cfg = parse_cli([f"profile={profile}", "device=cpu"])
     with torch.device("meta"):

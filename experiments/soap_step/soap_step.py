@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from bench.tools.quality import run as qrun
+from bench.tools.quality.config import parse_cli
 from experiments.step_profile.step_profile import device_time_us, profile_step
 
 PARTS = {
@@ -150,9 +152,6 @@ def _write(out: str, result: dict[str, Any]) -> None:
 def run(argv: list[str]) -> dict[str, Any]:
     """Timed steps first (printed as measured; the JSON written before profiling starts), then the profile."""
     import torch.nn.functional as F
-
-    from bench.tools.quality import run as qrun
-    from bench.tools.quality.config import parse_cli
 
     kv = dict(a.split("=", 1) for a in argv if "=" in a)
     steps = int(kv.pop("steps", "10"))

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from bench.results.record import write_json_atomic
 from bench.timing import PHASE_PREFIX, phase_range
 
 __all__ = ["phase_range", "profile_step", "summarize", "write"]
@@ -187,8 +188,6 @@ def timeline(events: Iterable[Any]) -> dict[str, Any]:
 
 def write(run_dir: str | Path, step: int, summary: dict[str, Any]) -> Path:
     """`<run_dir>/profile_step<step>.json` (atomic)."""
-    from bench.results.record import write_json_atomic
-
     path = Path(run_dir) / f"profile_step{step}.json"
     write_json_atomic(path, summary)
     return path

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bench.tools.quality import data, run
+from bench.tools.quality import data, run, sweep
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +85,7 @@ def test_bad_cli_names_key_and_allowed() -> None:
     with pytest.raises(ValueError, match="optimizers='lion' is not one of .*'muon_split_gate_up'"):
         run.parse_cli(["optimizers=adamw,lion"])
     with pytest.raises(ValueError, match="optimizers='muon,muon_split_gate_up' must include 'adamw'"):
-        run.main(["optimizers=muon,muon_split_gate_up"])
+        sweep.main(["optimizers=muon,muon_split_gate_up"])
 
 
 def test_crossing_interpolates() -> None:

@@ -190,7 +190,7 @@ def test_bad_input_names_the_field(hub) -> None:
 
 
 def test_recipe_path_checked_before_launch() -> None:
-    from recipes.container import check_recipe, load_recipe
+    from recipes.user_recipe import check_recipe, load_recipe
 
     assert check_recipe(LLAMA) == ("megatron.bridge.recipes.llama", "llama3_8b_pretrain_config")
     assert check_recipe(KIMI) == ("megatron.bridge.recipes.kimi.kimi_k2", "kimi_k2_pretrain_config")

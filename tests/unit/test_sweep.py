@@ -155,7 +155,7 @@ def test_sweep_goes_on_after_a_failed_job_and_records_budget_skips(tmp_path):
 
 HYDRA_STYLE = ["bench.tools.flops", "bench.tools.balance", "bench.tools.project", "recipes.__main__"]
 KEY_VALUE = [
-    "bench.tools.quality.run",
+    "bench.tools.quality.sweep",
     "bench.tools.ns_kernels",
     "experiments.ns_tiles.ns_tiles",
     "bench.tools.optim_scaling",

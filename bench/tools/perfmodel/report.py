@@ -14,12 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from muonbench import validate
-from muonbench.schema import RootConfig
+from bench.results import record
 from bench.tools.perfmodel import calibrate, nscost
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel.calibration import FLOPS_RUNS, MEGATRON_RUNS
 from bench.tools.perfmodel.model import predict, tp_mode_table
+from muonbench import validate
+from muonbench.schema import RootConfig
 
 COMMAND = "python -m bench.tools.project report=reports/perfmodel_gb300_202611"
 
@@ -264,8 +265,6 @@ def h200_check() -> str:
 
 def write_report(out_dir: str) -> str:
     """Compute everything, write the report folder, return the README path."""
-    from bench.results import record
-
     git = record.git_info()  # before this report's own files change the tree
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,8 +320,6 @@ def _write_run_json(
     out_dir: str, files: list[str], *, git: dict[str, Any], ns_sources: dict[str, str]
 ) -> None:
     """The report's provenance. A model, not a measurement: no hardware is read; the measured inputs are named."""
-    from bench.results import record
-
     record.write_json_atomic(
         Path(out_dir) / "run.json",
         {

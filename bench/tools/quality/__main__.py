@@ -1,3 +1,3 @@
-from bench.tools.quality.run import main
+from bench.tools.quality.sweep import main
 
 raise SystemExit(main())

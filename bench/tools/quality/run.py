@@ -23,11 +23,11 @@ Usage: `python -m bench.tools.quality [profile=cpu|gpu|tiny] [optimizers=adamw,m
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from bench.models.hf_experts import use_autocast_grouped_experts
 from bench.tools.quality.config import (  # noqa: F401 - re-exported: the bench's public names
     LR_GRIDS,
     PROFILES,
@@ -35,6 +35,7 @@ from bench.tools.quality.config import (  # noqa: F401 - re-exported: the bench'
     QualityConfig,
     parse_cli,
 )
+from bench.tools.quality.data import Batches
 from bench.tools.quality.summary import crossing  # noqa: F401 - re-exported
 
 
@@ -65,7 +66,6 @@ def build_model(cfg: QualityConfig, vocab_size: int, *, seed: int | None = None)
     import torch
 
     from bench.models.hf_build import build_model as build_hf_model
-    from bench.models.hf_experts import use_autocast_grouped_experts
 
     with torch.device(cfg.device):
         model = build_hf_model(model_config(cfg, vocab_size), seed=cfg.seed if seed is None else seed)
@@ -201,8 +201,6 @@ def prewarm(name: str, cfg: QualityConfig, train_tokens, val, vocab: int, *, num
     periods of the optimizer's work when `num_steps - 1` is a multiple of `refresh_period`."""
     import torch
 
-    from bench.tools.quality.data import Batches
-
     assert num_steps >= 1, num_steps
     sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -237,8 +235,6 @@ def train_one(
 ) -> dict[str, Any]:
     """One trial: `cfg.steps` steps of `name` at peak `lr`; the validation curve and the timings."""
     import torch
-
-    from bench.tools.quality.data import Batches
 
     seed = cfg.seed if seed is None else seed
     cuda = cfg.device == "cuda"
@@ -312,17 +308,3 @@ def train_one(
         "trial_s": time.perf_counter() - t_start,
         "peak_mem_gib": peak,
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    from muonbench.cli_help import module_help
-    from bench.tools.quality.sweep import main as sweep_main
-
-    args = list(sys.argv[1:] if argv is None else argv)
-    if module_help(__doc__, args):
-        return 0
-    return sweep_main(args)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -41,8 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.tools.quality import run
+from bench.results import record
+from bench.results.record import write_json_atomic
+from bench.tools.quality import corpus as pc
+from bench.tools.quality import data, report, run
 from bench.tools.quality.config import QualityConfig, parse_cli
+from bench.tools.quality.run import model_config
 
 
 def trial_id(name: str, lr: float, seed: int) -> str:
@@ -104,10 +108,6 @@ class Prepared:
 
 def prepare(cfg: QualityConfig, out: Path) -> Prepared:
     """Corpus, tokenizer (out/tokenizer.json), token streams (cache) and corpus.json (written once)."""
-    from bench.results.record import write_json_atomic
-    from bench.tools.quality import corpus as pc
-    from bench.tools.quality import data
-
     t0 = time.perf_counter()
     if cfg.corpus == "stdlib":
         sc = data.stdlib_corpus()
@@ -188,7 +188,6 @@ def prepare(cfg: QualityConfig, out: Path) -> Prepared:
 def model_size(cfg: QualityConfig, vocab: int) -> dict[str, Any]:
     """Total and active parameters (with and without embeddings) and Megatron FLOPs per token."""
     from bench import flops
-    from bench.tools.quality.run import model_config
 
     m = model_config(cfg, vocab)
     h, v = m.hidden_size, flops.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by)
@@ -240,13 +239,16 @@ def signals_raise() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m bench.tools.quality`: the protocol and keys are `bench.tools.quality.run`'s docstring."""
+    from muonbench.cli_help import module_help
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if module_help(run.__doc__, args):
+        return 0
     import torch
 
-    from bench.results import record
-    from bench.tools.quality import report
-
     started, t0 = record.now_iso(), time.perf_counter()
-    cfg = parse_cli(sys.argv[1:] if argv is None else argv)
+    cfg = parse_cli(args)
     # Checked before training, not after it: the summary needs AdamW's final validation loss as the target.
     if "adamw" not in cfg.optimizers:
         names = ",".join(cfg.optimizers)
@@ -304,8 +306,6 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep(cfg: QualityConfig, out: Path, piece: Piece, started: str) -> str:
     """Prepare the data, then run the missing trials; returns why it stopped early ('' when it did not)."""
     from tqdm import tqdm
-
-    from bench.results import record
 
     prep = prepare(cfg, out)
     piece.prepare_s = prep.corpus["prepare_s"]
@@ -407,8 +407,6 @@ def _run_optimizer(
     bar: Any,
 ) -> str:
     """Run `name`'s missing trials (grid, then seeds); returns why it stopped early ('' when it did not)."""
-    from bench.results import record
-
     for phase in ("grid", "seeds"):
         todo = planned(name, cfg, done)
         todo = todo[: len(cfg.lr_grids[name])] if phase == "grid" else todo[len(cfg.lr_grids[name]) :]
