@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.tools import project
 from muonbench.schema import RootConfig
 from optim.configs import TP_MODE_CHOICES
 from optim.distributed.assignment import Strategy
@@ -44,8 +45,6 @@ SEARCHED = ("tp_mode", "assignment", "split_gate_up")
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     """CLI-only keys (out, format) and the Hydra overrides; optimizer=muon and engine=megatron unless given."""
-    from bench.tools import project
-
     cli, overrides = project.split_args(argv, CLI_KEYS)
     for arg in overrides:
         key, _, value = arg.partition("=")
