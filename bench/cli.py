@@ -25,9 +25,14 @@ class Subcommand:
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     "run": Subcommand(module="bench.run", summary="run one benchmark job or a sweep (-m) of the Hydra config"),
-    "collect": Subcommand(module="bench.results.collect", summary="gather the latest sweep's run records into results.csv"),
+    "collect": Subcommand(
+        module="bench.results.collect", summary="gather the latest sweep's run records into results.csv"
+    ),
     "report": Subcommand(module="bench.results.report", summary="markdown report and plots from the collected CSVs"),
     "regress": Subcommand(module="bench.results.regress", summary="compare a report with golden rows (+-5%)"),
+    "cluster": Subcommand(
+        module="bench.cluster", summary="a run as a NeMo-Run Slurm job (DRY_RUN=1 prints it); status, logs, cancel"
+    ),
     "flops": Subcommand(module="bench.tools.flops", summary="model and Newton-Schulz FLOPs of a configuration"),
     "balance": Subcommand(module="bench.tools.balance", summary="layer-wise optimizer load balance"),
     "project": Subcommand(module="bench.tools.project", summary="performance-model projection at any scale"),

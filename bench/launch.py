@@ -257,12 +257,26 @@ def check_launchable(cfg: RootConfig) -> None:
     memory.check(cfg)
 
 
+def run_nemo_run(cfg: RootConfig, run_dir: Path) -> LaunchResult:
+    """launcher.via=nemo_run: the run as a NeMo-Run experiment (`bench.cluster`); a Slurm one is submitted (or
+    printed: launcher.dry_run), a local one runs here and waits."""
+    from bench import cluster
+
+    exp_id, rc = cluster.launch_run(cfg, run_dir)
+    command = ["nemo_run", "experiment", exp_id or "(dry run)"]
+    if cfg.launcher.name == "local" and exp_id is not None:
+        return LaunchResult(command=command, returncode=rc)
+    return LaunchResult(command=command, returncode=None, submitted=exp_id is not None)
+
+
 def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None = None) -> LaunchResult:
     """Check the layout, the engine and the device, then start the run with the configured launcher.
 
     `prewarmed`: config hashes (`muonbench.config_hash`, the workload without the bench settings) already prewarmed by
     this invocation; a job of such a workload skips its prewarm (the caches are on disk), a prewarmed one is added."""
     check_launchable(cfg)
+    if cfg.launcher.via == "nemo_run":
+        return run_nemo_run(cfg, Path(run_dir))
     match cfg.launcher.name:
         case "local":
             if needs_prewarm(cfg):

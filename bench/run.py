@@ -224,7 +224,8 @@ def execute(cfg: Any) -> str:
         print(summary_line(rec), flush=True)
         raise
     else:
-        if root.launcher.name == "slurm" and res.returncode in (0, None):
+        # Submitted or printed (a dry run, a cluster job): the run's own status comes from its job.
+        if res.returncode is None or (root.launcher.name == "slurm" and res.returncode == 0):
             status = Status.SUBMITTED if res.submitted else Status.WRITTEN
             record.update_run_json(run_dir, launch_command=res.command, status=status.value)
             print(f"== {run_id}: {'submitted' if res.submitted else 'script written (not submitted)'}")

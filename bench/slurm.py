@@ -50,7 +50,7 @@ ENV_DOCS: dict[str, str] = {
 
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9_.:,@%+/=-]+")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TIME = re.compile(r"(\d+-)?\d{1,2}:\d{2}:\d{2}")
+TIME = re.compile(r"(\d+-)?\d{1,2}:\d{2}:\d{2}")
 
 
 def _sbatch_value(field: str, value: str) -> str:
@@ -62,7 +62,7 @@ def _sbatch_value(field: str, value: str) -> str:
     return value
 
 
-def _job_name(cfg: RootConfig) -> str:
+def job_name(cfg: RootConfig) -> str:
     base = cfg.experiment_name or f"{cfg.model.name}_{cfg.optimizer.name}"
     return "muonbench-" + re.sub(r"[^A-Za-z0-9_.-]", "_", base)
 
@@ -72,11 +72,11 @@ def sbatch_header(cfg: RootConfig, run_dir: Path) -> list[str]:
     la, par = cfg.launcher, cfg.parallelism
     nodes = la.nodes or par.nodes
     gpus = la.nproc_per_node or par.gpus_per_node
-    if not _TIME.fullmatch(la.time_limit):
+    if not TIME.fullmatch(la.time_limit):
         raise ValueError(f"launcher.time_limit={la.time_limit!r}: use [D-]HH:MM:SS")
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name={_job_name(cfg)}",
+        f"#SBATCH --job-name={job_name(cfg)}",
         f"#SBATCH --nodes={int(nodes)}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={int(gpus)}",
@@ -84,21 +84,54 @@ def sbatch_header(cfg: RootConfig, run_dir: Path) -> list[str]:
         "#SBATCH --exclusive",
         f"#SBATCH --output={_sbatch_value('bench.out_dir', str(run_dir))}/slurm-%j.out",
     ]
-    if la.partition:
-        lines.append(f"#SBATCH --partition={_sbatch_value('launcher.partition', la.partition)}")
-    if la.account:
-        lines.append(f"#SBATCH --account={_sbatch_value('launcher.account', la.account)}")
+    lines += [f"#SBATCH --{name}={value}" for name, value in site_options(cfg).items()]
     return lines
+
+
+_SBATCH_ARG = re.compile(r"--([a-z][a-z0-9-]*)=(.+)", re.DOTALL)
+SITE_FIELDS = ("partition", "account", "qos", "constraint", "gres")
+
+
+def site_options(cfg: RootConfig) -> dict[str, str]:
+    """The site's sbatch options, name -> value: partition, account, qos, constraint, gres, segment and
+    `launcher.sbatch_args`, each value checked against the #SBATCH character set (both launch paths read this)."""
+    la = cfg.launcher
+    out = {name: _sbatch_value(f"launcher.{name}", getattr(la, name)) for name in SITE_FIELDS if getattr(la, name)}
+    if la.segment < 0:
+        raise ValueError(f"launcher.segment={la.segment}: must be >= 0 (nodes per NVLink segment; 0 = not set)")
+    if la.segment:
+        out["segment"] = str(int(la.segment))
+    for arg in la.sbatch_args:
+        m = _SBATCH_ARG.fullmatch(arg)
+        if m is None:
+            raise ValueError(f"launcher.sbatch_args: {arg!r}: use --name=value (name: lower case, digits, -)")
+        out[m.group(1)] = _sbatch_value("launcher.sbatch_args", m.group(2))
+    return out
+
+
+def srun_args(cfg: RootConfig) -> list[str]:
+    """`launcher.srun_args`, each an option (`-x` or `--name[=value]`) of the #SBATCH character set."""
+    for arg in cfg.launcher.srun_args:
+        if not arg.startswith("-"):
+            raise ValueError(f"launcher.srun_args: {arg!r}: an srun option starts with -")
+        _sbatch_value("launcher.srun_args", arg)
+    return list(cfg.launcher.srun_args)
+
+
+def check_env_name(name: str) -> str:
+    """`name` when it is an identifier (what a shell `export` accepts), else ValueError naming the key."""
+    if not _ENV_NAME.fullmatch(str(name)):
+        raise ValueError(
+            f"launcher.env key {name!r}: an environment variable name must match [A-Za-z_][A-Za-z0-9_]*"
+        )
+    return str(name)
 
 
 def env_lines(env: dict[str, str]) -> list[str]:
     """`export NAME=value` lines, each after a comment saying why (values quoted, names checked)."""
     lines = ["# Process environment of the published runs (launcher.env)."]
     for name, value in env.items():
-        if not _ENV_NAME.fullmatch(str(name)):
-            raise ValueError(
-                f"launcher.env key {name!r}: an environment variable name must match [A-Za-z_][A-Za-z0-9_]*"
-            )
+        check_env_name(name)
         lines.append(f"# {ENV_DOCS.get(name, 'set in launcher.env')}")
         lines.append(f"export {name}={shlex.quote(str(value))}")
     return lines
@@ -110,21 +143,29 @@ def _out_root(cfg: RootConfig, run_dir: Path) -> Path:
     return out_root if run_dir.is_relative_to(out_root) else run_dir.parent
 
 
-def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
-    """pyxis flags: the image, this checkout and the run directory mounted at the same paths, workdir the repo."""
-    la = cfg.launcher
-    if not la.container_image:
+def container_image(cfg: RootConfig) -> str:
+    """launcher.container_image, which must be set (the job runs in a container)."""
+    if not cfg.launcher.container_image:
         raise ValueError(
             "launcher.container_image is empty: the job runs in a container (e.g. nvcr.io/nvidia/nemo:26.02)"
         )
+    return cfg.launcher.container_image
+
+
+def container_mounts(cfg: RootConfig, run_dir: Path) -> list[str]:
+    """This checkout and the run directories' root at the same paths, then `launcher.container_mounts`."""
     out_root = _out_root(cfg, run_dir)
     mounts = [f"{REPO_ROOT}:{REPO_ROOT}"]
     if not out_root.is_relative_to(REPO_ROOT):
         mounts.append(f"{out_root}:{out_root}")
-    mounts += [m for m in la.container_mounts.split(",") if m]
+    return mounts + [m for m in cfg.launcher.container_mounts.split(",") if m]
+
+
+def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
+    """pyxis flags: the image, this checkout and the run directory mounted at the same paths, workdir the repo."""
     return [
-        f"--container-image={shlex.quote(la.container_image)}",
-        f"--container-mounts={shlex.quote(','.join(mounts))}",
+        f"--container-image={shlex.quote(container_image(cfg))}",
+        f"--container-mounts={shlex.quote(','.join(container_mounts(cfg, run_dir)))}",
         f"--container-workdir={shlex.quote(str(REPO_ROOT))}",
     ]
 
@@ -184,7 +225,8 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
         "export MASTER_ADDR MASTER_PORT",
         "",
         f"# {int(la.nodes or par.nodes)} nodes x {int(gpus)} GPUs = world size {par.world_size}: one torchrun per node.",
-        f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 {container} \\",
+        " ".join(["srun --ntasks-per-node=1 --kill-on-bad-exit=1", *map(shlex.quote, srun_args(cfg)), container])
+        + " \\",
         f"  {' '.join(torchrun)} \\",
         f"  {' '.join(shlex.quote(str(a)) for a in command)}",
         "status=$?",

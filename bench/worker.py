@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import flops, probes
+from bench import flops, probes, sinks
 from bench.results import record
 from bench.engines import RankInfo, StepMetrics, engine_class
 from muonbench.compose import config_from_dict
@@ -127,9 +127,18 @@ def run(run_dir: Path) -> None:
     engine.run_dir = str(run_dir)
     optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))
     log = record.StepLog(run_dir, extra_keys=optional) if rank.rank == 0 else None
+    sink = None
+    model_flops = record.model_flops_per_step(rec["config"])
     try:
         engine.setup(cfg, rank)
         if rank.rank == 0:
+            sink = sinks.open_sink(
+                cfg.bench.logger,
+                run_dir,
+                run_id=str(rec.get("run_id", run_dir.name)),
+                project=cfg.bench.logger_project,
+                config=rec["config"],
+            )
             record.update_run_json(
                 run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()}
             )
@@ -157,11 +166,19 @@ def run(run_dir: Path) -> None:
             row = reduce_metrics(metrics, rank, engine.device, optional)
             if log is not None:
                 log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
-            if bar is not None:
-                bar.set_postfix(
-                    loss=f"{row['loss']:.3f}", step_ms=f"{row['step_s'] * 1e3:.0f}", refresh=False
-                )
-                bar.update(1)
+            if rank.rank == 0 and (sink is not None or bar is not None):
+                scalars = sinks.scalars(row, model_flops_per_step=model_flops, world_size=rank.world_size)
+                if sink is not None:
+                    sink.log(scalars, i)
+                if bar is not None:
+                    tf = scalars.get(sinks.SCALARS["model_tflops_per_gpu"])
+                    bar.set_postfix(
+                        loss=f"{row['loss']:.3f}",
+                        step_ms=f"{row['step_s'] * 1e3:.0f}",
+                        tflops=f"{tf:.3g}" if tf is not None else "n/a",
+                        refresh=False,
+                    )
+                    bar.update(1)
             if not math.isfinite(row["loss"]):  # the same reduced loss on every rank: all stop here
                 divergence = {"step": i, "loss": str(row["loss"]), "reason": "non-finite loss"}
                 break
@@ -190,6 +207,8 @@ def run(run_dir: Path) -> None:
             )
         raise
     finally:
+        if sink is not None:
+            sink.close()
         engine.teardown()
         if rank.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

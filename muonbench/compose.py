@@ -8,6 +8,7 @@ typed dataclasses (`OmegaConf.to_object`) and validates the cross-group rules. E
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import math
 import re
@@ -56,7 +57,12 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.empty_unused_memory_level": (0, 1, 2),
     "engine.moe_router_dtype": ("fp32", "fp64", "none"),
     "launcher.name": ("local", "slurm"),
+    "launcher.via": ("sbatch", "nemo_run"),
+    "bench.logger": ("none", "tensorboard", "wandb", "mlflow"),
 }
+
+LOGGER_EXTRAS: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+"""`bench.logger` sink -> the Python package it needs, installed by the pyproject extra of the same name."""
 
 
 MEGATRON_MODEL_OPTIONS = (
@@ -283,6 +289,11 @@ def check_runnable(root: schema.RootConfig) -> None:
     impl = opt.implementation
     if root.engine.recipe and eng != "bridge":
         _fail("engine.recipe", root.engine.recipe, f"a Bridge recipe runs under engine=bridge (engine={eng!r})")
+    if root.launcher.via == "nemo_run" and importlib.util.find_spec("nemo_run") is None:
+        _fail("launcher.via", "nemo_run", "needs the nemo-run extra: pip install 'muonbench[nemo-run]'")
+    extra = LOGGER_EXTRAS.get(root.bench.logger)  # a cluster job's image is checked on its nodes, not here
+    if extra and root.launcher.name == "local" and importlib.util.find_spec(extra) is None:
+        _fail("bench.logger", root.bench.logger, f"needs the {extra} extra: pip install 'muonbench[{extra}]'")
     if eng == "hf":
         for knob in ("tp", "pp", "cp", "ep", "etp"):
             if getattr(par, knob) != 1:

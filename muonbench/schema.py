@@ -380,6 +380,18 @@ class LauncherConfig:
     container_mounts: str = ""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables of the job (quoted when written to a script)."""
+    via: str = "sbatch"
+    """How the job starts: sbatch (`bench.slurm` writes the script) | nemo_run (NeMo-Run's SlurmExecutor, or its
+    LocalExecutor for launcher=local; `bench.cluster`, docs/cluster.md)."""
+    qos: str = ""
+    constraint: str = ""
+    gres: str = ""
+    segment: int = 0
+    """Slurm --segment: nodes that must share one NVLink domain (GB300 NVL72: at most 18); 0 = not set."""
+    sbatch_args: list[str] = field(default_factory=list)
+    """Further `--name=value` sbatch options, e.g. `launcher.sbatch_args=['--reservation=r1']`."""
+    srun_args: list[str] = field(default_factory=list)
+    """Further srun options of the training step, e.g. `launcher.srun_args=['--mpi=pmix']`."""
 
 
 @dataclass
@@ -417,6 +429,11 @@ class BenchConfig:
     allow_oversize: bool = False
     """Launch a config whose memory lower bound (`bench.memory`) exceeds the hardware's memory, with a warning,
     instead of refusing it."""
+    logger: str = "none"
+    """Metrics sink of every step (rank 0): none | tensorboard (`<run_dir>/tensorboard`) | wandb | mlflow, each an
+    optional extra of the same name (`bench.sinks`; the bridge engine also hands it to Bridge's LoggerConfig)."""
+    logger_project: str = "muonbench"
+    """W&B project and MLflow experiment of the runs (bench.logger=wandb | mlflow)."""
     probes: list[str] = field(default_factory=list)
     """megatron: diagnostics hooked into each step, by name (`experiments/<name>/probe.py`), with optional
     arguments: `[gpu_energy, "idle_before_step:seconds=0.3,mode=gpu_spin"]` (bench.probes)."""

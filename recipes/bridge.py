@@ -231,10 +231,11 @@ def build_config_container(
 
 
 def make_config_container(
-    root: RootConfig, *, ab_mode: str | None = None, hf_dir: Any = None
+    root: RootConfig, *, ab_mode: str | None = None, hf_dir: Any = None, log_dir: str = ""
 ) -> tuple[Any, BridgePlan]:
-    """`build_config_container` without the check that this node can run Bridge (Transformer Engine)."""
-    plan = build_plan(root, ab_mode=ab_mode or ab_mode_of(root))
+    """`build_config_container` without the check that this node can run Bridge (Transformer Engine); `log_dir`:
+    the run directory of Bridge's logger (`recipes.overrides.logger_fields`)."""
+    plan = build_plan(root, ab_mode=ab_mode or ab_mode_of(root), log_dir=log_dir)
     import tempfile
 
     from recipes.hf_config import offline_hub

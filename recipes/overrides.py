@@ -134,11 +134,39 @@ def apply_precision(sections: Sections, precision: PrecisionConfig) -> str:
         raise ValueError(f"precision.name={precision.name!r}: allowed {sorted(PRECISION_PRESETS)}") from None
 
 
-def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -> dict[str, Any]:
+def logger_fields(bench: BenchConfig, log_dir: str) -> dict[str, Any]:
+    """Bridge's `LoggerConfig` fields of `bench.logger`: its own training log goes to the same sink as the bench's
+    step metrics (`bench.sinks`), into `<log_dir>`: TensorBoard events under `tensorboard/bridge`, the W&B run's
+    files, MLflow's `mlruns` unless MLFLOW_TRACKING_URI is set. No `log_dir` (a plan built outside a run): off."""
+    import os
+
+    if bench.logger == "none" or not log_dir:
+        return {"tensorboard_dir": None}
+    name = os.path.basename(os.path.normpath(log_dir))
+    if bench.logger == "tensorboard":
+        return {
+            "tensorboard_dir": os.path.join(log_dir, "tensorboard", "bridge"),
+            "log_throughput_to_tensorboard": True,
+            "log_memory_to_tensorboard": True,
+            "log_timers_to_tensorboard": True,
+        }
+    if bench.logger == "wandb":
+        return {"tensorboard_dir": None, "wandb_project": bench.logger_project, "wandb_exp_name": name,
+                "wandb_save_dir": log_dir}  # fmt: skip
+    if bench.logger == "mlflow":
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or "file:" + os.path.join(os.path.abspath(log_dir), "mlruns")
+        return {"tensorboard_dir": None, "mlflow_experiment": bench.logger_project, "mlflow_run_name": name,
+                "mlflow_tracking_uri": uri}  # fmt: skip
+    raise ValueError(f"bench.logger={bench.logger!r}: allowed ['none', 'tensorboard', 'wandb', 'mlflow']")
+
+
+def benchmark_mode(
+    sections: Sections, bench: BenchConfig, model: ModelConfig, *, log_dir: str = ""
+) -> dict[str, Any]:
     """The benchmark policy (MB `_benchmark_common`): short run, every step logged, no checkpoint, no eval.
 
     `bench.steps` iterations (published: 50); LR warm-up over `bench.warmup_steps` (published: 10, the same steps
-    the report skips) and decay over the run; mock data with a null tokenizer unless `bench.data` names an indexed
+    the report skips) and decay over the run; Bridge's logger writes to `bench.logger` (`logger_fields`); mock data with a null tokenizer unless `bench.data` names an indexed
     dataset; NaN/large-gradient checks and fp32 gradient reduction off; rope and cross-entropy fusions on.
     """
 
@@ -149,7 +177,7 @@ def benchmark_mode(sections: Sections, bench: BenchConfig, model: ModelConfig) -
     put("validation", eval_iters=0)
     put("scheduler", lr_warmup_iters=bench.warmup_steps, lr_decay_iters=bench.steps)
     put("checkpoint", save=None, load=None)
-    put("logger", log_interval=bench.log_every, tensorboard_dir=None)
+    put("logger", log_interval=bench.log_every, **logger_fields(bench, log_dir))
     put("ddp", check_for_nan_in_grad=False, check_for_large_grads=False, grad_reduce_in_fp32=False)
     put("mixed_precision", grad_reduce_in_fp32=False)
     put("rerun_state_machine", check_for_nan_in_loss=False)
@@ -196,8 +224,9 @@ def ab_mode_of(root: RootConfig) -> str:
     return root.engine.ab_mode
 
 
-def build_plan(root: RootConfig, *, ab_mode: str | None = None) -> BridgePlan:
-    """Compose the Bridge plan of one run from our typed config (`ab_mode` None: `ab_mode_of(root)`)."""
+def build_plan(root: RootConfig, *, ab_mode: str | None = None, log_dir: str = "") -> BridgePlan:
+    """Compose the Bridge plan of one run from our typed config (`ab_mode` None: `ab_mode_of(root)`; `log_dir`: the
+    run directory Bridge's logger writes into, see `logger_fields`)."""
     ab_mode = ab_mode or ab_mode_of(root)
     if ab_mode not in AB_MODES:
         raise ValueError(f"ab_mode={ab_mode!r}: allowed {list(AB_MODES)}")
@@ -212,7 +241,7 @@ def build_plan(root: RootConfig, *, ab_mode: str | None = None) -> BridgePlan:
     opt_meta = apply_optimizer(
         sections, root.optimizer, root.parallelism.distribution, root.precision, ab_mode=ab_mode
     )
-    bench_meta = benchmark_mode(sections, root.bench, root.model)
+    bench_meta = benchmark_mode(sections, root.bench, root.model, log_dir=log_dir)
     metadata = {
         "recipe": recipe.family,
         "base_recipe": recipe.base_recipe,

@@ -188,7 +188,8 @@ class BridgeEngine(Engine):
         busy = busy_host_warning(os.getloadavg()[0], os.cpu_count() or 1) if rank.rank == 0 else None
         if busy:
             warnings.warn(busy, RuntimeWarning, stacklevel=2)
-        container, self._plan = make_config_container(cfg)  # require_bridge() passed above
+        # require_bridge() passed above; Bridge's own logger writes to bench.logger in the run directory
+        container, self._plan = make_config_container(cfg, log_dir=self.run_dir or "")
         import torch
         from megatron.bridge.training.gpt_step import forward_step
         from megatron.bridge.training.pretrain import pretrain

@@ -364,6 +364,15 @@ def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def tflops_per_gpu(
+    *, step_s: float, world_size: int, model_flops_per_step: float | None, ns_flops: float
+) -> tuple[float | None, float]:
+    """(model TF/s per GPU, NS TF/s per GPU) of a step time: the model FLOPs of the global batch spread over the
+    GPUs (None when unknown), the NS FLOPs one GPU executed (docs/metrics.md)."""
+    model_tf = model_flops_per_step / step_s / world_size / 1e12 if model_flops_per_step else None
+    return model_tf, ns_flops / step_s / 1e12
+
+
 def summarize(
     steps: list[dict[str, Any]],
     *,
@@ -380,8 +389,9 @@ def summarize(
     p25, p75 = _quantile(times, 0.25), _quantile(times, 0.75)
     tokens = steady[-1]["tokens"]
     ns_flops = _median(steady, "ns_flops") or 0.0
-    model_tf = model_flops_per_step / med / world_size / 1e12 if model_flops_per_step else None
-    ns_tf = ns_flops / med / 1e12
+    model_tf, ns_tf = tflops_per_gpu(
+        step_s=med, world_size=world_size, model_flops_per_step=model_flops_per_step, ns_flops=ns_flops
+    )
     out: dict[str, Any] = {
         "num_steps": len(steps),
         "num_steady_steps": len(steady),

@@ -2,8 +2,8 @@
 
 The wheel is built from a copy of the sources, installed with `--no-deps` into a fresh venv whose dependencies are
 this interpreter's site-packages (a path line in a .pth file: no download, and the checkout's editable-install hook
-is not run), then `muonbench run` (AdamW vs Muon on the CPU proxy), `collect` and `report` run from a temporary
-directory with a user's own experiment file given by `--config-dir`.
+is not run), then `muonbench run` (AdamW vs Muon on the CPU proxy, TensorBoard sink on), `collect` and `report` run
+from a temporary directory with a user's own experiment file given by `--config-dir`.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ bench:
   warmup_steps: 1
   prewarm: false
   progress: false
+  logger: tensorboard
   report_name: mine_tiny
 """
 
@@ -115,6 +116,12 @@ def test_installed_command_runs_the_cpu_proxy_from_anywhere(wheel: Path, tmp_pat
         3,
         3,
     ]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for run_dir in latest["runs"]:  # every step reached the sink through the installed worker
+        acc = EventAccumulator(str(Path(run_dir) / "tensorboard")).Reload()
+        assert [e.step for e in acc.Scalars("lm loss")] == [0, 1, 2]
+        assert all(e.value > 0 for e in acc.Scalars("throughput/tflops/device"))
     for sub in ("collect", "report"):
         res = sh(muonbench, sub)
         assert res.returncode == 0, res.stdout + res.stderr

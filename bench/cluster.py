@@ -1,0 +1,177 @@
+"""Cluster jobs through NeMo-Run: the typed launcher config becomes a `SlurmExecutor` (or, for launcher=local, a
+`LocalExecutor` on this machine) and one `Experiment` per run, as Megatron-Bridge's performance scripts launch.
+
+    muonbench cluster experiment=gb300/kimi_k2_muon launcher.account=A launcher.partition=P   # submit
+    DRY_RUN=1 muonbench cluster experiment=gb300/kimi_k2_muon        # print the sbatch script, submit nothing
+    muonbench cluster launcher=local experiment=cpu/qwen3_moe_tiny_dp2  # the same experiment here, through NeMo-Run
+    muonbench cluster status|logs|cancel <run dir>                   # the run directory `muonbench cluster` printed
+
+A job is `bench.run` with `launcher.via=nemo_run`: the same preflight, run directory and record as any run; the
+task is the same worker (`python -m bench.worker <run_dir>` under torchrun), so the versions check of the imported
+stack still runs on the compute node. Site values reach sbatch through `bench.slurm.site_options` (checked against
+the #SBATCH character set), env var names must be identifiers and values are quoted. docs/cluster.md.
+No torch import; `nemo_run` is imported when a job is built (the `nemo-run` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from muonbench.schema import RootConfig
+
+EXTRA = "nemo-run"
+MANAGE = ("status", "logs", "cancel")
+
+
+def _nemo_run() -> Any:
+    try:
+        import nemo_run
+    except ImportError:
+        raise ValueError(f"launcher.via=nemo_run needs the {EXTRA} extra: pip install 'muonbench[{EXTRA}]'") from None
+    return nemo_run
+
+
+def task(cfg: RootConfig, run_dir: Path) -> Any:
+    """The NeMo-Run task of a run: the bench worker as a module, started by NeMo-Run's torchrun launcher."""
+    run = _nemo_run()
+    return run.Script(path="bench.worker", args=[str(run_dir)], entrypoint="python", m=True)
+
+
+def env_vars(cfg: RootConfig) -> dict[str, str]:
+    """`launcher.env`, names checked (`bench.slurm.check_env_name`), values shell-quoted for the job script."""
+    from bench.slurm import check_env_name
+
+    return {check_env_name(k): shlex.quote(str(v)) for k, v in cfg.launcher.env.items()}
+
+
+def executor(cfg: RootConfig, run_dir: Path) -> Any:
+    """`SlurmExecutor` for launcher=slurm, `LocalExecutor` for launcher=local; the job's files in
+    `<run_dir>/nemo_run/`."""
+    from bench import launch, slurm
+
+    run = _nemo_run()
+    la = cfg.launcher
+    nproc, nodes = launch.nproc_per_node(cfg), launch.num_nodes(cfg)
+    if la.name == "local":  # torchrun of this interpreter, also when its bin/ is not on PATH
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        env = {k: str(v) for k, v in la.env.items()} | {"PATH": path}
+        return run.LocalExecutor(ntasks_per_node=nproc, launcher="torchrun", env_vars=env)
+    if not slurm.TIME.fullmatch(la.time_limit):
+        raise ValueError(f"launcher.time_limit={la.time_limit!r}: use [D-]HH:MM:SS")
+    site = slurm.site_options(cfg)
+    known = {k: site.pop(k) for k in (*slurm.SITE_FIELDS, "segment") if k in site}
+    return run.SlurmExecutor(
+        account=known.get("account", ""),
+        partition=known.get("partition"),
+        qos=known.get("qos"),
+        constraint=known.get("constraint"),
+        gres=known.get("gres"),
+        segment=int(known["segment"]) if "segment" in known else None,
+        additional_parameters=site or None,
+        time=la.time_limit,
+        nodes=nodes,
+        ntasks_per_node=1,  # one torchrun per node, as the sbatch path
+        gpus_per_node=nproc,
+        torchrun_nproc_per_node=nproc,
+        exclusive=True,
+        container_image=slurm.container_image(cfg),
+        container_mounts=slurm.container_mounts(cfg, run_dir),
+        srun_args=[f"--container-workdir={slurm.REPO_ROOT}", *slurm.srun_args(cfg)],
+        env_vars=env_vars(cfg),
+        launcher="torchrun",
+        packager=run.Packager(),  # the checkout is mounted at the same path, as in the sbatch path
+        tunnel=run.LocalTunnel(job_dir=str(run_dir / "nemo_run")),
+    )
+
+
+def experiment_title(cfg: RootConfig) -> str:
+    from bench.slurm import job_name
+
+    return job_name(cfg)
+
+
+def launch_run(cfg: RootConfig, run_dir: Path) -> tuple[str | None, int | None]:
+    """Build the experiment of one run and dry-run it (launcher.dry_run), submit it (Slurm: returns at once) or run
+    it (local: waits). Returns (experiment id or None for a dry run, exit code of a local run or None)."""
+    run = _nemo_run()
+    if cfg.engine.name == "bridge" and cfg.launcher.name == "slurm":
+        from bench.slurm import check_bridge_plan
+
+        check_bridge_plan(cfg, run_dir)
+    ex = executor(cfg, run_dir)
+    title = experiment_title(cfg)
+    with run.Experiment(title, executor=ex, base_dir=str(run_dir / "nemo_run"), log_level="WARN") as exp:
+        exp.add(task(cfg, run_dir), executor=ex, name="worker")
+        if cfg.launcher.dry_run:
+            exp.dryrun()
+            return None, None
+        local = cfg.launcher.name == "local"
+        try:
+            exp.run(detach=not local, sequential=True, tail_logs=False)
+        except (OSError, RuntimeError) as exc:  # closed as this run's error, the sweep goes on
+            raise ValueError(f"NeMo-Run could not start the run: {type(exc).__name__}: {exc}") from exc
+        exp_id = exp._id
+        if not local:
+            print(f"== submitted NeMo-Run experiment {exp_id}: muonbench cluster status|logs|cancel {run_dir}")
+            return exp_id, None
+    state = exp.status(return_dict=True) or {}  # after the block, which waits for a local run to end
+    ok = all(str(t.get("status", "")).endswith("SUCCEEDED") for t in state.values()) and bool(state)
+    return exp_id, 0 if ok else 1
+
+
+def manage(action: str, run_dir: str) -> int:
+    """`status`, `logs` or `cancel` of the experiment of a run directory (its NeMo-Run files: `<run_dir>/nemo_run`)."""
+    run = _nemo_run()
+    from nemo_run.config import set_nemorun_home
+
+    home = Path(run_dir) / "nemo_run"
+    found = sorted((home / "experiments").glob("*/*/_CONFIG")) if home.is_dir() else []
+    if not found:
+        raise ValueError(f"{run_dir}: no NeMo-Run experiment under {home} (give the run directory of a cluster run)")
+    set_nemorun_home(str(home))
+    exp = run.Experiment.from_id(found[-1].parent.name)
+    if action == "status":
+        exp.status()
+    elif action == "logs":
+        for job in exp.jobs:
+            exp.logs(job.id)
+    else:
+        for job in exp.jobs:
+            exp.cancel(job.id)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(__doc__.split("\n\n")[1] if __doc__ else "")
+        print("Any bench.run override applies (launcher.partition=P launcher.account=A launcher.qos=Q ...).")
+        return 0
+    if args and args[0] in MANAGE:
+        if len(args) != 2:
+            print(f"usage: muonbench cluster {args[0]} <run dir>", file=sys.stderr)
+            return 2
+        try:
+            return manage(args[0], args[1])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    from bench import run as bench_run
+
+    given = {a.split("=", 1)[0] for a in args}
+    via = [] if "launcher.via" in given else ["launcher.via=nemo_run"]
+    dry = os.environ.get("DRY_RUN") not in (None, "", "0") and "launcher.dry_run" not in given
+    sys.argv = [sys.argv[0], *via, *(["launcher.dry_run=true"] if dry else []), *args]
+    try:
+        bench_run.main()
+    except SystemExit as exc:
+        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
