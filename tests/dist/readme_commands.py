@@ -16,6 +16,7 @@ COMMAND_HEADS = (
     "torchrun",
     "docker",
     "sbatch",
+    "source",
 )
 """A code-block line is a command when its first word (after `VAR=value` assignments) is one of these."""
 _FENCE = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)

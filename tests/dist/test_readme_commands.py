@@ -23,11 +23,14 @@ GPU_OR_CLUSTER = "gpu-or-cluster"
 """Needs a GPU, a Slurm cluster or Docker."""
 NOT_A_RUN = "not-a-run"
 """A template with placeholders, or the test suite itself."""
+SETUP = "setup"
+"""Prepares the shell (activates the venv): every command the README shows after it runs after it here too."""
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "make test": (NOT_A_RUN, "the test suite that runs this test"),
     "make bench": (CPU_RUN, ""),
     "make help": (CPU_RUN, ""),
+    "source .venv/bin/activate": (SETUP, "puts the suite's Python on PATH for the python -m commands after it"),
     "python -m bench.run optimizer=muon optimizer.num_ns_steps=6 optimizer.coefficient_type=polar_express": (
         CPU_RUN,
         "",
@@ -79,6 +82,21 @@ def test_extractor_reads_blocks_as_a_shell_would():
     ]
 
 
+def setup_before(command: str) -> list[str]:
+    """The README's setup lines (`SETUP`) above `command`, in order."""
+    readme = readme_commands()
+    return [c for c in readme[: readme.index(command)] if COMMANDS[c][0] == SETUP]
+
+
+def test_python_commands_follow_the_activation_step():
+    """`python -m bench.run ...` as the README's first command failed for a newcomer (ModuleNotFoundError:
+    omegaconf): the venv's Python is on PATH only after the README says how."""
+    readme = readme_commands()
+    for command in readme:
+        if command.split()[0] in ("python", "python3"):
+            assert "source .venv/bin/activate" in setup_before(command), command
+
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     root = tmp_path_factory.mktemp("checkout")
@@ -91,11 +109,12 @@ def scratch(tmp_path_factory):
 @pytest.mark.parametrize("command", [c for c, (kind, _) in COMMANDS.items() if kind == CPU_RUN])
 def test_readme_cpu_command_runs(command, scratch):
     """Localises a README example that fails (e.g. the MOP run of the 4-optimizer sweep)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
-    # `python` as a user who followed the README has it: the checkout's .venv first on PATH.
-    env["PATH"] = f"{scratch / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VIRTUAL_ENV")}
+    # a newcomer's shell: no venv on PATH unless the README's own setup lines before the command put it there
+    venv_bin = str(ROOT / ".venv" / "bin")
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
     res = subprocess.run(
-        ["bash", "-c", command],
+        ["bash", "-c", " && ".join([*setup_before(command), command])],
         cwd=scratch,
         env=env,
         capture_output=True,
