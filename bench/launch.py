@@ -10,6 +10,7 @@ No torch import at module top (a login node launches without torch); the GPU che
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -102,12 +105,85 @@ def local_command(cfg: RootConfig, run_dir: str | Path, *, python: str | None = 
     ]
 
 
-def _tee(src: IO[bytes], sinks: list[IO[bytes]]) -> None:
+NOISE = (
+    re.compile(rb"FutureWarning: The pynvml package is deprecated"),
+    re.compile(rb"UserWarning: (Transformer Engine and )?Apex (is|are) not installed"),
+    re.compile(rb"UserWarning: Only transformer-engine>=[0-9.]+ supports"),
+    re.compile(rb"cpp_extension\.py:[0-9]+\] No CUDA runtime is found"),
+)
+"""Lines the terminal is spared (they stay in the run's log): warnings every import of torch or Megatron prints
+without this project's doing anything about them; the indented source line after a warning goes with it."""
+
+
+class TerminalEcho:
+    """The terminal's copy of a child's stream: line by line without the `NOISE` lines, a progress bar's carriage
+    returns passed at once; `quiet()` (the run is being stopped) ends the echo, so a dying torchrun's traceback
+    lands in the log only, not before the clean `interrupted` line."""
+
+    def __init__(self, sink: IO[bytes]) -> None:
+        self.sink, self.buf, self.muted, self.after_noise = sink, b"", False, False
+
+    def write(self, chunk: bytes) -> None:
+        if self.muted:
+            return
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        for line in lines:
+            if any(p.search(line) for p in NOISE):
+                self.after_noise = True
+            elif not (self.after_noise and line.startswith(b"  ")):
+                self.after_noise = False
+                self.sink.write(line + b"\n")
+        if b"\r" in self.buf:
+            self.sink.write(self.buf)
+            self.buf = b""
+
+    def flush(self) -> None:
+        self.sink.flush()
+
+    def quiet(self) -> None:
+        self.muted = True
+
+    def end(self) -> None:
+        """The stream ended: its last line, if it had no newline."""
+        if self.buf and not self.muted:
+            self.sink.write(self.buf)
+            self.sink.flush()
+        self.buf = b""
+
+
+@contextlib.contextmanager
+def warnings_to(log_path: Path) -> Iterator[None]:
+    """Python warnings and torch's log lines raised in this process meanwhile (importing Megatron to build a
+    launch: ~20 Apex / Transformer Engine notices on a host without them) go to `log_path`, not the terminal."""
+    import logging
+
+    with open(log_path, "a") as log, warnings.catch_warnings():
+        warnings.simplefilter("default")
+        warnings.showwarning = lambda m, c, f, n, file=None, line=None: log.write(
+            warnings.formatwarning(m, c, f, n, line)
+        )
+        with contextlib.suppress(ImportError):
+            import torch._logging  # noqa: F401 - torch sets its log handlers on import: first that, then the swap
+        handler = logging.StreamHandler(log)
+        torch_log = logging.getLogger("torch")
+        saved = torch_log.handlers[:], torch_log.propagate
+        torch_log.handlers, torch_log.propagate = [handler], False
+        try:
+            yield
+        finally:
+            torch_log.handlers, torch_log.propagate = saved
+
+
+def _tee(src: IO[bytes], sinks: list[Any]) -> None:
     """Copy a child's stream to the terminal and a log file as it arrives (keeps progress-bar carriage returns)."""
     for chunk in iter(lambda: src.read1(4096), b""):
         for sink in sinks:
             sink.write(chunk)
             sink.flush()
+    for sink in sinks:
+        if isinstance(sink, TerminalEcho):
+            sink.end()
 
 
 def _die_with_parent() -> None:
@@ -135,8 +211,8 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
             preexec_fn=_die_with_parent,
         )
         assert proc.stdout is not None and proc.stderr is not None
-        term_out = [sys.stdout.buffer] if echo else []
-        term_err = [sys.stderr.buffer] if echo else []
+        echoes = [TerminalEcho(sys.stdout.buffer), TerminalEcho(sys.stderr.buffer)] if echo else []
+        term_out, term_err = echoes[:1], echoes[1:]
         threads = [
             threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
             threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True),
@@ -150,6 +226,8 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
             timed_out = True
             _kill_group(proc)
         except BaseException:
+            for e in echoes:
+                e.quiet()  # what the stopped processes print goes to the logs only
             _kill_group(proc)
             raise
         finally:
@@ -274,9 +352,11 @@ def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None =
 
     `prewarmed`: config hashes (`muonbench.config_hash`, the workload without the bench settings) already prewarmed by
     this invocation; a job of such a workload skips its prewarm (the caches are on disk), a prewarmed one is added."""
-    check_launchable(cfg)
+    with warnings_to(Path(run_dir) / "launch.log"):  # the device check imports torch
+        check_launchable(cfg)
     if cfg.launcher.via == "nemo_run":
-        return run_nemo_run(cfg, Path(run_dir))
+        with warnings_to(Path(run_dir) / "launch.log"):
+            return run_nemo_run(cfg, Path(run_dir))
     match cfg.launcher.name:
         case "local":
             if needs_prewarm(cfg):
@@ -298,7 +378,8 @@ def launch(cfg: RootConfig, run_dir: str | Path, *, prewarmed: set[str] | None =
                 record.update_run_json(run_dir, prewarm=warm)
             return run_local(cfg, run_dir)
         case "slurm":
-            return run_slurm(cfg, run_dir)
+            with warnings_to(Path(run_dir) / "launch.log"):
+                return run_slurm(cfg, run_dir)
         case other:
             raise ValueError(f"launcher.name={other!r}: allowed ['local', 'slurm']")
 

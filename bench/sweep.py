@@ -16,6 +16,7 @@ No torch import.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import os
 import socket
@@ -217,6 +218,7 @@ def hold_out_dir(out_dir: Path) -> Any:
     lock.truncate()
     lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
     lock.flush()
+    atexit.register(lock.close)  # held to the end; closed before the interpreter would warn about it
     close_dead(out_dir)
     return lock
 

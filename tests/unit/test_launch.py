@@ -274,3 +274,46 @@ def test_signal_death_is_the_headline_not_the_peers_connection_reset(tmp_path):
     assert rec["error"]["message"].startswith("rank 1 was killed by SIGKILL (signal 9)")
     assert "then rank 0: RuntimeError: Connection reset by peer" in rec["error"]["message"]
     assert run.summary_line(rec).startswith("== ")
+
+
+def test_the_terminal_is_spared_import_noise_and_a_stopped_runs_last_words():
+    """Console noise: the pynvml FutureWarning once per process, ~20 Apex / Transformer Engine notices, torchrun's
+    SignalException traceback on Ctrl-C before the clean `interrupted` line. The log keeps all of it (the tee
+    writes every byte there); the terminal's copy drops the noise lines and ends when the run is stopped."""
+    import io
+
+    from bench.launch import TerminalEcho
+
+    term = io.BytesIO()
+    echo = TerminalEcho(term)
+    echo.write(b"== step 1\n/x/torch/cuda/__init__.py:61: FutureWarning: The pynvml package is deprecated. Pl")
+    echo.write(b"ease install nvidia-ml-py\n  import pynvml  # type: ignore[import]\n")
+    echo.write(b"/m/backends.py:34: UserWarning: Apex is not installed. Falling back to Torch Norm\n")
+    echo.write(b'  warnings.warn("Apex is not installed. Falling back to Torch Norm")\n')
+    echo.write(b"/m/optimizer.py:29: UserWarning: Transformer Engine and Apex are not installed. Falling back\n")
+    echo.write(b"  warnings.warn(\nloss 10.4\r 50%|##   |\r100%|#####|\nlast line")
+    assert term.getvalue() == b"== step 1\nloss 10.4\r 50%|##   |\r100%|#####|\n"
+    echo.end()
+    assert term.getvalue().endswith(b"|\nlast line")
+    echo.quiet()
+    echo.write(b"Traceback (most recent call last):\n...SignalException: Process 7 got signal: 15\n")
+    echo.end()
+    assert b"Traceback" not in term.getvalue()
+
+
+def test_warnings_raised_while_building_a_launch_go_to_the_run_log(tmp_path, capsys):
+    import logging
+    import warnings
+
+    from bench.launch import warnings_to
+
+    torch_log = logging.getLogger("torch")
+    before = (torch_log.handlers[:], torch_log.propagate)
+    with warnings_to(tmp_path / "launch.log"):
+        warnings.warn("Apex is not installed. Falling back to Torch Norm", UserWarning, stacklevel=1)
+        logging.getLogger("torch.utils.cpp_extension").warning("No CUDA runtime is found")
+    log = (tmp_path / "launch.log").read_text()
+    assert "UserWarning: Apex is not installed" in log and "No CUDA runtime is found" in log
+    err = capsys.readouterr().err
+    assert "Apex" not in err and "CUDA runtime" not in err
+    assert (torch_log.handlers, torch_log.propagate) == before  # restored
