@@ -87,7 +87,7 @@ regress: $(STAMP) ## Compare a report with golden rows (+-5%): make regress NAME
 EXPERIMENT ?= gb300/kimi_k2_muon
 VIA ?= nemo_run
 bench-cluster: $(STAMP) ## Slurm job of a published setup through NeMo-Run: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [VIA=sbatch] [ARGS="launcher.partition=P launcher.account=A"]
-	$(PY) -m bench.cluster experiment=$(EXPERIMENT) launcher.via=$(VIA) $(if $(DRY_RUN),launcher.dry_run=true) $(ARGS)
+	$(PY) -m bench.cli cluster experiment=$(EXPERIMENT) launcher.via=$(VIA) $(if $(DRY_RUN),launcher.dry_run=true) $(ARGS)
 
 # GB300 nodes (the gb300 experiments) are aarch64; H100 / H200 nodes are x86-64: PLATFORM=linux/amd64.
 PLATFORM ?= linux/arm64

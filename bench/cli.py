@@ -12,6 +12,7 @@ subcommand runs (a login node lists and launches without torch; the tools load n
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 
@@ -19,8 +20,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Subcommand:
     module: str
-    """The module whose `main` runs (also runnable as `python -m <module>`)."""
+    """The module whose `function` runs (`main`: also runnable as `python -m <module>`)."""
     summary: str
+    function: str = "main"
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {
@@ -31,7 +33,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "report": Subcommand(module="bench.results.report", summary="markdown report and plots from the collected CSVs"),
     "regress": Subcommand(module="bench.results.regress", summary="compare a report with golden rows (+-5%)"),
     "cluster": Subcommand(
-        module="bench.cluster", summary="a run as a NeMo-Run Slurm job (DRY_RUN=1 prints it); status, logs, cancel"
+        module="bench.cli",
+        function="cluster",
+        summary="a run as a NeMo-Run Slurm job (DRY_RUN=1 prints it); status, logs, cancel",
     ),
     "flops": Subcommand(module="bench.tools.flops", summary="model and Newton-Schulz FLOPs of a configuration"),
     "balance": Subcommand(module="bench.tools.balance", summary="layer-wise optimizer load balance"),
@@ -67,9 +71,49 @@ def main(argv: list[str] | None = None) -> int:
             f"error: muonbench {name!r}: no such subcommand; available: {', '.join(SUBCOMMANDS)}", file=sys.stderr
         )
         return 2
-    entry = importlib.import_module(sub.module).main
+    entry = getattr(importlib.import_module(sub.module), sub.function)
     sys.argv = [f"muonbench {name}", *rest]  # every entry point reads its arguments from sys.argv (Hydra's too)
     return int(entry() or 0)
+
+
+CLUSTER_USAGE = """\
+usage: muonbench cluster [bench.run overrides ...]       (make bench-cluster; docs/cluster.md)
+       muonbench cluster status|logs|cancel <run dir>
+
+    muonbench cluster experiment=gb300/kimi_k2_muon launcher.account=A launcher.partition=P   # submit
+    DRY_RUN=1 muonbench cluster experiment=gb300/kimi_k2_muon        # print the sbatch script, submit nothing
+    muonbench cluster launcher=local experiment=cpu/qwen3_moe_tiny_dp2  # the same experiment here, through NeMo-Run
+
+A run with launcher.via=nemo_run (bench.cluster): NeMo-Run's SlurmExecutor (LocalExecutor for launcher=local) and
+one Experiment per run; any bench.run override applies (launcher.qos=Q launcher.segment=16 ...)."""
+
+
+def cluster() -> int:
+    """`muonbench cluster`: `bench.run` with launcher.via=nemo_run (DRY_RUN=1: launcher.dry_run=true), or the status,
+    logs or cancel of a submitted run by its run directory (`bench.cluster.manage`)."""
+    args = sys.argv[1:]
+    if any(a in ("-h", "--help") for a in args):
+        print(CLUSTER_USAGE)
+        return 0
+    cluster_mod = importlib.import_module("bench.cluster")
+    if args and args[0] in cluster_mod.MANAGE:
+        if len(args) != 2:
+            print(f"usage: muonbench cluster {args[0]} <run dir>", file=sys.stderr)
+            return 2
+        try:
+            return int(cluster_mod.manage(args[0], args[1]))
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    given = {a.split("=", 1)[0] for a in args}
+    via = [] if "launcher.via" in given else ["launcher.via=nemo_run"]
+    dry = os.environ.get("DRY_RUN") not in (None, "", "0") and "launcher.dry_run" not in given
+    sys.argv = [sys.argv[0], *via, *(["launcher.dry_run=true"] if dry else []), *args]
+    try:
+        importlib.import_module("bench.run").main()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,13 +1,8 @@
 """Cluster jobs through NeMo-Run: the typed launcher config becomes a `SlurmExecutor` (or, for launcher=local, a
 `LocalExecutor` on this machine) and one `Experiment` per run, as Megatron-Bridge's performance scripts launch.
 
-    muonbench cluster experiment=gb300/kimi_k2_muon launcher.account=A launcher.partition=P   # submit
-    DRY_RUN=1 muonbench cluster experiment=gb300/kimi_k2_muon        # print the sbatch script, submit nothing
-    muonbench cluster launcher=local experiment=cpu/qwen3_moe_tiny_dp2  # the same experiment here, through NeMo-Run
-    muonbench cluster status|logs|cancel <run dir>                   # the run directory `muonbench cluster` printed
-
-A job is `bench.run` with `launcher.via=nemo_run`: the same preflight, run directory and record as any run; the
-task is the same worker (`python -m bench.worker <run_dir>` under torchrun), so the versions check of the imported
+`muonbench cluster` (bench/cli.py) is `bench.run` with `launcher.via=nemo_run`: the same preflight, run directory
+and record as any run; the task is the same worker (`python -m bench.worker <run_dir>` under torchrun), so the versions check of the imported
 stack still runs on the compute node. Site values reach sbatch through `bench.slurm.site_options` (checked against
 the #SBATCH character set), env var names must be identifiers and values are quoted. docs/cluster.md.
 No torch import; `nemo_run` is imported when a job is built (the `nemo-run` extra).
@@ -21,10 +16,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import slurm
 from muonbench.schema import RootConfig
 
 EXTRA = "nemo-run"
 MANAGE = ("status", "logs", "cancel")
+"""What `muonbench cluster <action> <run dir>` does with a submitted run (`manage`); the command is in bench/cli.py."""
 
 
 def _nemo_run() -> Any:
@@ -43,19 +40,14 @@ def task(cfg: RootConfig, run_dir: Path) -> Any:
 
 def env_vars(cfg: RootConfig) -> dict[str, str]:
     """`launcher.env`, names checked (`bench.slurm.check_env_name`), values shell-quoted for the job script."""
-    from bench.slurm import check_env_name
-
-    return {check_env_name(k): shlex.quote(str(v)) for k, v in cfg.launcher.env.items()}
+    return {slurm.check_env_name(k): shlex.quote(str(v)) for k, v in cfg.launcher.env.items()}
 
 
-def executor(cfg: RootConfig, run_dir: Path) -> Any:
-    """`SlurmExecutor` for launcher=slurm, `LocalExecutor` for launcher=local; the job's files in
-    `<run_dir>/nemo_run/`."""
-    from bench import launch, slurm
-
+def executor(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> Any:
+    """`SlurmExecutor` for launcher=slurm, `LocalExecutor` for launcher=local, `nproc` processes on each of `nodes`
+    nodes (`bench.launch.nproc_per_node`, `num_nodes`); the job's files in `<run_dir>/nemo_run/`."""
     run = _nemo_run()
     la = cfg.launcher
-    nproc, nodes = launch.nproc_per_node(cfg), launch.num_nodes(cfg)
     if la.name == "local":  # torchrun of this interpreter, also when its bin/ is not on PATH
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         env = {k: str(v) for k, v in la.env.items()} | {"PATH": path}
@@ -88,22 +80,14 @@ def executor(cfg: RootConfig, run_dir: Path) -> Any:
     )
 
 
-def experiment_title(cfg: RootConfig) -> str:
-    from bench.slurm import job_name
-
-    return job_name(cfg)
-
-
-def launch_run(cfg: RootConfig, run_dir: Path) -> tuple[str | None, int | None]:
+def launch_run(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> tuple[str | None, int | None]:
     """Build the experiment of one run and dry-run it (launcher.dry_run), submit it (Slurm: returns at once) or run
     it (local: waits). Returns (experiment id or None for a dry run, exit code of a local run or None)."""
     run = _nemo_run()
     if cfg.engine.name == "bridge" and cfg.launcher.name == "slurm":
-        from bench.slurm import check_bridge_plan
-
-        check_bridge_plan(cfg, run_dir)
-    ex = executor(cfg, run_dir)
-    title = experiment_title(cfg)
+        slurm.check_bridge_plan(cfg, run_dir)
+    ex = executor(cfg, run_dir, nproc=nproc, nodes=nodes)
+    title = slurm.job_name(cfg)
     with run.Experiment(title, executor=ex, base_dir=str(run_dir / "nemo_run"), log_level="WARN") as exp:
         exp.add(task(cfg, run_dir), executor=ex, name="worker")
         if cfg.launcher.dry_run:
@@ -143,35 +127,3 @@ def manage(action: str, run_dir: str) -> int:
         for job in exp.jobs:
             exp.cancel(job.id)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        print(__doc__.split("\n\n")[1] if __doc__ else "")
-        print("Any bench.run override applies (launcher.partition=P launcher.account=A launcher.qos=Q ...).")
-        return 0
-    if args and args[0] in MANAGE:
-        if len(args) != 2:
-            print(f"usage: muonbench cluster {args[0]} <run dir>", file=sys.stderr)
-            return 2
-        try:
-            return manage(args[0], args[1])
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    from bench import run as bench_run
-
-    given = {a.split("=", 1)[0] for a in args}
-    via = [] if "launcher.via" in given else ["launcher.via=nemo_run"]
-    dry = os.environ.get("DRY_RUN") not in (None, "", "0") and "launcher.dry_run" not in given
-    sys.argv = [sys.argv[0], *via, *(["launcher.dry_run=true"] if dry else []), *args]
-    try:
-        bench_run.main()
-    except SystemExit as exc:
-        return int(exc.code or 0) if not isinstance(exc.code, str) else 2
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench import memory
+from bench import cluster, memory
 from muonbench.compose import config_from_dict
 from muonbench.schema import RootConfig
 
@@ -338,9 +338,7 @@ def check_launchable(cfg: RootConfig) -> None:
 def run_nemo_run(cfg: RootConfig, run_dir: Path) -> LaunchResult:
     """launcher.via=nemo_run: the run as a NeMo-Run experiment (`bench.cluster`); a Slurm one is submitted (or
     printed: launcher.dry_run), a local one runs here and waits."""
-    from bench import cluster
-
-    exp_id, rc = cluster.launch_run(cfg, run_dir)
+    exp_id, rc = cluster.launch_run(cfg, run_dir, nproc=nproc_per_node(cfg), nodes=num_nodes(cfg))
     command = ["nemo_run", "experiment", exp_id or "(dry run)"]
     if cfg.launcher.name == "local" and exp_id is not None:
         return LaunchResult(command=command, returncode=rc)

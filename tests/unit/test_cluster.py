@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import cluster, slurm
+from bench import cli, cluster, slurm
 from muonbench import compose, load
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -69,11 +69,11 @@ def test_cluster_command_selects_nemo_run_and_the_dry_run(monkeypatch: pytest.Mo
     seen: list[list[str]] = []
     monkeypatch.setattr("bench.run.main", lambda: seen.append(list(__import__("sys").argv[1:])))
     monkeypatch.setenv("DRY_RUN", "1")
-    assert cluster.main([KIMI]) == 0
-    assert cluster.main([KIMI, "launcher.via=sbatch", "launcher.dry_run=false"]) == 0
+    assert cli.main(["cluster", KIMI]) == 0
+    assert cli.main(["cluster", KIMI, "launcher.via=sbatch", "launcher.dry_run=false"]) == 0
     assert seen == [["launcher.via=nemo_run", "launcher.dry_run=true", KIMI],
                     [KIMI, "launcher.via=sbatch", "launcher.dry_run=false"]]  # fmt: skip
-    assert cluster.main(["status"]) == 2
+    assert cli.main(["cluster", "status"]) == 2
 
 
 needs_nemo_run = pytest.mark.skipif(importlib.util.find_spec("nemo_run") is None, reason="needs the nemo-run extra")
@@ -82,7 +82,7 @@ needs_nemo_run = pytest.mark.skipif(importlib.util.find_spec("nemo_run") is None
 @needs_nemo_run
 def test_slurm_executor_carries_the_launcher_config(tmp_path: Path) -> None:
     cfg = load([KIMI, *SITE, "+launcher.env.EVIL='`touch x`; rm -rf /'"])
-    ex = cluster.executor(cfg, tmp_path / "r1")
+    ex = cluster.executor(cfg, tmp_path / "r1", nproc=4, nodes=64)
     assert (ex.account, ex.partition, ex.qos, ex.constraint, ex.gres, ex.segment) == (
         "acct", "batch", "high", "gb300", "gpu:4", 16,
     )  # fmt: skip
@@ -105,7 +105,7 @@ def test_local_executor_runs_the_cpu_proxy_through_nemo_run(tmp_path: Path) -> N
     out = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # nemo_run wherever it is
     res = subprocess.run(
-        [sys.executable, "-m", "bench.cluster", "launcher=local", "experiment=cpu/qwen3_moe_tiny_dp2",
+        [sys.executable, "-m", "bench.cli", "cluster", "launcher=local", "experiment=cpu/qwen3_moe_tiny_dp2",
          "bench.steps=3", "bench.warmup_steps=1", "bench.progress=false", f"bench.out_dir={out}"],
         capture_output=True, text=True, timeout=400, check=False, env=env,
     )  # fmt: skip
