@@ -147,16 +147,16 @@ def enumerate_ns_matrices(
     model: ModelConfig,
     *,
     split_qkv: bool = True,
-    split_mla: bool = False,
+    split_mla_kv_down: bool = False,
     split_gate_up: bool = False,
-    include_router: bool = True,
+    router_to_matrix: bool = True,
 ) -> list[NSMatrix]:
     """Every matrix the optimizer orthogonalizes, after the configured splits (embedding and output go to Adam).
 
     split_qkv: GQA `linear_qkv` as separate Q (n_h d), K and V (n_g d) matrices (MCore's muon_split_qkv).
-    split_mla: kv_down into latent and rope rows, kv_up into K and V, q_up into no-rope and rope rows (MCore does not
+    split_mla_kv_down: kv_down into latent and rope rows, kv_up into K and V, q_up into no-rope and rope rows (MCore does not
     split MLA). split_gate_up: SwiGLU fc1 as separate gate and up matrices (MCore orthogonalizes them jointly).
-    include_router: the MoE router weight is Muon-managed in MCore.
+    router_to_matrix: the MoE router weight is Muon-managed in MCore.
     """
     n_dense, n_moe = _layer_counts(model)
     n_all = model.num_layers + model.mtp_num_layers
@@ -198,7 +198,7 @@ def enumerate_ns_matrices(
         if r_q:
             add(f"{sa}.linear_q_down_proj", r_q, h, "mla_q_down", "all", tp_dim=-1)
         q_name, q_kind = (f"{sa}.linear_q_up_proj", "mla_q_up") if r_q else (f"{sa}.linear_q_proj", "mla_q")
-        if split_mla:
+        if split_mla_kv_down:
             add(f"{q_name}[nope]", nh * d_qk, q_src, f"{q_kind}_nope", "all")
             add(f"{q_name}[rope]", nh * d_rope, q_src, f"{q_kind}_rope", "all")
             add(f"{sa}.linear_kv_down_proj[latent]", r_kv, h, "mla_kv_down_latent", "all", tp_dim=-1)
@@ -266,7 +266,7 @@ def enumerate_ns_matrices(
 
     ffn("mlp", "dense", model.ffn_hidden_size, "dense", 1, False)
     if model.num_experts:
-        if include_router:
+        if router_to_matrix:
             add("mlp.router", model.num_experts, h, "router", "moe", tp_dim=-1)
         ffn("mlp.experts", "expert", model.moe_ffn_hidden_size, "moe", model.num_experts, True)
         ffn("mlp.shared_experts", "shared", model.moe_shared_expert_intermediate_size, "moe", 1, False)
@@ -276,15 +276,21 @@ def enumerate_ns_matrices(
 # --------------------------------------------------------------------------------------------------------------
 # Per-GPU load under a parallel layout
 # --------------------------------------------------------------------------------------------------------------
-def _shard_cost(mat: NSMatrix, tp: int, tp_mode: str, k: int, restarts: tuple[int, ...]) -> dict[str, float]:
+def _shard_cost(
+    mat: NSMatrix, tp: int, tp_mode: str, num_ns_steps: int, restarts: tuple[int, ...]
+) -> dict[str, float]:
     """NS FLOPs one GPU spends on its part of `mat` when the weight is split over `tp` ranks."""
     if tp == 1 or mat.tp_partition_dim < 0 or tp_mode == "duplicated":  # full NS on every TP rank
-        return {c: ns_flops(mat.rows, mat.cols, k, c, restart_iterations=restarts) for c in CONVENTIONS}
+        return {
+            c: ns_flops(mat.rows, mat.cols, num_ns_steps, c, restart_iterations=restarts) for c in CONVENTIONS
+        }
     split, other = (mat.rows, mat.cols) if mat.tp_partition_dim == 0 else (mat.cols, mat.rows)
     if tp_mode == "blockwise":  # each shard orthogonalized alone
-        return {c: ns_flops(split // tp, other, k, c, restart_iterations=restarts) for c in CONVENTIONS}
+        return {
+            c: ns_flops(split // tp, other, num_ns_steps, c, restart_iterations=restarts) for c in CONVENTIONS
+        }
     # distributed: the split dim is contracted (Gram of the other side, all-reduced); A^2 redundant on every rank
-    return {c: ns_flops_mn(other, split / tp, k, c, restarts) for c in CONVENTIONS}
+    return {c: ns_flops_mn(other, split / tp, num_ns_steps, c, restarts) for c in CONVENTIONS}
 
 
 @dataclass(slots=True)
@@ -309,11 +315,11 @@ def ns_load_per_gpu(
     model: ModelConfig,
     par: ParallelismConfig,
     *,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     split_qkv: bool = True,
-    split_mla: bool = False,
+    split_mla_kv_down: bool = False,
     split_gate_up: bool = False,
-    include_router: bool = True,
+    router_to_matrix: bool = True,
     distributed: str = "layerwise",
     tp_mode: str = "blockwise",
     restart_iterations: tuple[int, ...] = (2,),
@@ -338,9 +344,9 @@ def ns_load_per_gpu(
     mats = enumerate_ns_matrices(
         model,
         split_qkv=split_qkv,
-        split_mla=split_mla,
+        split_mla_kv_down=split_mla_kv_down,
         split_gate_up=split_gate_up,
-        include_router=include_router,
+        router_to_matrix=router_to_matrix,
     )
     dp_slots = par.dp * par.cp
     expert_dp = max(1, par.expert_dp)
@@ -355,7 +361,7 @@ def ns_load_per_gpu(
         expert_items: list[tuple[str, dict[str, float]]] = []  # one EP rank's experts in this stage
         dense_items: list[tuple[str, dict[str, float]]] = []  # every non-expert matrix of this stage
         for m in mats:
-            cost = _shard_cost(m, par.etp if m.expert else par.tp, tp_mode, num_steps, restart_iterations)
+            cost = _shard_cost(m, par.etp if m.expert else par.tp, tp_mode, num_ns_steps, restart_iterations)
             if m.expert:
                 expert_items.extend([(m.kind, cost)] * (experts_per_rank * n_type[m.layer_type]))
             else:
@@ -394,11 +400,11 @@ def ns_load_per_gpu(
         "stages": stages,
         "matrices": mats,
         "options": {
-            "num_steps": num_steps,
+            "num_ns_steps": num_ns_steps,
             "split_qkv": split_qkv,
-            "split_mla": split_mla,
+            "split_mla_kv_down": split_mla_kv_down,
             "split_gate_up": split_gate_up,
-            "include_router": include_router,
+            "router_to_matrix": router_to_matrix,
             "distributed": distributed,
             "tp_mode": tp_mode,
             "restart_iterations": list(restart_iterations),
@@ -408,7 +414,7 @@ def ns_load_per_gpu(
 
 def ns_flops_per_step(
     mats: list[NSMatrix],
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     convention: str = "plain",
     *,
     restart_iterations: tuple[int, ...] = (2,),
@@ -416,7 +422,8 @@ def ns_flops_per_step(
     """NS FLOPs of one optimizer step, each matrix orthogonalized once (no TP duplication)."""
     return float(
         sum(
-            m.count * ns_flops(m.rows, m.cols, num_steps, convention, restart_iterations=restart_iterations)
+            m.count
+            * ns_flops(m.rows, m.cols, num_ns_steps, convention, restart_iterations=restart_iterations)
             for m in mats
         )
     )

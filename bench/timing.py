@@ -20,12 +20,12 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 
-def ns_flops_plain(rows: int, cols: int, num_steps: int, *, batch: int = 1) -> float:
-    """FLOPs of `num_steps` Newton-Schulz iterations on `batch` matrices of rows x cols (`optim.cost.ns_flops`,
+def ns_flops_plain(rows: int, cols: int, num_ns_steps: int, *, batch: int = 1) -> float:
+    """FLOPs of `num_ns_steps` Newton-Schulz iterations on `batch` matrices of rows x cols (`optim.cost.ns_flops`,
     plain count k (4 m^2 n + 2 m^3) per matrix)."""
     from optim.cost import ns_flops
 
-    return float(batch * ns_flops(rows, cols, num_steps, "plain"))
+    return float(batch * ns_flops(rows, cols, num_ns_steps, "plain"))
 
 
 class PhaseTimer:

@@ -468,7 +468,10 @@ OPTIMIZER_SCHEMAS: dict[str, type] = {
 }
 
 
-RENAMED_OPTIMIZER_FIELDS = {"split_mla": "split_mla_kv_down", "router_to_matrix_optimizer": "router_to_matrix"}
+RENAMED_OPTIMIZER_FIELDS = {
+    "split_mla": "split_mla_kv_down",
+    "router_to_matrix_optimizer": "router_to_matrix",
+}
 """Optimizer fields of older run records -> today's names (the names of `optim.configs.RoutingConfig`)."""
 
 

@@ -46,10 +46,14 @@ NETWORK_LATENCY_US = 8.0
 # NS FLOPs
 # --------------------------------------------------------------------------------------------------------------
 def ns_flops_mn(
-    m: float, n: float, num_steps: int, convention: str = "plain", restart_iterations: tuple[int, ...] = (2,)
+    m: float,
+    n: float,
+    num_ns_steps: int,
+    convention: str = "plain",
+    restart_iterations: tuple[int, ...] = (2,),
 ) -> float:
     """NS FLOPs with the Gram side m given explicitly (m x m Gram, contracted over n); see module doc."""
-    k, m, n = num_steps, float(m), float(n)
+    k, m, n = num_ns_steps, float(m), float(n)
     if convention == "plain":
         return k * (4 * m * m * n + 2 * m**3)
     if convention == "syrk":
@@ -63,17 +67,17 @@ def ns_flops_mn(
 def ns_flops(
     rows: int,
     cols: int,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     convention: str = "plain",
     *,
     restart_iterations: tuple[int, ...] = (2,),
 ) -> float:
-    """FLOPs of `num_steps` NS steps on one rows x cols matrix (transposed so that m = min side); see module doc."""
+    """FLOPs of `num_ns_steps` NS steps on one rows x cols matrix (transposed so that m = min side); see module doc."""
     if rows < 1 or cols < 1:
         raise ValueError(f"rows x cols={rows}x{cols}: both sides must be >= 1")
-    if num_steps < 1:
-        raise ValueError(f"num_steps={num_steps}: must be >= 1")
-    return ns_flops_mn(min(rows, cols), max(rows, cols), num_steps, convention, restart_iterations)
+    if num_ns_steps < 1:
+        raise ValueError(f"num_ns_steps={num_ns_steps}: must be >= 1")
+    return ns_flops_mn(min(rows, cols), max(rows, cols), num_ns_steps, convention, restart_iterations)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -141,7 +145,7 @@ def gpu_ms(
     cols: float,
     *,
     flops_per_s: float,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     convention: str = "plain",
     table: dict[tuple[int, int], float] | None = None,
     table_flops_per_s: float = 0.0,
@@ -152,9 +156,9 @@ def gpu_ms(
     m, n = min(rows, cols), max(rows, cols)
     key = (int(m), int(n))
     if table and key in table:
-        scale = ns_flops(key[0], key[1], num_steps) / ns_flops(key[0], key[1], 5)
+        scale = ns_flops(key[0], key[1], num_ns_steps) / ns_flops(key[0], key[1], 5)
         return table[key] * scale * table_flops_per_s / flops_per_s
-    flop = ns_flops(max(1, int(m)), max(1, int(n)), num_steps, convention)
+    flop = ns_flops(max(1, int(m)), max(1, int(n)), num_ns_steps, convention)
     return flop / (flops_per_s * m / (m + HALF_EFF_DIM)) * 1e3
 
 
@@ -179,7 +183,7 @@ def tp_cost(
     flops_per_s: float,
     link: Link,
     partition_dim: int = 0,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     convention: str = "plain",
     triangular: bool = False,
     table: dict[tuple[int, int], float] | None = None,
@@ -200,7 +204,7 @@ def tp_cost(
             r,
             c,
             flops_per_s=flops_per_s,
-            num_steps=num_steps,
+            num_ns_steps=num_ns_steps,
             convention=convention,
             table=table,
             table_flops_per_s=table_flops_per_s,
@@ -214,14 +218,14 @@ def tp_cost(
     if mode == "duplicated":
         return TPCost(compute_ms=gpu(rows, cols), comm_ms=all_gather(rows * cols * 4.0, tp, link) * 1e3)
     conv = "gram" if mode == "distributed_gram" else convention
-    flop = ns_flops_mn(other, split / tp, num_steps, conv, (2,))
+    flop = ns_flops_mn(other, split / tp, num_ns_steps, conv, (2,))
     m_eff = min(other, split / tp)
     compute = flop / (flops_per_s * m_eff / (m_eff + HALF_EFF_DIM)) * 1e3
     gram_bytes = other * other * 2.0 * (0.5 if triangular else 1.0)
     if mode == "distributed_gram":  # R_0 once and one re-formed Gram at the restart; norm from trace(R_0)
         comm = 2 * all_reduce(gram_bytes, tp, link)
     else:  # one Gram all-reduce per step plus the scalar norm
-        comm = num_steps * all_reduce(gram_bytes, tp, link) + all_reduce(4.0, tp, link)
+        comm = num_ns_steps * all_reduce(gram_bytes, tp, link) + all_reduce(4.0, tp, link)
     return TPCost(compute_ms=compute, comm_ms=comm * 1e3)
 
 
@@ -233,7 +237,7 @@ def tp_mode_times(
     flops_per_s: float,
     link: Link,
     partition_dim: int = 0,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
 ) -> dict[str, float]:
     """Predicted milliseconds of duplicated and distributed NS (compute + communication) for one matrix."""
     return {
@@ -245,7 +249,7 @@ def tp_mode_times(
             flops_per_s=flops_per_s,
             link=link,
             partition_dim=partition_dim,
-            num_steps=num_steps,
+            num_ns_steps=num_ns_steps,
         ).total_ms
         for mode in ("duplicated", "distributed")
     }
@@ -259,7 +263,7 @@ def choose_tp_mode(
     flops_per_s: float,
     link: Link,
     partition_dim: int = 0,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
 ) -> str:
     """`tp_mode=auto`: "duplicated" or "distributed" for one TP-sharded rows x cols weight, whichever is predicted
     faster (duplicated when the per-step Gram all-reduce latency dominates, distributed when the duplicated compute
@@ -267,6 +271,12 @@ def choose_tp_mode(
     if tp <= 1 or partition_dim < 0:
         return "duplicated"
     t = tp_mode_times(
-        rows, cols, tp, flops_per_s=flops_per_s, link=link, partition_dim=partition_dim, num_steps=num_steps
+        rows,
+        cols,
+        tp,
+        flops_per_s=flops_per_s,
+        link=link,
+        partition_dim=partition_dim,
+        num_ns_steps=num_ns_steps,
     )
     return "distributed" if t["distributed"] < t["duplicated"] else "duplicated"

@@ -34,6 +34,7 @@ from recipes.models import Sections
 FAIR_PROFILE: dict[str, bool] = {"overlap_param_gather": True, "fp8_param_gather": True}
 """ab_mode="fair": one setting for every optimizer (fp8_param_gather only where the precision has an FP8 recipe)."""
 
+
 def _fail(name: str, value: Any, rule: str) -> None:
     raise ValueError(f"optimizer.{name}={value!r}: {rule}")
 

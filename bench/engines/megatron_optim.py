@@ -147,7 +147,7 @@ def _inner(opt: Any) -> list[Any]:
     return _inner_torch_optimizers(opt)
 
 
-def _time_ours(opt: Any, timer: Any, k: int) -> None:
+def _time_ours(opt: Any, timer: Any, num_ns_steps: int) -> None:
     """Time every batched orthogonalize call of our matrix optimizer; count plain NS FLOPs from its (B, m, n)."""
     from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 
@@ -155,16 +155,20 @@ def _time_ours(opt: Any, timer: Any, k: int) -> None:
         if isinstance(inner, OrthogonalizedOptimizer):
             # TP shards count the FLOPs of the local shape: what distributed NS computes, less than duplicated
             count = (
-                (lambda x, **kw: ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])) if k else None
+                (lambda x, **kw: ns_flops_plain(x.shape[-2], x.shape[-1], num_ns_steps, batch=x.shape[0]))
+                if num_ns_steps
+                else None
             )
             inner.instrument(lambda fn, phase, count=count: timer.wrap(fn, phase, count=count))
 
 
-def _time_megatron_muon(opt: Any, timer: Any, k: int) -> None:
+def _time_megatron_muon(opt: Any, timer: Any, num_ns_steps: int) -> None:
     """Time every per-matrix `scaled_orthogonalize_fn` call of Megatron's TensorParallelMuon (QKV pieces included)."""
     for inner in _inner(opt):
         fn = getattr(inner, "scaled_orthogonalize_fn", None)
         if fn is not None:
             inner.scaled_orthogonalize_fn = timer.wrap(
-                fn, "ns", count=lambda grad, *a, **kw: ns_flops_plain(grad.shape[-2], grad.shape[-1], k)
+                fn,
+                "ns",
+                count=lambda grad, *a, **kw: ns_flops_plain(grad.shape[-2], grad.shape[-1], num_ns_steps),
             )

@@ -510,9 +510,9 @@ def ns_flops_enumerated(config: dict[str, Any]) -> float | None:
     mats = flops.enumerate_ns_matrices(
         root.model,
         split_qkv=o.split_qkv,
-        split_mla=o.split_mla_kv_down,
+        split_mla_kv_down=o.split_mla_kv_down,
         split_gate_up=o.split_gate_up,
-        include_router=o.router_to_matrix,
+        router_to_matrix=o.router_to_matrix,
     )
     return float(flops.ns_flops_per_step(mats, o.num_ns_steps, "plain"))
 

@@ -56,12 +56,19 @@ def _segments_bytes(owned: list[float], filler: float, n: int, grad_b: int, para
 
 
 def stage_matrices(
-    model: Any, par: Any, *, split_qkv: bool = True, split_mla: bool = False, split_gate_up: bool = False
+    model: Any,
+    par: Any,
+    *,
+    split_qkv: bool = True,
+    split_mla_kv_down: bool = False,
+    split_gate_up: bool = False,
 ) -> list[tuple[int, list[Any], list[Any]]]:
     """Per PP rank: (decoder layers, dense matrices of the stage, expert matrices one EP rank holds)."""
     from bench.flops import enumerate_ns_matrices, stage_layers
 
-    mats = enumerate_ns_matrices(model, split_qkv=split_qkv, split_mla=split_mla, split_gate_up=split_gate_up)
+    mats = enumerate_ns_matrices(
+        model, split_qkv=split_qkv, split_mla_kv_down=split_mla_kv_down, split_gate_up=split_gate_up
+    )
     experts_per_rank = model.num_experts // par.ep if model.num_experts else 0
     out = []
     for layer_ids in stage_layers(model, par):
@@ -288,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
     strategies = STRATEGIES if opts["strategy"] == "all" else (opts["strategy"],)
     opt = cfg.optimizer
     splits = (
-        {"split_qkv": opt.split_qkv, "split_mla": opt.split_mla_kv_down, "split_gate_up": opt.split_gate_up}
+        {
+            "split_qkv": opt.split_qkv,
+            "split_mla_kv_down": opt.split_mla_kv_down,
+            "split_gate_up": opt.split_gate_up,
+        }
         if isinstance(opt, MatrixOptimizerSchema)
         else {}
     )

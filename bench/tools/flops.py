@@ -30,7 +30,7 @@ def summary(model: ModelConfig, par: ParallelismConfig, **ns_options: Any) -> di
     """Everything the CLI prints, as one JSON-ready dict (FLOPs as floats)."""
     load = ns_load_per_gpu(model, par, **ns_options)
     opts = load["options"]
-    k, restarts = opts["num_steps"], tuple(opts["restart_iterations"])
+    k, restarts = opts["num_ns_steps"], tuple(opts["restart_iterations"])
     mats: list[NSMatrix] = load["matrices"]
     per_step = {c: ns_flops_per_step(mats, k, c, restart_iterations=restarts) for c in CONVENTIONS}
     model_step = model_flops_per_step(model, par)
@@ -99,8 +99,9 @@ def _print_text(s: dict[str, Any]) -> None:
     )
     o = s["ns_options"]
     console.print(
-        f"Newton-Schulz matrices (k={o['num_steps']}; split_qkv={o['split_qkv']} split_mla={o['split_mla']}"
-        f" split_gate_up={o['split_gate_up']} router={o['include_router']}); TF = 1e12 FLOP"
+        f"Newton-Schulz matrices (num_ns_steps={o['num_ns_steps']}; split_qkv={o['split_qkv']}"
+        f" split_mla_kv_down={o['split_mla_kv_down']} split_gate_up={o['split_gate_up']}"
+        f" router_to_matrix={o['router_to_matrix']}); TF = 1e12 FLOP"
     )
     t = Table()
     for col in (
@@ -198,14 +199,14 @@ def _summary_from(root: Any) -> dict[str, Any]:
     if isinstance(opt, MatrixOptimizerSchema):
         opts.update(
             split_qkv=opt.split_qkv,
-            split_mla=opt.split_mla_kv_down,
+            split_mla_kv_down=opt.split_mla_kv_down,
             split_gate_up=opt.split_gate_up,
-            include_router=opt.router_to_matrix,
+            router_to_matrix=opt.router_to_matrix,
             distributed=dist.distributed,
             tp_mode=_TP_MODE_COST.get(dist.tp_mode, dist.tp_mode),
         )
     if isinstance(opt, MuonSchema | MOPSchema):
-        opts["num_steps"] = opt.num_ns_steps
+        opts["num_ns_steps"] = opt.num_ns_steps
     return summary(root.model, root.parallelism, **opts)
 
 

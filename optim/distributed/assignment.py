@@ -40,9 +40,9 @@ def canonical(shape: Sequence[int]) -> Shape:
     return (rows, cols) if rows <= cols else (cols, rows)
 
 
-def ns_flops(shape: Sequence[int], num_steps: int = 5) -> float:
+def ns_flops(shape: Sequence[int], num_ns_steps: int = 5) -> float:
     """Plain NS FLOPs of one matrix of this shape (`optim.cost.ns_flops`)."""
-    return cost.ns_flops(*canonical(shape), num_steps)
+    return cost.ns_flops(*canonical(shape), num_ns_steps)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,7 +62,7 @@ class CostModel:
     """Dense bf16 GEMM ceiling (measured H200, docs/references.md#h200-baseline)."""
     half_eff_dim: float = 600.0
     """Short side at which the batched call reaches half of `peak_tflops`."""
-    num_steps: int = 5
+    num_ns_steps: int = 5
     table: Mapping[Shape, tuple[float, float]] = field(default_factory=dict)
     """Measured (fixed_ms, per_matrix_ms) per canonical (short, long) shape; wins over the model."""
 
@@ -70,8 +70,8 @@ class CostModel:
         for name in ("fixed_ms", "peak_tflops", "half_eff_dim"):
             if getattr(self, name) < 0 or (name == "peak_tflops" and self.peak_tflops == 0):
                 raise ValueError(f"CostModel.{name}={getattr(self, name)!r}: must be positive")
-        if self.num_steps < 1:
-            raise ValueError(f"CostModel.num_steps={self.num_steps!r}: must be >= 1")
+        if self.num_ns_steps < 1:
+            raise ValueError(f"CostModel.num_ns_steps={self.num_ns_steps!r}: must be >= 1")
 
     def terms(self, shape: Sequence[int]) -> tuple[float, float]:
         """(fixed_ms, per_matrix_ms) of one shape."""
@@ -80,7 +80,7 @@ class CostModel:
             return self.table[key]
         m = key[0]
         rate = self.peak_tflops * 1e12 * m / (m + self.half_eff_dim)
-        return self.fixed_ms, ns_flops(key, self.num_steps) / rate * 1e3
+        return self.fixed_ms, ns_flops(key, self.num_ns_steps) / rate * 1e3
 
     def group_ms(self, shape: Sequence[int], count: int) -> float:
         """Milliseconds of `count` same-shape matrices as one batched call (0 for count 0)."""

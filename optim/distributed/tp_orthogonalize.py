@@ -67,7 +67,7 @@ def tp_newton_schulz(
     partition_dim: int | None,
     tp_group: dist.ProcessGroup | None = None,
     shard_sizes: Sequence[int] | None = None,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     coefficients: str | Sequence[Sequence[float]] = "quintic",
     compute_dtype: torch.dtype = torch.bfloat16,
     eps: float = 1e-7,
@@ -83,7 +83,7 @@ def tp_newton_schulz(
         partition_dim: dim of `x` that is sharded (-2 / -1 or the positive index); None = not sharded.
         tp_group: the TP group (the expert-TP group for expert weights, see `TPGroups`); None = one process.
         shard_sizes: size of every rank's shard along `partition_dim` (uneven splits); None = all equal.
-        num_steps, coefficients, compute_dtype, eps, use_gram, restart_iterations: as `newton_schulz`
+        num_ns_steps, coefficients, compute_dtype, eps, use_gram, restart_iterations: as `newton_schulz`
             (`use_gram` applies to DUPLICATED and BLOCKWISE; DISTRIBUTED_GRAM always iterates on the Gram).
         triangular_reduce: all-reduce only the lower triangle of the Grams (distributed modes).
 
@@ -93,7 +93,7 @@ def tp_newton_schulz(
     mode = TPMode(mode)
     rank, size = group_rank_size(tp_group)
     ns_kwargs = {
-        "num_steps": num_steps,
+        "num_ns_steps": num_ns_steps,
         "coefficients": coefficients,
         "compute_dtype": compute_dtype,
         "eps": eps,
@@ -126,9 +126,9 @@ def tp_newton_schulz(
         start = sum(sizes[:rank])
         return out.narrow(pdim, start, sizes[rank]).contiguous()
     coeffs = (
-        ns_coefficients(coefficients, num_steps)
+        ns_coefficients(coefficients, num_ns_steps)
         if isinstance(coefficients, str)
-        else ns_coefficients("custom", num_steps, custom=coefficients)
+        else ns_coefficients("custom", num_ns_steps, custom=coefficients)
     )
     xb = x.unsqueeze(0) if x.ndim == 2 else x
     transpose = pdim == x.ndim - 2  # make the sharded (long) dim the last, contracted one
@@ -201,13 +201,13 @@ def _distributed_gram(
     return q @ xc
 
 
-def collectives_per_matrix(mode: TPMode | str, *, num_steps: int = 5, num_restarts: int = 1) -> int:
+def collectives_per_matrix(mode: TPMode | str, *, num_ns_steps: int = 5, num_restarts: int = 1) -> int:
     """Collectives one sharded matrix costs per NS call (for reports and tests)."""
     match TPMode(mode):
         case TPMode.DUPLICATED:
             return 1
         case TPMode.DISTRIBUTED:
-            return 1 + num_steps
+            return 1 + num_ns_steps
         case TPMode.DISTRIBUTED_GRAM:
             return 1 + num_restarts
         case TPMode.BLOCKWISE:

@@ -84,22 +84,22 @@ COEFFICIENT_NAMES = (*COEFFICIENT_SETS, "custom")
 
 
 def ns_coefficients(
-    name: str, num_steps: int, custom: Sequence[Sequence[float]] | None = None
+    name: str, num_ns_steps: int, custom: Sequence[Sequence[float]] | None = None
 ) -> list[Coeff]:
-    """Returns the (a, b, c) tuple of each of `num_steps` iterations.
+    """Returns the (a, b, c) tuple of each of `num_ns_steps` iterations.
 
     Args:
         name: one of `COEFFICIENT_NAMES`.
-        num_steps: number of iterations, >= 1; steps beyond the set's length repeat its last tuple.
+        num_ns_steps: number of iterations, >= 1; steps beyond the set's length repeat its last tuple.
         custom: the user list for `name="custom"`; must be None otherwise.
 
     Raises:
-        ValueError: unknown name, num_steps < 1, a custom list missing, empty or not made of triples.
+        ValueError: unknown name, num_ns_steps < 1, a custom list missing, empty or not made of triples.
     """
     if name not in COEFFICIENT_NAMES:
         raise ValueError(f"coefficients={name!r} is not one of {COEFFICIENT_NAMES}")
-    if num_steps < 1:
-        raise ValueError(f"num_steps={num_steps} must be >= 1")
+    if num_ns_steps < 1:
+        raise ValueError(f"num_ns_steps={num_ns_steps} must be >= 1")
     if name == "custom":
         if not custom or any(len(t) != 3 for t in custom):
             raise ValueError(f"custom={custom!r}: coefficients='custom' needs a non-empty list of (a, b, c)")
@@ -108,7 +108,7 @@ def ns_coefficients(
         raise ValueError(f"custom={custom!r} given with coefficients={name!r}; use coefficients='custom'")
     else:
         base = COEFFICIENT_SETS[name]
-    return list(islice(chain(base, repeat(base[-1])), num_steps))
+    return list(islice(chain(base, repeat(base[-1])), num_ns_steps))
 
 
 def _normalize_fro(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -160,7 +160,7 @@ def _gram_iterations(x: torch.Tensor, coeffs: Sequence[Coeff], restarts: frozens
 def newton_schulz(
     x: torch.Tensor,
     *,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     coefficients: str | Sequence[Sequence[float]] = "quintic",
     compute_dtype: torch.dtype = torch.bfloat16,
     eps: float = 1e-7,
@@ -171,9 +171,9 @@ def newton_schulz(
 
     Args:
         x: (m, n) or (B, m, n); any float dtype. Batched matrices are independent.
-        num_steps: iterations.
+        num_ns_steps: iterations.
         coefficients: a set name (see `COEFFICIENT_NAMES`) or an explicit list of (a, b, c) (its last tuple
-            repeated when num_steps exceeds its length).
+            repeated when num_ns_steps exceeds its length).
         compute_dtype: dtype of the iterate and of the GEMMs (bf16 = MCore "medium"; fp32 = "highest").
             Normalization is always done in fp32 (or fp64 when compute_dtype is fp64).
         eps: lower clamp of the Frobenius norm.
@@ -188,9 +188,9 @@ def newton_schulz(
     if compute_dtype not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
         raise ValueError(f"compute_dtype={compute_dtype} is not one of bfloat16, float16, float32, float64")
     if isinstance(coefficients, str):
-        coeffs = ns_coefficients(coefficients, num_steps)
+        coeffs = ns_coefficients(coefficients, num_ns_steps)
     else:
-        coeffs = ns_coefficients("custom", num_steps, custom=coefficients)
+        coeffs = ns_coefficients("custom", num_ns_steps, custom=coefficients)
     norm_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
     in_dtype, was_2d = x.dtype, x.ndim == 2
     xb = x.unsqueeze(0) if was_2d else x

@@ -163,9 +163,9 @@ def plan_key(
     return key if dtype == torch.bfloat16 else f"{key}|iterate={dtype}"
 
 
-def plain_flops(batch: int, m: int, n: int, num_steps: int) -> float:
+def plain_flops(batch: int, m: int, n: int, num_ns_steps: int) -> float:
     """Plain-count NS FLOPs, short side m: k (4 m^2 n + 2 m^3) per matrix."""
-    return batch * cost.ns_flops(m, n, num_steps)
+    return batch * cost.ns_flops(m, n, num_ns_steps)
 
 
 def _ops(name: str) -> MatOps:
@@ -243,25 +243,25 @@ def pick(times_ms: dict[str, float]) -> str:
     return best
 
 
-def launch_sensitive(batch: int, m: int, n: int, num_steps: int) -> bool:
+def launch_sensitive(batch: int, m: int, n: int, num_ns_steps: int) -> bool:
     """Whether CUDA-graph variants are offered: estimated GEMM time <= LAUNCH_RATIO x host launch time (see
     CEILING_FLOPS)."""
-    gemm_s = plain_flops(batch, m, n, num_steps) / CEILING_FLOPS
-    return gemm_s <= LAUNCH_RATIO * (3 * num_steps + 4) * HOST_LAUNCH_S
+    gemm_s = plain_flops(batch, m, n, num_ns_steps) / CEILING_FLOPS
+    return gemm_s <= LAUNCH_RATIO * (3 * num_ns_steps + 4) * HOST_LAUNCH_S
 
 
-def quack_configs_offered(batch: int, m: int, n: int, num_steps: int) -> bool:
+def quack_configs_offered(batch: int, m: int, n: int, num_ns_steps: int) -> bool:
     """Whether QuACK's explicit general-product configs are worth their compilation and timing here: the problems
     that are not `launch_sensitive` (expert batches, single matrices from 7168 x 8192 up), where the GPU time of
     the general products, not the host, decides the call."""
-    return not launch_sensitive(batch, m, n, num_steps)
+    return not launch_sensitive(batch, m, n, num_ns_steps)
 
 
 def candidate_names(
     batch: int,
     m: int,
     n: int,
-    num_steps: int,
+    num_ns_steps: int,
     use_gram: bool,
     triton_ok: bool,
     quack_ok: bool = False,
@@ -278,11 +278,11 @@ def candidate_names(
     if quack:
         backends += QUACK_BACKENDS
     bodies = [f"plain_{b}" for b in ("torch", *backends)]
-    if quack and quack_configs and quack_configs_offered(batch, m, n, num_steps):
+    if quack and quack_configs and quack_configs_offered(batch, m, n, num_ns_steps):
         bodies += [f"plain_quack_all_{c}" for c in (*GENERAL_CONFIGS, *SYMMETRIC_CONFIGS) if c not in skip]
     if use_gram:
         bodies += [f"gram_{b}" for b in ("torch", *backends)]
-    if launch_sensitive(batch, m, n, num_steps):
+    if launch_sensitive(batch, m, n, num_ns_steps):
         bodies += [b + "+graph" for b in list(bodies)]
     return bodies
 
@@ -624,7 +624,7 @@ class Planner:
         return {**seeded, "plan_s": time.perf_counter() - t_start}
 
     @staticmethod
-    def untried(entry: dict[str, object], x: torch.Tensor, num_steps: int, use_gram: bool) -> list[str]:
+    def untried(entry: dict[str, object], x: torch.Tensor, num_ns_steps: int, use_gram: bool) -> list[str]:
         """Candidates this code offers for x's problem that a cached entry neither timed nor rejected (a cache
         written before a kernel was added): such an entry is measured again, so a new kernel is never ignored.
         A fallback entry (nothing could be measured) is kept for the process as it is."""
@@ -638,7 +638,7 @@ class Planner:
             nb,
             r,
             c,
-            num_steps,
+            num_ns_steps,
             use_gram,
             triton_importable(),
             sym_quack.usable(x.device),

@@ -8,7 +8,15 @@ from typing import Any
 
 import torch
 
-from optim.configs import AdamWConfig, ConfigFieldError, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig, TPMode
+from optim.configs import (
+    AdamWConfig,
+    ConfigFieldError,
+    MOPConfig,
+    MuonConfig,
+    RoutingConfig,
+    SOAPConfig,
+    TPMode,
+)
 from optim.functional.split import RowSplit
 
 MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
@@ -46,7 +54,12 @@ def check_megatron_routing(routing: RoutingConfig) -> None:
         (
             ("split_mla_kv_down", True, routing.split_mla_kv_down, "orthogonalises MLA projections whole"),
             ("split_gate_up", True, routing.split_gate_up, "orthogonalises fc1 [gate; up] jointly"),
-            ("router_to_matrix", False, not routing.router_to_matrix, "routes the MoE router to the matrix side"),
+            (
+                "router_to_matrix",
+                False,
+                not routing.router_to_matrix,
+                "routes the MoE router to the matrix side",
+            ),
         )
     )
 
@@ -60,7 +73,12 @@ def megatron_muon_fields(muon: MuonConfig, routing: RoutingConfig, tp_mode: str)
     check_megatron_routing(routing)
     _unsupported(
         (
-            ("coefficient_type", "custom", muon.coefficient_type == "custom", "takes a named coefficient set"),
+            (
+                "coefficient_type",
+                "custom",
+                muon.coefficient_type == "custom",
+                "takes a named coefficient set",
+            ),
             ("use_gram_ns", True, muon.use_gram_ns, "has no Gram Newton-Schulz"),
             ("ns_precision", "fp16", muon.ns_precision == "fp16", "iterates in bf16 or fp32 only"),
         )
@@ -117,7 +135,11 @@ def megatron_optimizer_config(
         if "muon_nesterov" not in have:
             fields["muon_use_nesterov"] = fields.pop("muon_nesterov")
         kw.update(
-            lr=muon.lr, min_lr=muon.lr, weight_decay=muon.weight_decay, use_distributed_optimizer=False, **fields
+            lr=muon.lr,
+            min_lr=muon.lr,
+            weight_decay=muon.weight_decay,
+            use_distributed_optimizer=False,
+            **fields,
         )
         if "use_layer_wise_distributed_optimizer" in have:
             kw.update(optimizer="muon", use_layer_wise_distributed_optimizer=True)

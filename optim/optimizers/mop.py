@@ -63,7 +63,7 @@ class MOP(OrthogonalizedOptimizer):
         else:
             orth = newton_schulz(
                 x,
-                num_steps=cfg.num_ns_steps,
+                num_ns_steps=cfg.num_ns_steps,
                 coefficients="polar_express",
                 compute_dtype=NS_DTYPES[cfg.ns_precision],
                 eps=cfg.eps,
@@ -74,7 +74,7 @@ class MOP(OrthogonalizedOptimizer):
     def _tp_ns_kwargs(self) -> dict[str, Any]:
         cfg = self.config
         return {
-            "num_steps": cfg.num_ns_steps,
+            "num_ns_steps": cfg.num_ns_steps,
             "coefficients": "polar_express",
             "compute_dtype": NS_DTYPES[cfg.ns_precision],
             "eps": cfg.eps,

@@ -106,7 +106,7 @@ class Muon(OrthogonalizedOptimizer):
             return out.to(x.dtype), None
         out = newton_schulz(
             x,
-            num_steps=cfg.num_ns_steps,
+            num_ns_steps=cfg.num_ns_steps,
             coefficients=self.coefficients,
             compute_dtype=NS_DTYPES[cfg.ns_precision],
             eps=cfg.eps,
@@ -136,7 +136,7 @@ class Muon(OrthogonalizedOptimizer):
     def _tp_ns_kwargs(self) -> dict[str, Any]:
         cfg = self.config
         return {
-            "num_steps": cfg.num_ns_steps,
+            "num_ns_steps": cfg.num_ns_steps,
             "coefficients": self.coefficients,
             "compute_dtype": NS_DTYPES[cfg.ns_precision],
             "eps": cfg.eps,

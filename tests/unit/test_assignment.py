@@ -96,8 +96,8 @@ def test_errors_name_value_and_choices() -> None:
         assign([(2, 2)], 0, "round_robin")
     with pytest.raises(ValueError, match="initial_loads"):
         lpt_cost([(2, 2)], 2, initial_loads=[0.0])
-    with pytest.raises(ValueError, match="CostModel.num_steps=0"):
-        CostModel(num_steps=0)
+    with pytest.raises(ValueError, match="CostModel.num_ns_steps=0"):
+        CostModel(num_ns_steps=0)
 
 
 def test_imbalance() -> None:

@@ -68,7 +68,7 @@ def test_adamw_baseline_has_no_ns_and_all_params_on_adamw():
 
 @pytest.mark.parametrize("polar_method", ["svd", "polar_express"])
 def test_mop_steps_with_ns_flops_only_for_iterations(polar_method):
-    """Localises the exact-SVD MOP (no NS iterations, k = 0) crashing the NS FLOP counter (`num_steps=0`)."""
+    """Localises the exact-SVD MOP (no NS iterations, k = 0) crashing the NS FLOP counter (`num_ns_steps=0`)."""
     cfg = _cfg("optimizer=mop", f"optimizer.polar_method={polar_method}")
     metrics, _ = _run(cfg, steps=1)
     m = metrics[-1]

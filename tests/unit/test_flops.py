@@ -133,7 +133,7 @@ def test_ns_flops_anchor_table(shape: tuple[int, int], tflop: tuple[float, float
 def test_ns_flops_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match=r"convention='fast'.*plain"):
         flops.ns_flops(2, 3, 5, "fast")
-    with pytest.raises(ValueError, match="num_steps=0"):
+    with pytest.raises(ValueError, match="num_ns_steps=0"):
         flops.ns_flops(2, 3, 0)
 
 
@@ -161,18 +161,21 @@ def test_enumeration_counts_and_numel(cfgs) -> None:
     }
 
 
-@pytest.mark.parametrize("option", ["split_qkv", "split_mla", "split_gate_up"])
+@pytest.mark.parametrize("option", ["split_qkv", "split_mla_kv_down", "split_gate_up"])
 def test_splits_preserve_elements(cfgs, option: str) -> None:
     """A split changes the matrices, never the parameter count."""
     for name in ("qwen3_30b_a3b", "kimi_k2"):
-        base = {"split_qkv": False, "split_mla": False, "split_gate_up": False}
+        base = {"split_qkv": False, "split_mla_kv_down": False, "split_gate_up": False}
         a = flops.enumerate_ns_matrices(cfgs[name], **base)
         b = flops.enumerate_ns_matrices(cfgs[name], **{**base, option: True})
         assert sum(m.count * m.rows * m.cols for m in a) == sum(m.count * m.rows * m.cols for m in b)
-    kinds = {m.kind for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], split_mla=True, split_gate_up=True)}
+    kinds = {
+        m.kind
+        for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], split_mla_kv_down=True, split_gate_up=True)
+    }
     assert {"mla_kv_down_latent", "mla_kv_down_rope", "mla_kv_up_k", "mla_q_up_rope", "expert_gate"} <= kinds
     assert "router" not in {
-        m.kind for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], include_router=False)
+        m.kind for m in flops.enumerate_ns_matrices(cfgs["kimi_k2"], router_to_matrix=False)
     }
 
 
@@ -286,7 +289,7 @@ def test_cli_text_and_optimizer_options() -> None:
         "model=qwen3_30b_a3b", "parallelism=dp8_ep8", "optimizer.split_qkv=false", "optimizer.num_ns_steps=6"
     )
     assert res.returncode == 0, res.stderr
-    assert "attn_qkv" in res.stdout and "5120x2048" in res.stdout and "k=6" in res.stdout
+    assert "attn_qkv" in res.stdout and "5120x2048" in res.stdout and "num_ns_steps=6" in res.stdout
 
 
 @pytest.mark.parametrize(

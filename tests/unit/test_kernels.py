@@ -400,7 +400,7 @@ def test_fp16_orthogonalize_restores_layout_and_dtype() -> None:
         x = torch.randn(*shape) * 1e4  # far outside fp16's range before the normalization
         for dt in (torch.float32, torch.bfloat16):
             out = orthogonalize(x.to(dt), coeffs=coeffs, dtype=torch.float16)
-            ref = newton_schulz(x, num_steps=5, coefficients=coeffs, compute_dtype=torch.float32)
+            ref = newton_schulz(x, num_ns_steps=5, coefficients=coeffs, compute_dtype=torch.float32)
             assert out.shape == x.shape and out.dtype == dt and torch.isfinite(out).all()
             assert float((out.float() - ref).norm() / ref.norm()) < 0.02
 

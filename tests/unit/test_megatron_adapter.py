@@ -589,7 +589,9 @@ def test_engine_and_bridge_recipe_share_one_megatron_muon_mapping():
 
     overrides = ["model=qwen3_moe_tiny", "optimizer=muon_megatron", "optimizer.num_ns_steps=7"]
     engine = megatron_config(muonbench.load(["engine=megatron", *overrides]))
-    recipe = build_plan(muonbench.load(["engine=bridge", "engine.device=cuda", *overrides])).overrides["optimizer"]
+    recipe = build_plan(muonbench.load(["engine=bridge", "engine.device=cuda", *overrides])).overrides[
+        "optimizer"
+    ]
     muon_keys = [k for k in recipe if k.startswith("muon_") and k != "muon_scalar_optimizer"]
     assert len(muon_keys) >= 9 and recipe["muon_num_ns_steps"] == 7
     assert {k: getattr(engine, k) for k in muon_keys} == {k: recipe[k] for k in muon_keys}

@@ -50,7 +50,7 @@ def test_coefficient_iteration_modes() -> None:
         ns_coefficients("custom", 3)
     with pytest.raises(ValueError, match="not one of"):
         ns_coefficients("quartic", 3)
-    with pytest.raises(ValueError, match="num_steps"):
+    with pytest.raises(ValueError, match="num_ns_steps"):
         ns_coefficients("simple", 0)
 
 
@@ -62,7 +62,7 @@ def test_singular_values_in_band(name: str, dtype: torch.dtype, gen: torch.Gener
     x = torch.stack([_conditioned(24, 40, 2.0, gen) for _ in range(3)]).float()
     for inp in (x, x.mT):  # wide and tall
         s = torch.linalg.svdvals(
-            newton_schulz(inp, num_steps=steps, coefficients=name, compute_dtype=dtype).double()
+            newton_schulz(inp, num_ns_steps=steps, coefficients=name, compute_dtype=dtype).double()
         )
         slack = 0.01 if dtype == torch.bfloat16 else 0.0
         assert lo - slack <= s.min().item() and s.max().item() <= hi + slack, (name, s.min(), s.max())
@@ -111,7 +111,7 @@ def test_every_step_count_stays_in_band(name: str) -> None:
 def test_converges_to_svd_polar_factor(gen: torch.Generator) -> None:
     """Polar Express in fp64 must reach the fp64 SVD polar factor on a well-conditioned matrix."""
     x = _conditioned(16, 24, 1.0, gen)
-    out = newton_schulz(x, num_steps=12, coefficients="polar_express", compute_dtype=torch.float64)
+    out = newton_schulz(x, num_ns_steps=12, coefficients="polar_express", compute_dtype=torch.float64)
     torch.testing.assert_close(out, polar_reference(x), atol=1e-6, rtol=1e-6)
     u, s = polar_svd(x.float())
     torch.testing.assert_close(u.double(), polar_reference(x), atol=1e-5, rtol=1e-5)
@@ -152,18 +152,18 @@ def test_gram_ns_matches_plain(name: str, steps: int, gen: torch.Generator) -> N
     for restarts in ((), (2,), (1, 3)):
         g64 = newton_schulz(
             x.double(),
-            num_steps=steps,
+            num_ns_steps=steps,
             coefficients=name,
             compute_dtype=torch.float64,
             use_gram=True,
             restart_iterations=restarts,
         )
-        p64 = newton_schulz(x.double(), num_steps=steps, coefficients=name, compute_dtype=torch.float64)
+        p64 = newton_schulz(x.double(), num_ns_steps=steps, coefficients=name, compute_dtype=torch.float64)
         torch.testing.assert_close(g64, p64, atol=1e-9, rtol=1e-9)
-    g32 = newton_schulz(x, num_steps=steps, coefficients=name, compute_dtype=torch.float32, use_gram=True)
-    p32 = newton_schulz(x, num_steps=steps, coefficients=name, compute_dtype=torch.float32)
+    g32 = newton_schulz(x, num_ns_steps=steps, coefficients=name, compute_dtype=torch.float32, use_gram=True)
+    p32 = newton_schulz(x, num_ns_steps=steps, coefficients=name, compute_dtype=torch.float32)
     torch.testing.assert_close(g32, p32, atol=2e-4, rtol=2e-4)
-    gbf = newton_schulz(x, num_steps=steps, coefficients=name, use_gram=True)
+    gbf = newton_schulz(x, num_ns_steps=steps, coefficients=name, use_gram=True)
     assert (gbf - p32).norm() / p32.norm() < 0.05
 
 

@@ -57,7 +57,7 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
         load = flops.ns_load_per_gpu(
             model,
             par,
-            num_steps=algo.num_steps,
+            num_ns_steps=algo.num_ns_steps,
             tp_mode=algo.tp_mode if algo.tp_mode in flops.TP_MODES else "duplicated",
         )
         ns_tf = load["mean"]["plain"] / total / 1e12
@@ -66,7 +66,7 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
         "grad_sync": algo.grad_sync if algo.optimizer == "muon" else "reduce_scatter",
         "assignment": algo.assignment,
         "ns_convention": algo.convention,
-        "num_ns_steps": algo.num_steps,
+        "num_ns_steps": algo.num_ns_steps,
         "tp_mode": algo.tp_mode,
         "slowest_pp_rank": slowest.pp_rank,
         "hardware": hw.name,
@@ -84,16 +84,16 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
     )
 
 
-def tp_mode_table(cfg: RootConfig, num_steps: int | None = None) -> list[dict[str, Any]]:
+def tp_mode_table(cfg: RootConfig, num_ns_steps: int | None = None) -> list[dict[str, Any]]:
     """`tp_mode=auto` per TP-sharded matrix kind: predicted ms of each mode and the choice."""
     par, hw = cfg.parallelism, cfg.hardware
-    k = num_steps or int(getattr(cfg.optimizer, "num_ns_steps", 5))
+    k = num_ns_steps or int(getattr(cfg.optimizer, "num_ns_steps", 5))
     rows: list[dict[str, Any]] = []
     for m in flops.enumerate_ns_matrices(cfg.model, split_qkv=True):
         tp = par.etp if m.expert else par.tp
         if tp <= 1 or m.tp_partition_dim < 0:
             continue
-        t = nscost.tp_mode_times(m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim, num_steps=k)
+        t = nscost.tp_mode_times(m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim, num_ns_steps=k)
         rows.append(
             {
                 "kind": m.kind,
@@ -104,7 +104,7 @@ def tp_mode_table(cfg: RootConfig, num_steps: int | None = None) -> list[dict[st
                 "duplicated_ms": t["duplicated"],
                 "distributed_ms": t["distributed"],
                 "choice": nscost.choose_tp_mode(
-                    m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim, num_steps=k
+                    m.rows, m.cols, tp, hw, partition_dim=m.tp_partition_dim, num_ns_steps=k
                 ),
             }
         )

@@ -51,8 +51,8 @@ HOST_OVERRIDE_MS: dict[str, float] = {}
 """Per-profile host cost per NS call replacing the measured one (sensitivity studies only)."""
 
 
-def _launches(num_steps: int) -> float:
-    return 3 * num_steps + C.NS_CALL_FIXED_LAUNCHES.value
+def _launches(num_ns_steps: int) -> float:
+    return 3 * num_ns_steps + C.NS_CALL_FIXED_LAUNCHES.value
 
 
 @lru_cache(maxsize=4)
@@ -101,7 +101,7 @@ def ns_data(profile: str, path: Path = NS_KERNELS) -> NSData:
     return NSData(table=table, host_ms=host, single_call_ms=tuple(sorted(singles)[:3]), source=source)
 
 
-def host_call_ms(hw: HardwareConfig, num_steps: int = 5, profile: str = "published") -> float:
+def host_call_ms(hw: HardwareConfig, num_ns_steps: int = 5, profile: str = "published") -> float:
     """Host milliseconds of one NS call when launch-bound, scaled from 5 steps by the launch count 3 k + fixed.
 
     published: one EO call per matrix inside Megatron's Muon loop, measured per hardware row's host
@@ -114,7 +114,7 @@ def host_call_ms(hw: HardwareConfig, num_steps: int = 5, profile: str = "publish
         base = C.efficiency(hw.name).eo_loop_ms.value
     else:
         base = ns_data(profile).host_ms
-    return base * _launches(num_steps) / _launches(5)
+    return base * _launches(num_ns_steps) / _launches(5)
 
 
 def measured_table(profile: str = "ours") -> dict[tuple[int, int], float]:
@@ -127,7 +127,7 @@ def gpu_ms(
     cols: float,
     hw: HardwareConfig,
     *,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     convention: str = "plain",
     table: dict[tuple[int, int], float] | None = None,
 ) -> float:
@@ -137,7 +137,7 @@ def gpu_ms(
         rows,
         cols,
         flops_per_s=ns_rate(hw),
-        num_steps=num_steps,
+        num_ns_steps=num_ns_steps,
         convention=convention,
         table=table,
         table_flops_per_s=C.H200_GEMM_CEILING_TFLOPS.value * 1e12,
@@ -152,7 +152,7 @@ def tp_cost(
     mode: str,
     *,
     partition_dim: int = 0,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
     convention: str = "plain",
     triangular: bool = False,
     table: dict[tuple[int, int], float] | None = None,
@@ -166,7 +166,7 @@ def tp_cost(
         flops_per_s=ns_rate(hw),
         link=links.group_link(hw, tp),
         partition_dim=partition_dim,
-        num_steps=num_steps,
+        num_ns_steps=num_ns_steps,
         convention=convention,
         triangular=triangular,
         table=table,
@@ -175,7 +175,7 @@ def tp_cost(
 
 
 def tp_mode_times(
-    rows: int, cols: int, tp: int, hardware: HardwareConfig, *, partition_dim: int = 0, num_steps: int = 5
+    rows: int, cols: int, tp: int, hardware: HardwareConfig, *, partition_dim: int = 0, num_ns_steps: int = 5
 ) -> dict[str, float]:
     """Predicted milliseconds of duplicated and distributed NS (compute + communication) for one matrix."""
     return cost.tp_mode_times(
@@ -185,7 +185,7 @@ def tp_mode_times(
         flops_per_s=ns_rate(hardware),
         link=links.group_link(hardware, tp),
         partition_dim=partition_dim,
-        num_steps=num_steps,
+        num_ns_steps=num_ns_steps,
     )
 
 
@@ -196,7 +196,7 @@ def choose_tp_mode(
     hardware: HardwareConfig | str,
     *,
     partition_dim: int = 0,
-    num_steps: int = 5,
+    num_ns_steps: int = 5,
 ) -> str:
     """`optim.cost.choose_tp_mode` on a hardware row (or its name): the choice the optimizer makes at
     `tp_mode=auto`."""
@@ -208,7 +208,7 @@ def choose_tp_mode(
         flops_per_s=ns_rate(hw),
         link=links.group_link(hw, tp),
         partition_dim=partition_dim,
-        num_steps=num_steps,
+        num_ns_steps=num_ns_steps,
     )
 
 

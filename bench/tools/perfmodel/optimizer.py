@@ -17,7 +17,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench import flops
-from muonbench.schema import DistributionConfig, HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
+from muonbench.schema import (
+    DistributionConfig,
+    HardwareConfig,
+    ModelConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+)
 from optim.distributed.assignment import CostModel, assign, canonical
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import links, nscost
@@ -38,7 +44,7 @@ class Algo:
     batched: bool
     convention: str
     """NS FLOP convention of the kernel: plain | gram."""
-    num_steps: int
+    num_ns_steps: int
     tp_mode: str
     split_gate_up: bool = False
     """SwiGLU fc1 orthogonalized as its gate and up halves (`optimizer.split_gate_up`): half the rows, twice the
@@ -66,7 +72,7 @@ def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: st
             overlap_param_gather=False,
             batched=False,
             convention="plain",
-            num_steps=steps,
+            num_ns_steps=steps,
             tp_mode=tp_mode,
             split_gate_up=split_gate_up,
         )
@@ -84,7 +90,7 @@ def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: st
         overlap_param_gather=overlap,
         batched=True,
         convention="gram",
-        num_steps=steps,
+        num_ns_steps=steps,
         tp_mode=tp_mode,
         split_gate_up=split_gate_up,
     )
@@ -148,7 +154,7 @@ def _muon_item_ms(
     mode = algo.tp_mode
     if mode == "auto":
         mode = nscost.choose_tp_mode(
-            full[0], full[1], tp, hw, partition_dim=it.tp_dim, num_steps=algo.num_steps
+            full[0], full[1], tp, hw, partition_dim=it.tp_dim, num_ns_steps=algo.num_ns_steps
         )
     cost = nscost.tp_cost(
         full[0],
@@ -157,7 +163,7 @@ def _muon_item_ms(
         hw,
         mode if tp > 1 else "blockwise",
         partition_dim=it.tp_dim,
-        num_steps=algo.num_steps,
+        num_ns_steps=algo.num_ns_steps,
         convention=algo.convention,
         triangular=algo.profile == "ours",
         table=table,
@@ -179,7 +185,7 @@ def rank_loads_ms(
 ) -> list[float]:
     """Optimizer milliseconds per rank given owners (adds to `base`)."""
     loads = list(base)
-    host_call = nscost.host_call_ms(hw, algo.num_steps, algo.profile)
+    host_call = nscost.host_call_ms(hw, algo.num_ns_steps, algo.profile)
     groups: list[dict[tuple[int, int, bool, int], int]] = [defaultdict(int) for _ in range(n_ranks)]
     for it, r in zip(items, owners, strict=True):
         if not it.muon or algo.optimizer == "adamw":
@@ -199,7 +205,7 @@ def rank_loads_ms(
                 rate_hbm,
                 table,
             )
-            loads[r] += nscost.host_call_ms(hw, algo.num_steps, algo.profile) + count * (gpu + elem)
+            loads[r] += nscost.host_call_ms(hw, algo.num_ns_steps, algo.profile) + count * (gpu + elem)
     return loads
 
 
@@ -218,10 +224,10 @@ def _cost_model(
         if key not in terms:
             if it.muon:
                 gpu, elem = _muon_item_ms(it, par, hw, algo, rate_hbm, table)
-                terms[key] = (nscost.host_call_ms(hw, algo.num_steps, algo.profile), gpu + elem)
+                terms[key] = (nscost.host_call_ms(hw, algo.num_ns_steps, algo.profile), gpu + elem)
             else:
                 terms[key] = (0.0, it.rows * it.cols * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3)
-    return CostModel(table=terms, num_steps=algo.num_steps)
+    return CostModel(table=terms, num_ns_steps=algo.num_ns_steps)
 
 
 def optimizer_step(

@@ -36,7 +36,7 @@ TRANSCRIBED: tuple[tuple[str, str, float, str], ...] = (
 def layer_items(model: ModelConfig, ep: int, *, router: bool) -> list[opt.Item]:
     """The matrices of one MoE layer held by one EP rank (QKV split, as MCore)."""
     items: list[opt.Item] = []
-    for m in flops.enumerate_ns_matrices(model, split_qkv=True, include_router=router):
+    for m in flops.enumerate_ns_matrices(model, split_qkv=True, router_to_matrix=router):
         if m.layer_type == "dense":
             continue
         n = m.per_layer // ep if m.expert else m.per_layer
@@ -60,7 +60,7 @@ def predict_layer_ms(
         overlap_param_gather=True,
         batched=profile == "ours",
         convention="gram" if profile == "ours" else "plain",
-        num_steps=5,
+        num_ns_steps=5,
         tp_mode="duplicated",
     )
     rate_hbm = hw.hbm_tbps * 1e12 * C.efficiency(hw.name).hbm.value
