@@ -25,7 +25,7 @@ GiB = 2**30
 def param_counts(cfg: RootConfig) -> tuple[int, int]:
     """(non-expert, expert) parameters of the model: every decoder matrix, the embedding and the output layer."""
     m = cfg.model
-    mats = flops.enumerate_ns_matrices(m, split_qkv=False, include_router=True)
+    mats = flops.enumerate_ns_matrices(m, split_qkv=False, router_to_matrix=True)
     expert = sum(x.rows * x.cols * x.count for x in mats if x.expert)
     dense = sum(x.rows * x.cols * x.count for x in mats if not x.expert)
     vocab = flops.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, cfg.parallelism.tp)

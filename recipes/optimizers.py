@@ -29,6 +29,7 @@ from muonbench.schema import (
     SOAPSchema,
     optim_configs,
 )
+from optim.configs import ConfigFieldError
 from recipes.models import Sections
 
 FAIR_PROFILE: dict[str, bool] = {"overlap_param_gather": True, "fp8_param_gather": True}
@@ -88,8 +89,6 @@ def _megatron_distribution_checks(dist: DistributionConfig) -> None:
 
 def _mcore(fn: Any, *args: Any) -> Any:
     """`fn(*args)` of the one Megatron-core adapter (`optim.megatron.config`), its errors named by config path."""
-    from optim.configs import ConfigFieldError
-
     try:
         return fn(*args)
     except ConfigFieldError as exc:

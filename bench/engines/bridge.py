@@ -347,10 +347,10 @@ def _instrument_ns(optimizer: Any, timer: Any, impl: str, opt: Any) -> None:
     """Time and count Newton-Schulz inside the optimizer Bridge built (ours or Megatron's Muon)."""
     from bench.engines.megatron_optim import _time_megatron_muon, _time_ours
 
-    k = getattr(opt, "num_ns_steps", 0)
-    if not k:
+    num_ns_steps = getattr(opt, "num_ns_steps", 0)
+    if not num_ns_steps:
         return
     if impl == "ours":
-        _time_ours(optimizer, timer, k)
+        _time_ours(optimizer, timer, num_ns_steps)
     elif opt.name.startswith("muon"):
-        _time_megatron_muon(optimizer, timer, k)
+        _time_megatron_muon(optimizer, timer, num_ns_steps)

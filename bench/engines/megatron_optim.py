@@ -114,9 +114,9 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
         tp_mode_fn=tp_mode_fn(cfg) if tp_mode == "auto" else None,
         layerwise=cfg.parallelism.distribution.distributed == "layerwise",
     )
-    k = getattr(matrix, "num_ns_steps", 0)
-    _time_ours(opt, timer, k)
-    return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=k, routes=routes)
+    num_ns_steps = getattr(matrix, "num_ns_steps", 0)
+    _time_ours(opt, timer, num_ns_steps)
+    return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=num_ns_steps, routes=routes)
 
 
 def tp_mode_fn(cfg: RootConfig) -> Any:

@@ -103,7 +103,7 @@ def test_every_step_count_stays_in_band(name: str) -> None:
         else:
             assert 0 < s.min().item() and s.max().item() <= 2.0, (name, k, s.min(), s.max())
     for k in (max(design, len(COEFFICIENT_SETS[name]) + 1), MAX_NS_STEPS):  # the function takes that path too
-        out = newton_schulz(x0, num_steps=k, coefficients=name, compute_dtype=torch.float64)
+        out = newton_schulz(x0, num_ns_steps=k, coefficients=name, compute_dtype=torch.float64)
         s = torch.linalg.svdvals(out)
         assert lo <= s.min().item() and s.max().item() <= hi, (name, k, s.min(), s.max())
 
@@ -180,14 +180,14 @@ def test_matches_emerging_optimizers(name: str, gen: torch.Generator) -> None:
     with fp32_matmul_precision("highest"):
         ref = muon_utils.newton_schulz(x, steps=steps, coefficient_type=name)
     torch.testing.assert_close(
-        newton_schulz(x, num_steps=steps, coefficients=name, compute_dtype=torch.float32),
+        newton_schulz(x, num_ns_steps=steps, coefficients=name, compute_dtype=torch.float32),
         ref,
         atol=1e-5,
         rtol=1e-5,
     )
     with fp32_matmul_precision("medium"):
         ref_bf = muon_utils.newton_schulz(x[0], steps=steps, coefficient_type=name)
-    ours_bf = newton_schulz(x[0], num_steps=steps, coefficients=name)
+    ours_bf = newton_schulz(x[0], num_ns_steps=steps, coefficients=name)
     assert (ours_bf - ref_bf).norm() / ref_bf.norm() < 2e-2
 
 
