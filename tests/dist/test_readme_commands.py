@@ -39,6 +39,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         GPU_OR_CLUSTER,
         "the megatron engine on one H200 (about 3 minutes per optimizer)",
     ),
+    "python -m bench.run -m optimizer=adamw,muon +bench.optimizer_overrides.muon.num_ns_steps=6": (
+        COVERED,
+        "make bench runs this adamw,muon sweep on CPU; each job's composition with the override is checked by "
+        "tests/unit/test_config_refusals.py::test_a_setting_of_one_optimizer_applies_only_when_it_runs",
+    ),
 }
 """README command -> (kind, reason). Keep in the README's order."""
 
