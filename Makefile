@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -56,6 +56,9 @@ flops: $(STAMP) ## Model and Newton-Schulz FLOPs: make flops ARGS="model=kimi_k2
 
 balance: $(STAMP) ## Layer-wise optimizer load balance: make balance ARGS="model=qwen3_30b_a3b parallelism=dp8_ep8"
 	$(PY) -m bench.tools.balance $(ARGS)
+
+model: $(STAMP) ## conf/model YAML of a Hugging Face config: make model ARGS="hf:path/to/config.json [model.num_layers=4]"
+	$(PY) -m bench.tools.model $(ARGS)
 
 project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300"
 	$(PY) -m bench.tools.project $(ARGS)

@@ -32,7 +32,7 @@ CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 # The optimizer's choice sets are `optim.configs`' own; listed here so the error names the config path.
 ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.layers": ("auto", "te", "local"),
-    "model.family": ("qwen3_moe", "deepseek_v3"),
+    "model.family": ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3"),
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),
     "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
@@ -94,13 +94,18 @@ def load(
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
     schema.register_configs()
+    spec, overrides = _take_hf_spec(list(overrides or []))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
-            cfg = compose(config_name=config_name, overrides=[*(overrides or []), *searchpath_overrides()])
+            cfg = compose(config_name=config_name, overrides=[*overrides, *searchpath_overrides()])
         except (MissingConfigException, ConfigCompositionException) as exc:
             raise ConfigError(_explain_missing(exc)) from exc
+    if spec is not None:
+        _fill_from_hf(cfg, spec, overrides)
+    elif cfg.model.name == HF_MODEL:
+        _fail("model", HF_MODEL, "names no config; use model=hf:<config.json, folder or Hub id>")
     return to_typed(cfg, validate_=validate_)
 
 
@@ -129,6 +134,40 @@ def searchpath_overrides() -> list[str]:
     if not USER_CONFIG_DIRS:
         return []
     return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in USER_CONFIG_DIRS) + "]"]
+
+
+HF_MODEL = "hf"
+"""The model option `model=hf:<spec>` composes (`conf/model/hf.yaml`) before its fields are read from <spec>."""
+
+
+def _take_hf_spec(overrides: list[str]) -> tuple[str | None, list[str]]:
+    """`model=hf:<spec>` -> (<spec>, the overrides selecting the placeholder `model=hf` instead): Hydra cannot select
+    a file outside the config tree, so the fields are filled after composing (`_fill_from_hf`)."""
+    spec, out = None, []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.lstrip("+") == "model" and value.startswith(f"{HF_MODEL}:"):
+            spec = value.removeprefix(f"{HF_MODEL}:").strip("'\"")
+            if not spec:
+                _fail("model", value, "give a config: model=hf:<config.json, folder or Hub id>")
+            item = f"{key}={HF_MODEL}"
+        out.append(item)
+    return spec, out
+
+
+def _fill_from_hf(cfg: Any, spec: str, overrides: list[str]) -> None:
+    """Fill the composed model group from the Hugging Face config of `spec`; the `model.<field>=` overrides the
+    user gave stay on top (a slice: `model=hf:... model.num_layers=2`)."""
+    from muonbench.hf_model import HFConfigError, model_fields
+
+    given = {item.partition("=")[0].lstrip("+~").removeprefix("model.") for item in overrides}
+    try:
+        values = model_fields(spec, trust_remote_code=bool(cfg.model.trust_remote_code))
+    except HFConfigError as exc:
+        raise ConfigError(f"model=hf:{spec}: {exc}") from exc
+    for key, value in values.items():
+        if key not in given:
+            cfg.model[key] = value
 
 
 def available_options(group: str) -> list[str]:

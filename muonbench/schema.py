@@ -32,7 +32,9 @@ class ModelConfig:
     name: str = MISSING
     """Config name, e.g. `qwen3_30b_a3b`."""
     family: str = MISSING
-    """`qwen3_moe` (GQA, transformers Qwen3MoeForCausalLM) or `deepseek_v3` (MLA, Kimi K2, DeepseekV3ForCausalLM)."""
+    """The transformers model_type: llama, mistral, qwen2, qwen3 (dense GQA); qwen3_moe, mixtral, olmoe (MoE GQA);
+    deepseek_v3 (MLA, DeepSeek-V3 and Kimi K2). `model=hf:<config.json>` reads it from a config
+    (muonbench/hf_model.py)."""
     num_layers: int = MISSING
     hidden_size: int = MISSING
     num_attention_heads: int = MISSING
@@ -66,6 +68,8 @@ class ModelConfig:
     seq_length: int = 4096
     gated_linear_unit: bool = True
     qk_layernorm: bool = True
+    qkv_bias: bool = False
+    """Biases on the query, key and value projections (Qwen2); every other linear layer has none."""
     norm_eps: float = 1e-6
     rotary_base: float = 10000.0
     tie_embeddings: bool = False
@@ -77,6 +81,9 @@ class ModelConfig:
     """Scale of the routed-expert output (Kimi K2: 2.827)."""
     moe_router_enable_expert_bias: bool = False
     """Aux-loss-free load balancing bias (Kimi K2: True)."""
+    moe_router_pre_softmax: bool = False
+    """Softmax over all experts before top-k, weights not renormalised (OLMoE: norm_topk_prob false); False = softmax
+    over the top-k scores (Qwen3-MoE, Mixtral)."""
     rope_scaling_factor: float = 1.0
     """YaRN factor (Kimi K2: 32); 1.0 = no rope scaling."""
     rope_original_max_position_embeddings: int = 0
@@ -85,6 +92,10 @@ class ModelConfig:
     """Multi-token-prediction layers (both published models: 0)."""
     proxy_of: str = ""
     """For a proxy or slice: the full model whose architecture it keeps (e.g. `qwen3_30b_a3b`); '' for a real model."""
+    source: str = ""
+    """`hf:<spec>` when the fields were read from a Hugging Face config (`model=hf:<spec>`); '' for conf/model."""
+    trust_remote_code: bool = False
+    """`model=hf:<spec>` only: let transformers run the config's own code (auto_map) to read it."""
 
 
 # --------------------------------------------------------------------------------------------------------------

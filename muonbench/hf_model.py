@@ -1,0 +1,348 @@
+"""A Hugging Face `config.json` as our `ModelConfig`: `model=hf:<spec>` wherever a model is chosen.
+
+`<spec>` is a path to a `config.json`, a folder holding one, or a Hub id found in the local Hugging Face cache
+(offline: nothing is downloaded). The file is read with transformers' `AutoConfig`, without remote code unless
+`model.trust_remote_code=true`, and mapped to the `ModelConfig` fields of its family (`FAMILIES`). Every field the
+mapping cannot represent, or that our engines and the Megatron FLOP formula do not cover, is refused naming the
+field (`HFConfigError`), before anything is built or launched.
+
+Not represented (no effect on shapes or FLOPs): Llama 3.1 frequency scaling of RoPE, DeepSeek-V3's group-limited
+routing (n_group / topk_group), multi-token-prediction layers (mtp_num_layers = 0: no engine builds them; set it on
+the command line for the FLOP tools). Values read and their sources: docs/references.md#hugging-face-model-configs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+SEQ_LENGTH = 4096
+"""Sequence length of a model read from a config (the product's default), capped by its max_position_embeddings."""
+
+
+class HFConfigError(ValueError):
+    """A Hugging Face config we cannot read or represent: names the field, the value and the rule."""
+
+
+def _fail(field: str, value: Any, rule: str) -> None:
+    raise HFConfigError(f"{field}={value!r}: {rule}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Finding and reading the config
+# --------------------------------------------------------------------------------------------------------------
+_HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+def resolve(spec: str) -> Path:
+    """The `config.json` of `spec`: a file, a folder holding one, or a Hub id in the local Hugging Face cache.
+
+    Raises:
+        HFConfigError: no such file, a folder without config.json, or a Hub id with no cached config.json.
+    """
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return path
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return path / "config.json"
+        _fail("model", f"hf:{spec}", f"the folder holds no config.json ({path.resolve()})")
+    if not _HUB_ID.match(spec) or spec.endswith(".json"):
+        _fail("model", f"hf:{spec}", "no such file or folder, and not a Hub id (<owner>/<name>)")
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(spec, "config.json")
+    if isinstance(cached, str):
+        return Path(cached)
+    _fail(
+        "model",
+        f"hf:{spec}",
+        f"no config.json of {spec} in the local Hugging Face cache ({constants.HF_HUB_CACHE}); nothing is "
+        f"downloaded here. Fetch the one file with `huggingface-cli download {spec} config.json` "
+        "(or pass a path to a config.json)",
+    )
+    raise AssertionError  # unreachable: _fail raises
+
+
+def read(spec: str, *, trust_remote_code: bool = False) -> Any:
+    """The transformers config of `spec` (`AutoConfig`, local files only).
+
+    Raises:
+        HFConfigError: unreadable, or a model type transformers does not know that needs remote code while
+            `trust_remote_code` is False.
+    """
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path = resolve(spec)
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        _fail("model", f"hf:{spec}", f"{path} is not a readable JSON config: {exc}")
+    model_type = raw.get("model_type")
+    if not model_type:
+        _fail("model_type", None, f"{path} names no model_type; supported: {sorted(FAMILIES)}")
+    remote = "AutoConfig" in raw.get("auto_map", {})
+    if model_type not in CONFIG_MAPPING and remote and not trust_remote_code:
+        _fail(
+            "model_type",
+            model_type,
+            f"{path}: its config class is remote code (auto_map); pass model.trust_remote_code=true to run it "
+            f"(supported without it: {sorted(FAMILIES)})",
+        )
+    if model_type not in CONFIG_MAPPING and not remote:
+        _fail("model_type", model_type, f"unknown to transformers; supported: {sorted(FAMILIES)}")
+    if model_type not in FAMILIES:
+        _fail("model_type", model_type, f"not supported; supported: {sorted(FAMILIES)}")
+    _check_heads(raw)
+    # A file path reads that file; remote code is found beside it, so a folder is passed for it.
+    source = str(path.parent if trust_remote_code and remote else path)
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers' own validation raises several types
+        raise HFConfigError(f"model=hf:{spec}: transformers cannot read {path}: {exc}") from exc
+
+
+def _check_heads(raw: dict[str, Any]) -> None:
+    """The head counts, checked on the raw file so the error names the field (transformers' own check does not)."""
+    hidden, heads = raw.get("hidden_size"), raw.get("num_attention_heads")
+    for name, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
+        if not isinstance(value, int) or value < 1:
+            _fail(name, value, "must be an integer >= 1")
+    if not raw.get("head_dim") and "kv_lora_rank" not in raw and hidden % heads:
+        _fail(
+            "num_attention_heads",
+            heads,
+            f"must divide hidden_size={hidden} (no head_dim given, so the head dim is hidden / heads)",
+        )
+    groups = raw.get("num_key_value_heads") or heads
+    if heads % groups:
+        _fail("num_key_value_heads", groups, f"must divide num_attention_heads={heads}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Mapping a transformers config to ModelConfig fields
+# --------------------------------------------------------------------------------------------------------------
+def _get(cfg: Any, name: str, default: Any = None) -> Any:
+    return getattr(cfg, name, default)
+
+
+def _need(cfg: Any, name: str) -> Any:
+    value = _get(cfg, name)
+    if value is None:
+        _fail(name, None, f"required for model_type {cfg.model_type!r}")
+    return value
+
+
+def _rope(cfg: Any) -> dict[str, Any]:
+    """RoPE base and YaRN scaling (transformers >= 5 keeps them in rope_parameters, older in rope_theta)."""
+    params = dict(_get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {})
+    theta = params.get("rope_theta", _get(cfg, "rope_theta", 10000.0))
+    out: dict[str, Any] = {"rotary_base": float(theta)}
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind == "yarn":
+        out |= {
+            "rope_scaling_factor": float(params["factor"]),
+            "rope_original_max_position_embeddings": int(params["original_max_position_embeddings"]),
+        }
+    elif kind not in ("default", "llama3", None):
+        _fail("rope_parameters.rope_type", kind, "allowed: ['default', 'llama3', 'yarn']")
+    return out
+
+
+def _common(cfg: Any) -> dict[str, Any]:
+    act = _get(cfg, "hidden_act", "silu")
+    if act != "silu":
+        _fail("hidden_act", act, "the engines build SwiGLU feed-forward layers; allowed: ['silu']")
+    hidden, heads = _need(cfg, "hidden_size"), _need(cfg, "num_attention_heads")
+    for name in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        if not isinstance(_need(cfg, name), int) or _get(cfg, name) < 1:
+            _fail(name, _get(cfg, name), "must be an integer >= 1")
+    out = {
+        "family": cfg.model_type,
+        "num_layers": cfg.num_hidden_layers,
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "vocab_size": cfg.vocab_size,
+        "seq_length": min(SEQ_LENGTH, _get(cfg, "max_position_embeddings") or SEQ_LENGTH),
+        "gated_linear_unit": True,
+        "norm_eps": float(_get(cfg, "rms_norm_eps", 1e-6)),
+        "tie_embeddings": bool(_get(cfg, "tie_word_embeddings", False)),
+        **_rope(cfg),
+    }
+    if _get(cfg, "use_sliding_window") or (
+        _get(cfg, "sliding_window") is not None and _get(cfg, "use_sliding_window", True)
+    ):
+        _fail("sliding_window", _get(cfg, "sliding_window"), "sliding-window attention is not built; allowed: null")
+    return out
+
+
+def _gqa(cfg: Any, *, qk_layernorm: bool, qkv_bias: bool = False) -> dict[str, Any]:
+    hidden, heads = cfg.hidden_size, cfg.num_attention_heads
+    head_dim = _get(cfg, "head_dim")
+    if not head_dim:
+        if hidden % heads:
+            _fail(
+                "num_attention_heads",
+                heads,
+                f"must divide hidden_size={hidden} (no head_dim given, so the head dim is hidden / heads)",
+            )
+        head_dim = hidden // heads
+    groups = _get(cfg, "num_key_value_heads") or heads
+    if heads % groups:
+        _fail("num_key_value_heads", groups, f"must divide num_attention_heads={heads}")
+    if _get(cfg, "attention_bias") and not qkv_bias:
+        _fail("attention_bias", True, f"{cfg.model_type}: linear biases are not built; allowed: false")
+    if _get(cfg, "mlp_bias"):
+        _fail("mlp_bias", True, "linear biases are not built; allowed: false")
+    return {
+        "attention": "gqa",
+        "num_query_groups": groups,
+        "kv_channels": head_dim,
+        "qk_layernorm": qk_layernorm,
+        "qkv_bias": qkv_bias,
+    }
+
+
+def _experts(cfg: Any, *, num: str, ffn: str) -> dict[str, Any]:
+    experts, topk = _get(cfg, num) or 0, _get(cfg, "num_experts_per_tok") or 0
+    if experts and not topk:
+        _fail("num_experts_per_tok", _get(cfg, "num_experts_per_tok"), f"{num}={experts} needs top-k >= 1")
+    if topk > experts:
+        _fail("num_experts_per_tok", topk, f"must be <= {num}={experts}")
+    return {
+        "num_experts": experts,
+        "moe_router_topk": topk,
+        "moe_ffn_hidden_size": _need(cfg, ffn),
+        "moe_aux_loss_coeff": float(_get(cfg, "router_aux_loss_coef", 0.0) or 0.0),
+        "moe_router_pre_softmax": not _get(cfg, "norm_topk_prob", True),
+    }
+
+
+def _llama(cfg: Any) -> dict[str, Any]:
+    return {**_common(cfg), **_gqa(cfg, qk_layernorm=False), "ffn_hidden_size": _need(cfg, "intermediate_size")}
+
+
+def _qwen2(cfg: Any) -> dict[str, Any]:
+    # transformers' Qwen2 attention always has q/k/v biases (and no output bias).
+    return {
+        **_common(cfg),
+        **_gqa(cfg, qk_layernorm=False, qkv_bias=True),
+        "ffn_hidden_size": _need(cfg, "intermediate_size"),
+    }
+
+
+def _qwen3(cfg: Any) -> dict[str, Any]:
+    return {**_common(cfg), **_gqa(cfg, qk_layernorm=True), "ffn_hidden_size": _need(cfg, "intermediate_size")}
+
+
+def _qwen3_moe(cfg: Any) -> dict[str, Any]:
+    n = cfg.num_hidden_layers
+    dense = sorted(_get(cfg, "mlp_only_layers") or [])
+    if dense != list(range(len(dense))):
+        _fail("mlp_only_layers", dense, "only leading dense layers are built: [0, 1, ..., k-1]")
+    step = _get(cfg, "decoder_sparse_step", 1)
+    if step != 1:
+        _fail("decoder_sparse_step", step, "allowed: 1 (every layer after the leading dense ones is MoE)")
+    out = {
+        **_common(cfg),
+        **_gqa(cfg, qk_layernorm=True),
+        **_experts(cfg, num="num_experts", ffn="moe_intermediate_size"),
+        "ffn_hidden_size": _need(cfg, "intermediate_size"),
+        "num_dense_layers": min(len(dense), n),
+    }
+    return out
+
+
+def _mixtral(cfg: Any) -> dict[str, Any]:
+    return {
+        **_common(cfg),
+        **_gqa(cfg, qk_layernorm=False),
+        **_experts(cfg, num="num_local_experts", ffn="intermediate_size"),
+        "ffn_hidden_size": cfg.intermediate_size,
+    }
+
+
+def _olmoe(cfg: Any) -> dict[str, Any]:
+    if _get(cfg, "clip_qkv") is not None:
+        _fail("clip_qkv", cfg.clip_qkv, "QKV clipping is not built; allowed: null")
+    return {
+        **_common(cfg),
+        **_gqa(cfg, qk_layernorm=True),
+        **_experts(cfg, num="num_experts", ffn="intermediate_size"),
+        "ffn_hidden_size": cfg.intermediate_size,
+    }
+
+
+def _deepseek_v3(cfg: Any) -> dict[str, Any]:
+    score = _get(cfg, "scoring_func", "sigmoid")
+    if score not in ("sigmoid", "softmax"):
+        _fail("scoring_func", score, "allowed: ['sigmoid', 'softmax']")
+    routed = _get(cfg, "n_routed_experts") or 0
+    shared = _get(cfg, "n_shared_experts") or 0
+    moe_ffn = _need(cfg, "moe_intermediate_size")
+    dense = _get(cfg, "first_k_dense_replace") or 0
+    freq = _get(cfg, "moe_layer_freq", 1)
+    if freq != 1:
+        _fail("moe_layer_freq", freq, "allowed: 1 (every layer after the leading dense ones is MoE)")
+    experts = _experts(cfg, num="n_routed_experts", ffn="moe_intermediate_size")
+    experts["moe_aux_loss_coeff"] = float(_get(cfg, "aux_loss_alpha", 1e-3) or 0.0)
+    experts["moe_router_pre_softmax"] = False
+    return {
+        **_common(cfg),
+        "family": "deepseek_v3",
+        "attention": "mla",
+        "q_lora_rank": _get(cfg, "q_lora_rank") or 0,
+        "kv_lora_rank": _need(cfg, "kv_lora_rank"),
+        "qk_head_dim": _need(cfg, "qk_nope_head_dim"),
+        "qk_pos_emb_head_dim": _need(cfg, "qk_rope_head_dim"),
+        "v_head_dim": _need(cfg, "v_head_dim"),
+        "num_query_groups": 0,
+        "kv_channels": 0,
+        "qk_layernorm": True,  # MLA: the q and kv latent norms
+        "ffn_hidden_size": _need(cfg, "intermediate_size"),
+        "num_dense_layers": min(dense, cfg.num_hidden_layers) if routed else 0,
+        **experts,
+        "moe_shared_expert_intermediate_size": shared * moe_ffn if routed else 0,
+        "moe_router_score_function": score,
+        "moe_router_topk_scaling_factor": float(_get(cfg, "routed_scaling_factor", 1.0) or 1.0),
+        "moe_router_enable_expert_bias": _get(cfg, "topk_method", "noaux_tc") == "noaux_tc",
+        "make_vocab_size_divisible_by": 1280,  # Megatron-Bridge's MLA providers (DeepSeek-V3, Kimi K2)
+    }
+
+
+FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
+    "llama": _llama,
+    "mistral": _llama,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+    "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral,
+    "olmoe": _olmoe,
+    "deepseek_v3": _deepseek_v3,
+    "kimi_k2": _deepseek_v3,
+}
+"""transformers model_type -> mapping to ModelConfig fields (Kimi K2's config is DeepSeek-V3's, from remote code)."""
+
+
+def model_name(spec: str) -> str:
+    """A config name from the spec: `meta-llama/Meta-Llama-3-8B` -> `meta_llama_3_8b`; a path: its folder."""
+    path = Path(spec)
+    stem = path.parent.name if path.name == "config.json" or path.suffix == ".json" else path.name
+    if _HUB_ID.match(spec) and not path.exists():
+        stem = spec.split("/", 1)[1]
+    return re.sub(r"[^0-9a-z]+", "_", (stem or "hf_model").lower()).strip("_") or "hf_model"
+
+
+def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The `ModelConfig` fields of `spec` (name and source included), ready to fill the model group.
+
+    Raises:
+        HFConfigError: naming the field when the config cannot be read or represented.
+    """
+    cfg = read(spec, trust_remote_code=trust_remote_code)
+    out = FAMILIES[cfg.model_type](cfg)
+    return {"name": model_name(spec), **out, "source": f"hf:{spec}", "trust_remote_code": trust_remote_code}

@@ -1,0 +1,228 @@
+"""`model=hf:<spec>`: a Hugging Face config.json read into ModelConfig (muonbench/hf_model.py, muonbench.compose).
+
+The fixtures under fixtures/hf_configs/ carry the public config.json values of each family
+(docs/references.md#hugging-face-model-configs).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import muonbench
+from bench.flops import model_flops_per_token
+from muonbench import ConfigError
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
+sys.path.insert(0, str(Path(__file__).parent.parent))
+
+
+def hf(name: str, *extra: str) -> muonbench.schema.RootConfig:
+    return muonbench.load([f"model=hf:{FIXTURES / name}", *extra])
+
+
+# name: (family, layers, hidden, heads, kv groups, head dim, dense FFN, experts, top-k, expert FFN, shared, dense
+# layers, vocab, qk-norm, pre-softmax router)
+EXPECTED = {
+    "llama3_8b": ("llama", 32, 4096, 32, 8, 128, 14336, 0, 0, 0, 0, 0, 128256, False, False),
+    "qwen3_8b": ("qwen3", 36, 4096, 32, 8, 128, 12288, 0, 0, 0, 0, 0, 151936, True, False),
+    "qwen3_30b_a3b": ("qwen3_moe", 48, 2048, 32, 4, 128, 6144, 128, 8, 768, 0, 0, 151936, True, False),
+    "mixtral_8x7b": ("mixtral", 32, 4096, 32, 8, 128, 14336, 8, 2, 14336, 0, 0, 32000, False, False),
+    "olmoe_1b_7b": ("olmoe", 16, 2048, 16, 16, 128, 1024, 64, 8, 1024, 0, 0, 50304, True, True),
+    "deepseek_v3": ("deepseek_v3", 61, 7168, 128, 0, 0, 18432, 256, 8, 2048, 2048, 3, 129280, True, False),
+}
+FIELDS = (
+    "family num_layers hidden_size num_attention_heads num_query_groups kv_channels ffn_hidden_size num_experts "
+    "moe_router_topk moe_ffn_hidden_size moe_shared_expert_intermediate_size num_dense_layers vocab_size "
+    "qk_layernorm moe_router_pre_softmax"
+).split()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_family_fields(name: str) -> None:
+    m = hf(name).model
+    assert tuple(getattr(m, f) for f in FIELDS) == EXPECTED[name]
+    assert m.name == name and m.source == f"hf:{FIXTURES / name}"
+    assert m.seq_length == 4096 and not m.tie_embeddings
+
+
+def test_deepseek_v3_mla_and_router() -> None:
+    m = hf("deepseek_v3").model
+    assert (m.attention, m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim) == (
+        "mla",
+        1536,
+        512,
+        128,
+        64,
+        128,
+    )
+    assert m.moe_router_score_function == "sigmoid" and m.moe_router_enable_expert_bias
+    assert m.moe_router_topk_scaling_factor == 2.5
+    assert (m.rope_scaling_factor, m.rope_original_max_position_embeddings, m.rotary_base) == (40.0, 4096, 10000.0)
+    assert m.make_vocab_size_divisible_by == 1280
+
+
+def _gqa_by_hand(L: int, h: int, q: int, kv: int, mlp_width: int, v: int, s: int = 4096) -> int:
+    """Megatron's per-token training FLOPs of a GQA model: 6 x (QKV + out) + 6 q s (causal core) + 6 h 3 ffn (SwiGLU;
+    ffn = dense width, or top-k x expert width) + 6 h V (logits)."""
+    return 6 * L * (h * (q + 2 * kv) + q * h) + 6 * L * q * s + 6 * h * 3 * mlp_width * L + 6 * h * v
+
+
+BY_HAND = {
+    "llama3_8b": _gqa_by_hand(32, 4096, 32 * 128, 8 * 128, 14336, 128256),
+    "qwen3_8b": _gqa_by_hand(36, 4096, 32 * 128, 8 * 128, 12288, 151936),
+    "qwen3_30b_a3b": _gqa_by_hand(48, 2048, 32 * 128, 4 * 128, 8 * 768, 151936),
+    "mixtral_8x7b": _gqa_by_hand(32, 4096, 32 * 128, 8 * 128, 2 * 14336, 32000),
+    "olmoe_1b_7b": _gqa_by_hand(16, 2048, 16 * 128, 16 * 128, 8 * 1024, 50304),
+    # MLA: 61 layers, h 7168, 128 heads, q rank 1536, kv rank 512, qk 128 + rope 64, v 128; 3 dense layers (FFN
+    # 18432) and 58 MoE layers (top-8 of 2048 + one shared 2048); vocab 129280 = 101 x 1280.
+    "deepseek_v3": 6
+    * 61
+    * (
+        1536 * (7168 + 128 * (128 + 64) + 1)
+        + 512 * (7168 + 128 * (128 + 128) + 1)
+        + 7168 * 64
+        + 128 * 128 * 7168
+    )
+    + 3 * 61 * 4096 * 128 * (128 + 64 + 128)
+    + 6 * 7168 * 3 * (18432 * 3 + 2048 * 8 * 58 + 2048 * 58)
+    + 6 * 7168 * 129280,
+}
+
+
+@pytest.mark.parametrize("name", sorted(BY_HAND))
+def test_flops_per_token_by_hand(name: str) -> None:
+    assert model_flops_per_token(hf(name).model) == pytest.approx(BY_HAND[name], rel=1e-3)
+
+
+BRIDGED = ("llama3_8b", "qwen3_8b", "qwen3_30b_a3b", "olmoe_1b_7b", "deepseek_v3")
+"""Families Megatron-Bridge 0.6.2 has a bridge for (it has none for Mixtral)."""
+
+
+@pytest.mark.parametrize("name", BRIDGED)
+def test_flops_equal_bridge_own_count(name: str) -> None:
+    """Bridge's own provider of the same config.json (AutoBridge, no weights) counts the FLOPs we record."""
+    from bridge_live import bridge_importable, import_bridge
+
+    if reason := bridge_importable():
+        pytest.skip(reason)
+    import_bridge()
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+    from megatron.bridge.training.utils.flop_utils import num_floating_point_operations
+    from transformers import AutoConfig
+
+    m = hf(name).model
+    provider = AutoBridge.from_hf_config(AutoConfig.from_pretrained(FIXTURES / name)).to_megatron_provider(
+        load_weights=False
+    )
+    provider.seq_length = m.seq_length  # the benchmark's sequence, not the config's context
+    provider.mtp_num_layers = None  # no engine builds multi-token prediction (muonbench/hf_model.py)
+    bridge = num_floating_point_operations(SimpleNamespace(model=provider), batch_size=2)
+    assert bridge == pytest.approx(2 * m.seq_length * model_flops_per_token(m), rel=1e-9)
+
+
+def test_overrides_apply_on_top() -> None:
+    m = hf("qwen3_30b_a3b", "model.num_layers=2", "model.hidden_size=64", "model.num_experts=8").model
+    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.kv_channels) == (2, 64, 8, 8, 128)
+    assert m.family == "qwen3_moe"
+
+
+def test_folder_and_file_specs_agree() -> None:
+    from dataclasses import replace
+
+    by_file = muonbench.load([f"model=hf:{FIXTURES / 'llama3_8b' / 'config.json'}"]).model
+    assert replace(by_file, source="") == replace(hf("llama3_8b").model, source="")
+
+
+def _write(tmp_path: Path, base: str, **changes: object) -> Path:
+    raw = json.loads((FIXTURES / base / "config.json").read_text())
+    raw.update(changes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("base", "changes", "field"),
+    [
+        ("llama3_8b", {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "model_type='gpt2'"),
+        ("llama3_8b", {"hidden_size": 4100, "num_attention_heads": 30}, "num_attention_heads=30"),
+        ("llama3_8b", {"num_key_value_heads": 5}, "num_key_value_heads=5"),
+        ("mixtral_8x7b", {"num_experts_per_tok": 0}, "num_experts_per_tok=0"),
+        ("mixtral_8x7b", {"num_experts_per_tok": 9}, "num_experts_per_tok=9"),
+        ("llama3_8b", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+        ("qwen3_30b_a3b", {"mlp_only_layers": [3]}, "mlp_only_layers=[3]"),
+        ("mixtral_8x7b", {"sliding_window": 4096}, "sliding_window=4096"),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, base: str, changes: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        muonbench.load([f"model=hf:{_write(tmp_path, base, **changes)}"])
+
+
+def test_unsupported_architecture_lists_the_supported() -> None:
+    with pytest.raises(ConfigError) as err:
+        muonbench.load([f"model=hf:{FIXTURES / 'llama3_8b'}", "model.family=gpt2"])
+    assert "model.family='gpt2'" in str(err.value) and "'llama'" in str(err.value)
+
+
+def test_remote_code_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match=r"model\.trust_remote_code=true"):
+        muonbench.load([f"model=hf:{FIXTURES / 'kimi_k2'}"])
+
+
+def test_hub_id_not_cached_says_how_to_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"huggingface-cli download someone/unseen-model config\.json"):
+        muonbench.load(["model=hf:someone/unseen-model"])
+
+
+def test_hub_id_from_the_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub.constants as constants
+
+    snap = tmp_path / "models--meta-llama--Meta-Llama-3-8B" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text((FIXTURES / "llama3_8b" / "config.json").read_text())
+    (tmp_path / "models--meta-llama--Meta-Llama-3-8B" / "refs").mkdir()
+    (tmp_path / "models--meta-llama--Meta-Llama-3-8B" / "refs" / "main").write_text("abc")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    m = muonbench.load(["model=hf:meta-llama/Meta-Llama-3-8B"]).model
+    assert (m.name, m.family, m.num_layers) == ("meta_llama_3_8b", "llama", 32)
+
+
+def test_missing_path_and_bare_placeholder() -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        muonbench.load(["model=hf:/nonexistent/config.json"])
+    with pytest.raises(ConfigError, match=r"model=hf:<config\.json"):
+        muonbench.load(["model=hf"])
+
+
+def test_model_tool_prints_a_committable_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    from omegaconf import OmegaConf
+
+    from bench.tools.model import main
+    from muonbench.schema import ModelConfig
+
+    assert main([f"hf:{FIXTURES / 'olmoe_1b_7b'}", "model.num_layers=4"]) == 0
+    text = capsys.readouterr().out
+    values = OmegaConf.to_container(OmegaConf.create(text))
+    assert values.pop("defaults") == ["base_model"]
+    rebuilt = ModelConfig(**values)
+    expected = hf("olmoe_1b_7b", "model.num_layers=4").model
+    assert rebuilt == ModelConfig(**{**vars(expected), "trust_remote_code": False})
+    assert main([f"hf:{FIXTURES / 'kimi_k2'}"]) == 2
+    assert "trust_remote_code" in capsys.readouterr().err
+
+
+def test_flops_tool_takes_hf_models(capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.tools.flops import main
+
+    assert main([f"model=hf:{FIXTURES / 'llama3_8b'}", "parallelism=cpu_dp2", "format=json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["model_flops_per_token"] == BY_HAND["llama3_8b"]
