@@ -191,7 +191,7 @@ def execute(cfg: Any) -> str:
         print(f"== skip {' '.join(sweep.job_key(overrides))}: {rec['status']} in {done}", file=sys.stderr)
         manifest.note(done, rec["status"], str(cfg.bench.report_name))
         return str(rec["status"])
-    root = muonbench.to_typed(cfg)  # validated by the preflight: a ConfigError here is a bug, not a user error
+    root = muonbench.to_typed(cfg, overrides=overrides)  # validated by the preflight: a ConfigError here is a bug, not a user error
     run_dir = sweep.claim_run_dir(Path(hc.runtime.output_dir).resolve())
     run_id = str(run_dir.relative_to(out_dir)) if run_dir.is_relative_to(out_dir) else run_dir.name
     record.write_json_atomic(
@@ -284,7 +284,7 @@ def main() -> None:
         print(run_usage())
         return
     if any(a in INSPECT_FLAGS for a in argv):
-        rest = compose.take_config_dirs(argv)  # Hydra's own inspection flags: no job runs
+        rest = compose.expand_hf(compose.take_config_dirs(argv))  # Hydra's own inspection flags: no job runs
         sys.argv = [sys.argv[0], *flags_first([*with_hydra_defaults(rest), *compose.searchpath_overrides()])]
         schema.register_configs()
         hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
@@ -301,6 +301,7 @@ def main() -> None:
             recorded, _STATE["done"] = sweep.resume_plan(resume[0])
             argv = [*recorded, overrides[0]]
             overrides = compose.take_config_dirs(argv)
+        overrides = compose.expand_hf(overrides)
         jobs = sweep.expand(overrides)
         errors = sweep.preflight(jobs)
     except ValueError as exc:

@@ -94,7 +94,7 @@ def load(
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
     schema.register_configs()
-    spec, overrides = _take_hf_spec(list(overrides or []))
+    overrides = expand_hf(list(overrides or []))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -102,11 +102,7 @@ def load(
             cfg = compose(config_name=config_name, overrides=[*overrides, *searchpath_overrides()])
         except (MissingConfigException, ConfigCompositionException) as exc:
             raise ConfigError(_explain_missing(exc)) from exc
-    if spec is not None:
-        _fill_from_hf(cfg, spec, overrides)
-    elif cfg.model.name == HF_MODEL:
-        _fail("model", HF_MODEL, "names no config; use model=hf:<config.json, folder or Hub id>")
-    return to_typed(cfg, validate_=validate_)
+    return to_typed(cfg, validate_=validate_, overrides=overrides)
 
 
 def take_config_dirs(argv: list[str]) -> list[str]:
@@ -140,26 +136,31 @@ HF_MODEL = "hf"
 """The model option `model=hf:<spec>` composes (`conf/model/hf.yaml`) before its fields are read from <spec>."""
 
 
-def _take_hf_spec(overrides: list[str]) -> tuple[str | None, list[str]]:
-    """`model=hf:<spec>` -> (<spec>, the overrides selecting the placeholder `model=hf` instead): Hydra cannot select
-    a file outside the config tree, so the fields are filled after composing (`_fill_from_hf`)."""
-    spec, out = None, []
+def expand_hf(overrides: list[str]) -> list[str]:
+    """`model=hf:<spec>` -> `model=hf model.source=hf:<spec>`: Hydra cannot select a file outside the config tree,
+    so the placeholder is composed and `to_typed` fills its fields from <spec> (`_fill_from_hf`). Every entry point
+    that hands overrides to Hydra passes them through here first."""
+    out = []
     for item in overrides:
         key, sep, value = item.partition("=")
         if sep and key.lstrip("+") == "model" and value.startswith(f"{HF_MODEL}:"):
-            spec = value.removeprefix(f"{HF_MODEL}:").strip("'\"")
-            if not spec:
+            if not value.removeprefix(f"{HF_MODEL}:").strip("'\""):
                 _fail("model", value, "give a config: model=hf:<config.json, folder or Hub id>")
-            item = f"{key}={HF_MODEL}"
-        out.append(item)
-    return spec, out
+            out += [f"{key}={HF_MODEL}", f"model.source={value}"]
+        else:
+            out.append(item)
+    return out
 
 
-def _fill_from_hf(cfg: Any, spec: str, overrides: list[str]) -> None:
-    """Fill the composed model group from the Hugging Face config of `spec`; the `model.<field>=` overrides the
-    user gave stay on top (a slice: `model=hf:... model.num_layers=2`)."""
+def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
+    """Fill the composed placeholder model from the Hugging Face config named by `model.source`; the
+    `model.<field>=` overrides the user gave stay on top (a slice: `model=hf:... model.num_layers=2`)."""
     from muonbench.hf_model import HFConfigError, model_fields
 
+    source = str(cfg.model.source)
+    if not source.startswith(f"{HF_MODEL}:"):
+        _fail("model", HF_MODEL, "names no config; use model=hf:<config.json, folder or Hub id>")
+    spec = source.removeprefix(f"{HF_MODEL}:").strip("'\"")
     given = {item.partition("=")[0].lstrip("+~").removeprefix("model.") for item in overrides}
     try:
         values = model_fields(spec, trust_remote_code=bool(cfg.model.trust_remote_code))
@@ -201,9 +202,15 @@ def _explain_missing(exc: Exception) -> str:
     return msg
 
 
-def to_typed(cfg: Any, *, validate_: bool = True) -> schema.RootConfig:
-    """DictConfig -> RootConfig of dataclasses (converted once, at the entry point)."""
+def to_typed(
+    cfg: Any, *, validate_: bool = True, overrides: list[str] | tuple[str, ...] = ()
+) -> schema.RootConfig:
+    """DictConfig -> RootConfig of dataclasses (converted once, at the entry point). A `model=hf:<spec>` placeholder
+    is filled from its Hugging Face config first, under the `overrides` the config was composed with."""
     from omegaconf import OmegaConf
+
+    if cfg.model.name == HF_MODEL or str(cfg.model.source).startswith(f"{HF_MODEL}:"):
+        _fill_from_hf(cfg, list(overrides))
 
     _check_unknown_keys(cfg, "")
     _apply_optimizer_overrides(cfg)

@@ -50,22 +50,19 @@ class SplitLayout:
 
     @classmethod
     def from_hf_config(cls, config: Any) -> SplitLayout:
-        """From a transformers Qwen3MoeConfig or DeepseekV3Config."""
-        match config.model_type:
-            case "qwen3_moe":
-                return cls(
-                    num_attention_heads=config.num_attention_heads,
-                    num_query_groups=config.num_key_value_heads,
-                    kv_channels=config.head_dim,
-                )
-            case "deepseek_v3":
-                return cls(
-                    num_attention_heads=config.num_attention_heads,
-                    kv_lora_rank=config.kv_lora_rank,
-                    qk_pos_emb_head_dim=config.qk_rope_head_dim,
-                )
-            case other:
-                raise ValueError(f"model_type={other!r} is not one of ('qwen3_moe', 'deepseek_v3')")
+        """From a transformers config: MLA (DeepSeek-V3, Kimi K2) or GQA (Llama, Qwen, Mixtral, OLMoE, ...)."""
+        if config.model_type in ("deepseek_v3", "kimi_k2"):
+            return cls(
+                num_attention_heads=config.num_attention_heads,
+                kv_lora_rank=config.kv_lora_rank,
+                qk_pos_emb_head_dim=config.qk_rope_head_dim,
+            )
+        heads = config.num_attention_heads
+        return cls(
+            num_attention_heads=heads,
+            num_query_groups=getattr(config, "num_key_value_heads", None) or heads,
+            kv_channels=getattr(config, "head_dim", None) or config.hidden_size // heads,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,4 +1,5 @@
-"""Build a transformers causal LM (Qwen3-MoE or DeepSeek-V3/Kimi K2) from our `ModelConfig`.
+"""Build a transformers causal LM of any supported family (`model.family`, transformers' model_type) from our
+`ModelConfig`, through `AutoModelForCausalLM.from_config`.
 
 The model gets a tiny random init (transformers' own `_init_weights`, std 0.02) under a fixed seed, so two runs with
 the same seed start from the same weights. The vocabulary is padded the way Megatron pads it
@@ -30,7 +31,7 @@ def _rope(model: ModelConfig) -> dict[str, Any]:
 
 
 def hf_config(model: ModelConfig) -> Any:
-    """The transformers config equivalent to `model` (`Qwen3MoeConfig` or `DeepseekV3Config`)."""
+    """The transformers config equivalent to `model` (the config class of `model.family`)."""
     common = {
         "vocab_size": padded_vocab_size(model),
         "hidden_size": model.hidden_size,
@@ -45,7 +46,42 @@ def hf_config(model: ModelConfig) -> Any:
         "use_cache": False,
         "attention_bias": False,
     }
+    gqa = {
+        "num_key_value_heads": model.num_query_groups,
+        "head_dim": model.kv_channels,
+        "intermediate_size": model.ffn_hidden_size,
+    }
     match model.family:
+        case "llama" | "mistral" | "qwen3":
+            if model.num_experts:
+                raise ValueError(f"model.num_experts={model.num_experts}: {model.family} is dense; allowed: 0")
+            return _auto(model.family, common, gqa, mlp_bias=False, sliding_window=None)
+        case "qwen2":
+            if model.num_experts:
+                raise ValueError(f"model.num_experts={model.num_experts}: qwen2 is dense; allowed: 0")
+            return _auto("qwen2", {**common, "attention_bias": True}, gqa, use_sliding_window=False)
+        case "mixtral":
+            return _auto(
+                "mixtral",
+                common,
+                {**gqa, "intermediate_size": model.moe_ffn_hidden_size},
+                num_local_experts=model.num_experts,
+                num_experts_per_tok=model.moe_router_topk,
+                router_aux_loss_coef=model.moe_aux_loss_coeff,
+                output_router_logits=model.moe_aux_loss_coeff > 0,
+                sliding_window=None,
+            )
+        case "olmoe":
+            return _auto(
+                "olmoe",
+                common,
+                {**gqa, "intermediate_size": model.moe_ffn_hidden_size},
+                num_experts=model.num_experts,
+                num_experts_per_tok=model.moe_router_topk,
+                norm_topk_prob=not model.moe_router_pre_softmax,
+                router_aux_loss_coef=model.moe_aux_loss_coeff,
+                output_router_logits=model.moe_aux_loss_coeff > 0,
+            )
         case "qwen3_moe":
             from transformers import Qwen3MoeConfig
 
@@ -69,7 +105,7 @@ def hf_config(model: ModelConfig) -> Any:
                 num_experts_per_tok=model.moe_router_topk,
                 mlp_only_layers=list(range(model.num_dense_layers)),
                 decoder_sparse_step=1,
-                norm_topk_prob=True,
+                norm_topk_prob=not model.moe_router_pre_softmax,
                 router_aux_loss_coef=model.moe_aux_loss_coeff,
                 output_router_logits=model.moe_aux_loss_coeff > 0,
             )
@@ -107,19 +143,33 @@ def hf_config(model: ModelConfig) -> Any:
                 rope_interleave=True,
             )
         case other:
-            raise ValueError(f"model.family={other!r}: the hf engine supports ['qwen3_moe', 'deepseek_v3']")
+            raise ValueError(f"model.family={other!r}: the hf engine supports {list(HF_FAMILIES)}")
+
+
+
+
+HF_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3")
+"""`model.family` values `hf_config` builds (transformers' model_type)."""
+
+
+def _auto(model_type: str, common: dict[str, Any], shapes: dict[str, Any], **family: Any) -> Any:
+    """transformers' config class of `model_type`, built from our values."""
+    from transformers import AutoConfig
+
+    kw = {**common, **shapes, **family}
+    kw.setdefault("attention_bias", False)
+    return AutoConfig.for_model(model_type, **kw)
 
 
 def build_model(model: ModelConfig, *, seed: int, dtype: Any = None) -> Any:
-    """A randomly initialised `Qwen3MoeForCausalLM` / `DeepseekV3ForCausalLM` (train mode) for `model`."""
+    """A randomly initialised causal LM of `model.family` (train mode): `AutoModelForCausalLM.from_config`."""
     import torch
-    from transformers import DeepseekV3ForCausalLM, Qwen3MoeForCausalLM
+    from transformers import AutoModelForCausalLM
 
     config = hf_config(model)
     config._attn_implementation = "sdpa"
-    cls = Qwen3MoeForCausalLM if model.family == "qwen3_moe" else DeepseekV3ForCausalLM
     torch.manual_seed(seed)
-    net = cls(config)
+    net = AutoModelForCausalLM.from_config(config)
     if dtype is not None:
         net = net.to(dtype=dtype)
     net.train()

@@ -13,8 +13,8 @@ from typing import Any
 
 from muonbench.schema import ModelConfig
 
-_RECORD_ONLY = ("trust_remote_code",)
-"""Fields of a read config that a committed YAML does not need (the YAML is read without remote code)."""
+_RECORD_ONLY = ("source", "trust_remote_code")
+"""Fields of a read config a committed YAML leaves out: it stands alone (no config to re-read, no remote code)."""
 
 
 def model_yaml(model: ModelConfig) -> str:

@@ -29,6 +29,7 @@ def hf(name: str, *extra: str) -> muonbench.schema.RootConfig:
 # layers, vocab, qk-norm, pre-softmax router)
 EXPECTED = {
     "llama3_8b": ("llama", 32, 4096, 32, 8, 128, 14336, 0, 0, 0, 0, 0, 128256, False, False),
+    "qwen2_5_7b": ("qwen2", 28, 3584, 28, 4, 128, 18944, 0, 0, 0, 0, 0, 152064, False, False),
     "qwen3_8b": ("qwen3", 36, 4096, 32, 8, 128, 12288, 0, 0, 0, 0, 0, 151936, True, False),
     "qwen3_30b_a3b": ("qwen3_moe", 48, 2048, 32, 4, 128, 6144, 128, 8, 768, 0, 0, 151936, True, False),
     "mixtral_8x7b": ("mixtral", 32, 4096, 32, 8, 128, 14336, 8, 2, 14336, 0, 0, 32000, False, False),
@@ -74,6 +75,7 @@ def _gqa_by_hand(L: int, h: int, q: int, kv: int, mlp_width: int, v: int, s: int
 
 BY_HAND = {
     "llama3_8b": _gqa_by_hand(32, 4096, 32 * 128, 8 * 128, 14336, 128256),
+    "qwen2_5_7b": _gqa_by_hand(28, 3584, 28 * 128, 4 * 128, 18944, 152064),
     "qwen3_8b": _gqa_by_hand(36, 4096, 32 * 128, 8 * 128, 12288, 151936),
     "qwen3_30b_a3b": _gqa_by_hand(48, 2048, 32 * 128, 4 * 128, 8 * 768, 151936),
     "mixtral_8x7b": _gqa_by_hand(32, 4096, 32 * 128, 8 * 128, 2 * 14336, 32000),
@@ -99,7 +101,7 @@ def test_flops_per_token_by_hand(name: str) -> None:
     assert model_flops_per_token(hf(name).model) == pytest.approx(BY_HAND[name], rel=1e-3)
 
 
-BRIDGED = ("llama3_8b", "qwen3_8b", "qwen3_30b_a3b", "olmoe_1b_7b", "deepseek_v3")
+BRIDGED = ("llama3_8b", "qwen2_5_7b", "qwen3_8b", "qwen3_30b_a3b", "olmoe_1b_7b", "deepseek_v3")
 """Families Megatron-Bridge 0.6.2 has a bridge for (it has none for Mixtral)."""
 
 
@@ -121,6 +123,8 @@ def test_flops_equal_bridge_own_count(name: str) -> None:
     )
     provider.seq_length = m.seq_length  # the benchmark's sequence, not the config's context
     provider.mtp_num_layers = None  # no engine builds multi-token prediction (muonbench/hf_model.py)
+    if provider.kv_channels is None:  # Qwen2: Megatron's TransformerConfig derives it when the provider is finalized
+        provider.kv_channels = provider.hidden_size // provider.num_attention_heads
     bridge = num_floating_point_operations(SimpleNamespace(model=provider), batch_size=2)
     assert bridge == pytest.approx(2 * m.seq_length * model_flops_per_token(m), rel=1e-9)
 
@@ -215,7 +219,7 @@ def test_model_tool_prints_a_committable_yaml(capsys: pytest.CaptureFixture[str]
     assert values.pop("defaults") == ["base_model"]
     rebuilt = ModelConfig(**values)
     expected = hf("olmoe_1b_7b", "model.num_layers=4").model
-    assert rebuilt == ModelConfig(**{**vars(expected), "trust_remote_code": False})
+    assert rebuilt == ModelConfig(**{**vars(expected), "source": "", "trust_remote_code": False})
     assert main([f"hf:{FIXTURES / 'kimi_k2'}"]) == 2
     assert "trust_remote_code" in capsys.readouterr().err
 

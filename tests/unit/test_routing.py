@@ -162,5 +162,5 @@ def test_split_errors() -> None:
         route_parameters(_megatron_params(), naming="megatron", layout=bad)
     with pytest.raises(ValueError, match="naming='nemo'"):
         classify("a.weight", (2, 2), "nemo")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="model_type='llama'"):
-        SplitLayout.from_hf_config(type("C", (), {"model_type": "llama"})())
+    llama = type("C", (), {"model_type": "llama", "num_attention_heads": 8, "num_key_value_heads": 2, "hidden_size": 64})
+    assert SplitLayout.from_hf_config(llama()) == SplitLayout(num_attention_heads=8, num_query_groups=2, kv_channels=8)
