@@ -1,8 +1,10 @@
-"""Megatron-core GPT MoE model from our `ModelConfig`: transformer config, layer specs, model.
+"""Megatron-core GPT model (dense or MoE) from our `ModelConfig`: transformer config, layer specs, model.
 
-- GQA (Qwen3-MoE) -> `TransformerConfig`; MLA (Kimi K2 / DeepSeek-V3) -> `MLATransformerConfig`.
-- Dense first layers -> `moe_layer_freq` list ([0] * num_dense_layers + [1] * rest).
-- Routed + shared experts, SwiGLU, RMSNorm, qk-norm, no biases, untied embeddings, RoPE.
+- GQA (Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, OLMoE) -> `TransformerConfig`; MLA (Kimi K2 / DeepSeek-V3) ->
+  `MLATransformerConfig`.
+- Dense first layers -> `moe_layer_freq` list ([0] * num_dense_layers + [1] * rest); no experts: every layer dense.
+- Routed + shared experts, SwiGLU, RMSNorm, optional qk-norm, q/k/v biases only where the model has them (Qwen2),
+  tied or untied embeddings, RoPE.
 - Transformer Engine specs when TE imports, else the local specs with `SDPACoreAttention` in place of Megatron's
   materialising `DotProductAttention` (see megatron_attention.py).
 
@@ -135,6 +137,7 @@ def transformer_config_kwargs(
         "layernorm_epsilon": model.norm_eps,
         "qk_layernorm": model.qk_layernorm,
         "add_bias_linear": False,
+        "add_qkv_bias": model.qkv_bias,
         "attention_dropout": 0.0,
         "hidden_dropout": 0.0,
         "tensor_model_parallel_size": par.tp,
@@ -173,6 +176,7 @@ def transformer_config_kwargs(
         kw.update(
             moe_router_score_function=model.moe_router_score_function,
             moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
+            moe_router_pre_softmax=model.moe_router_pre_softmax,
         )
         if model.moe_router_topk_scaling_factor != 1.0:
             kw["moe_router_topk_scaling_factor"] = model.moe_router_topk_scaling_factor

@@ -1,5 +1,6 @@
-"""The hf engine builds a tiny slice of every family `model=hf:` reads (AutoModelForCausalLM.from_config, random
-init) and steps Muon on it: NS counted over exactly the matrices bench.flops enumerates."""
+"""Both local engines build a tiny slice of every family `model=hf:` reads: the hf engine (AutoModelForCausalLM.
+from_config, random init) steps Muon with NS counted over exactly the matrices bench.flops enumerates, and the
+megatron engine's GPTModel holds the same weight matrices, numel for numel."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import muonbench
 from bench import flops
 from bench.engines import RankInfo, engine_class
+from test_megatron_adapter import CPU_OPTS, megatron_groups  # noqa: F401 - the fixture is used by name
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 SLICE = (
@@ -84,3 +86,28 @@ def test_family_slice_builds_and_steps_muon(name: str) -> None:
     fused = flops.enumerate_ns_matrices(cfg.model, split_qkv=True, split_gate_up=False)
     mats = [x for x in split if not x.expert] + [x for x in fused if x.expert]
     assert m.ns_flops == pytest.approx(flops.ns_flops_per_step(mats, cfg.optimizer.num_ns_steps, "plain"))
+
+
+def _matrix_numel(named) -> int:
+    """Elements of the weight matrices (2-D and stacked 3-D); norms, biases and router biases are 1-D."""
+    return sum(p.numel() for _, p in named if p.dim() >= 2)
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_megatron_engine_builds_the_same_matrices(name: str, megatron_groups, monkeypatch) -> None:  # noqa: F811
+    import torch
+
+    from bench.engines import megatron_model as mm
+    from bench.models.hf_build import build_model
+
+    cfg = tiny(name)
+    if cfg.model.attention == "mla":  # MLA's rotary embedding asks CUDA for a device (test_megatron_adapter.py)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    config = mm.transformer_config(cfg.model, cfg.parallelism, CPU_OPTS)
+    spec = mm.decoder_block_spec(config, CPU_OPTS)
+    gpt = mm.build_gpt_model(cfg.model, config, spec, pre_process=True, post_process=True)
+    names = {n for n, _ in gpt.named_parameters()}
+    assert any(n.endswith("linear_qkv.bias") for n in names) == cfg.model.qkv_bias
+    assert any("q_layernorm" in n for n in names) == cfg.model.qk_layernorm
+    assert config.moe_router_pre_softmax == cfg.model.moe_router_pre_softmax if cfg.model.num_experts else True
+    assert _matrix_numel(gpt.named_parameters()) == _matrix_numel(build_model(cfg.model, seed=0).named_parameters())
