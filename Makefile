@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 BRIDGE_VERSION := 0.6.2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -35,6 +35,10 @@ test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/
 	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
+	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
+
+bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make bench-hf CONFIG=path/to/config.json [ARGS=...]
+	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/hf_tiny_dp2 model=hf:$(CONFIG) $(ARGS); rc=$$?; \
 	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
 
 EXAMPLE_REPORT := smoke_cpu_202612

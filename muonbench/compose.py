@@ -153,8 +153,12 @@ def expand_hf(overrides: list[str]) -> list[str]:
 
 
 def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
-    """Fill the composed placeholder model from the Hugging Face config named by `model.source`; the
-    `model.<field>=` overrides the user gave stay on top (a slice: `model=hf:... model.num_layers=2`)."""
+    """Fill the composed placeholder model from the Hugging Face config named by `model.source`. What the user or an
+    experiment set stays on top: a `model.<field>=` override, or a field that no longer holds the schema default (a
+    slice: `model=hf:... model.num_layers=2`, or experiment=cpu/hf_tiny_dp2). A slice shorter than the config's
+    leading dense layers keeps one MoE layer; shared experts keep their count at the slice's expert width."""
+    from omegaconf import OmegaConf
+
     from muonbench.hf_model import HFConfigError, model_fields
 
     source = str(cfg.model.source)
@@ -162,13 +166,21 @@ def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
         _fail("model", HF_MODEL, "names no config; use model=hf:<config.json, folder or Hub id>")
     spec = source.removeprefix(f"{HF_MODEL}:").strip("'\"")
     given = {item.partition("=")[0].lstrip("+~").removeprefix("model.") for item in overrides}
+    defaults = {f.name: f.default for f in fields(schema.ModelConfig)}
     try:
         values = model_fields(spec, trust_remote_code=bool(cfg.model.trust_remote_code))
     except HFConfigError as exc:
         raise ConfigError(f"model=hf:{spec}: {exc}") from exc
     for key, value in values.items():
-        if key not in given:
+        unset = OmegaConf.is_missing(cfg.model, key) or cfg.model[key] == defaults[key]
+        if key not in given and (key == "name" or unset):
             cfg.model[key] = value
+    m = cfg.model
+    if "num_dense_layers" not in given and values.get("num_experts") and m.num_dense_layers >= m.num_layers:
+        m.num_dense_layers = max(0, m.num_layers - 1)
+    shared = values.get("moe_shared_expert_intermediate_size", 0)
+    if shared and "moe_shared_expert_intermediate_size" not in given:
+        m.moe_shared_expert_intermediate_size = shared // values["moe_ffn_hidden_size"] * m.moe_ffn_hidden_size
 
 
 def available_options(group: str) -> list[str]:

@@ -29,6 +29,7 @@ SETUP = "setup"
 COMMANDS: dict[str, tuple[str, str]] = {
     "make test": (NOT_A_RUN, "the test suite that runs this test"),
     "make bench": (CPU_RUN, ""),
+    "make bench-hf CONFIG=tests/unit/fixtures/hf_configs/llama3_8b/config.json": (CPU_RUN, ""),
     "make help": (CPU_RUN, ""),
     "source .venv/bin/activate": (SETUP, "puts the suite's Python on PATH for the python -m commands after it"),
     "python -m bench.run optimizer=muon optimizer.num_ns_steps=6 optimizer.coefficient_type=polar_express": (

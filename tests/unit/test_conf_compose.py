@@ -83,7 +83,9 @@ def test_experiment_composes(name: str) -> None:
     """Golden combinations: global package, named by their path, and valid as a whole."""
     text = (CONF_DIR / "experiment" / f"{name}.yaml").read_text()
     assert text.startswith("# @package _global_"), name
-    root = load([f"experiment={name}"])
+    # An experiment on the model=hf placeholder needs a config (tests/unit/test_hf_model.py).
+    model = [f"model=hf:{Path(__file__).parent / 'fixtures/hf_configs/qwen3_30b_a3b'}"] if "hf_" in name else []
+    root = load([f"experiment={name}", *model])
     assert root.experiment_name == name
     gpu = Path(name).parts[0]
     if gpu != "cpu":

@@ -230,3 +230,13 @@ def test_flops_tool_takes_hf_models(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([f"model=hf:{FIXTURES / 'llama3_8b'}", "parallelism=cpu_dp2", "format=json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["model_flops_per_token"] == BY_HAND["llama3_8b"]
+
+
+def test_tiny_slice_experiment_keeps_the_layer_types() -> None:
+    """experiment=cpu/hf_tiny_dp2 (make bench-hf) shrinks any family; its values stay over the config's, a slice
+    shorter than DeepSeek-V3's three dense layers keeps one MoE layer, the shared expert keeps its count."""
+    m = muonbench.load(["experiment=cpu/hf_tiny_dp2", f"model=hf:{FIXTURES / 'deepseek_v3'}"]).model
+    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.num_dense_layers) == (2, 64, 256, 8, 1)
+    assert m.moe_shared_expert_intermediate_size == m.moe_ffn_hidden_size == 32
+    m = muonbench.load(["experiment=cpu/hf_tiny_dp2", f"model=hf:{FIXTURES / 'llama3_8b'}", "model.num_layers=4"]).model
+    assert (m.family, m.num_layers, m.hidden_size, m.num_experts, m.rotary_base) == ("llama", 4, 64, 0, 500000.0)
