@@ -60,27 +60,27 @@ def hf_config(model: ModelConfig) -> Any:
             if model.num_experts:
                 raise ValueError(f"model.num_experts={model.num_experts}: qwen2 is dense; allowed: 0")
             return _auto("qwen2", {**common, "attention_bias": True}, gqa, use_sliding_window=False)
-        case "mixtral":
-            return _auto(
-                "mixtral",
-                common,
-                {**gqa, "intermediate_size": model.moe_ffn_hidden_size},
-                num_local_experts=model.num_experts,
-                num_experts_per_tok=model.moe_router_topk,
-                router_aux_loss_coef=model.moe_aux_loss_coeff,
-                output_router_logits=model.moe_aux_loss_coeff > 0,
-                sliding_window=None,
-            )
-        case "olmoe":
+        case "mixtral" | "olmoe":
+            if model.num_dense_layers:
+                raise ValueError(
+                    f"model.num_dense_layers={model.num_dense_layers}: transformers' {model.family} has no dense "
+                    "layers; allowed: 0"
+                )
+            routed = {
+                **gqa,
+                "intermediate_size": model.moe_ffn_hidden_size,
+                "num_experts_per_tok": model.moe_router_topk,
+                "router_aux_loss_coef": model.moe_aux_loss_coeff,
+                "output_router_logits": model.moe_aux_loss_coeff > 0,
+            }
+            if model.family == "mixtral":
+                return _auto("mixtral", common, routed, num_local_experts=model.num_experts, sliding_window=None)
             return _auto(
                 "olmoe",
                 common,
-                {**gqa, "intermediate_size": model.moe_ffn_hidden_size},
+                routed,
                 num_experts=model.num_experts,
-                num_experts_per_tok=model.moe_router_topk,
                 norm_topk_prob=not model.moe_router_pre_softmax,
-                router_aux_loss_coef=model.moe_aux_loss_coeff,
-                output_router_logits=model.moe_aux_loss_coeff > 0,
             )
         case "qwen3_moe":
             from transformers import Qwen3MoeConfig
