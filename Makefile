@@ -33,8 +33,9 @@ test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests experiments
 
+SMOKE := -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/
-	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2; rc=$$?; \
+	$(PY) -m bench.run $(SMOKE); rc=$$?; \
 	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
 
 bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make bench-hf CONFIG=path/to/config.json [ARGS=...]
@@ -42,8 +43,9 @@ bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make benc
 	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
 
 EXAMPLE_REPORT := smoke_cpu_202612
-bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (after make bench)
-	$(PY) -m bench.results.collect --name $(EXAMPLE_REPORT) && $(PY) -m bench.results.report --name $(EXAMPLE_REPORT)
+bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (only after a complete make bench)
+	$(PY) -m bench.results.collect --name $(EXAMPLE_REPORT) --expect-command "$(SMOKE)" && \
+	$(PY) -m bench.results.report --name $(EXAMPLE_REPORT)
 
 bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, ours (Muon), Megatron's Muon on the FLOP-matched Qwen3 slice
 	$(PY) -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw,muon,muon_megatron $(ARGS)
@@ -104,7 +106,7 @@ docker-build: ## Build the NeMo 26.02 based image with megatron-core 0.19.2 / me
 docker-shell: ## Shell in the image with this checkout mounted
 	docker run --rm -it --gpus all --ipc=host -v $(CURDIR):/opt/muonbench -w /opt/muonbench muonbench:26.02 bash
 
-quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min)
+quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min), into a fresh runs/quality_cpu_<time>/
 	$(PY) -m bench.tools.quality profile=cpu
 
 quality-gpu: $(STAMP) ## The same on one GPU, Qwen3-MoE 123 M on installed-package source (resumable): ARGS="out=DIR time_limit_s=S"

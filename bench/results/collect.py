@@ -282,6 +282,19 @@ def terminal_table(results: Any) -> str:
     return view.to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
+def check_command(manifest: dict[str, Any], expected: str, path: Path) -> None:
+    """ValueError unless the invocation of `manifest` completed and ran exactly `bench.run <expected>`: a committed
+    example report is rewritten only from the sweep it shows."""
+    import shlex
+
+    ran = [a for a in manifest.get("argv") or [] if not a.startswith("bench.resume=")]
+    if ran != shlex.split(expected) or manifest.get("state") != "complete":
+        raise ValueError(
+            f"{path}: the latest invocation ({manifest.get('state')}) ran `python -m bench.run {shlex.join(ran)}`; "
+            f"this report is made only from a complete `python -m bench.run {expected}`"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.results.collect", description=__doc__.split("\n\n")[0])
     ap.add_argument(
@@ -295,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--strict", action="store_true", help="a broken record is an error (exit 1), not a warning"
     )
+    ap.add_argument(
+        "--expect-command",
+        metavar="ARGS",
+        help="refuse unless the latest invocation completed exactly `python -m bench.run ARGS` (make bench-example)",
+    )
     args = ap.parse_args(argv)
     problems: list[str] = []
     try:
@@ -303,6 +321,8 @@ def main(argv: list[str] | None = None) -> int:
             run_dirs = [d for root in args.runs for d in record.find_runs(root)]
         else:
             run_dirs, manifest = latest_runs(args.out_dir)
+            if args.expect_command is not None:
+                check_command(manifest, args.expect_command, args.out_dir / "LATEST.json")
             if manifest.get("state") in ("running", "interrupted", "killed"):
                 problems.append(
                     f"{args.out_dir / 'LATEST.json'}: its invocation is {manifest['state']} "

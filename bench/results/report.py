@@ -578,6 +578,8 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
         figures["loss.png"] = plots.curves_figure(steps, curves, "loss", "training loss", _label)
     for file, fig in figures.items():
         plots.save(fig, dest / file)
+    for file in set(PLOTS) - set(figures):  # an earlier report's plot would show runs this one does not have
+        (dest / file).unlink(missing_ok=True)
     drawn = [p for p in PLOTS if p in figures]
     if drawn:
         parts += ["## Plots", *(f"![{p[:-4]}]({p})" for p in drawn)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 OPTIMIZERS = ("adamw", "muon", "muon_split_gate_up", "mop", "soap_rekls")
@@ -58,7 +59,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hidden_size": 128,
         "num_layers": 2,
         "price_per_hour": 0.0,
-        "out": "reports/quality_cpu_202612",
     },
     # One H200, ~7 minutes for 22 trials: 122.8 M total / 34.7 M active parameters (conf/model/qwen3_moe_125m),
     # 240 steps of 128 x 512 tokens = 15.7 M tokens per trial, 25 evaluations. Throughput estimate: 169.9 MFLOP
@@ -85,7 +85,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "polar_method": "polar_express",
         "precondition_frequency": 10,
         "prewarm_steps": 3,
-        "out": "runs/quality_gpu",
     },
     # The gpu profile's pipeline (package corpus, seeds, resumable trials) at toy size on a CPU (~2 minutes).
     "tiny": {
@@ -107,7 +106,6 @@ PROFILES: dict[str, dict[str, Any]] = {
         "polar_method": "polar_express",
         "precondition_frequency": 2,
         "prewarm_steps": 1,
-        "out": "runs/quality_tiny",
     },
 }
 # Keys that do not change what a trial computes: they may differ between the pieces of one sweep.
@@ -141,7 +139,9 @@ class QualityConfig:
     weight_decay: float = 0.01
     price_per_hour: float = 0.0
     optimizers: tuple[str, ...] = ("adamw", "muon", "mop", "soap_rekls")
-    out: str = "reports/quality_cpu_202612"
+    out: str = "runs/quality"
+    """The sweep's folder; a rerun with the same `out` resumes. Not given: a fresh `runs/quality_<profile>_<time>`
+    (`fresh_out`), so a default run never resumes or rewrites another run's or a committed report's files."""
     corpus: str = "stdlib"
     """stdlib: top-level stdlib modules, every 10th held out; python_packages: every `.py` file of site-packages
     and the stdlib, deduplicated, held out by path hash (bench.tools.quality.corpus)."""
@@ -206,6 +206,19 @@ class QualityConfig:
         return hashlib.sha256(json.dumps(self.trial_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
+def fresh_out(profile: str, root: str = "runs") -> str:
+    """A folder under `root` that does not exist yet: `quality_<profile>_<yyyymmdd_hhmmss>` (`.2`, ... within one
+    second)."""
+    from datetime import datetime
+
+    base = Path(root) / f"quality_{profile}_{datetime.now().strftime('%Y%m%d_%H%M%S')}"
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}.{n}")
+    return str(path)
+
+
 def parse_cli(argv: list[str]) -> QualityConfig:
     kv = dict(a.split("=", 1) for a in argv if "=" in a)
     bad = [a for a in argv if "=" not in a]
@@ -216,6 +229,8 @@ def parse_cli(argv: list[str]) -> QualityConfig:
         raise ValueError(f"profile={profile!r}: must be one of {sorted(PROFILES)}")
     grids = LR_GRIDS_GPU if profile == "gpu" else LR_GRIDS
     base: dict[str, Any] = dict(PROFILES[profile], profile=profile, lr_grids=dict(grids))
+    if "out" not in kv:
+        base["out"] = fresh_out(profile)
     fields = QualityConfig.__dataclass_fields__
     for key, raw in kv.items():
         if key not in fields or key == "lr_grids":
