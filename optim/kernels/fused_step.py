@@ -114,7 +114,7 @@ def momentum_pack(
     """See module docstring; grads and bufs: B tensors of one shape (r, c). Returns (B, r, c) bf16, or (B, c, r)
     when `transpose`. `checked`: the caller guarantees fp32 contiguous tensors on one device (see `_fast_ok`).
     `write_buf=False`: the NS input of the updated momentum, the buffers left unchanged (10 bytes per element; the
-    speculative NS of `OrthogonalizedOptimizer.speculate`, whose momentum is written at the step)."""
+    speculative NS of `Muon.speculate`, whose momentum is written at the step)."""
     out, _ = _pack(grads, bufs, beta, nesterov, transpose, checked, write_buf, pieces=0)
     return out
 

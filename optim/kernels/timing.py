@@ -6,7 +6,7 @@ is the call's latency, and it includes every host gap between the call's kernels
 launcher, cuBLAS handle lookups) whenever the host launches slower than the GPU runs them.
 
 Why this quantity and not back-to-back throughput: optim.Muon's fused step reads its finite screens on the host
-(`optim.optimizers.fused._fused_step`) right before its NS calls, one per shape group: the first starts on an idle
+(`optim.optimizers.fused.FusedStep.step`) right before its NS calls, one per shape group: the first starts on an idle
 GPU, and a later one is hidden behind earlier GPU work only while that work outlasts the host's launches (the
 per-call latency is then an upper bound). A call whose GPU work is short next to the host cost of launching its kernels
 (one matrix of 1536 x 7168: ~20 launches for well under a millisecond of GEMMs) is then host-bound in the step, and a

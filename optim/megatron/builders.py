@@ -215,7 +215,7 @@ def _in_main_grad_norm(params: list[torch.Tensor]) -> bool:
 
 
 def vouch_finite(norm: Any, targets: list[Any]) -> bool:
-    """Tell each target (`OrthogonalizedOptimizer.assume_finite_grads`) that this step's gradients are finite when
+    """Tell each target (`Muon.assume_finite_grads`) that this step's gradients are finite when
     Megatron's global gradient norm `norm` is a finite float (a finite 2-norm bounds every element). A tensor norm
     (Transformer Engine's sync-free path) is not read: that would add the host sync the hint saves."""
     import math
@@ -228,7 +228,7 @@ def vouch_finite(norm: Any, targets: list[Any]) -> bool:
 
 
 def confirm_unclipped(norm: Any, targets: list[Any], clip_grad: float) -> bool:
-    """Tell each target (`OrthogonalizedOptimizer.confirm_speculation`) that the gradients its speculative NS read
+    """Tell each target (`Muon.confirm_speculation`) that the gradients its speculative NS read
     are this step's unchanged: Megatron's global norm `norm` is a finite float and clipping will not scale them
     (`clip_grad <= 0`, or Megatron's coefficient `clip_grad / (norm + 1e-6)` is >= 1). A tensor norm is not read
     (no host sync is added); then nothing is confirmed and the step recomputes."""
@@ -280,9 +280,4 @@ def _retarget_splits(inner: Any, model_params: list[torch.Tensor]) -> None:
     if not isinstance(inner, OrthogonalizedOptimizer):
         return
 
-    def moved(old: dict[int, Any]) -> dict[int, Any]:
-        return {id(getattr(p, "main_param", p)): old[id(p)] for p in model_params if id(p) in old}
-
-    inner.splits = moved(inner.splits)
-    inner.tp = moved(inner.tp)
-    inner._tp_mode = moved(inner._tp_mode)
+    inner.rekey([(p, getattr(p, "main_param", p)) for p in model_params])

@@ -6,7 +6,7 @@ top layer's early in that backward, the bottom layer's at its end. Without overl
 optimizer step. Here, armed by the caller just before the last micro-batch (`arm()`, from the forward-step
 function), a hook on each matrix's gradient accumulator (registered after DDP's, so `main_grad` already holds the
 sum) marks it final; when every matrix of a unit (one layer's matrices of one shape and param group) is,
-`OrthogonalizedOptimizer.speculate` computes that unit's NS input and orthogonalization on the side stream while
+`Muon.speculate` computes that unit's NS input and orthogonalization on the side stream while
 the backward of the layers below goes on. Nothing of the optimizer state changes then. The hooks exist only during
 that last backward, because hooks left on for every micro-batch cost host time in each of them.
 
@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from optim.optimizers.muon import Muon
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 
 _LAYER = re.compile(r"^(.*?layers\.\d+)\.")
@@ -57,7 +58,7 @@ class _Unit:
 class NSOverlap:
     """Hooks that start each unit's speculative NS once its gradients are final (see module docstring)."""
 
-    optimizer: OrthogonalizedOptimizer
+    optimizer: Muon
     units: list[_Unit]
     num_microbatches: int
     stream: Any = None
@@ -84,14 +85,16 @@ class NSOverlap:
         recorded for `describe` (the caller arms before the last one)."""
         if num_microbatches < 1:
             raise ValueError(f"num_microbatches={num_microbatches}: must be >= 1")
-        groups = optimizer._fused_groups() if optimizer._fused_available() else {}
+        fused = optimizer.fused
+        groups = fused.groups() if fused is not None else {}
         by_key: dict[tuple[str, tuple[int, ...], int, int], _Unit] = {}
         for name, model_p, main_p in pairs:
             if id(main_p) not in groups or not model_p.requires_grad:
                 continue
             m = _LAYER.match(name)
             prefix = m.group(1) if m else name
-            key = (prefix, tuple(main_p.shape), id(groups[id(main_p)]), optimizer._fused_pieces(main_p))
+            assert fused is not None
+            key = (prefix, tuple(main_p.shape), id(groups[id(main_p)]), fused.pieces(main_p))
             unit = by_key.get(key)
             if unit is None:
                 unit = by_key[key] = _Unit(f"{prefix} {tuple(main_p.shape)}", [], [])
@@ -105,6 +108,7 @@ class NSOverlap:
         cuda = next(iter(by_key.values())).main[0].is_cuda
         device = next(iter(by_key.values())).main[0].device
         stream = torch.cuda.Stream(device=device) if cuda else None  # type: ignore[no-untyped-call]
+        assert isinstance(optimizer, Muon)  # the only one with a fused step
         self = cls(optimizer, list(by_key.values()), num_microbatches, stream=stream)
         if grad_of is not None:
             self.grad_of = grad_of

@@ -1,6 +1,7 @@
 """Fused CUDA step of Muon: whole fp32 2-D matrices stepped by `optim.kernels.fused_step`.
 
-Muon with `fused_step` on CUDA, bf16 NS (`_fused_step`): whole fp32 2-D matrices (not TP-sharded; split only into
+`FusedStep`, built by Muon when `fused_step` is set and the kernels are available (bf16 or fp16 NS), owns the
+path's caches, side streams, fold-failure flag and speculation (`optim.optimizers.speculative`). Its `step`: whole fp32 2-D matrices (not TP-sharded; split only into
 equal contiguous row blocks of a wide matrix, e.g. gate / up, whose pieces are a view of the packed stack) are
 stepped one (group, shape, split) bucket at a time: momentum update in place plus the bf16 NS input in one pass,
 one batched orthogonalize, decay and scaled update in one pass. Where a bucket's parameters are runs of one buffer
@@ -8,7 +9,7 @@ one batched orthogonalize, decay and scaled update in one pass. Where a bucket's
 iterate), the last NS product writes the update into them instead (`_fold_targets`, `_update_bucket`: 8 bytes per element instead of
 14). It differs from the reference step (`OrthogonalizedOptimizer.step`) by rounding: the NS input is rounded to
 bf16 before the Frobenius normalization, decay and update are one multiply-add, and a folded update rounds
-a + P_ii to bf16 instead of the last iterate. Its non-finite check screens the gradients first (see `_fused_step`).
+a + P_ii to bf16 instead of the last iterate. Its non-finite check screens the gradients first (see `step`).
 Tested against the reference in tests/unit/test_muon_fused.py and tests/gpu/test_kernels_gpu.py.
 """
 
@@ -20,21 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from optim.optimizers.base import handle_nonfinite, host_flags, param_names
+from optim.optimizers.base import NonFiniteError, host_flags, param_names
+from optim.optimizers.speculative import Speculation
 
 if TYPE_CHECKING:
-    from optim.functional.split import RowSplit
     from optim.kernels.ns_batched import LastProduct
+    from optim.optimizers.muon import Muon
     from optim.optimizers.speculative import _Speculation
-    from optim.optimizers.tp import TPSpec
 
 
 # A bucket's NS result: the orthogonalized stack and its per-matrix scale (or None), or the NS stopped before its last
 # product (`optim.kernels.ns_batched.LastProduct`), which then writes the update.
 type _Orthogonalized = tuple[torch.Tensor, torch.Tensor | None] | LastProduct
-
-# Set (to the error text) when a last product failed to write its update; later steps take the ordinary update.
-FOLD_FAILURE: list[str] = []
 
 # A bucket's update is written by its last NS product (`_fold_targets`) only where its parameters are this few runs
 # of one buffer (at least this many matrices per run on average) or one run: a product per run, each large enough
@@ -54,86 +52,88 @@ class _FusedBucket:
     targets: list[torch.Tensor] | None = None
 
 
-class FusedStepMixin(torch.optim.Optimizer):
-    """The fused CUDA path of `OrthogonalizedOptimizer` (its `__init__` sets the attributes declared here)."""
+class FusedStep:
+    """The fused CUDA step of one Muon (`opt`): which parameters it takes, their cached buckets, its side streams,
+    the fold-failure flag and the speculation. It reads the optimizer's groups, state, config, splits and TP
+    sharding, and calls its `_orthogonalize` (and `_ns_deferred`) for each bucket, so that instrumentation sees
+    every NS call."""
 
-    if TYPE_CHECKING:
-        config: Any
-        splits: dict[int, RowSplit]
-        tp: dict[int, TPSpec]
-        nonfinite_events: list[tuple[str, int, str]]
-        num_skipped_updates: int
-        _fused_static: tuple[tuple[int, ...], list[torch.Tensor], dict[int, dict[str, Any]]] | None
-        _fused_buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None
-        _packed_sumsq: torch.Tensor | None
-        _fused_seen: set[tuple[tuple[int, ...], int]]
-        _fused_streams: dict[torch.device, torch.cuda.Stream]
+    def __init__(self, opt: Muon) -> None:
+        self.opt = opt
+        self.speculation = Speculation(self)
+        self.packed_sumsq: torch.Tensor | None = None
+        """Squared Frobenius norms of the stack the step passes to the `_orthogonalize` call it is making
+        (`fused_step.momentum_pack_with_norms`), None at any other time; the orthogonalize may use them to skip
+        its norm pass."""
+        self.grads_known_finite = False
+        """Set by `Muon.assume_finite_grads`: the next step skips its gradient screen (one-shot)."""
+        self.fold_failure: str | None = None
+        """The error of a last product that failed to write its update; later steps take the ordinary update."""
+        # Host-side structures rebuilt only when the parameter set or the state changes: (ids of the statically
+        # eligible parameters, that list, their groups) and (ids of the stepped parameters, buckets): per-parameter
+        # Python at every step would leave the GPU idle (docs/ns_kernels_h200.md, the fused step's host time).
+        self._static: tuple[tuple[int, ...], list[torch.Tensor], dict[int, dict[str, Any]]] | None = None
+        self._buckets: tuple[tuple[int, ...], list[_FusedBucket]] | None = None
+        # (shape, pieces) already orthogonalized (their NS plans are measured), and the side streams.
+        self._seen: set[tuple[tuple[int, ...], int]] = set()
+        self.streams: dict[torch.device, torch.cuda.Stream] = {}
 
-        def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]: ...
-        def _shape_scale(self, rows: int, cols: int) -> float: ...
-        def _usable_speculation(
-            self, params: list[torch.Tensor], skipped: set[int], spec: list[_Speculation]
-        ) -> list[_Speculation]: ...
-        def _apply_speculation(self, usable: list[_Speculation]) -> None: ...
+    def forget_buckets(self) -> None:
+        """Drop the cached buckets (the momentum buffers are new tensors after `load_state_dict`)."""
+        self._buckets = None
 
-    def _fused_available(self) -> bool:
-        """Whether this optimizer may take the fused CUDA path at all (subclasses opt in)."""
-        return False
-
-    def _fused_params(self) -> list[torch.Tensor]:
+    def params(self) -> list[torch.Tensor]:
         """Parameters the fused path steps: fp32 contiguous 2-D matrices with an fp32 contiguous gradient, not
-        TP-sharded, not split (or split as `_fused_pieces` allows), in a group with decoupled (or no) weight decay.
+        TP-sharded, not split (or split as `pieces` allows), in a group with decoupled (or no) weight decay.
         (`optim.kernels.fused_step` runs its Triton kernels on CUDA tensors and its torch reference otherwise.) The
         parameter-side conditions are evaluated once per parameter set (and group weight decays); the gradient-side
         ones every step."""
-        if not self._fused_available():
-            return []
         fp32 = torch.float32
         return [
             p
-            for p in self._fused_static_params()
+            for p in self.static_params()
             if (g := p.grad) is not None and g.dtype == fp32 and g.layout == torch.strided and g.is_contiguous()
         ]
 
-    def _fused_static_params(self) -> list[torch.Tensor]:
-        """The parameter-side conditions of `_fused_params`, cached per parameter set (and group weight decays)."""
-        cfg = self.config
+    def static_params(self) -> list[torch.Tensor]:
+        """The parameter-side conditions of `params`, cached per parameter set (and group weight decays)."""
+        cfg = self.opt.config
         key = tuple(
             id(x)
-            for group in self.param_groups
+            for group in self.opt.param_groups
             for x in (group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled", *group["params"])
         )
-        if self._fused_static is None or self._fused_static[0] != key:
+        if self._static is None or self._static[0] != key:
             static = {
                 id(p): (p, group)
-                for group in self.param_groups
+                for group in self.opt.param_groups
                 if not (group["weight_decay"] != 0 and cfg.weight_decay_method != "decoupled")
                 for p in group["params"]
                 if p.ndim == 2
                 and p.dtype == torch.float32
                 and p.is_contiguous()
-                and (id(p) not in self.splits or self._fused_pieces(p) > 1)
-                and id(p) not in self.tp
+                and (id(p) not in self.opt.splits or self.pieces(p) > 1)
+                and not (self.opt.sharding is not None and self.opt.sharding.owns(p))
             }
-            self._fused_static = (
+            self._static = (
                 key,
                 [p for p, _ in static.values()],
                 {i: g for i, (_, g) in static.items()},
             )
-        return self._fused_static[1]
+        return self._static[1]
 
-    def _fused_groups(self) -> dict[int, dict[str, Any]]:
-        """id -> param group of every parameter the fused path may take (`_fused_static_params`)."""
-        self._fused_static_params()
-        assert self._fused_static is not None
-        return self._fused_static[2]
+    def groups(self) -> dict[int, dict[str, Any]]:
+        """id -> param group of every parameter the fused path may take (`static_params`)."""
+        self.static_params()
+        assert self._static is not None
+        return self._static[2]
 
-    def _fused_pieces(self, p: torch.Tensor) -> int:
+    def pieces(self, p: torch.Tensor) -> int:
         """How many NS matrices the fused path makes of `p`: 1, or k for a split into k equal contiguous row blocks
         (`num_groups == 1`, e.g. gate / up of a fused fc1) of a wide matrix (rows <= cols), whose pieces are a free
         view (k, rows / k, cols) of the packed NS input; 0 for any other split (not fused: its pieces are not
         contiguous, or a tall matrix's wide orientation interleaves them)."""
-        split = self.splits.get(id(p))
+        split = self.opt.splits.get(id(p))
         if split is None:
             return 1
         uniform = split.num_groups == 1 and len(set(split.sizes)) == 1 and len(split.sizes) > 1
@@ -145,20 +145,20 @@ class FusedStepMixin(torch.optim.Optimizer):
         changes (a new state dict, entries added or removed; `load_state_dict` drops the cache itself)."""
         from optim.kernels import fused_step as fs
 
-        key = (*map(id, params), id(self.state), len(self.state))
-        if not skipped and self._fused_buckets is not None and self._fused_buckets[0] == key:
-            return self._fused_buckets[1]
+        key = (*map(id, params), id(self.opt.state), len(self.opt.state))
+        if not skipped and self._buckets is not None and self._buckets[0] == key:
+            return self._buckets[1]
         ids = set(key) - skipped
         buckets: dict[tuple[int, tuple[int, ...], int, torch.device], _FusedBucket] = {}
-        for group in self.param_groups:
+        for group in self.opt.param_groups:
             for p in group["params"]:
                 if id(p) not in ids:
                     continue
-                st = self.state[p]
+                st = self.opt.state[p]
                 if not st:
                     st["step"] = 0
                     st["momentum_buffer"] = torch.zeros_like(p)
-                bkey = (id(group), tuple(p.shape), self._fused_pieces(p), p.device)
+                bkey = (id(group), tuple(p.shape), self.pieces(p), p.device)
                 b = buckets.get(bkey)
                 if b is None:
                     b = buckets[bkey] = _FusedBucket(group, [], [])
@@ -179,17 +179,11 @@ class FusedStepMixin(torch.optim.Optimizer):
                     f"momentum buffers of the fused Muon path must be contiguous fp32 (shape {tuple(b.params[0].shape)})"
                 )
         if not skipped:
-            self._fused_buckets = (key, out)
+            self._buckets = (key, out)
         return out
 
-    def _fused_step(
-        self,
-        params: list[torch.Tensor],
-        *,
-        grads_known_finite: bool = False,
-        spec: list[_Speculation] | None = None,
-    ) -> None:
-        """Step `params` with the fused kernels of `optim.kernels.fused_step`, one bucket per (group, shape):
+    def step(self, params: list[torch.Tensor]) -> None:
+        """Step `params` (`params()`; confirmed speculative results used where still valid) with the fused kernels of `optim.kernels.fused_step`, one bucket per (group, shape):
 
         momentum update in place + bf16 NS input + each NS matrix's squared norm in one pass
         (`momentum_pack_with_norms`), one `_orthogonalize` call on the (B, r, c) bf16 stack (stored (B, c, r) for
@@ -217,10 +211,14 @@ class FusedStepMixin(torch.optim.Optimizer):
         work before the step returns. Results do not depend on the order or the stream."""
         from optim.kernels import fused_step as fs
 
-        cfg = self.config
+        spec = self.speculation.take()
+        grads_known_finite, self.grads_known_finite = self.grads_known_finite, False
+        if not params:
+            self.speculation.stats["discarded"] += sum(len(sp.params) for sp in spec)
+            return
         # Host work that does not depend on the screen is done before its sync: the buckets (cached), the state.
         every = self._buckets_of(params, set())
-        # every parameter of the fused path has a gradient (`_fused_params`)
+        # every parameter of the fused path has a gradient (`params`)
         grads: dict[int, list[torch.Tensor]] = {id(b): [p.grad for p in b.params] for b in every}  # type: ignore[misc]
         skipped: set[int] = set()
         if not grads_known_finite:
@@ -234,12 +232,12 @@ class FusedStepMixin(torch.optim.Optimizer):
             skipped = {id(p) for p, f in zip(ordered, bad, strict=True) if f}
         events = []
         if skipped:
-            names = param_names(self.param_groups)  # only events need names
+            names = param_names(self.opt.param_groups)  # only events need names
             events = [
-                (names[id(p)], self.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
+                (names[id(p)], self.opt.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
             ]
-        self.num_skipped_updates += handle_nonfinite(events, cfg.nonfinite_policy, self.nonfinite_events)
-        usable = self._usable_speculation(params, skipped, spec or [])
+        self.opt._report_nonfinite(events)
+        usable = self.speculation.usable(params, skipped, spec)
         done = {id(p) for sp in usable for p in sp.params}
         buckets = (
             every
@@ -281,12 +279,12 @@ class FusedStepMixin(torch.optim.Optimizer):
             del x
         # host work while the GPU runs
         for p in params:
-            self.state[p]["step"] += 1  # `_buckets_of(params, ...)` created every missing state
-        self._fused_seen.update((tuple(b.params[0].shape), self._fused_pieces(b.params[0])) for b in buckets)
+            self.opt.state[p]["step"] += 1  # `_buckets_of(params, ...)` created every missing state
+        self._seen.update((tuple(b.params[0].shape), self.pieces(b.params[0])) for b in buckets)
         if not momentum_finite():  # waits for the packs only, not for the NS
             self._raise_if_momentum_nonfinite(usable, buckets)
         # No weight is written before this point. Each bucket's update follows its NS on its stream.
-        self._apply_speculation(usable)
+        self.speculation.apply(usable)
         if side is not None:
             with torch.cuda.stream(side):
                 for b, done_ns in side_orths:
@@ -328,9 +326,9 @@ class FusedStepMixin(torch.optim.Optimizer):
             grads or [p.grad for p in b.params],  # type: ignore[misc]
             b.bufs,
             beta=b.group["momentum"],
-            nesterov=self.config.nesterov,
+            nesterov=self.opt.config.nesterov,
             transpose=p0.size(0) > p0.size(1),  # NS input in its wide orientation
-            pieces=self._fused_pieces(p0),
+            pieces=self.pieces(p0),
             checked=True,
         )
         return b, x, sumsq
@@ -338,26 +336,21 @@ class FusedStepMixin(torch.optim.Optimizer):
     def _orthogonalize_packed(
         self, b: _FusedBucket, x: torch.Tensor, sumsq: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`_orthogonalize` of a packed stack, told its norms (`_packed_sumsq`)."""
-        self._packed_sumsq = sumsq
+        """`_orthogonalize` of a packed stack, told its norms (`packed_sumsq`)."""
+        self.packed_sumsq = sumsq
         try:
-            return self._orthogonalize(self._as_pieces(b.params[0], x))
+            return self.opt._orthogonalize(self.as_pieces(b.params[0], x))
         finally:
-            self._packed_sumsq = None
+            self.packed_sumsq = None
 
     def _ns_of_bucket(self, b: _FusedBucket, x: torch.Tensor, sumsq: torch.Tensor) -> _Orthogonalized:
         """The bucket's NS: stopped before its last product where the bucket has fold targets and the NS allows
         it (`_ns_deferred`), the update then written by that product (`_update_bucket`); else the whole NS."""
-        if b.targets is not None and not FOLD_FAILURE:
-            last = self._ns_deferred(self._as_pieces(b.params[0], x), sumsq)
+        if b.targets is not None and self.fold_failure is None:
+            last = self.opt._ns_deferred(self.as_pieces(b.params[0], x), sumsq)
             if last is not None:
                 return last
         return self._orthogonalize_packed(b, x, sumsq)
-
-    def _ns_deferred(self, x: torch.Tensor, sumsq: torch.Tensor) -> LastProduct | None:
-        """NS of a packed wide stack up to its last product (`optim.kernels.orthogonalize_deferred`), or None where
-        this optimizer or the planned NS method cannot defer it (subclasses opt in)."""
-        return None
 
     def _update_bucket(self, b: _FusedBucket, done_ns: _Orthogonalized) -> None:
         """p <- p (1 - lr wd) - lr scale O for the bucket: through `apply_update`, or, for a deferred NS, by its
@@ -365,21 +358,21 @@ class FusedStepMixin(torch.optim.Optimizer):
         from optim.kernels.ns_batched import LastProduct
 
         if not isinstance(done_ns, LastProduct):
-            self._apply_fused_update(b.group, b.params, *done_ns)
+            self.apply_update(b.group, b.params, *done_ns)
             return
         assert b.targets is not None
         lr, (rows, cols) = b.group["lr"], b.params[0].shape
-        k = self._fused_pieces(b.params[0])
-        wd = b.group["weight_decay"] if self.config.weight_decay_method == "decoupled" else 0.0
-        alpha, beta = -lr * self._shape_scale(rows // k, cols), 1.0 - lr * wd
+        k = self.pieces(b.params[0])
+        wd = b.group["weight_decay"] if self.opt.config.weight_decay_method == "decoupled" else 0.0
+        alpha, beta = -lr * self.opt._shape_scale(rows // k, cols), 1.0 - lr * wd
         at = 0
         for view in b.targets:
             try:
                 done_ns.into(view, alpha=alpha, beta=beta, start=at)
             except Exception as e:  # noqa: BLE001 - raised before its GEMM ran (compile, launch): recorded, and
                 # this bucket's remaining matrices and later steps take the ordinary update
-                FOLD_FAILURE.append(f"{type(e).__name__}: {str(e)[:300]}")
-                self._apply_fused_update(b.group, b.params[at // k :], done_ns.result(at), None)
+                self.fold_failure = f"{type(e).__name__}: {str(e)[:300]}"
+                self.apply_update(b.group, b.params[at // k :], done_ns.result(at), None)
                 return
             at += view.size(0)
 
@@ -395,7 +388,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         runs = fs.stacked_runs(params)
         if len(runs) > 1 and len(params) < MIN_FOLD_RUN * len(runs):
             return None
-        k = self._fused_pieces(params[0])
+        k = self.pieces(params[0])
         rows, cols = params[0].shape
         views = []
         for v in runs:
@@ -418,7 +411,7 @@ class FusedStepMixin(torch.optim.Optimizer):
         if not buckets or not buckets[0].params[0].is_cuda:
             return []
         if any(
-            (tuple(b.params[0].shape), self._fused_pieces(b.params[0])) not in self._fused_seen
+            (tuple(b.params[0].shape), self.pieces(b.params[0])) not in self._seen
             for b in buckets
         ):
             return []
@@ -428,32 +421,30 @@ class FusedStepMixin(torch.optim.Optimizer):
         return small if len(small) < len(buckets) else []
 
     def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
-        stream = self._fused_streams.get(device)
+        stream = self.streams.get(device)
         if stream is None:
-            stream = self._fused_streams[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+            stream = self.streams[device] = torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
         return stream
 
     def _raise_if_momentum_nonfinite(self, usable: list[_Speculation], buckets: list[_FusedBucket]) -> None:
         """The momentum screen failed: raise `NonFiniteError` if a momentum buffer of the step holds a NaN/Inf, or
         a speculative NS input did (its momentum is written only after this check); otherwise a norm overflowed
         fp32 from finite values larger than ~1e19, and the step goes on."""
-        from optim.optimizers.base import NonFiniteError
-
         bufs = [buf for b in buckets for buf in b.bufs]
         checks = [torch.isfinite(a) for a in torch._foreach_norm(bufs, float("inf"))] if bufs else []
         checks += [torch.isfinite(sp.amax) for sp in usable]
         if not all(host_flags(checks)):
-            names = param_names(self.param_groups)
+            names = param_names(self.opt.param_groups)
             every = [p for b in buckets for p in b.params] + [p for sp in usable for p in sp.params]
-            raise NonFiniteError([(names[id(p)], self.state[p]["step"], "momentum") for p in every])
+            raise NonFiniteError([(names[id(p)], self.opt.state[p]["step"], "momentum") for p in every])
 
-    def _as_pieces(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def as_pieces(self, p: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The packed (B, rows, cols) NS input of a bucket of parameters shaped like `p`, as (B k, rows / k, cols)
-        for a split into k equal row blocks (`_fused_pieces`; a view, nothing copied)."""
-        k = self._fused_pieces(p)
+        for a split into k equal row blocks (`pieces`; a view, nothing copied)."""
+        k = self.pieces(p)
         return x if k == 1 else x.view(-1, x.size(1) // k, x.size(2))
 
-    def _apply_fused_update(
+    def apply_update(
         self, group: dict[str, Any], ps: list[torch.Tensor], orth: torch.Tensor, mscale: torch.Tensor | None
     ) -> None:
         """p <- p (1 - lr wd) - lr scale (mscale) O for one same-shape bucket (`fused_step.apply_update`)."""
@@ -462,14 +453,14 @@ class FusedStepMixin(torch.optim.Optimizer):
         if mscale is not None:
             orth = orth * mscale.to(orth.dtype).view(-1, 1, 1)
         rows, cols = ps[0].shape
-        k = self._fused_pieces(ps[0])
-        wd = group["weight_decay"] if self.config.weight_decay_method == "decoupled" else 0.0
+        k = self.pieces(ps[0])
+        wd = group["weight_decay"] if self.opt.config.weight_decay_method == "decoupled" else 0.0
         fs.apply_update(
             ps,
             orth.reshape(len(ps), rows, cols) if k > 1 else orth,
             lr=group["lr"],
             weight_decay=wd,
-            scale=self._shape_scale(rows // k, cols),  # a split's pieces are scaled by their own shape
+            scale=self.opt._shape_scale(rows // k, cols),  # a split's pieces are scaled by their own shape
             transposed=ps[0].size(0) > ps[0].size(1),
             checked=True,
         )

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from optim.configs import MOPConfig
-from optim.distributed.tp_orthogonalize import TPMode
+from optim.distributed.tp_orthogonalize import TPMode, tp_newton_schulz
 from optim.functional.newton_schulz import newton_schulz
 from optim.functional.polar import polar_svd
 from optim.functional.split import RowSplit
@@ -71,15 +71,6 @@ class MOP(OrthogonalizedOptimizer):
             nuclear = (orth * x).sum(dim=(-2, -1))
         return orth, (nuclear if cfg.scale_mode == "nuclear_norm" else None)
 
-    def _tp_ns_kwargs(self) -> dict[str, Any]:
-        cfg = self.config
-        return {
-            "num_ns_steps": cfg.num_ns_steps,
-            "coefficients": "polar_express",
-            "compute_dtype": NS_DTYPES[cfg.ns_precision],
-            "eps": cfg.eps,
-        }
-
     def _orthogonalize_tp(
         self, x: torch.Tensor, *, mode: TPMode, spec: TPSpec, shard_sizes: tuple[int, ...] | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -88,7 +79,18 @@ class MOP(OrthogonalizedOptimizer):
             tall = x.size(-2) > x.size(-1)
             orth, nuclear = self._polar(x.mT if tall else x)
             return (orth.mT if tall else orth), nuclear
-        orth, _ = super()._orthogonalize_tp(x, mode=mode, spec=spec, shard_sizes=shard_sizes)
+        cfg = self.config
+        orth = tp_newton_schulz(
+            x,
+            mode=mode,
+            partition_dim=spec.dim,
+            tp_group=spec.group,
+            shard_sizes=shard_sizes,
+            num_ns_steps=cfg.num_ns_steps,
+            coefficients="polar_express",
+            compute_dtype=NS_DTYPES[cfg.ns_precision],
+            eps=cfg.eps,
+        )
         if self.config.scale_mode != "nuclear_norm":
             return orth, None
         nuclear = (orth * x).sum(dim=(-2, -1))

@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from optim.configs import MuonConfig
+from optim.distributed.tp_orthogonalize import TPMode, tp_newton_schulz
 from optim.functional.newton_schulz import newton_schulz, ns_coefficients
 from optim.functional.split import RowSplit
 from optim.optimizers.base import config_from
+from optim.optimizers.fused import FusedStep
 from optim.optimizers.orthogonalized import OrthogonalizedOptimizer
 from optim.optimizers.tp import TPModeFn, TPSpec
 
@@ -71,6 +73,48 @@ class Muon(OrthogonalizedOptimizer):
         custom = config.custom_coefficients if config.coefficient_type == "custom" else None
         self.coefficients = ns_coefficients(config.coefficient_type, config.num_ns_steps, custom)
         self._kernels_ok: bool | None = None
+        if self._fused_available():
+            self.fused = FusedStep(self)
+
+    def assume_finite_grads(self) -> None:
+        """The caller has established that every gradient of the coming step is finite (Megatron's wrapper: a finite
+        global gradient norm, which bounds every element); the next `step()` skips the fused path's gradient screen
+        and its host sync. One-shot: consumed by that step. The momentum-overflow check stays."""
+        if self.fused is not None:
+            self.fused.grads_known_finite = True
+
+    def speculate(self, params: list[torch.Tensor], grads: list[torch.Tensor], *, stream: Any = None) -> None:
+        """Orthogonalize the coming step's NS input of `params` now, from their final gradients `grads`, so that
+        the work can overlap whatever else runs (the backward of the layers below, on another CUDA `stream`).
+
+        `params`: parameters the fused step takes (fp32 2-D, not TP-sharded, split only into equal row blocks of a
+        wide matrix; one param group, shape and split); `grads`: the fp32 tensors that will be their `.grad` at the
+        step, values final. Nothing of the optimizer state changes (the momentum is written at the step). The next
+        `step()` uses the result only if the caller then calls `confirm_speculation()` (the gradients were not
+        modified since, e.g. not clipped) and each parameter's `.grad` and momentum buffer are still those tensors;
+        otherwise it computes the NS input again. With `stream`, the work waits for the current stream, is
+        enqueued on `stream`, and the step waits for it (`optim.optimizers.speculative`)."""
+        if self.fused is None:
+            raise ValueError(f"speculate: {type(self).__name__} is not on its fused step (CUDA, fused_step=True)")
+        self.fused.speculation.speculate(params, grads, stream=stream)
+
+    def confirm_speculation(self) -> None:
+        """The gradients given to `speculate` since the last step are unchanged and are this step's (no clipping, no
+        further accumulation): the next `step()` may use the speculative results. One-shot."""
+        if self.fused is not None:
+            self.fused.speculation.confirmed = True
+
+    def discard_speculation(self) -> None:
+        """Drop pending speculative results (a step that will not run, gradients about to be zeroed); the current
+        stream waits for their work first, so the gradients they read are not overwritten under them."""
+        if self.fused is not None:
+            self.fused.speculation.confirmed = False
+            self.fused.speculation.take()  # unconfirmed: waits, counts them as discarded, returns nothing
+
+    @property
+    def spec_stats(self) -> dict[str, int]:
+        """Matrices whose speculative NS the last step used / threw away (reset at each step)."""
+        return self.fused.speculation.stats if self.fused is not None else {"used": 0, "discarded": 0}
 
     def _use_kernels(self, x: torch.Tensor) -> bool:
         """Dispatch predicate: CUDA input, bf16 or fp16 iterate, and `optim.kernels` available (checked once)."""
@@ -81,8 +125,8 @@ class Muon(OrthogonalizedOptimizer):
         return self._kernels_ok
 
     def _fused_available(self) -> bool:
-        """The fused CUDA path (`OrthogonalizedOptimizer._fused_step`): config.fused_step, bf16 or fp16 NS and the
-        kernels (the fused pack writes a bf16 NS input; an fp16 iterate is scaled and cast from it)."""
+        """Whether Muon builds its fused CUDA step (`FusedStep`, at construction): config.fused_step, bf16 or fp16 NS
+        and the kernels (the fused pack writes a bf16 NS input; an fp16 iterate is scaled and cast from it)."""
         return (
             bool(self.config.fused_step)
             and self.config.ns_precision in ("bf16", "fp16")
@@ -101,7 +145,7 @@ class Muon(OrthogonalizedOptimizer):
                 use_gram=cfg.use_gram_ns,
                 restart_iterations=cfg.gram_restart_iterations,
                 dtype=NS_DTYPES[cfg.ns_precision],
-                sumsq=self._packed_sumsq,  # the fused pack's norms of x, when it made x
+                sumsq=self.fused.packed_sumsq if self.fused is not None else None,  # the fused pack's norms of x
             )
             return out.to(x.dtype), None
         out = newton_schulz(
@@ -133,13 +177,22 @@ class Muon(OrthogonalizedOptimizer):
         )
         return last
 
-    def _tp_ns_kwargs(self) -> dict[str, Any]:
+    def _orthogonalize_tp(
+        self, x: torch.Tensor, *, mode: TPMode, spec: TPSpec, shard_sizes: tuple[int, ...] | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B, r, c) TP shards -> orthogonalized shards (`tp_newton_schulz` with this config's NS settings)."""
         cfg = self.config
-        return {
-            "num_ns_steps": cfg.num_ns_steps,
-            "coefficients": self.coefficients,
-            "compute_dtype": NS_DTYPES[cfg.ns_precision],
-            "eps": cfg.eps,
-            "use_gram": cfg.use_gram_ns,
-            "restart_iterations": cfg.gram_restart_iterations,
-        }
+        out = tp_newton_schulz(
+            x,
+            mode=mode,
+            partition_dim=spec.dim,
+            tp_group=spec.group,
+            shard_sizes=shard_sizes,
+            num_ns_steps=cfg.num_ns_steps,
+            coefficients=self.coefficients,
+            compute_dtype=NS_DTYPES[cfg.ns_precision],
+            eps=cfg.eps,
+            use_gram=cfg.use_gram_ns,
+            restart_iterations=cfg.gram_restart_iterations,
+        )
+        return out, None

@@ -322,7 +322,7 @@ def test_ns_overlap_step_equals_the_plain_step(clip):
         grads = eng.main_grads()
         inner = eng._overlap.optimizer
         n_spec = sum(len(u.main) for u in eng._overlap.units)
-        assert eng._overlap.launched == len(eng._overlap.units) and len(inner._spec) == len(
+        assert eng._overlap.launched == len(eng._overlap.units) and len(inner.fused.speculation.pending) == len(
             eng._overlap.units
         )
         ok, _ = eng.optimizer_step()

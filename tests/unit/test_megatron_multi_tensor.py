@@ -103,10 +103,10 @@ def test_finite_global_norm_lets_the_fused_step_skip_its_grad_screen(monkeypatch
     from optim.optimizers.muon import Muon
 
     ps = [torch.randn(8, 12, requires_grad=True), torch.randn(12, 8, requires_grad=True)]
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)  # chosen at construction
     muon = Muon(ps, MuonConfig(ns_precision="fp32"))
-    monkeypatch.setattr(Muon, "_fused_available", lambda self: True)
     for bad in (float("nan"), float("inf"), torch.tensor(1.0)):
-        assert not vouch_finite(bad, [muon]) and not muon._grads_known_finite
+        assert not vouch_finite(bad, [muon]) and not muon.fused.grads_known_finite
     norms = iter([0.5, float("nan")])
     monkeypatch.setattr(ChainedOptimizer, "get_grad_norm", lambda self: next(norms))
     monkeypatch.setattr(ChainedOptimizer, "__init__", lambda self, parts: None)
@@ -121,10 +121,10 @@ def test_finite_global_norm_lets_the_fused_step_skip_its_grad_screen(monkeypatch
     )
     for p in ps:
         p.grad = torch.randn_like(p)
-    assert chain.get_grad_norm() == 0.5 and muon._grads_known_finite
+    assert chain.get_grad_norm() == 0.5 and muon.fused.grads_known_finite
     muon.step()
-    assert not muon._grads_known_finite and screened == []  # no gradient screen
-    assert math.isnan(chain.get_grad_norm()) and not muon._grads_known_finite
+    assert not muon.fused.grads_known_finite and screened == []  # no gradient screen
+    assert math.isnan(chain.get_grad_norm()) and not muon.fused.grads_known_finite
     muon.step()
     assert screened == [
         1,

@@ -91,7 +91,7 @@ def _train(model, opt, ctl, n_mb: int, steps: int, clip: float, seed: int = 5):
             ctl.begin()
         for mb in range(n_mb):
             if ctl is not None and mb == n_mb - 1:
-                assert not opt._spec and ctl.launched == 0  # nothing before the last micro-batch
+                assert not opt.fused.speculation.pending and ctl.launched == 0  # nothing before the last micro-batch
                 ctl.arm()
             model(torch.randn(4, 16, generator=g)).backward()
         for p in opt.param_groups[0]["params"]:
@@ -135,7 +135,7 @@ def test_overlapped_steps_equal_plain_steps(monkeypatch, n_mb):
     ctl.begin()
     assert not ctl.handles
     model(torch.randn(4, 16)).backward()  # unarmed: no speculation
-    assert not opt._spec and ctl.launched == 0
+    assert not opt.fused.speculation.pending and ctl.launched == 0
 
 
 def test_clipped_step_recomputes(monkeypatch):
@@ -159,9 +159,9 @@ def test_begin_drops_results_of_a_step_that_did_not_run(monkeypatch):
     model(torch.randn(4, 16)).backward()
     ctl.arm()
     model(torch.randn(4, 16)).backward()
-    assert len(opt._spec) == 4
+    assert len(opt.fused.speculation.pending) == 4
     ctl.begin()
-    assert not opt._spec and opt.spec_stats["discarded"] == 4
+    assert not opt.fused.speculation.pending and opt.spec_stats["discarded"] == 4
     _train(ref_model, ref_opt, None, 2, 1, clip=0.0)
     _train(model, opt, ctl, 2, 1, clip=0.0)
     assert opt.spec_stats == {"used": 4, "discarded": 0}
@@ -244,9 +244,9 @@ def test_install_maps_megatrons_fp32_copies_and_skips_post_backward_params(monke
     ctl.begin()
     ctl.arm()
     model(torch.randn(4, 16)).backward()
-    assert ctl.launched == 3 and len(opt._spec) == 3
+    assert ctl.launched == 3 and len(opt.fused.speculation.pending) == 3
     ctl.remove()
-    assert not opt._spec and not ctl.handles
+    assert not opt.fused.speculation.pending and not ctl.handles
 
 
 def test_engine_arms_before_the_last_microbatch_only():

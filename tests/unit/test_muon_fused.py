@@ -1,4 +1,4 @@
-"""The fused path of Muon's step (`OrthogonalizedOptimizer._fused_step`), on CPU through the torch reference of
+"""The fused path of Muon's step (`optim.optimizers.fused.FusedStep`), on CPU through the torch reference of
 `optim.kernels.fused_step` (the Triton kernels are checked against that reference in tests/gpu).
 
 On CUDA the path is taken by default (`MuonConfig.fused_step`); here `_fused_available` is forced on so that the
@@ -16,6 +16,7 @@ from optim.configs import MuonConfig
 from optim.functional.split import RowSplit
 from optim.optimizers import NonFiniteWarning
 from optim.optimizers.base import NonFiniteError
+from optim.optimizers.fused import FusedStep
 from optim.optimizers.muon import Muon
 from tests.unit._optim_fixtures import one_thread  # noqa: F401
 
@@ -161,7 +162,7 @@ def test_split_pieces_formula_and_tall_or_uneven_splits_stay_unfused(monkeypatch
             uneven: RowSplit(num_groups=1, sizes=(4, 8)),
         },
     )
-    assert opt._fused_params() == [] and opt._fused_static_params() == [wide]
+    assert opt.fused.params() == [] and opt.fused.static_params() == [wide]
     p0 = wide.detach().clone()
     g = torch.randn(16, 40)
     for q in (p, wide, uneven):
@@ -240,9 +241,9 @@ def test_nonfinite_momentum_raises_before_any_weight_and_overflowing_norms_do_no
     for q in qs:
         q.grad = torch.full((8, 12), 1e20)  # momentum 5e18 per element: finite, its squared norm is not
     exact_checks = []
-    real = Muon._raise_if_momentum_nonfinite
+    real = FusedStep._raise_if_momentum_nonfinite
     monkeypatch.setattr(
-        Muon, "_raise_if_momentum_nonfinite", lambda self, *a: exact_checks.append(1) or real(self, *a)
+        FusedStep, "_raise_if_momentum_nonfinite", lambda self, *a: exact_checks.append(1) or real(self, *a)
     )
     opt.step()
     assert exact_checks == [1]  # the norm screen failed, the exact check passed
@@ -441,7 +442,7 @@ def test_discard_speculation_and_nonfinite_gradient(monkeypatch):
         p.grad, q.grad = g.clone(), g.clone()
     opt.speculate([ps[0]], [ps[0].grad])
     opt.discard_speculation()
-    assert opt.spec_stats["discarded"] == 1 and not opt._spec
+    assert opt.spec_stats["discarded"] == 1 and not opt.fused.speculation.pending
     opt.confirm_speculation()  # a confirmation with nothing pending is harmless
     ref_opt.step()
     opt.step()
@@ -495,9 +496,9 @@ def test_speculate_rejects_what_the_fused_step_does_not_take(monkeypatch):
     opt.speculate([ps[0]], [g])
     with pytest.raises(ValueError, match=r"already speculated"):
         opt.speculate([ps[1], ps[0]], [g, g])
-    monkeypatch.setattr(Muon, "_fused_available", lambda self: False)
+    monkeypatch.setattr(Muon, "_fused_available", lambda self: False)  # chosen at construction
     with pytest.raises(ValueError, match=r"not on its fused step"):
-        opt.speculate([ps[2]], [g])
+        Muon([ps[2]], MuonConfig()).speculate([ps[2]], [g])
 
 
 def test_instrument_times_speculative_calls_apart(monkeypatch):
