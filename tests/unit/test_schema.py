@@ -136,7 +136,7 @@ def test_schema_defaults_are_optim_defaults() -> None:
         (["bench.budget_s=inf"], "bench.budget_s=inf: must be a finite number of seconds >= 0"),
         (
             ["experiment=gb300/nonexistent"],
-            "experiment=gb300/nonexistent: no such option; available: cpu/qwen3_moe",
+            "experiment=gb300/nonexistent: no such option; available: cpu/hf_tiny_dp2, cpu/qwen3_moe",
         ),
     ],
 )

@@ -188,7 +188,7 @@ def test_bench_run_help_is_ours_not_hydras():
         [sys.executable, "-m", "bench.run", "--help"], capture_output=True, text=True, check=False
     )
     assert res.returncode == 0 and res.stdout.startswith("usage: python -m bench.run")
-    assert "experiment   cpu/qwen3_moe_tiny_dp2, gb300/kimi_k2_adamw" in res.stdout
+    assert "experiment   cpu/hf_tiny_dp2, cpu/qwen3_moe_tiny_dp2, gb300/kimi_k2_adamw" in res.stdout
     assert "bench.resume=PATH" in res.stdout and "Powered by Hydra" not in res.stdout
 
 
