@@ -18,14 +18,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from muonbench.pipeline import parse_pipeline_layout, stage_layers
-from muonbench.schema import ModelConfig, ParallelismConfig
-from optim.cost import CONVENTIONS, FORMULAS, ns_flops, ns_flops_mn
-
-__all__ = ["CONVENTIONS", "FORMULAS", "ns_flops", "parse_pipeline_layout", "stage_layers"]
-
-TP_MODES: tuple[str, ...] = ("duplicated", "distributed", "blockwise")
-DISTRIBUTIONS: tuple[str, ...] = ("layerwise", "none")
+from muonbench.pipeline import stage_layers
+from muonbench.schema import DISTRIBUTED_CHOICES, ModelConfig, ParallelismConfig
+from optim.configs import TP_MODE_CHOICES, TPMode
+from optim.cost import CONVENTIONS, ns_flops, ns_flops_mn
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -280,16 +276,17 @@ def _shard_cost(
     mat: NSMatrix, tp: int, tp_mode: str, num_ns_steps: int, restarts: tuple[int, ...]
 ) -> dict[str, float]:
     """NS FLOPs one GPU spends on its part of `mat` when the weight is split over `tp` ranks."""
-    if tp == 1 or mat.tp_partition_dim < 0 or tp_mode == "duplicated":  # full NS on every TP rank
+    if tp == 1 or mat.tp_partition_dim < 0 or tp_mode == TPMode.DUPLICATED:  # full NS on every TP rank
         return {
             c: ns_flops(mat.rows, mat.cols, num_ns_steps, c, restart_iterations=restarts) for c in CONVENTIONS
         }
     split, other = (mat.rows, mat.cols) if mat.tp_partition_dim == 0 else (mat.cols, mat.rows)
-    if tp_mode == "blockwise":  # each shard orthogonalized alone
+    if tp_mode in (TPMode.BLOCKWISE, "auto"):  # each shard alone; auto's per-matrix choice counted as blockwise
         return {
             c: ns_flops(split // tp, other, num_ns_steps, c, restart_iterations=restarts) for c in CONVENTIONS
         }
-    # distributed: the split dim is contracted (Gram of the other side, all-reduced); A^2 redundant on every rank
+    # distributed(_gram): the split dim is contracted (Gram of the other side, all-reduced); A^2 redundant on every
+    # rank; distributed_gram's Gram-NS count is the "gram" convention column
     return {c: ns_flops_mn(other, split / tp, num_ns_steps, c, restarts) for c in CONVENTIONS}
 
 
@@ -332,10 +329,10 @@ def ns_load_per_gpu(
     orthogonalizes all of them). TP (ETP for experts) per `tp_mode`. The assignment uses the plain cost; the SYRK
     and Gram columns are evaluated on the same assignment.
     """
-    if distributed not in DISTRIBUTIONS:
-        raise ValueError(f"distributed={distributed!r}: must be one of {list(DISTRIBUTIONS)}")
-    if tp_mode not in TP_MODES:
-        raise ValueError(f"tp_mode={tp_mode!r}: must be one of {list(TP_MODES)}")
+    if distributed not in DISTRIBUTED_CHOICES:
+        raise ValueError(f"distributed={distributed!r}: must be one of {list(DISTRIBUTED_CHOICES)}")
+    if tp_mode not in TP_MODE_CHOICES:
+        raise ValueError(f"tp_mode={tp_mode!r}: must be one of {list(TP_MODE_CHOICES)}")
     if model.mtp_num_layers:
         raise NotImplementedError(
             f"model.mtp_num_layers={model.mtp_num_layers}: MTP layers are not placed on "

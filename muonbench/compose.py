@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from muonbench import schema
+from muonbench.hf_export import HF_FAMILIES
 from muonbench.pipeline import parse_pipeline_layout
 from optim import configs as C
 
@@ -32,14 +33,14 @@ CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 # The optimizer's choice sets are `optim.configs`' own; listed here so the error names the config path.
 ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.layers": ("auto", "te", "local"),
-    "model.family": ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "olmoe", "deepseek_v3"),
+    "model.family": HF_FAMILIES,
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),
     "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
     "optimizer.lr_decay": ("cosine", "linear", "constant"),
     "parallelism.distribution.tp_mode": C.TP_MODE_CHOICES,
-    "parallelism.distribution.distributed": ("none", "layerwise"),
+    "parallelism.distribution.distributed": schema.DISTRIBUTED_CHOICES,
     "parallelism.distribution.assignment": ("round_robin", "ping_pong_numel", "lpt_cost"),
     "parallelism.distribution.grad_sync": ("reduce_scatter", "all_reduce"),
     "parallelism.distribution.collective": ("auto", "padded", "per_owner"),

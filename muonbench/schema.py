@@ -101,6 +101,10 @@ class ModelConfig:
 # --------------------------------------------------------------------------------------------------------------
 # parallelism
 # --------------------------------------------------------------------------------------------------------------
+DISTRIBUTED_CHOICES: tuple[str, ...] = ("none", "layerwise")
+"""`parallelism.distribution.distributed`: every DP rank orthogonalizes every matrix, or whole matrices per rank."""
+
+
 @dataclass
 class DistributionConfig:
     """How a matrix optimizer (muon, mop, soap_rekls) spreads its work over the parallel layout: the TP mode of

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muonbench.hf_export import config_json
 from muonbench.schema import ModelConfig
 
 
@@ -44,93 +45,37 @@ HUB_SOURCES: dict[str, HubSource] = {
 }
 
 
-def _qwen3_moe(m: ModelConfig) -> dict[str, Any]:
-    return {
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "model_type": "qwen3_moe",
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.ffn_hidden_size,
-        "moe_intermediate_size": m.moe_ffn_hidden_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_query_groups,
-        "head_dim": m.kv_channels,
-        "num_experts": m.num_experts,
-        "num_experts_per_tok": m.moe_router_topk,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": list(range(m.num_dense_layers)),
-        "norm_topk_prob": True,
-        "router_aux_loss_coef": m.moe_aux_loss_coeff,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rotary_base,
-        "max_position_embeddings": 40960,  # published config
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "tie_word_embeddings": m.tie_embeddings,
-        "torch_dtype": "bfloat16",
-    }
+def _qwen3_moe(config: dict[str, Any]) -> dict[str, Any]:
+    """Qwen/Qwen3-30B-A3B's published values."""
+    return {**config, "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
 
 
-def _kimi_k2(m: ModelConfig) -> dict[str, Any]:
+def _kimi_k2(config: dict[str, Any]) -> dict[str, Any]:
+    """moonshotai/Kimi-K2-Instruct's published values, under transformers' own DeepSeek-V3 model_type."""
+    yarn = {"beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
     return {
+        **config,
         "architectures": ["KimiK2ForCausalLM"],
-        "model_type": "deepseek_v3",
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.ffn_hidden_size,
-        "moe_intermediate_size": m.moe_ffn_hidden_size,
-        "num_hidden_layers": m.num_layers,
-        "first_k_dense_replace": m.num_dense_layers,
-        "num_attention_heads": m.num_attention_heads,
-        "num_key_value_heads": m.num_attention_heads,
-        "q_lora_rank": m.q_lora_rank or None,
-        "kv_lora_rank": m.kv_lora_rank,
-        "qk_nope_head_dim": m.qk_head_dim,
-        "qk_rope_head_dim": m.qk_pos_emb_head_dim,
-        "v_head_dim": m.v_head_dim,
-        "n_routed_experts": m.num_experts,
-        "n_shared_experts": (m.moe_shared_expert_intermediate_size // m.moe_ffn_hidden_size) or None,
-        "num_experts_per_tok": m.moe_router_topk,
-        "routed_scaling_factor": m.moe_router_topk_scaling_factor,
-        "scoring_func": m.moe_router_score_function,
-        "topk_method": "noaux_tc",
-        "n_group": 1,
-        "topk_group": 1,
-        "norm_topk_prob": True,
-        "moe_layer_freq": 1,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rotary_base,
-        "rope_scaling": {
-            "type": "yarn",
-            "factor": m.rope_scaling_factor,
-            "original_max_position_embeddings": m.rope_original_max_position_embeddings,
-            "beta_fast": 1.0,
-            "beta_slow": 1.0,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-        },
-        "max_position_embeddings": 131072,  # published config
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "tie_word_embeddings": m.tie_embeddings,
+        "max_position_embeddings": 131072,
         "torch_dtype": "bfloat16",
+        "rope_scaling": {**config.get("rope_scaling", {}), **yarn},
     }
 
 
-CONFIG_WRITERS = {"qwen3_moe": _qwen3_moe, "deepseek_v3": _kimi_k2}
+PUBLISHED = {"qwen3_moe": _qwen3_moe, "deepseek_v3": _kimi_k2}
+"""Per family: the values of the published config its Bridge recipe reads that `ModelConfig` does not hold."""
 
 
 def hf_config(model: ModelConfig) -> dict[str, Any]:
-    """The `config.json` contents of `model` in the form its Bridge recipe reads.
+    """The `config.json` contents of `model` in the form its Bridge recipe reads: `muonbench.hf_export`'s
+    `config_json` (unpadded vocabulary: Bridge pads it) with the published values (`PUBLISHED`).
 
     Raises:
         ValueError: no Bridge recipe reads a Hub config for `model.family`.
     """
-    try:
-        return CONFIG_WRITERS[model.family](model)
-    except KeyError:
-        raise ValueError(f"model.family={model.family!r}: allowed {sorted(CONFIG_WRITERS)}") from None
+    if model.family not in PUBLISHED:
+        raise ValueError(f"model.family={model.family!r}: allowed {sorted(PUBLISHED)}")
+    return PUBLISHED[model.family](config_json(model))
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from bench.engines.base import Engine, RankInfo, StepMetrics, count_skipped_updates
-from bench.models.hf_build import build_model, padded_vocab_size
+from bench.flops import padded_vocab_size
+from bench.models.hf_build import build_model
 from bench.timing import PhaseTimer, ns_flops_plain
 from muonbench.compose import check_runnable
 from muonbench.schema import MatrixOptimizerSchema, RootConfig, optim_configs
@@ -299,7 +300,9 @@ class HFEngine(Engine):
             "engine": "hf",
             "model_class": type(self.model).__name__,
             "num_params": sum(p.numel() for p in self.params),
-            "vocab_padded": padded_vocab_size(self.cfg.model),
+            "vocab_padded": padded_vocab_size(
+                self.cfg.model.vocab_size, self.cfg.model.make_vocab_size_divisible_by
+            ),
             "routes": self.inner.summary() if self.inner is not None else {},
             "math_dtype": "bf16 autocast, fp32 weights" if self.cuda else "fp32 (CPU)",
             "optimizer_distribution": self.distribution,

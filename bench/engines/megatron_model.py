@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bench.flops import padded_vocab_size
 from muonbench.schema import EngineConfig, ModelConfig, ParallelismConfig, RootConfig
 
 
@@ -233,15 +234,9 @@ def build_gpt_model(
 def gpt_model_kwargs(model: ModelConfig, *, tp: int) -> dict[str, Any]:
     """The `GPTModel` arguments that fix shapes and embeddings (the rest of `build_gpt_model`'s call)."""
     return {
-        "vocab_size": padded_vocab_size(model, tp=tp),
+        "vocab_size": padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp),
         "max_sequence_length": model.seq_length,
         "share_embeddings_and_output_weights": model.tie_embeddings,
         "position_embedding_type": "rope",  # MLA layers carry their own rotary embedding; GPTModel skips it
         "rotary_base": int(model.rotary_base),
     }
-
-
-def padded_vocab_size(model: ModelConfig, *, tp: int) -> int:
-    """Megatron pads the vocabulary to a multiple of make_vocab_size_divisible_by x TP."""
-    multiple = model.make_vocab_size_divisible_by * tp
-    return -(-model.vocab_size // multiple) * multiple

@@ -64,7 +64,8 @@ def stage_matrices(
     split_gate_up: bool = False,
 ) -> list[tuple[int, list[Any], list[Any]]]:
     """Per PP rank: (decoder layers, dense matrices of the stage, expert matrices one EP rank holds)."""
-    from bench.flops import enumerate_ns_matrices, stage_layers
+    from bench.flops import enumerate_ns_matrices
+    from muonbench.pipeline import stage_layers
 
     mats = enumerate_ns_matrices(
         model, split_qkv=split_qkv, split_mla_kv_down=split_mla_kv_down, split_gate_up=split_gate_up

@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from bench.flops import padded_vocab_size
 from muonbench.schema import RootConfig
 from bench.tools.bridge_diff_rules import SHAPE_FIELDS, WATCHED, classify
 
@@ -165,8 +166,7 @@ def _gpt_model_rows(container: Any, root: RootConfig, engine_gpt: dict[str, Any]
     m = container.model
     vocab = m.vocab_size
     if m.should_pad_vocab:
-        multiple = m.make_vocab_size_divisible_by * m.tensor_model_parallel_size
-        vocab = -(-vocab // multiple) * multiple
+        vocab = padded_vocab_size(vocab, m.make_vocab_size_divisible_by, m.tensor_model_parallel_size)
     bridge = {
         "vocab_size": vocab,
         "max_sequence_length": m.seq_length,

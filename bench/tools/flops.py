@@ -10,20 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from bench.flops import (
-    CONVENTIONS,
-    FORMULAS,
     NSMatrix,
     model_flops_breakdown,
     model_flops_per_step,
     model_flops_per_token,
-    ns_flops,
     ns_flops_per_step,
     ns_load_per_gpu,
 )
 from muonbench.schema import ModelConfig, ParallelismConfig
-
-_TP_MODE_COST = {"distributed_gram": "distributed", "auto": "blockwise"}
-"""Optimizer tp_mode values that cost like one of bench.flops.TP_MODES."""
+from optim.cost import CONVENTIONS, FORMULAS, ns_flops
 
 
 def summary(model: ModelConfig, par: ParallelismConfig, **ns_options: Any) -> dict[str, Any]:
@@ -203,7 +198,7 @@ def _summary_from(root: Any) -> dict[str, Any]:
             split_gate_up=opt.split_gate_up,
             router_to_matrix=opt.router_to_matrix,
             distributed=dist.distributed,
-            tp_mode=_TP_MODE_COST.get(dist.tp_mode, dist.tp_mode),
+            tp_mode=dist.tp_mode,
         )
     if isinstance(opt, MuonSchema | MOPSchema):
         opts["num_ns_steps"] = opt.num_ns_steps

@@ -79,7 +79,7 @@ def parse_args(argv: list[str]) -> dict[str, str]:
 
 def plain_flops(rows: int, cols: int, batch: int = 1, steps: int = NUM_STEPS) -> float:
     """Plain NS FLOPs of `batch` rows x cols matrices (bench.flops' convention)."""
-    from bench.flops import ns_flops
+    from optim.cost import ns_flops
 
     return batch * ns_flops(rows, cols, steps, "plain")
 

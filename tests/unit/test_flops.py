@@ -18,7 +18,9 @@ import pytest
 
 from bench import flops
 from muonbench import ConfigError, load
+from muonbench.pipeline import parse_pipeline_layout, stage_layers
 from muonbench.schema import ModelConfig, ParallelismConfig
+from optim.cost import CONVENTIONS, ns_flops
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,15 +99,15 @@ def test_logits_use_the_padded_vocabulary(cfgs) -> None:
 # ------------------------------------------------------------------------------------------------ NS per matrix
 def test_ns_flops_formulas_by_hand() -> None:
     """m = 2, n = 3: plain k(4m^2n + 2m^3), SYRK k(3m^2n + m^3), Gram 3s m^2n + (4k - 3s) m^3."""
-    assert flops.ns_flops(2, 3, 1, "plain") == 4 * 4 * 3 + 2 * 8
-    assert flops.ns_flops(3, 2, 1, "plain") == flops.ns_flops(
+    assert ns_flops(2, 3, 1, "plain") == 4 * 4 * 3 + 2 * 8
+    assert ns_flops(3, 2, 1, "plain") == ns_flops(
         2, 3, 1, "plain"
     )  # transposed to the short side
-    assert flops.ns_flops(2, 3, 5, "syrk") == 5 * (3 * 4 * 3 + 8)
-    assert flops.ns_flops(2, 3, 5, "gram") == 6 * 4 * 3 + 14 * 8  # k = 5, restart after step 2
-    assert flops.ns_flops(2, 3, 2, "gram") == 3 * 4 * 3 + 5 * 8  # restart at k is no restart
-    assert flops.ns_flops(2, 3, 8, "gram", restart_iterations=(2, 5)) == 9 * 4 * 3 + (32 - 9) * 8
-    assert flops.ns_flops(64, 64, 5, "gram") == flops.ns_flops(64, 64, 5, "syrk")  # equal on square matrices
+    assert ns_flops(2, 3, 5, "syrk") == 5 * (3 * 4 * 3 + 8)
+    assert ns_flops(2, 3, 5, "gram") == 6 * 4 * 3 + 14 * 8  # k = 5, restart after step 2
+    assert ns_flops(2, 3, 2, "gram") == 3 * 4 * 3 + 5 * 8  # restart at k is no restart
+    assert ns_flops(2, 3, 8, "gram", restart_iterations=(2, 5)) == 9 * 4 * 3 + (32 - 9) * 8
+    assert ns_flops(64, 64, 5, "gram") == ns_flops(64, 64, 5, "syrk")  # equal on square matrices
 
 
 @pytest.mark.parametrize(
@@ -126,15 +128,15 @@ def test_ns_flops_formulas_by_hand() -> None:
 )
 def test_ns_flops_anchor_table(shape: tuple[int, int], tflop: tuple[float, float, float]) -> None:
     """docs/references.md#ns-flops per-matrix table (k = 5), all three conventions, to the table's printed precision."""
-    for conv, want in zip(flops.CONVENTIONS, tflop, strict=True):
-        assert rel(flops.ns_flops(*shape, 5, conv), want * 1e12) < 0.02, (shape, conv)
+    for conv, want in zip(CONVENTIONS, tflop, strict=True):
+        assert rel(ns_flops(*shape, 5, conv), want * 1e12) < 0.02, (shape, conv)
 
 
 def test_ns_flops_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match=r"convention='fast'.*plain"):
-        flops.ns_flops(2, 3, 5, "fast")
+        ns_flops(2, 3, 5, "fast")
     with pytest.raises(ValueError, match="num_ns_steps=0"):
-        flops.ns_flops(2, 3, 0)
+        ns_flops(2, 3, 0)
 
 
 # ------------------------------------------------------------------------------------------------ enumeration
@@ -186,7 +188,7 @@ def test_splits_preserve_elements(cfgs, option: str) -> None:
 def test_ns_per_step_published(cfgs, model: str, plain: float, syrk: float, gram: float) -> None:
     """docs/references.md#ns-flops: NS FLOPs of one optimizer step with MCore's QKV split."""
     mats = flops.enumerate_ns_matrices(cfgs[model])
-    for conv, want in zip(flops.CONVENTIONS, (plain, syrk, gram), strict=True):
+    for conv, want in zip(CONVENTIONS, (plain, syrk, gram), strict=True):
         assert rel(flops.ns_flops_per_step(mats, 5, conv), want) < 0.005, conv
 
 
@@ -198,11 +200,11 @@ def test_layout_string_matches_megatron_bridge() -> None:
     mb = eval(expr, {"__builtins__": {}})  # list arithmetic on string literals only
     short = {"embedding": "E", "decoder": "t", "loss": "L"}
     layout = load(["parallelism=pp4_dp64_ep64", "model=kimi_k2"]).parallelism.pipeline_layout
-    assert flops.parse_pipeline_layout(layout) == ["".join(short[x] for x in chunk) for chunk in mb]
+    assert parse_pipeline_layout(layout) == ["".join(short[x] for x in chunk) for chunk in mb]
 
 
 def test_stage_layers_kimi(cfgs) -> None:
-    stages = flops.stage_layers(cfgs["kimi_k2"], cfgs["pp4_dp64_ep64"])
+    stages = stage_layers(cfgs["kimi_k2"], cfgs["pp4_dp64_ep64"])
     assert [len(s) for s in stages] == [16, 16, 16, 13]
     assert stages[0][:5] == [0, 1, 2, 3, 16] and stages[3][-1] == 60
 
@@ -227,8 +229,8 @@ def test_ns_per_gpu_kimi_pp4_dp64_ep64(cfgs) -> None:
     assert rel(load_["mean"]["plain"], total / par.world_size) < 1e-9  # TP = 1: each matrix once
     k = load_["kinds_on_max_gpu"]
     assert (load_["max_pp_rank"], k["expert_fc1"], k["expert_fc2"], k["dense_fc1"]) == (0, 90, 90, 1)
-    expert = flops.ns_flops(4096, 7168) + flops.ns_flops(7168, 2048)
-    assert rel(load_["max"]["plain"], 90 * expert + flops.ns_flops(36864, 7168)) < 1e-9
+    expert = ns_flops(4096, 7168) + ns_flops(7168, 2048)
+    assert rel(load_["max"]["plain"], 90 * expert + ns_flops(36864, 7168)) < 1e-9
     assert [s["moe_layers"] for s in load_["stages"]] == [15, 16, 16, 13]
 
 
@@ -245,7 +247,10 @@ def test_ns_per_gpu_options(cfgs) -> None:
     assert (
         rel(dup, total) < 1e-12 and block < 0.6 * dup
     )  # blockwise: each rank orthogonalizes its shards only
-    with pytest.raises(ValueError, match=r"tp_mode='sideways'.*duplicated"):
+    dist = flops.ns_load_per_gpu(model, tp2, tp_mode="distributed")["max"]
+    assert flops.ns_load_per_gpu(model, tp2, tp_mode="distributed_gram")["max"] == dist  # gram: its own column
+    assert flops.ns_load_per_gpu(model, tp2, tp_mode="auto")["max"]["plain"] == block  # counted as blockwise
+    with pytest.raises(ValueError, match=r"tp_mode='sideways'.*duplicated.*auto"):
         flops.ns_load_per_gpu(model, tp2, tp_mode="sideways")
 
 
@@ -312,6 +317,6 @@ def test_cli_bad_config_names_field_value_rule(args: list[str], field: str) -> N
 def test_bad_layout_in_python(cfgs) -> None:
     bad = replace(cfgs["pp4_dp64_ep64"], pipeline_layout="Et*4|(t*4|)*14tX")
     with pytest.raises(ValueError, match=r"parallelism.pipeline_layout='Et\*4.*only E, t, m, L"):
-        flops.stage_layers(cfgs["kimi_k2"], bad)
+        stage_layers(cfgs["kimi_k2"], bad)
     with pytest.raises(ConfigError, match=r"^parallelism.ep=5: "):
         load(["model=kimi_k2", "parallelism=dp8_ep8", "parallelism.ep=5"])

@@ -240,3 +240,18 @@ def test_tiny_slice_experiment_keeps_the_layer_types() -> None:
     assert m.moe_shared_expert_intermediate_size == m.moe_ffn_hidden_size == 32
     m = muonbench.load(["experiment=cpu/hf_tiny_dp2", f"model=hf:{FIXTURES / 'llama3_8b'}", "model.num_layers=4"]).model
     assert (m.family, m.num_layers, m.hidden_size, m.num_experts, m.rotary_base) == ("llama", 4, 64, 0, 500000.0)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_written_config_reads_back_to_the_same_model(name: str, tmp_path: Path) -> None:
+    """`hf_export.config_json` is the inverse of the reader: a field it drops or misnames shows up here."""
+    from muonbench.hf_export import config_json
+    from muonbench.hf_model import model_fields
+
+    read = model_fields(str(FIXTURES / name))
+    model = muonbench.schema.ModelConfig(**read)
+    (tmp_path / "config.json").write_text(json.dumps(config_json(model)))
+    again = model_fields(str(tmp_path))
+    assert {k: again[k] for k in read if k not in ("name", "source")} == {
+        k: v for k, v in read.items() if k not in ("name", "source")
+    }

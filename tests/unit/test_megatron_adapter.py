@@ -122,7 +122,7 @@ def test_transformer_config_mla_and_router(megatron_groups):
     assert isinstance(config, MLATransformerConfig)
     assert (config.q_lora_rank, config.kv_lora_rank, config.qk_pos_emb_head_dim) == (32, 16, 8)
     assert config.moe_router_score_function == "sigmoid" and config.moe_router_enable_expert_bias
-    assert mm.padded_vocab_size(_gqa_model(), tp=1) == 256
+    assert mm.gpt_model_kwargs(_gqa_model(), tp=1)["vocab_size"] == 256
     assert mm.moe_layer_pattern(dataclasses.replace(_gqa_model(), num_dense_layers=0)) == [1, 1]
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from math import comb
 
 from bench import flops
+from muonbench.pipeline import stage_layers
 from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import links
@@ -177,7 +178,7 @@ def stage_times(
     ep_link = links.group_link(hw, ep, stride=tp * cp)
     v_pad = flops.padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
     out: list[StageTime] = []
-    layer_lists = flops.stage_layers(model, par)
+    layer_lists = stage_layers(model, par)
     for rank, layer_ids in enumerate(layer_lists):
         n_dense = (
             sum(1 for i in layer_ids if i < model.num_dense_layers) if model.num_experts else len(layer_ids)

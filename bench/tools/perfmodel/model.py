@@ -58,7 +58,7 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
             model,
             par,
             num_ns_steps=algo.num_ns_steps,
-            tp_mode=algo.tp_mode if algo.tp_mode in flops.TP_MODES else "duplicated",
+            tp_mode=algo.tp_mode,
         )
         ns_tf = load["mean"]["plain"] / total / 1e12
     info = {

@@ -24,7 +24,6 @@ from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import links
 from bench.tools.perfmodel.calibration import NS_KERNELS
 
-TP_MODES = cost.TP_MODES
 HALF_EFF_DIM = (
     CostModel().half_eff_dim
 )  # short side at half the ceiling, fitted to docs/references.md#h200-baseline (assignment.py)

@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench import flops
+from muonbench.pipeline import stage_layers
 from muonbench.schema import (
     DistributionConfig,
     HardwareConfig,
@@ -249,7 +250,7 @@ def optimizer_step(
     dp_link = links.group_link(hw, dp, stride=par.tp)
     edp_link = links.group_link(hw, edp, stride=par.tp * par.cp * par.ep)
     worst = {"optimizer_step": 0.0, "grad_sync_exposed": 0.0, "param_gather_exposed": 0.0}
-    for stage, layer_ids in enumerate(flops.stage_layers(model, par)):
+    for stage, layer_ids in enumerate(stage_layers(model, par)):
         items = stage_items(model, par, stage, layer_ids, split_gate_up=algo.split_gate_up)
         dense = [it for it in items if not it.expert]
         experts = [it for it in items if it.expert]
@@ -318,7 +319,7 @@ def state_memory_gib(model: ModelConfig, par: ParallelismConfig, algo: Algo) -> 
     fp32 main_grad (4 B), and on the owned share fp32 master + Adam m, v (12 B) or master + Muon momentum (8 B)."""
     dp, edp = par.dp * par.cp, max(1, par.expert_dp)
     worst = 0.0
-    for stage, layer_ids in enumerate(flops.stage_layers(model, par)):
+    for stage, layer_ids in enumerate(stage_layers(model, par)):
         items = stage_items(model, par, stage, layer_ids)
         n_dense = sum(it.rows * it.cols for it in items if not it.expert)
         n_expert = sum(it.rows * it.cols for it in items if it.expert)
