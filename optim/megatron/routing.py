@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from optim.configs import RoutingConfig
+from optim.configs import TP_MODE_CHOICES, RoutingConfig
 from optim.functional.split import RowSplit
 
 _MLA_ROLES = {
@@ -174,7 +174,7 @@ def tp_specs(
 
     `groups` as `process_groups()`: "tp" for dense weights, "expt_tp" for routed experts' weights; a parameter whose
     group is missing or of size 1 gets no spec."""
-    from optim.optimizers.tp import TP_MODE_CHOICES, TPSpec
+    from optim.optimizers.tp import TPSpec
 
     if tp_mode not in TP_MODE_CHOICES:
         raise ValueError(f"tp_mode={tp_mode!r} is not one of {TP_MODE_CHOICES}")

@@ -14,13 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from optim.configs import TP_MODE_CHOICES, TPMode
 from optim.distributed.comm import group_rank_size
-from optim.distributed.tp_orthogonalize import TPMode
 
 TPModeFn = Callable[[int, int, int, int], str]
 """(full rows, full cols, TP size, partition_dim in {0, 1}) -> a TPMode value."""
-
-TP_MODE_CHOICES = (*(m.value for m in TPMode), "auto")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
