@@ -69,6 +69,10 @@ def preflight(jobs: list[list[str]]) -> list[str]:
                 from recipes.user_recipe import check_recipe
 
                 check_recipe(cfg.engine.recipe)
+            if cfg.engine.name == "bridge":  # the recipe, the model's bridge and every override: plain data
+                from recipes.overrides import build_plan
+
+                build_plan(cfg)
             launch.check_launchable(cfg)
             check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:

@@ -240,7 +240,7 @@ def make_config_container(
 
     from recipes.hf_config import offline_hub
 
-    if not root.engine.recipe:  # a user's recipe reads its own Hub config (the node's Hugging Face cache)
+    if not root.engine.recipe and not plan.model_arg:  # a user's recipe reads its own Hub config (node's cache)
         plan.metadata["hf_offline"] = offline_hub(
             root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_")
         )
@@ -259,6 +259,9 @@ def make_config_container(
 
         cfg = load_recipe(root.engine.recipe)
         plan.metadata["user_recipe"] = root.engine.recipe
+    elif plan.model_arg:
+        cfg = _import(plan.base_recipe)(root.model)
+        plan.metadata["hf_config"] = root.model.source
     else:
         cfg = _import(plan.base_recipe)()
     cfg.mixed_precision = get_mixed_precision_config(plan.precision_preset)

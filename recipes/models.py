@@ -81,19 +81,37 @@ QWEN3_MOE = ModelRecipe(
 
 MODEL_RECIPES: dict[str, ModelRecipe] = {r.family: r for r in (KIMI_K2, QWEN3_MOE)}
 
+AUTOBRIDGE_RECIPE = "recipes.autobridge:pretrain_config"
+"""Base of a model read with `model=hf:<spec>` whose family has no published recipe here; takes the ModelConfig."""
+
+HF_DEFAULTS: Sections = {"model": {"moe_permute_fusion": True}}
+"""For a MoE model with no published recipe: the token-permutation fusion Bridge's own MoE recipes turn on (OLMoE,
+Qwen3-MoE)."""
+
 
 def model_recipe(model: ModelConfig) -> ModelRecipe:
-    """The recipe of `model.family`.
+    """The recipe of `model`: the published recipe of its family, else (a model read with `model=hf:<spec>`)
+    Bridge's template with the provider AutoBridge makes of the config (`recipes.autobridge`).
 
     Raises:
-        ValueError: no Bridge recipe for the family.
+        ValueError: no published recipe for the family and no Bridge bridge for the Hugging Face config.
     """
-    try:
+    from recipes import autobridge
+
+    if model.family in MODEL_RECIPES:
         return MODEL_RECIPES[model.family]
-    except KeyError:
-        raise ValueError(
-            f"model.family={model.family!r}: no Megatron-Bridge recipe; allowed {sorted(MODEL_RECIPES)}"
-        ) from None
+    if autobridge.hf_spec(model):
+        autobridge.check_bridged(model)
+        return ModelRecipe(
+            family=model.family,
+            base_recipe=AUTOBRIDGE_RECIPE,
+            provider=autobridge.PROVIDERS[model.attention],
+            published=HF_DEFAULTS if model.num_experts else {},
+        )
+    raise ValueError(
+        f"model.family={model.family!r}: no Megatron-Bridge recipe; allowed {sorted(MODEL_RECIPES)}, or any "
+        "family Bridge bridges read with model=hf:<config.json>"
+    )
 
 
 def shape_fields(model: ModelConfig) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from muonbench.schema import (
     RootConfig,
 )
 from recipes.models import (
+    AUTOBRIDGE_RECIPE,
     KIMI_K2,
     QWEN3_MOE,
     ModelRecipe,
@@ -84,6 +85,8 @@ class BridgePlan:
     optimizer_impl: str
     """"megatron" (MCore's optimizer named in overrides["optimizer"]) or "ours" (optim.megatron adapter)."""
     overrides: Sections
+    model_arg: bool = False
+    """The base recipe takes the run's ModelConfig (`recipes.autobridge.pretrain_config`); else no arguments."""
     env_vars: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -256,6 +259,7 @@ def build_plan(root: RootConfig, *, ab_mode: str | None = None, log_dir: str = "
         precision_preset=preset,
         optimizer_impl=opt_meta["optimizer"]["bridge_impl"],
         overrides=sections,
+        model_arg=recipe.base_recipe == AUTOBRIDGE_RECIPE,
         env_vars=dict(root.launcher.env),
         metadata=metadata,
     )

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Two models that have no file under conf/model, read from their Hugging Face config.json (models/), as one-GPU
+# slices of four layers on one H200: AdamW vs Muon (ours) through the Megatron-core engine (one pair) and through
+# Megatron-Bridge's own loop (two crossover pairs, A M M A), then the predictions and the report.
+# Needs the Bridge stack (bench/tools/install_bridge_stack.sh WHEELS, then PYTHONPATH=/tmp/site) and an idle host.
+# MODELS="llama3_8b" runs one model; about 8 minutes per model.
+set -euo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+cd "$HERE/../.."
+PY=${PY:-python}
+OUT=${OUT:-runs/byo_models}
+declare -A SLICE=(
+    [llama3_8b]="model.num_layers=4 parallelism.gbs=32"
+    [olmoe_1b_7b]="model.num_layers=4 parallelism.gbs=64"
+)
+for model in ${MODELS:-llama3_8b olmoe_1b_7b}; do
+    spec="model=hf:$HERE/models/$model"
+    for opt in ${MEGATRON_ORDER:-adamw muon}; do
+        $PY -m bench.run experiment=h200/hf_slice_megatron_1gpu "$spec" ${SLICE[$model]} optimizer="$opt" \
+            bench.out_dir="$OUT/$model/megatron"
+    done
+    for opt in ${BRIDGE_ORDER:-adamw muon muon adamw}; do
+        $PY -m bench.run experiment=h200/hf_slice_bridge_1gpu "$spec" ${SLICE[$model]} optimizer="$opt" \
+            bench.out_dir="$OUT/$model/bridge"
+    done
+done
+$PY -m bench.tools.byo_report "$OUT" --out "$HERE"
