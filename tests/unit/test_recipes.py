@@ -32,6 +32,13 @@ def _bridge_experiments() -> list[str]:
 
 
 EXPERIMENTS = _bridge_experiments()
+HF_FIXTURE = Path(__file__).parent / "fixtures" / "hf_configs" / "olmoe_1b_7b"
+"""The model given to experiments that read it from a Hugging Face config (`override /model: hf`)."""
+
+
+def _model_of(experiment: str) -> list[str]:
+    text = (CONF_DIR / "experiment" / f"{experiment}.yaml").read_text()
+    return [f"model=hf:{HF_FIXTURE}", "model.num_layers=2"] if "override /model: hf" in text else []
 # Every optimizer route through a Bridge recipe, on top of the published Qwen and Kimi layouts.
 OPTIMIZER_VARIANTS = [
     ["optimizer=adamw", "optimizer.implementation=megatron"],
@@ -101,7 +108,7 @@ def test_experiments_discovered() -> None:
 @pytest.mark.parametrize("ab_mode", ["published", "fair"])
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_overrides_are_bridge_fields(experiment: str, ab_mode: str) -> None:
-    plan = _plan(f"experiment={experiment}", ab_mode=ab_mode)
+    plan = _plan(f"experiment={experiment}", *_model_of(experiment), ab_mode=ab_mode)
     assert unknown_fields(plan) == []
     assert plan.metadata["ab_mode"] == ab_mode
 
