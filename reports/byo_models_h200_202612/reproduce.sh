@@ -8,7 +8,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "$HERE/../.."
 PY=${PY:-python}
-OUT=${OUT:-runs/byo_models}
+RUNS=${RUNS:-runs/byo_models}
 declare -A SLICE=(
     [llama3_8b]="model.num_layers=4 parallelism.gbs=32"
     [olmoe_1b_7b]="model.num_layers=4 parallelism.gbs=64"
@@ -17,11 +17,11 @@ for model in ${MODELS:-llama3_8b olmoe_1b_7b}; do
     spec="model=hf:$HERE/models/$model"
     for opt in ${MEGATRON_ORDER:-adamw muon}; do
         $PY -m bench.run experiment=h200/hf_slice_megatron_1gpu "$spec" ${SLICE[$model]} optimizer="$opt" \
-            bench.out_dir="$OUT/$model/megatron"
+            bench.out_dir="$RUNS/$model/megatron"
     done
     for opt in ${BRIDGE_ORDER:-adamw muon muon adamw}; do
         $PY -m bench.run experiment=h200/hf_slice_bridge_1gpu "$spec" ${SLICE[$model]} optimizer="$opt" \
-            bench.out_dir="$OUT/$model/bridge"
+            bench.out_dir="$RUNS/$model/bridge"
     done
 done
-$PY -m bench.tools.byo_report "$OUT" --out "$HERE"
+[ "${REPORT:-1}" = 0 ] || $PY -m bench.tools.byo_report "$RUNS" --out "$HERE"
