@@ -4,7 +4,7 @@
 # Megatron-Bridge's own loop (two crossover pairs, A M M A), then the predictions and the report.
 # Needs the Bridge stack (bench/tools/install_bridge_stack.sh WHEELS, then PYTHONPATH=/tmp/site) and an idle host.
 # MODELS="llama3_8b" runs one model; about 8 minutes per model.
-set -euo pipefail
+set -uo pipefail  # a failed run is recorded as such; the next one still runs
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "$HERE/../.."
 PY=${PY:-python}
