@@ -3,7 +3,7 @@
 The scalar names are Megatron-Bridge's training-log names (`megatron.bridge.training.utils.train_utils`), so a
 dashboard shows our engines and Bridge's own loop under one tag; torchtitan's equivalents are listed in
 docs/metrics.md. `steps.jsonl` stays the record; a sink is a view of it. Offline modes are the tools' own:
-`WANDB_MODE=offline`, and MLflow writes to `<run_dir>/mlruns` unless `MLFLOW_TRACKING_URI` is set.
+`WANDB_MODE=offline`, and MLflow writes to `<run_dir>/mlruns` unless `MLFLOW_TRACKING_URI` is set (`prepare`).
 
 Imported by the worker (no torch at module top); the sink's package is imported when the sink opens, and the
 warnings that import raises go to the run's log file, not the console.
@@ -81,10 +81,13 @@ class _WandB:
     def close(self) -> None:
         if self.own:
             self.wandb.finish()
+            # The worker leaves by os._exit (no atexit hooks): stop W&B's service now, so the run file is complete.
+            self.wandb.teardown()
 
 
 class _MLflow:
     def __init__(self, run_dir: Path, run_id: str, project: str) -> None:
+        prepare("mlflow")
         import mlflow
 
         self.mlflow = mlflow
@@ -98,6 +101,13 @@ class _MLflow:
 
     def close(self) -> None:
         self.mlflow.end_run()
+
+
+def prepare(kind: str) -> None:
+    """Process settings of `bench.logger=kind` that must precede any logger (Bridge's starts in the engine's setup):
+    MLflow 3 refuses a file store unless MLFLOW_ALLOW_FILE_STORE=true, and `<run_dir>/mlruns` is the offline default."""
+    if kind == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
 
 
 def tensorboard_dir(run_dir: Path) -> Path:

@@ -123,6 +123,7 @@ def run(run_dir: Path) -> None:
         torch.cuda.set_device(rank.local_rank)  # before NCCL starts, so every collective uses this rank's GPU
     if rank.world_size > 1:
         dist.init_process_group(backend=cfg.engine.backend)
+    sinks.prepare(cfg.bench.logger)
     engine = engine_class(cfg.engine.name)()
     engine.run_dir = str(run_dir)
     optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))

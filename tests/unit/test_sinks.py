@@ -1,4 +1,6 @@
-"""Metrics sinks: a step row reaches TensorBoard under Bridge's names and reads back; a missing extra is one line."""
+"""Metrics sinks: a step row reaches TensorBoard under Bridge's names and reads back; a tiny CPU run logs every
+step to W&B (offline) and MLflow (file store) and the tools' own readers give back steps.jsonl; a missing extra is
+one line."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import sinks
+import muonbench
+from bench import sinks, worker
+from bench.results import record
 from muonbench import compose, load
 from recipes.overrides import logger_fields
 
@@ -40,6 +44,120 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
     assert set(acc.Tags()["scalars"]) == set(sinks.SCALARS.values())
     assert [(e.step, e.value) for e in acc.Scalars("lm loss")] == [(0, 6.0), (1, 5.0), (2, 4.0)]
     assert [e.value for e in acc.Scalars("throughput/tflops/device")] == [8.0] * 3
+
+
+def tiny_run(run_dir: Path, logger: str) -> list[dict[str, float]]:
+    """A 4-step AdamW run of the tiny Qwen3-MoE proxy in this process (the worker opens the sink as on a cluster);
+    returns its steps.jsonl rows."""
+    import torch
+
+    cfg = load(
+        [
+            "model=qwen3_moe_tiny",
+            "parallelism=single_gpu",
+            "parallelism.gbs=2",
+            "parallelism.mbs=2",
+            "engine=hf",
+            "hardware=cpu",
+            "optimizer=adamw",
+            "bench.steps=4",
+            "bench.warmup_steps=1",
+            "bench.progress=false",
+            f"bench.out_dir={run_dir.parent}",
+            f"bench.logger={logger}",
+            "bench.logger_project=tiny",
+        ]
+    )
+    run_dir.mkdir()
+    record.write_json_atomic(
+        run_dir / "run.json",
+        record.new_run_record(
+            run_id=f"{logger}_run",
+            run_dir=run_dir,
+            config=muonbench.as_dict(cfg),
+            config_hash=muonbench.config_hash(cfg),
+            overrides=[],
+            command=[],
+        ),
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker.run(run_dir)
+    finally:
+        torch.set_num_threads(threads)
+    assert record.read_json(run_dir / "run.json")["status"] == "ok"
+    steps = record.read_steps(run_dir)
+    assert [s["step"] for s in steps] == [0, 1, 2, 3]
+    return steps
+
+
+def expected(steps: list[dict[str, float]], name: str) -> list[tuple[int, float]]:
+    """(step, value) of one sink scalar over a run's steps.jsonl rows."""
+    key = next(k for k, v in sinks.SCALARS.items() if v == name)
+    return [(int(s["step"]), float(s[key])) for s in steps]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="needs the wandb extra")
+def test_wandb_offline_run_holds_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """W&B in offline mode: the run file (`run-<id>.wandb`, read with wandb's own record reader) has the run's name,
+    project and config and one history row per step equal to steps.jsonl."""
+    import json
+
+    from wandb.proto import wandb_internal_pb2
+    from wandb.sdk.internal import datastore
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    for off in ("WANDB_DISABLE_GIT", "WANDB_DISABLE_CODE", "WANDB_X_DISABLE_STATS", "WANDB_X_DISABLE_MACHINE_INFO"):
+        monkeypatch.setenv(off, "true")  # nothing the test reads; spares the service a second of work
+    run_dir = tmp_path / "0_adamw"
+    steps = tiny_run(run_dir, "wandb")
+
+    (path,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    store = datastore.DataStore()
+    store.open_for_scan(str(path))
+    runs, history = [], []
+    while (data := store.scan_data()) is not None:
+        rec = wandb_internal_pb2.Record()
+        rec.ParseFromString(data)
+        kind = rec.WhichOneof("record_type")
+        if kind == "run":
+            runs.append(rec.run)
+        elif kind == "history":
+            history.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item})
+    store.close()
+    (run,) = runs
+    assert (run.display_name, run.project) == ("wandb_run", "tiny")
+    config = {u.key: json.loads(u.value_json) for u in run.config.update}
+    assert config["optimizer"]["name"] == "adamw" and config["bench"]["steps"] == 4
+    for name in ("lm loss", "iteration-time", "optimizer-time"):
+        assert [(h["_step"], h[name]) for h in history] == expected(steps, name), name
+    assert all(h["throughput/tflops/device"] > 0 for h in history)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="needs the mlflow extra")
+def test_mlflow_file_store_holds_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow with no tracking server: the file store under the run directory, read with MlflowClient, has one
+    metric per scalar (spaces as `_`) whose history equals steps.jsonl step by step."""
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # unset, and restored after: the worker must allow it itself
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    run_dir = tmp_path / "0_adamw"
+    steps = tiny_run(run_dir, "mlflow")
+
+    client = MlflowClient(tracking_uri=f"file:{run_dir / 'mlruns'}")
+    experiment = client.get_experiment_by_name("tiny")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == "mlflow_run" and run.info.status == "FINISHED"
+    assert set(run.data.metrics) == {n.replace(" ", "_") for n in sinks.SCALARS.values()}
+    for name in ("lm loss", "iteration-time", "optimizer-time"):
+        got = client.get_metric_history(run.info.run_id, name.replace(" ", "_"))
+        assert sorted((m.step, m.value) for m in got) == expected(steps, name), name
 
 
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
