@@ -4,6 +4,7 @@
     muonbench run --config-dir ~/my_conf experiment=my_setup      # a user's own experiment files (Hydra searchpath)
     muonbench collect && muonbench report
     muonbench flops model=kimi_k2 parallelism=pp4_dp64_ep64
+    muonbench model hf:path/to/config.json model.num_layers=4 > conf/model/mine.yaml
 
 `muonbench <subcommand> --help` prints that entry point's own help. The modules are imported only when their
 subcommand runs (a login node lists and launches without torch; the tools load nothing until asked).
@@ -46,6 +47,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "quality": Subcommand(
         module="bench.tools.quality.run", summary="time to AdamW's loss for AdamW, Muon, MOP, SOAP-REKLS"
     ),
+    "model": Subcommand(
+        module="bench.tools.model", summary="conf/model YAML of a Hugging Face config (model=hf:<spec>)"
+    ),
+    "crossover": Subcommand(
+        module="bench.tools.crossover", summary="runs of two optimizers in crossover order: model-only ratio"
+    ),
     "ns-kernels": Subcommand(
         module="bench.tools.ns_kernels", summary="Newton-Schulz kernels against their peers (needs a GPU)"
     ),
@@ -73,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     entry = getattr(importlib.import_module(sub.module), sub.function)
     sys.argv = [f"muonbench {name}", *rest]  # every entry point reads its arguments from sys.argv (Hydra's too)
-    return int(entry() or 0)
+    try:
+        return int(entry() or 0)
+    except SystemExit as exc:  # argparse's --help and usage errors: the same exit code, returned
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        raise
 
 
 CLUSTER_USAGE = """\

@@ -108,6 +108,9 @@ def test_installed_command_runs_the_cpu_proxy_from_anywhere(wheel: Path, tmp_pat
     assert Path(bench_file).is_relative_to(venv) and Path(conf_dir).is_relative_to(venv), where
     muonbench = str(venv / "bin" / "muonbench")
     assert "ns-kernels" in sh(muonbench, "--help").stdout
+    for name in ("model", "crossover"):  # the tools' own help, through the console script
+        res = sh(muonbench, name, "--help")
+        assert res.returncode == 0 and f"usage: python -m bench.tools.{name}" in res.stdout, res.stdout + res.stderr
     run = sh(muonbench, "run", "-m", "--config-dir", "my_conf", "experiment=mine/tiny", "optimizer=adamw,muon")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 runs: 2 ok" in run.stdout, run.stdout
@@ -158,3 +161,32 @@ def test_cli_lists_every_entry_point_and_rejects_an_unknown_one(capsys: pytest.C
     assert "no such subcommand" in capsys.readouterr().err
     assert cli.main(["flops", "--help"]) == 0
     assert "usage:" in capsys.readouterr().out
+    for name in ("model", "crossover"):
+        assert cli.main([name, "--help"]) == 0
+        assert f"usage: python -m bench.tools.{name}" in capsys.readouterr().out
+    assert cli.main(["crossover", "--no-such-flag"]) == 2
+
+
+def test_model_and_crossover_subcommands_run_their_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`muonbench model hf:<config>` prints a conf/model YAML that, selected from `--config-dir`, composes the same
+    model; `muonbench crossover <runs>` reads the runs folder it is given."""
+    from dataclasses import replace
+
+    import muonbench
+
+    monkeypatch.setattr(compose, "USER_CONFIG_DIRS", [])
+    fixture = ROOT / "tests" / "unit" / "fixtures" / "hf_configs" / "qwen3_8b"
+    assert cli.main(["model", f"hf:{fixture}", "model.num_layers=4"]) == 0
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "mine.yaml").write_text(capsys.readouterr().out)
+    compose.take_config_dirs(["--config-dir", str(tmp_path)])
+    mine = muonbench.load(["model=mine"]).model
+    read = muonbench.load([f"model=hf:{fixture}", "model.num_layers=4"]).model
+    assert mine.num_layers == 4 and mine == replace(read, source="", trust_remote_code=False)
+    assert cli.main(["model", "qwen3_8b"]) == 2
+    assert "the first argument is hf:" in capsys.readouterr().err
+    (tmp_path / "runs").mkdir()  # the analysis itself: tests/unit/test_crossover.py
+    assert cli.main(["crossover", str(tmp_path / "runs")]) == 2
+    assert capsys.readouterr().err == f"error: no ok run under {tmp_path / 'runs'}\n"
