@@ -46,13 +46,21 @@ def config_from[C](cls: type[C], config: C | float | None, hyperparameters: dict
 
 
 # Option names of our configs and of torch.optim's optimizers: a param-group key among them that an optimizer does
-# not take per group is an option it would silently ignore. Other keys belong to the caller (an LR scheduler's
-# `initial_lr`, Megatron's `max_lr` / `wd_mult` / ...) and pass through.
+# not take per group is an option it would silently ignore; a near-miss of them is called a typo.
 KNOWN_OPTIONS = frozenset(
     {f.name for c in (MuonConfig, MOPConfig, SOAPConfig, AdamWConfig) for f in fields(c)}
     | {"amsgrad", "maximize", "foreach", "capturable", "differentiable", "dampening", "ns_steps"}
     | {"ns_coefficients", "adjust_lr_fn", "decoupled_weight_decay", "alpha", "centered", "rho"}
 )
+MEGATRON_GROUP_KEYS = frozenset(
+    {"max_lr", "min_lr", "lr_mult", "wd_mult", "start_wd", "end_wd", "optimizer"}
+    | {"is_expert_parallel", "is_decoupled_lr", "default_config"}
+)
+"""Keys Megatron-Core puts into a param group (`megatron.core.optimizer._get_param_groups` and its
+`ParamGroupOverride`) and `optim.megatron.megatron_group` sets: read by Megatron's LR / weight-decay scheduler and
+its checkpoint loader, not by the optimizer, so they are accepted and ignored here."""
+CALLER_GROUP_KEYS = MEGATRON_GROUP_KEYS | {"initial_lr"}
+"""Group keys that belong to the caller: Megatron's, and torch.optim.lr_scheduler's `initial_lr`."""
 
 
 def check_param_group[C](
@@ -61,9 +69,10 @@ def check_param_group[C](
     """Reject, naming the parameter or the key, what the optimizer cannot step or would ignore in one param group.
 
     Parameters: another rank than `ndims`, a 0-size dimension (nothing to orthogonalize or precondition), or not
-    a real floating-point tensor (complex ones would be cast to real). Keys: an optimizer option that is not one
-    of the per-group `options` (e.g. `nesterov`, a config-wide setting), or a near-miss of one (a typo). Values:
-    the per-group options are checked by the config's own ranges (NaN / inf included)."""
+    a real floating-point tensor (complex ones would be cast to real). Keys: anything but the per-group `options`
+    and the caller's keys (`CALLER_GROUP_KEYS`): an optimizer option set per group (e.g. `nesterov`, a
+    config-wide setting), a typo, an unknown name. Values: the per-group options are checked by the config's own
+    ranges (NaN / inf included)."""
     given = group.get("param_names")
     for i, p in enumerate(group["params"]):
         name = given[i] if given else f"group{index}.param{i}"
@@ -85,15 +94,21 @@ def check_param_group[C](
     allowed = sorted(options)
     for key in group:
         # torch.optim's own keys (its load_state_dict adds differentiable=False to the defaults)
-        if key in options or key in ("params", "param_names") or (key, group[key]) == ("differentiable", False):
+        if key in options or key in CALLER_GROUP_KEYS or key in ("params", "param_names"):
             continue
-        close = difflib.get_close_matches(key, options, n=1, cutoff=0.8)
-        if key in KNOWN_OPTIONS or close:
-            hint = f" (did you mean {close[0]!r}?)" if close else " (set it in the config, for every group)"
-            raise ValueError(
-                f"param group {index}: {key}={group[key]!r} is not a per-group option of {owner}{hint}; "
-                f"per-group options: {allowed}"
-            )
+        if (key, group[key]) == ("differentiable", False):
+            continue
+        close = difflib.get_close_matches(key, [*options, *CALLER_GROUP_KEYS], n=1, cutoff=0.8)
+        if key in KNOWN_OPTIONS:
+            why = f"is not a per-group option of {owner} (set it in the config, for every group)"
+        else:
+            why = f"is not a key of a {owner} param group"
+            why += f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"param group {index}: {key}={group[key]!r} {why}; per-group options: {allowed}; also accepted "
+            f"(read by Megatron-Core's scheduler or torch's LR schedulers, not by {owner}): "
+            f"{sorted(CALLER_GROUP_KEYS)}"
+        )
     try:
         replace(config, **{k: group[k] for k in options if k in group})  # type: ignore[type-var]
     except ValueError as e:

@@ -598,3 +598,34 @@ def test_engine_and_bridge_recipe_share_one_megatron_muon_mapping():
     gram = muonbench.load(["engine=megatron", *overrides, "optimizer.use_gram_ns=true"])
     with pytest.raises(ValueError, match="use_gram_ns=True.*Gram"):
         megatron_config(gram)
+
+
+def test_megatron_param_groups_are_accepted_by_our_optimizers(megatron_groups):
+    """Localises our optimizers refusing (or the key list missing) a key Megatron-Core itself puts into a param
+    group: the groups of `megatron.core.optimizer._get_param_groups` on a real model, with every field of its
+    `ParamGroupOverride` set on the matrices, build Muon and SOAP as they are; an unknown key is still refused."""
+    from megatron.core.optimizer import OptimizerConfig, ParamKey, _get_param_groups
+    from megatron.core.optimizer_param_scheduler import ParamGroupOverride
+
+    from optim import SOAP, Muon
+    from optim.configs import SOAPConfig
+    from optim.optimizers.base import MEGATRON_GROUP_KEYS
+
+    assert set(ParamGroupOverride.__annotations__) <= MEGATRON_GROUP_KEYS
+    gpt, _config = _build(_gqa_model())
+    override = ParamGroupOverride(
+        max_lr=2e-3, min_lr=1e-4, start_wd=0.1, end_wd=0.1, wd_mult=0.5, optimizer="muon"
+    )
+    groups = _get_param_groups(
+        [gpt], OptimizerConfig(lr=1e-3, min_lr=1e-5), {ParamKey(name="*linear_fc1.weight"): override}
+    )
+    matrices = [{**g, "params": [p for p in g["params"] if p.ndim == 2]} for g in groups]
+    assert set(override) | {"lr_mult", "is_expert_parallel", "is_decoupled_lr", "default_config"} <= {
+        k for g in matrices for k in g
+    }
+    matrices = [g for g in matrices if g["params"]]
+    assert len(matrices) == 2  # the override's group and the default one
+    Muon([dict(g) for g in matrices], MuonConfig())  # torch's add_param_group fills in defaults in place
+    SOAP([dict(g) for g in matrices], SOAPConfig())
+    with pytest.raises(ValueError, match=r"^param group 1: wd_mul=0.5 is not a key of a Muon param group"):
+        Muon([matrices[0], {**matrices[1], "wd_mul": 0.5}], MuonConfig())

@@ -4,6 +4,7 @@ of parameters they cannot step, and the hybrid's AdamW side guarded against NaN/
 from __future__ import annotations
 
 import inspect
+import re
 import warnings
 
 import pytest
@@ -159,6 +160,26 @@ def test_add_param_group_runs_the_constructors_checks(cls, cfg_cls, weight):
     # keys the optimizer does not own (an LR scheduler's, Megatron's) pass through
     opt.add_param_group({"params": [other], "lr": 0.5, "max_lr": 0.5, "wd_mult": 1.0, "initial_lr": 0.5})
     assert len(opt.param_groups) == 2 and opt.param_groups[1]["lr"] == 0.5
+
+
+@pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
+@pytest.mark.parametrize(("key", "hint"), [("lr_mul", " (did you mean 'lr_mult'?)"), ("lr_scale", "")])
+def test_unknown_param_group_keys_are_refused_naming_the_allowed_set(cls, cfg_cls, weight, key, hint):
+    """Localises an unknown param-group key (a typo of Megatron's `lr_mult`, a made-up scale) passing in silence,
+    through the constructor's groups and `add_param_group`: the optimizer never reads it."""
+    name = cls.__name__
+    msg = (
+        rf"^param group 1: {key}=0.5 is not a key of a {name} param group{re.escape(hint)}; per-group options: "
+        rf"\[.*'lr'.*\]; also accepted \(read by Megatron-Core's scheduler or torch's LR schedulers, not by "
+        rf"{name}\): \[.*'initial_lr', 'is_decoupled_lr', .*'lr_mult', 'max_lr', .*'wd_mult'\]$"
+    )
+    other = torch.nn.Parameter(torch.randn(3, 5))
+    with pytest.raises(ValueError, match=msg):
+        cls([{"params": [weight]}, {"params": [other], key: 0.5}], cfg_cls())
+    opt = cls([weight], cfg_cls())
+    with pytest.raises(ValueError, match=msg):
+        opt.add_param_group({"params": [other], key: 0.5})
+    assert len(opt.param_groups) == 1
 
 
 @pytest.mark.parametrize(("cls", "cfg_cls"), OPTIMIZERS)
