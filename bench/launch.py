@@ -43,6 +43,8 @@ class LaunchResult:
     timed_out: bool = False
     stderr_tail: str = ""
     submitted: bool = False
+    log_errors: tuple[str, ...] = ()
+    """Writes of the child's output to `<run_dir>/*.log` that failed (a full disk), each naming the file."""
 
 
 def worker_argv(run_dir: str | Path) -> list[str]:
@@ -175,13 +177,34 @@ def warnings_to(log_path: Path) -> Iterator[None]:
             torch_log.handlers, torch_log.propagate = saved
 
 
-def _tee(src: IO[bytes], sinks: list[Any]) -> None:
-    """Copy a child's stream to the terminal and a log file as it arrives (keeps progress-bar carriage returns)."""
+class Tail:
+    """The last `n` bytes of a stream, kept in memory (the stderr tail of a run whose log file could not be
+    written)."""
+
+    def __init__(self, n: int = 4000) -> None:
+        self.n, self.data = n, b""
+
+    def write(self, chunk: bytes) -> None:
+        self.data = (self.data + chunk)[-self.n :]
+
+    def flush(self) -> None:
+        pass
+
+
+def _tee(src: IO[bytes], sinks: list[Any], failures: list[str]) -> None:
+    """Copy a child's stream to the terminal and a log file as it arrives (keeps progress-bar carriage returns).
+    A sink whose write fails (a full disk) is dropped and named in `failures`; the stream is still drained, since a
+    child blocked on a full pipe would hang the run."""
+    live = list(sinks)
     for chunk in iter(lambda: src.read1(4096), b""):
-        for sink in sinks:
-            sink.write(chunk)
-            sink.flush()
-    for sink in sinks:
+        for sink in list(live):
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except OSError as exc:
+                live.remove(sink)
+                failures.append(f"{getattr(sink, 'name', type(sink).__name__)}: {exc}")
+    for sink in live:
         if isinstance(sink, TerminalEcho):
             sink.end()
 
@@ -201,7 +224,10 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
     cmd = local_command(cfg, run_dir)
     env = {**os.environ, **{str(k): str(v) for k, v in cfg.launcher.env.items()}}
     env.setdefault("OMP_NUM_THREADS", "1")
-    with open(run_dir / "stdout.log", "wb") as out_log, open(run_dir / "stderr.log", "wb") as err_log:
+    # unbuffered: a log write that fails (a full disk) fails at once in `_tee`, not again when the file is closed
+    with open(run_dir / "stdout.log", "wb", buffering=0) as out_log, open(
+        run_dir / "stderr.log", "wb", buffering=0
+    ) as err_log:
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -213,10 +239,9 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
         assert proc.stdout is not None and proc.stderr is not None
         echoes = [TerminalEcho(sys.stdout.buffer), TerminalEcho(sys.stderr.buffer)] if echo else []
         term_out, term_err = echoes[:1], echoes[1:]
-        threads = [
-            threading.Thread(target=_tee, args=(proc.stdout, [out_log, *term_out]), daemon=True),
-            threading.Thread(target=_tee, args=(proc.stderr, [err_log, *term_err]), daemon=True),
-        ]
+        err_tail, failures = Tail(), []
+        streams = ((proc.stdout, [out_log, *term_out]), (proc.stderr, [err_log, *term_err, err_tail]))
+        threads = [threading.Thread(target=_tee, args=(*st, failures), daemon=True) for st in streams]
         for t in threads:
             t.start()
         timed_out = False
@@ -233,8 +258,13 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
         finally:
             for t in threads:
                 t.join(timeout=10)
-    stderr_tail = (run_dir / "stderr.log").read_bytes()[-4000:].decode(errors="replace")
-    return LaunchResult(command=cmd, returncode=proc.returncode, timed_out=timed_out, stderr_tail=stderr_tail)
+    return LaunchResult(
+        command=cmd,
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        stderr_tail=err_tail.data.decode(errors="replace"),
+        log_errors=tuple(failures),
+    )
 
 
 PREWARM_BENCH: dict[str, Any] = {

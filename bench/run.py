@@ -29,6 +29,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,9 @@ def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, An
     if res.returncode == 0 and not res.timed_out:
         rec = record.read_json(run_dir / "run.json")
         if rec["status"] != Status.RUNNING:
-            return record.update_run_json(run_dir, launch_command=res.command)
+            return record.closing_write(
+                run_dir, lambda: record.update_run_json(run_dir, launch_command=res.command)
+            )
     werrs = _worker_errors(run_dir)
     werr = next(iter(werrs.values()), None)
     killed = (
@@ -138,6 +141,8 @@ def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, An
             "killed after bench.timeout_s" if res.timed_out else "worker exited without a structured error"
         )
         traceback = (werr or {}).get("traceback")
+    if res.log_errors:  # the run folder could not take the worker's output (a full disk): name it
+        message += f"; writing the run's logs failed: {'; '.join(res.log_errors)}"
     error = {
         "type": error_type,
         "message": message,
@@ -145,7 +150,29 @@ def _close_after_launch(run_dir: Path, res: launch.LaunchResult) -> dict[str, An
         "returncode": res.returncode,
         "stderr_tail": res.stderr_tail,
     }
+    if werr and werr.get("errno") and killed is None:
+        error["errno"] = werr["errno"]
     return record.finalize(run_dir, status=status, error=error, launch_command=res.command)
+
+
+def _closed(run_dir: Path, close: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """`close()` (a write that closes the run's record), then the run's space reserve freed. When run.json cannot
+    be written (the disk is full even after the reserve was freed: `record.closing_write`), its previous content
+    stays as it was and the run's status, error, naming the cause, goes to the terminal and the manifest."""
+    try:
+        return close()
+    except OSError as exc:
+        error = {"type": type(exc).__name__, "message": f"run.json not closed: {exc}", "traceback": None}
+        if record.errno_name(exc):
+            error["errno"] = record.errno_name(exc)
+        print(f"error: {run_dir}: {error['message']}", file=sys.stderr, flush=True)
+        try:
+            rec = record.read_json(run_dir / "run.json")
+        except (OSError, ValueError):
+            rec = {"run_id": run_dir.name}
+        return {**rec, "status": Status.ERROR.value, "error": error, "summary": None}
+    finally:
+        record.release_reserve(run_dir)
 
 
 def _fail_early(run_dir: Path, exc: Exception) -> dict[str, Any]:
@@ -215,11 +242,13 @@ def execute(cfg: Any) -> str:
         return str(rec["status"])
     print(f"== run {run_id}: {' '.join(overrides) or '(defaults)'}", file=sys.stderr, flush=True)
     try:
+        if root.launcher.name == "local":
+            record.reserve_space(run_dir)  # freed for the closing writes should the disk fill up
         res = launch.launch(root, run_dir, prewarmed=_STATE["prewarmed"])
-    except ValueError as exc:
-        rec = _fail_early(run_dir, exc)
+    except (ValueError, OSError) as exc:  # OSError: the run folder cannot even take the reserve (a full disk)
+        rec = _closed(run_dir, lambda: _fail_early(run_dir, exc))
     except KeyboardInterrupt:
-        rec = _interrupted(run_dir)
+        rec = _closed(run_dir, lambda: _interrupted(run_dir))
         manifest.note(run_dir, rec["status"])
         print(summary_line(rec), flush=True)
         raise
@@ -231,7 +260,7 @@ def execute(cfg: Any) -> str:
             print(f"== {run_id}: {'submitted' if res.submitted else 'script written (not submitted)'}")
             manifest.note(run_dir, status)
             return status.value
-        rec = _close_after_launch(run_dir, res)
+        rec = _closed(run_dir, lambda: _close_after_launch(run_dir, res))
     manifest.note(run_dir, rec["status"])
     print(summary_line(rec), flush=True)
     return str(rec["status"])

@@ -139,10 +139,15 @@ class Manifest:
         }
 
     def write(self) -> None:
+        """LATEST.json (and sweep.json). A write that fails (a full disk) is one stderr line and leaves the
+        previous file whole; the next change writes the whole manifest again."""
         data = self.as_dict()
-        record.write_json_atomic(self.out_dir / "LATEST.json", data)
-        if self.sweep_dir:
-            record.write_json_atomic(Path(self.sweep_dir) / "sweep.json", data)
+        paths = [self.out_dir / "LATEST.json", *([Path(self.sweep_dir) / "sweep.json"] if self.sweep_dir else [])]
+        for path in paths:
+            try:
+                record.write_json_atomic(path, data)
+            except OSError as exc:
+                print(f"error: manifest not written: {exc}", file=sys.stderr, flush=True)
 
     def note(self, run_dir: Path, status: str, report_name: str = "") -> None:
         """Add or update a run (called when a job starts and when it ends)."""
@@ -249,6 +254,7 @@ def close_dead(out_dir: Path) -> list[str]:
             message = f"{who} ended without closing this run (killed, e.g. kill -9); found by the next bench.run"
             error = {"type": "Killed", "message": message, "traceback": None}
             record.finalize(run_dir, status=record.Status.KILLED, error=error)
+            record.release_reserve(run_dir)
             data.setdefault("statuses", {})[run_dir] = record.Status.KILLED.value
             closed.append(run_dir)
     data["state"] = "killed"

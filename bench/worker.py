@@ -8,6 +8,7 @@ exits, so the launcher can tell an out-of-memory from another error without pars
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -91,15 +92,42 @@ def _torch_facts() -> dict[str, Any]:
     return facts
 
 
-def _write_error(run_dir: Path, rank: RankInfo, exc: BaseException) -> dict[str, Any]:
+def error_of(exc: BaseException, rank: int) -> dict[str, Any]:
+    """A worker's structured error: rank, exception type, message, traceback tail, and for an OSError the errno's
+    name (`ENOSPC`: the disk is full)."""
     err = {
-        "rank": rank.rank,
+        "rank": rank,
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": record.tail("".join(traceback.format_exception(exc))),
     }
-    record.write_json_atomic(run_dir / f"worker_error.rank{rank.rank}.json", err)
+    if record.errno_name(exc):
+        err["errno"] = record.errno_name(exc)
     return err
+
+
+def _close_failed(run_dir: Path, rank: RankInfo, exc: BaseException, log: record.StepLog | None) -> None:
+    """Record a failed run: `worker_error.rank<r>.json`, and on rank 0 the closed run.json. A write that fails too
+    (the disk is full: each is retried once after freeing the run's reserve, `record.closing_write`) is reported on
+    stderr, where bench.run finds it with the exit code; it never hides `exc`."""
+    err = error_of(exc, rank.rank)
+    if log is not None:
+        with contextlib.suppress(OSError):
+            log.close()
+    try:
+        path = run_dir / f"worker_error.rank{rank.rank}.json"
+        record.closing_write(run_dir, lambda: record.write_json_atomic(path, err))
+        if log is not None:
+            status = record.classify_failure(returncode=None, timed_out=False, worker_error=err)
+            keep = ("type", "message", "traceback", "errno")
+            record.finalize(run_dir, status=status, error={k: err[k] for k in keep if k in err})
+    except OSError as write_exc:
+        print(
+            f"bench.worker rank {rank.rank}: could not record {err['type']}: {err['message']} in {run_dir}: "
+            f"{write_exc}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _record_ns_plan(run_dir: Path) -> None:
@@ -199,13 +227,7 @@ def run(run_dir: Path) -> None:
         if rank.world_size > 1:
             dist.barrier()  # leave together: a rank tearing down gloo while rank 0 still writes can abort
     except BaseException as exc:
-        err = _write_error(run_dir, rank, exc)
-        if log is not None:
-            log.close()
-            status = record.classify_failure(returncode=None, timed_out=False, worker_error=err)
-            record.finalize(
-                run_dir, status=status, error={k: err[k] for k in ("type", "message", "traceback")}
-            )
+        _close_failed(run_dir, rank, exc, log)
         raise
     finally:
         if sink is not None:

@@ -11,6 +11,8 @@ No torch import: collectors and reports read records on machines without torch.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
 import os
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import tempfile
 import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from importlib import metadata
@@ -115,20 +118,83 @@ def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+def write_all(fd: int, data: bytes, path: str | Path) -> None:
+    """Write all of `data` to `fd` (`os.write` until done). On failure (a full disk) the file is cut back to where
+    this write began, so no reader finds half a line, and the error names `path`."""
+    start = os.lseek(fd, 0, os.SEEK_CUR)
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, start)
+            os.lseek(fd, start, os.SEEK_SET)
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write `data` as indented JSON to `path` via a temp file in the same directory and `os.replace`."""
+    """Write `data` as indented JSON to `path` via a temp file in the same directory and `os.replace`: a write that
+    fails (a full disk) leaves the previous file as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, sort_keys=False, default=str) + "\n"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False, default=str)
-            f.write("\n")
+        try:
+            write_all(fd, text.encode(), path)
+        finally:
+            os.close(fd)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+RESERVE_NAME = ".space_reserve"
+RESERVE_BYTES = 128 * 1024
+"""Space held in a run directory while the run is open (`reserve_space`), freed for the closing writes when the disk
+is full (`closing_write`): the worker's error, its closing record and the launcher's final one (each under 32 KiB)."""
+
+
+def reserve_space(run_dir: str | Path) -> None:
+    """Hold `RESERVE_BYTES` in `run_dir` (a file of zeros) until the run's record is closed."""
+    path = Path(run_dir) / RESERVE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        write_all(fd, bytes(RESERVE_BYTES), path)
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+
+
+def release_reserve(run_dir: str | Path) -> bool:
+    """Free the run directory's reserve; False when there was none."""
+    try:
+        (Path(run_dir) / RESERVE_NAME).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def closing_write[T](run_dir: str | Path, write: Callable[[], T]) -> T:
+    """`write()` (a write that closes a run: its error, its status); when it fails for a full disk, once more after
+    freeing the run directory's reserve."""
+    try:
+        return write()
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC or not release_reserve(run_dir):
+            raise
+    return write()
+
+
+def errno_name(exc: BaseException) -> str | None:
+    """The errno's symbol of an OSError (`ENOSPC`: the disk is full), for a run's error record; else None."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    return errno.errorcode.get(code) if code is not None else None
 
 
 def read_json(path: str | Path) -> dict[str, Any]:
@@ -150,13 +216,14 @@ def update_run_json(run_dir: str | Path, **fields: Any) -> dict[str, Any]:
 
 
 class StepLog:
-    """Appends one JSON line per step; each line is flushed and fsynced, so a crash loses at most the current step."""
+    """Appends one JSON line per step; each line is written whole and fsynced, so a crash loses at most the current
+    step, and a failed write (a full disk) leaves the lines before it intact, with no torn line after them."""
 
     def __init__(self, run_dir: str | Path, *, extra_keys: tuple[str, ...] = ()) -> None:
         self.optional = (*OPTIONAL_KEYS, *extra_keys)
         self.path = Path(run_dir) / "steps.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "w")  # noqa: SIM115 - held open across steps; closed by close()
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def write(self, row: dict[str, Any]) -> None:
         unknown = set(row) - set(STEP_KEYS) - set(self.optional)
@@ -164,12 +231,13 @@ class StepLog:
         line = {k: row.get(k) for k in STEP_KEYS} | {
             k: row[k] for k in self.optional if row.get(k) is not None
         }
-        self._f.write(json.dumps(line) + "\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        write_all(self._fd, (json.dumps(line) + "\n").encode(), self.path)
+        os.fsync(self._fd)
 
     def close(self) -> None:
-        self._f.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class RecordWarning(UserWarning):
@@ -553,7 +621,7 @@ def finalize(
     }
     if launch_command is not None:
         fields["launch_command"] = launch_command
-    return update_run_json(run_dir, **fields, **extra)
+    return closing_write(run_dir, lambda: update_run_json(run_dir, **fields, **extra))
 
 
 def tail(text: str, n: int = STDERR_TAIL_CHARS) -> str:

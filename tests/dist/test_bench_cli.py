@@ -141,3 +141,45 @@ def test_sigterm_closes_the_record_as_interrupted_and_resume_reruns_it(tmp_path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stderr.count("== skip ") == 2 and "== run " not in again.stderr
     assert json.loads(record.read_text())["runs"] == first["runs"]
+
+
+def test_kill_9_of_a_live_bench_run_is_closed_by_the_next_one(tmp_path):
+    """Localises `kill -9` of a live `bench.run` leaving LATEST.json, its sweep and its run `running` forever: the
+    next invocation into the same root records the dead sweep and its run `killed` (naming the process) and runs
+    its own job."""
+    import signal
+    import time
+
+    out = tmp_path / "runs"
+    one_rank = ["parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
+    args = ["-m", "optimizer=adamw", *COMMON, *one_rank, f"bench.out_dir={out}"]
+    slow = [a if a != "bench.steps=3" else "bench.steps=100000" for a in args]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.run", *slow],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    run_json: list[Path] = []
+    while time.monotonic() < deadline and not run_json:  # its run is launched: run.json says running
+        run_json = [p for p in out.glob("*/0_adamw/run.json") if p.stat().st_size and "running" in p.read_text()]
+        time.sleep(0.2)
+    assert run_json, "bench.run did not launch its run"
+    latest = json.loads((out / "LATEST.json").read_text())
+    assert latest["state"] == "running" and latest["pid"] == proc.pid
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+
+    res = _cli("bench.run", *args, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"== bench.run (pid {proc.pid} on " in res.stderr and "recorded killed (1 runs closed)" in res.stderr
+    dead = json.loads(run_json[0].read_text())
+    assert dead["status"] == "killed" and dead["end_time"]
+    assert f"bench.run (pid {proc.pid} on " in dead["error"]["message"]
+    dead_sweep = json.loads((run_json[0].parent.parent / "sweep.json").read_text())
+    assert dead_sweep["state"] == "killed" and dead_sweep["statuses"] == {str(run_json[0].parent): "killed"}
+    latest = json.loads((out / "LATEST.json").read_text())
+    assert latest["state"] == "complete" and latest["pid"] != proc.pid
+    (new,) = latest["runs"]
+    assert new != str(run_json[0].parent) and latest["statuses"][new] == "ok"
