@@ -8,9 +8,9 @@ import warnings
 
 import pytest
 
-import muonbench
 from bench import worker
 from bench.results import record
+from tests.unit._run_fixtures import write_tiny_run
 
 LN_V = math.log(512)
 
@@ -63,26 +63,7 @@ def test_skipped_updates_are_counted_and_the_run_is_not_ok(tmp_path, monkeypatch
 
     monkeypatch.setattr(Muon, "step", nan_grads_step)
     torch.set_num_threads(1)
-    cfg = muonbench.load(
-        [
-            "model=qwen3_moe_tiny",
-            "parallelism=single_gpu",
-            "parallelism.gbs=2",
-            "parallelism.mbs=2",
-            "engine=hf",
-            "hardware=cpu",
-            "bench.steps=3",
-            "bench.warmup_steps=1",
-            "bench.progress=false",
-            "optimizer=muon",
-        ],
-    )
-    record.write_json_atomic(
-        tmp_path / "run.json",
-        record.new_run_record(
-            run_id="skip", run_dir=tmp_path, config=muonbench.as_dict(cfg), config_hash="x", overrides=[], command=[]
-        ),
-    )
+    write_tiny_run(tmp_path, "bench.steps=3", "optimizer=muon", run_id="skip")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # one NonFiniteWarning per matrix and step
         worker.run(tmp_path)

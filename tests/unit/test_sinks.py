@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import muonbench
 from bench import sinks, worker
 from bench.results import record
 from muonbench import compose, load
 from recipes.overrides import logger_fields
+from tests.unit._run_fixtures import write_tiny_run
 
 ROW = {"step_s": 0.5, "loss": 6.25, "optim_s": 0.02, "ns_flops": 3e12, "peak_mem_bytes": 2**30, "tokens": 64}
 
@@ -51,34 +51,14 @@ def tiny_run(run_dir: Path, logger: str) -> list[dict[str, float]]:
     returns its steps.jsonl rows."""
     import torch
 
-    cfg = load(
-        [
-            "model=qwen3_moe_tiny",
-            "parallelism=single_gpu",
-            "parallelism.gbs=2",
-            "parallelism.mbs=2",
-            "engine=hf",
-            "hardware=cpu",
-            "optimizer=adamw",
-            "bench.steps=4",
-            "bench.warmup_steps=1",
-            "bench.progress=false",
-            f"bench.out_dir={run_dir.parent}",
-            f"bench.logger={logger}",
-            "bench.logger_project=tiny",
-        ]
-    )
-    run_dir.mkdir()
-    record.write_json_atomic(
-        run_dir / "run.json",
-        record.new_run_record(
-            run_id=f"{logger}_run",
-            run_dir=run_dir,
-            config=muonbench.as_dict(cfg),
-            config_hash=muonbench.config_hash(cfg),
-            overrides=[],
-            command=[],
-        ),
+    write_tiny_run(
+        run_dir,
+        "optimizer=adamw",
+        "bench.steps=4",
+        f"bench.out_dir={run_dir.parent}",
+        f"bench.logger={logger}",
+        "bench.logger_project=tiny",
+        run_id=f"{logger}_run",
     )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

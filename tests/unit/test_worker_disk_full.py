@@ -14,51 +14,19 @@ from pathlib import Path
 
 import pytest
 
-import muonbench
 from bench import launch, worker
 from bench import run as bench_run
 from bench.results import record
+from tests.unit._optim_fixtures import one_thread  # noqa: F401
+from tests.unit._run_fixtures import write_tiny_run
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _new_run(run_dir: Path) -> None:
-    """A run record for many steps of the tiny MoE proxy on the hf engine, with its space reserve (as bench.run
-    writes them before launching)."""
-    cfg = muonbench.load(
-        [
-            "model=qwen3_moe_tiny",
-            "parallelism=single_gpu",
-            "parallelism.gbs=2",
-            "parallelism.mbs=2",
-            "engine=hf",
-            "hardware=cpu",
-            "bench.steps=2000",
-            "bench.warmup_steps=1",
-            "bench.progress=false",
-            "optimizer=adamw",
-        ]
-    )
-    run_dir.mkdir(parents=True)
-    record.write_json_atomic(
-        run_dir / "run.json",
-        record.new_run_record(
-            run_id="full",
-            run_dir=run_dir,
-            config=muonbench.as_dict(cfg),
-            config_hash=muonbench.config_hash(cfg),
-            overrides=[],
-            command=[],
-        ),
-    )
+    """A run record for many steps of the tiny proxy, with its space reserve (as bench.run writes them)."""
+    write_tiny_run(run_dir, "bench.steps=2000", "optimizer=adamw", run_id="full")
     record.reserve_space(run_dir)
 
 

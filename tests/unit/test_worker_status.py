@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-import muonbench
 from bench import worker
 from bench.results import record
+from tests.unit._run_fixtures import write_tiny_run
 
 
 @pytest.fixture(autouse=True)
@@ -23,32 +23,13 @@ def one_thread():
 
 def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
     """Localises a run whose loss became NaN being recorded `ok` (a huge learning rate on the AdamW baseline)."""
-    cfg = muonbench.load(
-        [
-            "model=qwen3_moe_tiny",
-            "parallelism=single_gpu",
-            "parallelism.gbs=2",
-            "parallelism.mbs=2",
-            "engine=hf",
-            "hardware=cpu",
-            "bench.steps=8",
-            "bench.warmup_steps=1",
-            "bench.progress=false",
-            "optimizer=adamw",
-            "optimizer.lr=1e12",
-            "optimizer.lr_warmup_steps=0",
-        ]
-    )
-    record.write_json_atomic(
-        tmp_path / "run.json",
-        record.new_run_record(
-            run_id="diverge",
-            run_dir=tmp_path,
-            config=muonbench.as_dict(cfg),
-            config_hash=muonbench.config_hash(cfg),
-            overrides=[],
-            command=[],
-        ),
+    write_tiny_run(
+        tmp_path,
+        "bench.steps=8",
+        "optimizer=adamw",
+        "optimizer.lr=1e12",
+        "optimizer.lr_warmup_steps=0",
+        run_id="diverge",
     )
     worker.run(tmp_path)
     rec = record.read_json(tmp_path / "run.json")
