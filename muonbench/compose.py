@@ -385,6 +385,32 @@ def check_runnable(root: schema.RootConfig) -> None:
                 impl,
                 f"only muon is built into Megatron (optimizer.name={opt.name!r})",
             )
+    if eng in ("megatron", "bridge") and opt.name != "adamw" and impl == "ours":
+        _check_megatron_ours(root)
+
+
+def _check_megatron_ours(root: schema.RootConfig) -> None:
+    """What `optim.megatron.build_ours` and its NS overlap refuse inside a rank, checked before launch."""
+    par, dist = root.parallelism, root.parallelism.distribution
+    sharded = par.tp > 1 or (root.model.num_experts > 0 and par.etp > 1)
+    if sharded and dist.tp_mode != "blockwise" and dist.distributed == "layerwise" and par.dp * par.cp > 1:
+        _fail(
+            "parallelism.distribution.tp_mode",
+            dist.tp_mode,
+            f"the layer-wise optimizer at DP x CP = {par.dp * par.cp} > 1 with TP = {par.tp}, expert TP = "
+            f"{par.etp} orthogonalizes each TP shard alone; allowed: ['blockwise'] "
+            "(or parallelism.distribution.distributed=none)",
+        )
+    if getattr(root.optimizer, "ns_overlap", False) and root.engine.name == "megatron":
+        if par.pp != 1:
+            _fail("optimizer.ns_overlap", True, f"needs PP = 1 (parallelism.pp={par.pp})")
+        if par.dp * par.cp != 1:
+            _fail(
+                "optimizer.ns_overlap",
+                True,
+                f"needs DP x CP = 1 (DP x CP = {par.dp * par.cp}): at DP > 1 the gradients are reduced after "
+                "the backward, so they are not final at its hooks",
+            )
 
 
 def _check_bench(b: schema.BenchConfig) -> None:

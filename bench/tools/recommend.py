@@ -1,21 +1,27 @@
 """Recommended Muon settings for a model, layout and hardware, priced by the performance model:
 `python -m bench.tools.recommend` (`make recommend ARGS=...`).
 
-    python -m bench.tools.recommend model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200 [out=DIR] [format=json]
+    python -m bench.tools.recommend model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200 [numerics=allow]
+        [out=DIR] [format=json]
 
-Everything except the CLI-only keys `out` and `format` is a Hydra override composed by `muonbench.load` (the
-optimizer is Muon; `engine` defaults to megatron, the engine that runs model parallelism). The search prices, with
-`bench.tools.perfmodel` (profile `ours`), every combination of the settings the cost model sees: the TP
-Newton-Schulz mode (where TP or expert-TP > 1), the layer-wise assignment and split gate / up. The settings it does
-not price keep the product's defaults, each with its reason (coefficient set and steps, NS precision, Gram-NS, split
-QKV) or follow the engine's rule (NS overlap). Every candidate is validated as `bench.run` validates it and only
-runnable ones are priced; the winner is composed again from its overrides through `muonbench.load`, checked by
-`muonbench.check_runnable` (and the Bridge plan for engine=bridge), and its optimizer config objects are built.
+Everything except the CLI-only keys `out`, `format` and `numerics` is a Hydra override composed by `muonbench.load`
+(the optimizer is Muon; `engine` defaults to megatron, the engine that runs model parallelism). The search prices
+with `bench.tools.perfmodel` (profile `ours`, NS precision and Gram-NS as configured) every option the product has:
+the TP Newton-Schulz mode (where TP or expert-TP > 1), the layer-wise assignment, split QKV and split gate / up
+(jointly), then NS overlap, NS precision, Gram-NS and the coefficient set with its step count (one at a time from
+the best layout, the layout searched again if one of them changed). Settings that change the update itself (NS
+precision, Gram-NS, coefficient set and steps) keep their configured values unless `numerics=allow`; with it, a set
+and step count is a candidate only if its singular values end as close to 1 as the configured ones
+(`recommend_checks.band_error`). Ties go to the configured values. Every candidate is validated as `bench.run`
+validates it and only runnable ones are priced; the winner is composed again from its overrides through
+`muonbench.load`, checked by `muonbench.check_runnable` (and the Bridge plan for engine=bridge), and its optimizer is
+built and stepped on a tiny CPU slice of the model (`recommend_checks.build_on_cpu`).
 
 Prints the set with one reason per choice, the predicted step time and Muon/AdamW model-only ratio (AdamW step time
-over Muon's: the ratio of model TFLOP/s per GPU), the optimizer step seconds per GPU, the memory of weights,
-gradients and optimizer state per GPU, and writes `scaling.csv` / `scaling.png` (the ratio over data-parallel sizes
-8 to 1024) and `recommendation.json` into `out` (default runs/recommend/<model>_<parallelism>_<hardware>).
+over Muon's: the ratio of model TFLOP/s per GPU), the optimizer step and Newton-Schulz seconds per GPU, the memory of
+weights, gradients and optimizer state per GPU, and writes `scaling.csv` / `scaling.png` (the ratio over
+data-parallel sizes 8 to 1024) and `recommendation.json` into `out` (default
+runs/recommend/<model>_<parallelism>_<hardware>).
 """
 
 from __future__ import annotations
@@ -30,22 +36,39 @@ from typing import Any
 
 from bench.tools import project
 from muonbench.schema import RootConfig
-from optim.configs import TP_MODE_CHOICES
+from optim.configs import NS_PRECISIONS, TP_MODE_CHOICES
 from optim.distributed.assignment import Strategy
 
-CLI_KEYS = ("out", "format")
+CLI_KEYS = ("out", "format", "numerics")
+NUMERICS = ("keep", "allow")
+"""`numerics=`: keep the configured NS precision, Gram-NS, coefficient set and steps, or allow changing them."""
 PROFILE = "ours"
 DP_SIZES = tuple(2**k for k in range(3, 11))
 """Data-parallel sizes of the scaling curve: 8 to 1024."""
-SEARCHED_TP_MODES = TP_MODE_CHOICES
-SEARCHED_ASSIGNMENTS = tuple(Strategy)
-SEARCHED = ("tp_mode", "assignment", "split_gate_up")
-"""The settings the cost model prices, searched jointly."""
+LAYOUT = ("tp_mode", "assignment", "split_qkv", "split_gate_up")
+"""Searched jointly: they decide which matrices each GPU orthogonalizes, and how."""
+STEP = ("ns_overlap", "ns_precision", "use_gram_ns", "coefficients")
+"""Searched one at a time from the best layout; `coefficients` is the pair (coefficient_type, num_ns_steps)."""
+NUMERICS_CHANGING = ("ns_precision", "use_gram_ns", "coefficients")
+DIST_FIELDS = ("tp_mode", "assignment")
+SEARCHED = (*LAYOUT, "ns_overlap", "ns_precision", "use_gram_ns", "coefficient_type", "num_ns_steps")
+"""Every setting a candidate row carries."""
+GRAM_UNSAFE_SETS = ("cans",)
+"""Gram-NS diverges with these sets below fp32 (optim/functional/newton_schulz.py): never offered there."""
+MEASURED = {
+    "fp16": "fp16 iterates ~3x closer to fp32 NS than bf16 (0.19% vs 0.58%) at the bf16 GEMM rate "
+    "(docs/ns_kernels_h200.md)",
+    "ns_overlap": "the cost model charges overlapped NS in full: on one H200 it hid nothing, the backward already "
+    "holds the GPU at its power cap (docs/megatron_h200.md), and its results wait in memory (2 B per element)",
+}
 
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    """CLI-only keys (out, format) and the Hydra overrides; optimizer=muon and engine=megatron unless given."""
+    """CLI-only keys (out, format, numerics) and the Hydra overrides; optimizer=muon and engine=megatron unless
+    given."""
     cli, overrides = project.split_args(argv, CLI_KEYS)
+    if cli.get("numerics", "keep") not in NUMERICS:
+        raise ValueError(f"numerics={cli['numerics']!r}: allowed {list(NUMERICS)}")
     for arg in overrides:
         key, _, value = arg.partition("=")
         if key == "optimizer" and value != "muon":
@@ -57,14 +80,23 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
     return cli, overrides
 
 
-def _with(
-    root: RootConfig, *, dist: dict[str, Any] | None = None, opt: dict[str, Any] | None = None
-) -> RootConfig:
+def settings_of(root: RootConfig) -> dict[str, Any]:
+    """The searched settings of `root`, flat (a candidate row's keys)."""
+    opt, dist = root.optimizer, root.parallelism.distribution
+    return {
+        "tp_mode": dist.tp_mode,
+        "assignment": dist.assignment,
+        **{k: getattr(opt, k) for k in SEARCHED if k not in DIST_FIELDS},
+    }
+
+
+def apply(root: RootConfig, settings: dict[str, Any]) -> RootConfig:
+    """`root` with `settings` (flat, as `settings_of`) in its optimizer and distribution."""
     par = root.parallelism
-    if dist:
-        par = dataclasses.replace(par, distribution=dataclasses.replace(par.distribution, **dist))
-    optimizer = dataclasses.replace(root.optimizer, **opt) if opt else root.optimizer
-    return dataclasses.replace(root, parallelism=par, optimizer=optimizer)
+    dist = {k: v for k, v in settings.items() if k in DIST_FIELDS}
+    opt = {k: v for k, v in settings.items() if k not in DIST_FIELDS}
+    par = dataclasses.replace(par, distribution=dataclasses.replace(par.distribution, **dist))
+    return dataclasses.replace(root, parallelism=par, optimizer=dataclasses.replace(root.optimizer, **opt))
 
 
 def runnable(root: RootConfig) -> str | None:
@@ -75,7 +107,12 @@ def runnable(root: RootConfig) -> str | None:
     try:
         muonbench.validate(root)
         muonbench.check_runnable(root)
-        optim_configs(root.optimizer)
+        algo, routing, _ = optim_configs(root.optimizer)
+        if root.optimizer.implementation == "megatron":  # what Megatron-core's Muon can follow
+            from optim.megatron.config import megatron_muon_fields
+
+            tp_mode = root.parallelism.distribution.tp_mode
+            megatron_muon_fields(algo, routing, "blockwise" if tp_mode == "auto" else tp_mode)
         if root.engine.name == "bridge":
             from recipes.overrides import build_plan
 
@@ -85,95 +122,194 @@ def runnable(root: RootConfig) -> str | None:
     return None
 
 
-def _fixed_choices(root: RootConfig) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
-    """(optimizer fields, distribution fields, reason per field) of the settings the cost model does not price."""
-    opt, par = root.optimizer, root.parallelism
-    reasons = {
-        "coefficient_type": f"{opt.coefficient_type} (default): the step count below is what this set is tuned "
-        "for; its cost is the same as any set's",
-        "num_ns_steps": f"{opt.num_ns_steps} (default): NS cost grows linearly with steps; fewer leave singular "
-        "values off 1 (quality is not in the cost model)",
-        "ns_precision": f"{opt.ns_precision} (default): the measured NS kernels the cost model reads iterate in it",
-        "use_gram_ns": f"{opt.use_gram_ns} (default): the NS plan picks Gram-NS per shape where measured faster "
-        "(docs/ns_kernels_h200.md); the cost model prices that pick",
-        "split_qkv": f"{opt.split_qkv} (default): Q, K and V orthogonalized apart, as the cost model prices them",
+def options(root: RootConfig, *, allow_numerics: bool) -> dict[str, tuple[Any, ...]]:
+    """The values searched per setting, the configured one first (ties keep it)."""
+    from bench.tools.recommend_checks import band_error, keeps_quality
+    from optim.functional.newton_schulz import COEFFICIENT_SETS
+
+    par, model, opt = root.parallelism, root.model, root.optimizer
+    conf = settings_of(root)
+
+    def first(name: str, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return (conf[name], *(v for v in values if v != conf[name]))
+
+    sharded = par.tp > 1 or (model.num_experts > 0 and par.etp > 1)
+    out = {
+        "tp_mode": first("tp_mode", TP_MODE_CHOICES if sharded else ()),
+        "assignment": first("assignment", tuple(Strategy)),
+        "split_qkv": first("split_qkv", (True, False) if model.attention == "gqa" else ()),
+        "split_gate_up": first("split_gate_up", (False, True) if model.gated_linear_unit else ()),
+        "ns_overlap": first("ns_overlap", (False, True) if root.engine.name == "megatron" else ()),
     }
-    overlap_ok = root.engine.name == "megatron" and opt.implementation == "ours" and par.dp * par.cp == 1
-    reasons["ns_overlap"] = (
-        "True: engine=megatron at DP x CP = 1 starts each layer's NS inside the last backward"
-        if overlap_ok
-        else f"False: NS overlap runs on engine=megatron at DP x CP = 1 only (engine={root.engine.name}, "
-        f"DP x CP = {par.dp * par.cp})"
-    )
-    fixed_opt = {
-        "coefficient_type": opt.coefficient_type,
-        "num_ns_steps": opt.num_ns_steps,
-        "ns_precision": opt.ns_precision,
-        "use_gram_ns": opt.use_gram_ns,
-        "split_qkv": opt.split_qkv,
-        "ns_overlap": overlap_ok,
-    }
-    return fixed_opt, {}, reasons
+    base = (opt.coefficient_type, opt.num_ns_steps)
+    coeffs: list[tuple[str, int]] = [base]
+    if allow_numerics and opt.coefficient_type != "custom":
+        for k in range(1, opt.num_ns_steps + 1):  # more steps never cost less; per step count the closest set
+            fit = [n for n in COEFFICIENT_SETS if keeps_quality(n, k, baseline=base)]
+            if fit:
+                coeffs.append((min(fit, key=lambda n, k=k: band_error(n, k)), k))
+    out["coefficients"] = tuple(dict.fromkeys(coeffs))
+    out["ns_precision"] = first("ns_precision", ("fp16", "bf16", "fp32") if allow_numerics else ())
+    out["use_gram_ns"] = first("use_gram_ns", (False, True) if allow_numerics else ())
+    assert set(out["ns_precision"]) <= set(NS_PRECISIONS)
+    return out
 
 
-def search(root: RootConfig) -> dict[str, Any]:
-    """Price every runnable candidate: the fastest one, its reasons, and each candidate's time (or why it cannot
-    run)."""
-    from bench.tools.perfmodel.model import predict
-
-    par, model = root.parallelism, root.model
-    sharded = par.tp > 1 or (model.num_experts and par.etp > 1)
-    tp_modes = SEARCHED_TP_MODES if sharded else (root.parallelism.distribution.tp_mode,)
-    split_gate_up = (False, True) if model.gated_linear_unit else (False,)
-    fixed_opt, _, reasons = _fixed_choices(root)
-    tried: list[dict[str, Any]] = []
-    for tp_mode, assignment, sgu in itertools.product(tp_modes, SEARCHED_ASSIGNMENTS, split_gate_up):
-        dist = {"tp_mode": tp_mode, "assignment": assignment}
-        opt = {**fixed_opt, "split_gate_up": sgu}
-        cand = _with(root, dist=dist, opt=opt)
-        why_not = runnable(cand)
-        row: dict[str, Any] = {**dist, "split_gate_up": sgu, "runnable": why_not is None, "why_not": why_not}
-        if why_not is None:
-            pred = predict(cand, PROFILE)
-            row |= {"step_time_s": pred.step_time_s, "optimizer_step_s": pred.breakdown["optimizer_step"]}
-        tried.append(row)
-    ok = [r for r in tried if r["runnable"]]
-    if not ok:
-        raise ValueError(f"no runnable Muon setting for this config; first reason: {tried[0]['why_not']}")
-    # ties (within 1e-6 relative) go to the product's defaults: no change without a predicted gain
-    fastest = min(r["step_time_s"] for r in ok)
-    default = (par.distribution.tp_mode, par.distribution.assignment, root.optimizer.split_gate_up)
-    best = min(
-        (r for r in ok if r["step_time_s"] <= fastest * (1 + 1e-6)),
-        key=lambda r: sum(r[k] != d for k, d in zip(SEARCHED, default, strict=True)),
-    )
-
-    def alt(**change: Any) -> float | None:
-        rows = [r for r in ok if all(r[k] == change.get(k, best[k]) for k in SEARCHED)]
-        return rows[0]["optimizer_step_s"] if rows else None
-
-    def vs(field: str, options: tuple[Any, ...]) -> str:
-        others = [
-            f"{o}: {alt(**{field: o}):.4f} s" for o in options if o != best[field] and alt(**{field: o})
-        ]
-        return f"optimizer step {best['optimizer_step_s']:.4f} s" + (
-            f" (vs {', '.join(others)})" if others else ""
+def quality_refusal(cand: dict[str, Any]) -> str | None:
+    """Why a runnable candidate is still never offered (its numerics are known bad), or None."""
+    unsafe = cand["coefficient_type"] in GRAM_UNSAFE_SETS and cand["ns_precision"] != "fp32"
+    if cand["use_gram_ns"] and unsafe:
+        return (
+            f"use_gram_ns=True with coefficient_type={cand['coefficient_type']!r} in {cand['ns_precision']} "
+            "diverges (optim/functional/newton_schulz.py)"
         )
+    return None
 
-    reasons["tp_mode"] = (
-        f"{best['tp_mode']}: " + vs("tp_mode", tp_modes)
-        if sharded
-        else f"{best['tp_mode']}: moot, TP = expert-TP = 1 (every matrix whole on its rank)"
+
+class Search:
+    """Prices candidates (memoised by their settings) and picks the fastest runnable one."""
+
+    def __init__(self, root: RootConfig, *, allow_numerics: bool) -> None:
+        self.root, self.allow = root, allow_numerics
+        self.conf = settings_of(root)
+        self.opts = options(root, allow_numerics=allow_numerics)
+        self.rows: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def price(self, cand: dict[str, Any]) -> dict[str, Any]:
+        from bench.tools.perfmodel.model import predict
+
+        key = tuple(cand[k] for k in SEARCHED)
+        if key in self.rows:
+            return self.rows[key]
+        root = apply(self.root, cand)
+        why_not = runnable(root) or quality_refusal(cand)
+        row: dict[str, Any] = {**cand, "runnable": why_not is None, "why_not": why_not}
+        if why_not is None:
+            pred = predict(root, PROFILE, ns_as_configured=True)
+            row |= {
+                "step_time_s": pred.step_time_s,
+                "optimizer_step_s": pred.breakdown["optimizer_step"],
+                "ns_s": pred.info["ns_s"],
+            }
+        self.rows[key] = row
+        return row
+
+    def changes(self, row: dict[str, Any]) -> int:
+        return sum(row[k] != self.conf[k] for k in SEARCHED)
+
+    def best(self, cands: list[dict[str, Any]]) -> dict[str, Any]:
+        """The fastest runnable candidate; within 1e-6 the fewest changes, then the first (configured first)."""
+        ok = [r for r in (self.price(c) for c in cands) if r["runnable"]]
+        if not ok:
+            why = self.price(cands[0])["why_not"]
+            raise ValueError(f"no runnable Muon setting for this config; first reason: {why}")
+        fastest = min(r["step_time_s"] for r in ok)
+        return min((r for r in ok if r["step_time_s"] <= fastest * (1 + 1e-6)), key=self.changes)
+
+    def layout(self, at: dict[str, Any]) -> dict[str, Any]:
+        cands = [
+            {**at, **dict(zip(LAYOUT, combo, strict=True))}
+            for combo in itertools.product(*(self.opts[k] for k in LAYOUT))
+        ]
+        return self.best(cands)
+
+    @staticmethod
+    def with_(row: dict[str, Any], name: str, value: Any) -> dict[str, Any]:
+        cand = {k: row[k] for k in SEARCHED}
+        if name == "coefficients":
+            cand["coefficient_type"], cand["num_ns_steps"] = value
+        else:
+            cand[name] = value
+        return cand
+
+    def run(self) -> dict[str, Any]:
+        best = self.layout(dict(self.conf))
+        for name in STEP:
+            best = self.best([self.with_(best, name, v) for v in self.opts[name]])
+        if any(best[k] != self.conf[k] for k in SEARCHED if k not in LAYOUT):
+            best = self.layout({k: best[k] for k in SEARCHED})
+        return best
+
+
+def _fmt(row: dict[str, Any], best: dict[str, Any] | None = None) -> str:
+    """A priced row: its step time and NS seconds, or against `best` the difference; or why it cannot run."""
+    if not row["runnable"]:
+        return f"not runnable ({row['why_not'][:100]})"
+    if best is None:
+        return f"step {row['step_time_s']:.4f} s, NS {row['ns_s']:.4f} s/GPU"
+    return f"step {row['step_time_s'] - best['step_time_s']:+.4f} s, NS {row['ns_s'] - best['ns_s']:+.4f} s"
+
+
+def reasons_for(search: Search, best: dict[str, Any]) -> dict[str, str]:
+    """One line per setting: the pick and what each alternative would cost (or why it cannot run)."""
+    from bench.tools.recommend_checks import band_error
+
+    def vs(name: str, values: tuple[Any, ...]) -> str:
+        picked = (best["coefficient_type"], best["num_ns_steps"]) if name == "coefficients" else best[name]
+        alts = [v for v in values if v != picked]
+        others = "; ".join(f"{v}: {_fmt(search.price(search.with_(best, name, v)), best)}" for v in alts)
+        return _fmt(best) + (f" (vs {others})" if others else "")
+
+    conf, opts, model = search.conf, search.opts, search.root.model
+    kept = "" if search.allow else " [numerics=keep: changes the update; numerics=allow searches it]"
+    reasons = {
+        "tp_mode": f"{best['tp_mode']}: "
+        + (vs("tp_mode", opts["tp_mode"]) if len(opts["tp_mode"]) > 1 else "moot, TP = expert-TP = 1"),
+        "assignment": f"{best['assignment']}: " + vs("assignment", opts["assignment"]),
+        "split_qkv": f"{best['split_qkv']}: "
+        + (vs("split_qkv", opts["split_qkv"]) if model.attention == "gqa" else "moot, MLA has no fused QKV"),
+        "split_gate_up": f"{best['split_gate_up']}: "
+        + (vs("split_gate_up", opts["split_gate_up"]) if model.gated_linear_unit else "moot, no gated MLP"),
+    }
+    overlap = search.price(search.with_(best, "ns_overlap", not best["ns_overlap"]))
+    if search.root.engine.name != "megatron":
+        reasons["ns_overlap"] = f"{best['ns_overlap']}: runs on engine=megatron only"
+    elif not overlap["runnable"] and not best["ns_overlap"]:
+        reasons["ns_overlap"] = f"False: True is {_fmt(overlap)}"
+    else:
+        reasons["ns_overlap"] = f"{best['ns_overlap']}: {MEASURED['ns_overlap']}; " + vs(
+            "ns_overlap", opts["ns_overlap"]
+        )
+    prec_alts = opts["ns_precision"] if search.allow else ("fp16", "bf16", "fp32")
+    reasons["ns_precision"] = (
+        f"{best['ns_precision']}{kept}: " + vs("ns_precision", prec_alts) + f"; {MEASURED['fp16']}"
     )
-    reasons["assignment"] = f"{best['assignment']}: " + vs("assignment", SEARCHED_ASSIGNMENTS)
-    reasons["split_gate_up"] = (
-        f"{best['split_gate_up']}: " + vs("split_gate_up", split_gate_up)
-        if model.gated_linear_unit
-        else "False: no gated MLP"
+    reasons["use_gram_ns"] = f"{best['use_gram_ns']}{kept}: " + vs(
+        "use_gram_ns", opts["use_gram_ns"] if search.allow else (False, True)
     )
-    settings_opt = {**fixed_opt, "split_gate_up": best["split_gate_up"]}
-    settings_dist = {"tp_mode": best["tp_mode"], "assignment": best["assignment"]}
-    return {"optimizer": settings_opt, "distribution": settings_dist, "reasons": reasons, "candidates": tried}
+    err = band_error(best["coefficient_type"], best["num_ns_steps"])
+    fewer = []
+    if best["num_ns_steps"] > 1 and best["coefficient_type"] != "custom":
+        k = best["num_ns_steps"] - 1
+        row = search.price(search.with_(best, "coefficients", (best["coefficient_type"], k)))
+        fewer = [f"{k} steps: {_fmt(row, best)}, max |s - 1| {band_error(best['coefficient_type'], k):.3f}"]
+    band = f"singular values end within {err:.3f} of 1"
+    changed = best["coefficient_type"] != conf["coefficient_type"]
+    reasons["coefficient_type"] = (
+        f"{best['coefficient_type']}{kept}: {band} after {best['num_ns_steps']} steps"
+        + (f" (configured {conf['coefficient_type']})" if changed else "")
+    )
+    reasons["num_ns_steps"] = (
+        f"{best['num_ns_steps']}{kept}: NS cost is linear in steps; fewer leave the update farther from "
+        f"orthogonal: {_fmt(best)}" + (f" (vs {fewer[0]})" if fewer else "")
+    )
+    return reasons
+
+
+def search(root: RootConfig, *, allow_numerics: bool = False) -> dict[str, Any]:
+    """Price the runnable candidates: the fastest one, its reasons, and each candidate priced (or why it cannot
+    run)."""
+    s = Search(root, allow_numerics=allow_numerics)
+    best = s.run()
+    reasons = reasons_for(s, best)
+    settings_opt = {k: best[k] for k in SEARCHED if k not in DIST_FIELDS}
+    settings_dist = {k: best[k] for k in DIST_FIELDS}
+    return {
+        "optimizer": settings_opt,
+        "distribution": settings_dist,
+        "reasons": reasons,
+        "candidates": list(s.rows.values()),
+    }
 
 
 def overrides_of(found: dict[str, Any]) -> list[str]:
@@ -184,19 +320,22 @@ def overrides_of(found: dict[str, Any]) -> list[str]:
     return out + [f"parallelism.distribution.{k}={v}" for k, v in found["distribution"].items()]
 
 
-def build_checked(overrides: list[str]) -> RootConfig:
-    """Compose the recommended config through `muonbench.load` and check the product runs it.
+def build_checked(overrides: list[str]) -> tuple[RootConfig, str]:
+    """Compose the recommended config through `muonbench.load`, check the product runs it, and build and step its
+    optimizer on a tiny CPU slice of the model; returns the config and what was built.
 
     Raises:
-        ValueError: the composed config is not runnable (a bug of the search: it only picks runnable settings).
+        ValueError: the composed config is not runnable or its optimizer does not build (a bug of the search: it
+            only picks runnable settings).
     """
     import muonbench
+    from bench.tools.recommend_checks import build_on_cpu
 
     root = muonbench.load(overrides)
     why_not = runnable(root)
     if why_not:
         raise ValueError(f"recommended settings do not build: {why_not}")
-    return root
+    return root, build_on_cpu(root)
 
 
 def _scaled(root: RootConfig, dp: int) -> RootConfig | None:
@@ -235,7 +374,7 @@ def scaling(muon: RootConfig, adamw: RootConfig) -> list[dict[str, Any]]:
         m, a = _scaled(muon, dp), _scaled(adamw, dp)
         if m is None or a is None:
             continue
-        pm, pa = predict(m, PROFILE), predict(a, PROFILE)
+        pm, pa = predict(m, PROFILE, ns_as_configured=True), predict(a, PROFILE)
         rows.append(
             {
                 "dp": dp,
@@ -246,6 +385,7 @@ def scaling(muon: RootConfig, adamw: RootConfig) -> list[dict[str, Any]]:
                 "adamw_step_s": pa.step_time_s,
                 "ratio": pa.step_time_s / pm.step_time_s,
                 "muon_optimizer_step_s": pm.breakdown["optimizer_step"],
+                "muon_ns_s": pm.info["ns_s"],
             }
         )
     return rows
@@ -280,17 +420,17 @@ def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
     return [csv_path, png_path, json_path]
 
 
-def recommend(overrides: list[str]) -> dict[str, Any]:
+def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str, Any]:
     """The recommendation of one composed config as a plain dict (what `format=json` prints)."""
     import muonbench
     from bench.tools.perfmodel.model import predict
 
     base = muonbench.load(overrides)
-    found = search(base)
+    found = search(base, allow_numerics=allow_numerics)
     chosen = [*overrides, *overrides_of(found)]
-    muon = build_checked(chosen)
+    muon, built = build_checked(chosen)
     adamw = muonbench.load([o for o in overrides if not o.startswith("optimizer=")] + ["optimizer=adamw"])
-    pm, pa = predict(muon, PROFILE), predict(adamw, PROFILE)
+    pm, pa = predict(muon, PROFILE, ns_as_configured=True), predict(adamw, PROFILE)
     par = muon.parallelism
     return {
         "config": {
@@ -305,7 +445,8 @@ def recommend(overrides: list[str]) -> dict[str, Any]:
             "dp": par.dp,
             "ep": par.ep,
         },
-        "settings": {**found["optimizer"], **found["distribution"]},
+        "numerics": "allow" if allow_numerics else "keep",
+        "settings": {**found["distribution"], **found["optimizer"]},
         "reasons": found["reasons"],
         "overrides": overrides_of(found),
         "muon_step_s": pm.step_time_s,
@@ -313,6 +454,8 @@ def recommend(overrides: list[str]) -> dict[str, Any]:
         "ratio": pa.step_time_s / pm.step_time_s,
         "optimizer_step_s_per_gpu": pm.breakdown["optimizer_step"],
         "adamw_optimizer_step_s_per_gpu": pa.breakdown["optimizer_step"],
+        "ns_s_per_gpu": pm.info["ns_s"],
+        "built": built,
         "state_memory_gib_per_gpu": pm.info["state_memory_gib"],
         "adamw_state_memory_gib_per_gpu": pa.info["state_memory_gib"],
         "memory_gib": muon.hardware.memory_gib,
@@ -334,11 +477,14 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
         f"Muon/AdamW model-only ratio {res['ratio']:.3f}",
         f"  optimizer step / GPU  Muon {res['optimizer_step_s_per_gpu']:.4f} s (NS + update), "
         f"AdamW {res['adamw_optimizer_step_s_per_gpu']:.4f} s",
+        f"  Newton-Schulz / GPU   {res['ns_s_per_gpu']:.4f} s "
+        "(the GPU with the most; inside the optimizer step)",
         f"  weights + grads + optimizer state / GPU  Muon {res['state_memory_gib_per_gpu']:.1f} GiB, "
         f"AdamW {res['adamw_state_memory_gib_per_gpu']:.1f} GiB (of {res['memory_gib']:.0f}; "
         "activations not counted)",
         "  ratio over data-parallel size: "
         + ", ".join(f"DP{r['dp']} {r['ratio']:.3f}" for r in res["scaling"]),
+        f"  checked: {res['built']}",
         "  written: " + ", ".join(str(p) for p in written),
     ]
     return "\n".join(lines)
@@ -357,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                     "out=DIR": "where scaling.csv, scaling.png and recommendation.json go "
                     "(default runs/recommend/<model>_<parallelism>_<hardware>)",
                     "format=text|json": "output format (default text)",
+                    "numerics=keep|allow": "keep the configured NS precision, Gram-NS, coefficient set and "
+                    "steps (default), or search them too (they change the update)",
                 },
                 examples=("model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200",),
             )
@@ -364,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cli, overrides = split_args(args)
-        res = recommend(overrides)
+        res = recommend(overrides, allow_numerics=cli.get("numerics") == "allow")
     except ValueError as exc:  # user and config errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

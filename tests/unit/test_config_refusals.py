@@ -126,3 +126,40 @@ def test_per_optimizer_settings_are_checked_even_for_the_optimizer_not_run(overr
     with pytest.raises(ConfigError) as info:
         load(["optimizer=adamw", override] if "six" not in override and "nan" not in override else [override])
     assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field", "rule"),
+    [
+        (
+            [
+                "parallelism.tp=2",
+                "parallelism.world_size=4",
+                "parallelism.nodes=2",
+                "parallelism.distribution.tp_mode=duplicated",
+            ],
+            "parallelism.distribution.tp_mode='duplicated'",
+            "the layer-wise optimizer at DP x CP = 2 > 1",
+        ),
+        (["parallelism.world_size=2", "optimizer.ns_overlap=true"], "optimizer.ns_overlap=True", "DP x CP = 1"),
+        (
+            ["parallelism.pp=2", "parallelism.world_size=2", "optimizer.ns_overlap=true"],
+            "optimizer.ns_overlap=True",
+            "PP = 1",
+        ),
+    ],
+)
+def test_what_build_ours_refuses_in_a_rank_is_refused_before_launch(
+    overrides: list[str], field: str, rule: str
+) -> None:
+    """Localises a TP mode the layer-wise optimizer cannot run at DP > 1, or NS overlap where the gradients are not
+    final at its hooks, failing only inside the ranks after launch (`muonbench.check_runnable`, as bench.run)."""
+    from muonbench import check_runnable
+
+    base = ["engine=megatron", "optimizer=muon", "parallelism.gbs=8", "model.num_layers=4"]
+    root = load([*base, *overrides])
+    with pytest.raises(ConfigError) as info:
+        check_runnable(root)
+    assert str(info.value).startswith(field) and rule in str(info.value), str(info.value)
+    fine = [o for o in overrides if "tp_mode" not in o and "ns_overlap" not in o]
+    check_runnable(load([*base, *fine]))  # the same layout with the defaults runs

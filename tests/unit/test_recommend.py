@@ -1,5 +1,6 @@
 """`bench.tools.recommend`: the recommended Muon settings are the fastest runnable ones the cost model prices, they
-compose and run through the product's own checks, and the scaling curve is written as CSV and PNG."""
+compose and run through the product's own checks, their optimizer builds on a CPU slice, settings that change the
+update are kept unless allowed, and the scaling curve is written as CSV and PNG."""
 
 from __future__ import annotations
 
@@ -39,20 +40,27 @@ def test_recommendation_builds_and_runs(results, name: str) -> None:
     assert algo.num_ns_steps == res["settings"]["num_ns_steps"]
     assert routing.split_gate_up is res["settings"]["split_gate_up"]
     assert root.parallelism.distribution.assignment == res["settings"]["assignment"]
-    assert set(res["reasons"]) == set(res["settings"])  # one reason per choice
+    assert set(res["reasons"]) == set(res["settings"]) == set(rec.SEARCHED)  # one reason per choice
     assert res["settings"]["ns_overlap"] is False  # DP > 1: NS overlap does not run there
+    assert res["built"].startswith(f"MuonConfig built and stepped on a CPU slice of {root.model.name}")
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_recommendation_is_the_fastest_runnable_candidate(results, name: str) -> None:
+    """Among the candidates with the configured numerics (numerics=keep) the pick is the fastest; the layout
+    product was priced whole (TP 1: assignment x split QKV (GQA only) x split gate/up)."""
     res, _ = results[name]
-    ok = [c for c in res["candidates"] if c["runnable"]]
-    assert len(ok) == len(res["candidates"]) == 3 * 2  # TP 1: assignment x split gate/up
+    conf = {"ns_precision": "bf16", "use_gram_ns": False, "coefficient_type": "quintic", "num_ns_steps": 5}
+    same = [c for c in res["candidates"] if all(c[k] == v for k, v in conf.items())]
+    ok = [c for c in same if c["runnable"]]
+    layouts = {(c["assignment"], c["split_qkv"], c["split_gate_up"]) for c in ok}
+    assert len(layouts) == 3 * (2 if name == "qwen3" else 1) * 2
     best = min(c["step_time_s"] for c in ok)
     assert res["muon_step_s"] == pytest.approx(best, rel=1e-6)
+    assert all(res["settings"][k] == v for k, v in conf.items())
     assert res["ratio"] == pytest.approx(res["adamw_step_s"] / res["muon_step_s"])
     assert 0.5 < res["ratio"] < 1.05
-    assert 0 < res["optimizer_step_s_per_gpu"] < res["muon_step_s"]
+    assert 0 < res["ns_s_per_gpu"] < res["optimizer_step_s_per_gpu"] < res["muon_step_s"]
     assert 0 < res["state_memory_gib_per_gpu"] < res["memory_gib"]
 
 
@@ -64,6 +72,7 @@ def test_scaling_csv_and_png(results, name: str) -> None:
     assert [int(r["dp"]) for r in rows] == list(rec.DP_SIZES)  # 8 .. 1024
     for r in rows:
         assert float(r["ratio"]) == pytest.approx(float(r["adamw_step_s"]) / float(r["muon_step_s"]))
+        assert 0 < float(r["muon_ns_s"]) < float(r["muon_optimizer_step_s"])
         assert int(r["ep"]) <= int(r["dp"])  # expert parallelism fitted into the smaller layouts
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert json_path.is_file()
@@ -84,6 +93,7 @@ def test_never_picks_what_the_engine_cannot_run() -> None:
     refused = [c for c in found["candidates"] if not c["runnable"]]
     assert any("split_gate_up" in c["why_not"] for c in refused)
     assert any("assignment" in c["why_not"] for c in refused)
+    assert any("ns_precision" in c["why_not"] for c in refused)  # Megatron's Muon has no fp16 iterate
     assert found["optimizer"]["split_gate_up"] is False
     assert found["distribution"]["assignment"] == "ping_pong_numel"
     rec.build_checked([*args, *rec.overrides_of(found)])
@@ -97,7 +107,9 @@ def test_bad_input_exit_2(capsys) -> None:
     assert rec.main(["format=yaml"]) == 2
 
 
-def test_tp_modes_searched_where_tp_shards() -> None:
+def test_tp_modes_the_layerwise_optimizer_cannot_run_are_refused_and_not_picked(qwen3_root) -> None:
+    """At TP 2 and DP 8 the layer-wise optimizer orthogonalizes each TP shard alone: every TP mode is tried, the
+    others are refused before pricing (the front check bench.run makes), blockwise is picked."""
     import muonbench
     from optim.configs import TP_MODE_CHOICES
 
@@ -105,8 +117,64 @@ def test_tp_modes_searched_where_tp_shards() -> None:
     found = rec.search(muonbench.load(rec.split_args([*CASES["qwen3"], *tp2])[1]))
     cands = found["candidates"]
     assert {c["tp_mode"] for c in cands} == set(TP_MODE_CHOICES)
-    best = min(c["step_time_s"] for c in cands if c["runnable"])
-    pick = [c for c in cands if all(c[k] == v for k, v in {**found["distribution"], **found["optimizer"]}.items()
-                                    if k in rec.SEARCHED)]
-    assert pick[0]["step_time_s"] == pytest.approx(best, rel=1e-6)
-    assert found["reasons"]["tp_mode"].startswith(found["distribution"]["tp_mode"] + ": optimizer step")
+    for c in cands:
+        assert c["runnable"] is (c["tp_mode"] == "blockwise" and not c["ns_overlap"]), c
+        if c["tp_mode"] != "blockwise":
+            assert c["why_not"].startswith(f"parallelism.distribution.tp_mode={c['tp_mode']!r}: the layer-wise")
+    assert found["distribution"]["tp_mode"] == "blockwise"
+    assert "duplicated: not runnable" in found["reasons"]["tp_mode"]
+
+
+@pytest.fixture(scope="module")
+def qwen3_root():
+    import muonbench
+
+    return muonbench.load(rec.split_args(CASES["qwen3"])[1])
+
+
+def test_numerics_kept_unless_allowed(qwen3_root) -> None:
+    """Gram-NS prices faster on the H200 kernel table, but changes the update: kept off by default (the reason says
+    what it would save), picked with numerics=allow; quintic x 5 stays (4 steps leave singular values 0.145 from 1,
+    wider than 5 steps' 0.060)."""
+    kept = rec.search(qwen3_root)
+    allowed = rec.search(qwen3_root, allow_numerics=True)
+    assert kept["optimizer"]["use_gram_ns"] is False
+    assert "numerics=allow searches it" in kept["reasons"]["use_gram_ns"]
+    assert "True: step -" in kept["reasons"]["use_gram_ns"]
+    assert allowed["optimizer"]["use_gram_ns"] is True
+    assert allowed["optimizer"]["ns_precision"] == "bf16"  # fp16 costs the same: the configured value stays
+    for found in (kept, allowed):
+        assert (found["optimizer"]["coefficient_type"], found["optimizer"]["num_ns_steps"]) == ("quintic", 5)
+    assert "4 steps: step -" in kept["reasons"]["num_ns_steps"] and "0.145" in kept["reasons"]["num_ns_steps"]
+
+
+def test_fewer_steps_only_where_the_band_holds(qwen3_root) -> None:
+    """Polar Express at 8 steps has converged: with numerics=allow 6 steps end within 1% of 1 and cost less, so they
+    are picked; 5 steps (0.12 from 1) never are; without numerics=allow the 8 steps stay."""
+    from bench.tools.recommend_checks import band_error, keeps_quality
+
+    root = rec.apply(qwen3_root, {"coefficient_type": "polar_express", "num_ns_steps": 8})
+    assert band_error("polar_express", 6) < 0.01 < band_error("polar_express", 5)
+    assert not keeps_quality("quintic", 4, baseline=("quintic", 5))
+    allowed = rec.search(root, allow_numerics=True)
+    assert (allowed["optimizer"]["coefficient_type"], allowed["optimizer"]["num_ns_steps"]) == ("polar_express", 6)
+    assert rec.search(root)["optimizer"]["num_ns_steps"] == 8
+
+
+def test_ns_precision_fp32_is_priced_slower(qwen3_root) -> None:
+    """fp32 NS runs at the fp32 rate (no tensor cores): priced ~15x the bf16 NS on the same layout."""
+    s = rec.Search(qwen3_root, allow_numerics=True)
+    bf16 = s.price(rec.settings_of(qwen3_root))
+    fp32 = s.price({**rec.settings_of(qwen3_root), "ns_precision": "fp32"})
+    assert fp32["ns_s"] > 10 * bf16["ns_s"] and fp32["step_time_s"] > bf16["step_time_s"]
+
+
+def test_build_on_cpu_steps_the_chosen_optimizer(qwen3_root) -> None:
+    """The check builds the real optimizer of the chosen settings on a 2-layer CPU slice (experts kept, 4 of them)
+    and steps it."""
+    from bench.tools.recommend_checks import build_on_cpu, slice_of
+
+    tiny = slice_of(qwen3_root.model)
+    assert (tiny.num_layers, tiny.hidden_size, tiny.num_experts, tiny.family) == (2, 64, 4, "qwen3_moe")
+    root = rec.apply(qwen3_root, {"split_gate_up": True, "ns_precision": "fp16"})
+    assert "parameters to the matrix optimizer" in build_on_cpu(root)

@@ -61,6 +61,12 @@ NS_BATCHED_EXTRA_MS = Sourced(
 # --------------------------------------------------------------------------------------------------------------
 # Papers and public benchmarks
 # --------------------------------------------------------------------------------------------------------------
+FP32_NS_RATE_FRACTION = Sourced(
+    value=67.0 / 989.0,
+    source="NVIDIA H200 datasheet: FP32 67 TFLOP/s against dense BF16 989 (docs/references.md#hardware-peaks); "
+    "ns_precision=fp32 iterates at 'highest' precision (no TF32, no tensor cores), so its NS GEMMs run at this "
+    "fraction of the bf16 rate; applied to every hardware row",
+)
 ATTENTION_EFFICIENCY = Sourced(
     value=0.5,
     source="FlashAttention-3 (arXiv 2407.08608): forward up to 75% of H100 bf16 peak; pytorch/benchmark #2391 "

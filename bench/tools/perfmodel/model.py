@@ -37,15 +37,17 @@ class Prediction:
         }
 
 
-def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
-    """Predict one step of `cfg` (model, parallelism, hardware, precision, optimizer) under an algorithm profile."""
+def predict(cfg: RootConfig, profile: str = "published", *, ns_as_configured: bool = False) -> Prediction:
+    """Predict one step of `cfg` (model, parallelism, hardware, precision, optimizer) under an algorithm profile
+    (`ns_as_configured`: NS precision and Gram-NS from the optimizer config, `optimizer.resolve`)."""
     model, par, hw, prec = cfg.model, cfg.parallelism, cfg.hardware, cfg.precision
-    algo = opt.resolve(cfg.optimizer, cfg.parallelism.distribution, profile)
+    algo = opt.resolve(cfg.optimizer, cfg.parallelism.distribution, profile, ns_as_configured=ns_as_configured)
     pipe = compute.pipeline_time(model, par, hw, prec)
     slowest = pipe["slowest"]
     assert isinstance(slowest, compute.StageTime)
     fb_compute = sum(slowest.terms[k] for k in ("gemm", "attention", "activation_traffic"))
     step = opt.optimizer_step(model, par, hw, prec, algo, backward_s=fb_compute * 2.0 / 3.0)
+    ns_s = step.pop("ns_s")
     breakdown = {f"fwd_bwd_{k}": v for k, v in slowest.terms.items()}
     breakdown["pipeline_bubble"] = float(pipe["bubble"])  # type: ignore[arg-type]
     breakdown["pipeline_p2p"] = float(pipe["pp_p2p"])  # type: ignore[arg-type]
@@ -72,6 +74,8 @@ def predict(cfg: RootConfig, profile: str = "published") -> Prediction:
         "hardware": hw.name,
         "world_size": par.world_size,
         "state_memory_gib": opt.state_memory_gib(model, par, algo),
+        "ns_s": ns_s,
+        "ns_precision": algo.ns_precision,
         "memory_gib": hw.memory_gib,
     }
     return Prediction(

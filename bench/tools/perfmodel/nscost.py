@@ -29,9 +29,11 @@ HALF_EFF_DIM = (
 )  # short side at half the ceiling, fitted to docs/references.md#h200-baseline (assignment.py)
 
 
-def ns_rate(hw: HardwareConfig) -> float:
-    """Achievable bf16 GEMM FLOP/s of NS on this hardware at large shapes."""
-    return hw.peak_bf16_tflops * 1e12 * C.efficiency(hw.name).gemm_bf16.value
+def ns_rate(hw: HardwareConfig, precision: str = "bf16") -> float:
+    """Achievable GEMM FLOP/s of NS on this hardware at large shapes: the bf16 rate for a bf16 or fp16 iterate
+    (same tensor-core rate), `constants.FP32_NS_RATE_FRACTION` of it for fp32."""
+    rate = hw.peak_bf16_tflops * 1e12 * C.efficiency(hw.name).gemm_bf16.value
+    return rate * C.FP32_NS_RATE_FRACTION.value if precision == "fp32" else rate
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -54,10 +56,11 @@ def _launches(num_ns_steps: int) -> float:
     return 3 * num_ns_steps + C.NS_CALL_FIXED_LAUNCHES.value
 
 
-@lru_cache(maxsize=4)
-def ns_data(profile: str, path: Path = NS_KERNELS) -> NSData:
+@lru_cache(maxsize=8)
+def ns_data(profile: str, path: Path = NS_KERNELS, *, gram: bool = True) -> NSData:
     """NS cost data of a profile: `published` = EO newton_schulz, `ours` = the best of our plan-cached kernels
-    (plain or Gram-NS, batched, CUDA graphs for small shapes).
+    (plain or Gram-NS, batched, CUDA graphs for small shapes; plain only with `gram=False`, as
+    `optimizer.use_gram_ns=false` keeps the plan to plain NS).
 
     From the kernel benchmark's data (`calibration.NS_KERNELS`, or any results.json at `path`) when present: a
     batched measurement of B matrices gives (ms - host) / B per matrix, a single one max(ms - host, FLOP floor); times are rescaled
@@ -74,7 +77,7 @@ def ns_data(profile: str, path: Path = NS_KERNELS) -> NSData:
     data: Any = json.loads(path.read_text())
     ceiling = float(data.get("ceiling_tflops", C.H200_GEMM_CEILING_TFLOPS.value))
     to_anchor = ceiling / C.H200_GEMM_CEILING_TFLOPS.value
-    impls = ("eo_plain",) if profile == "published" else ("ours", "ours_gram")
+    impls = ("eo_plain",) if profile == "published" else ("ours", "ours_gram") if gram else ("ours",)
     singles = [
         min(float(sh["impls"][i]["ms"]) for i in impls if "ms" in sh["impls"].get(i, {}))
         for sh in data.get("shapes", [])
@@ -116,9 +119,9 @@ def host_call_ms(hw: HardwareConfig, num_ns_steps: int = 5, profile: str = "publ
     return base * _launches(num_ns_steps) / _launches(5)
 
 
-def measured_table(profile: str = "ours") -> dict[tuple[int, int], float]:
+def measured_table(profile: str = "ours", *, gram: bool = True) -> dict[tuple[int, int], float]:
     """Per-shape measured milliseconds per matrix (normalised to 701 TF/s); {} without kernel results."""
-    return ns_data(profile).table
+    return ns_data(profile, gram=gram).table
 
 
 def gpu_ms(
@@ -155,14 +158,16 @@ def tp_cost(
     convention: str = "plain",
     triangular: bool = False,
     table: dict[tuple[int, int], float] | None = None,
+    precision: str = "bf16",
 ) -> TPCost:
-    """NS cost of one TP-sharded matrix under `mode` on a hardware row (`optim.cost.tp_cost`, TP group link)."""
+    """NS cost of one TP-sharded matrix under `mode` on a hardware row (`optim.cost.tp_cost`, TP group link) with
+    an iterate of `precision` (`ns_rate`; measured bf16 times rescaled by the rate)."""
     return cost.tp_cost(
         rows,
         cols,
         tp,
         mode,
-        flops_per_s=ns_rate(hw),
+        flops_per_s=ns_rate(hw, precision),
         link=links.group_link(hw, tp),
         partition_dim=partition_dim,
         num_ns_steps=num_ns_steps,

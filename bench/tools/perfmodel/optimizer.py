@@ -50,12 +50,22 @@ class Algo:
     split_gate_up: bool = False
     """SwiGLU fc1 orthogonalized as its gate and up halves (`optimizer.split_gate_up`): half the rows, twice the
     matrices, about 2.3x fewer NS FLOPs for a Qwen3 expert (1536 x 2048)."""
+    split_qkv: bool = True
+    """GQA linear_qkv orthogonalized as Q, K and V (`optimizer.split_qkv`; MCore's default)."""
+    gram_ns: bool = True
+    """Our plan may pick Gram-NS per shape (`optimizer.use_gram_ns`); False: plain NS kernels only."""
+    ns_precision: str = "bf16"
+    """NS iterate: bf16 and fp16 at the bf16 GEMM rate, fp32 at `constants.FP32_NS_RATE_FRACTION` of it."""
 
 
-def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: str) -> Algo:
+def resolve(
+    optimizer_cfg: object, distribution: DistributionConfig, profile: str, *, ns_as_configured: bool = False
+) -> Algo:
     """The algorithm of a profile. `published` fixes the blog-era path; `ours` honours `distribution`'s grad_sync,
     assignment and overlap_param_gather unless `implementation=megatron` (whose knobs describe the published path:
-    then ours' defaults reduce_scatter, lpt_cost, overlap). Both take num_ns_steps from the optimizer and tp_mode from `distribution`."""
+    then ours' defaults reduce_scatter, lpt_cost, overlap). Both take num_ns_steps, split_qkv and split_gate_up
+    from the optimizer and tp_mode from `distribution`. The profiles price bf16 NS (ours: plain or Gram-NS,
+    whichever measured faster); `ns_as_configured` takes `ns_precision` and `use_gram_ns` from the optimizer."""
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}: must be one of {list(PROFILES)}")
     name = getattr(optimizer_cfg, "name", "adamw")
@@ -64,6 +74,9 @@ def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: st
     steps = int(getattr(optimizer_cfg, "num_ns_steps", 5))
     tp_mode = distribution.tp_mode
     split_gate_up = bool(getattr(optimizer_cfg, "split_gate_up", False))
+    split_qkv = bool(getattr(optimizer_cfg, "split_qkv", True))
+    precision = str(getattr(optimizer_cfg, "ns_precision", "bf16")) if ns_as_configured else "bf16"
+    gram = bool(getattr(optimizer_cfg, "use_gram_ns", False)) if ns_as_configured else True
     if profile == "published":
         return Algo(
             optimizer=name,
@@ -76,6 +89,9 @@ def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: st
             num_ns_steps=steps,
             tp_mode=tp_mode,
             split_gate_up=split_gate_up,
+            split_qkv=split_qkv,
+            gram_ns=False,
+            ns_precision=precision,
         )
     if getattr(optimizer_cfg, "implementation", "ours") == "megatron":  # published knobs: use ours' defaults
         grad_sync, assignment, overlap = "reduce_scatter", "lpt_cost", True
@@ -90,10 +106,13 @@ def resolve(optimizer_cfg: object, distribution: DistributionConfig, profile: st
         assignment=assignment,
         overlap_param_gather=overlap,
         batched=True,
-        convention="gram",
+        convention="gram" if gram else "plain",
         num_ns_steps=steps,
         tp_mode=tp_mode,
         split_gate_up=split_gate_up,
+        split_qkv=split_qkv,
+        gram_ns=gram,
+        ns_precision=precision,
     )
 
 
@@ -115,11 +134,12 @@ def stage_items(
     layer_ids: list[int],
     *,
     split_gate_up: bool = False,
+    split_qkv: bool = True,
 ) -> list[Item]:
     """Parameters of one pipeline stage held by one TP rank: experts local to its EP rank, all dense matrices of the
     stage (to be dealt over DP), embedding / output on the first / last stage (AdamW); Muon's matrices after its
-    splits (QKV always, gate / up with `split_gate_up`)."""
-    mats = flops.enumerate_ns_matrices(model, split_qkv=True, split_gate_up=split_gate_up)
+    splits (QKV with `split_qkv`, gate / up with `split_gate_up`)."""
+    mats = flops.enumerate_ns_matrices(model, split_qkv=split_qkv, split_gate_up=split_gate_up)
     n_dense = sum(1 for i in layer_ids if i < model.num_dense_layers) if model.num_experts else len(layer_ids)
     per_type = {"all": len(layer_ids), "dense": n_dense, "moe": len(layer_ids) - n_dense}
     out: list[Item] = []
@@ -168,6 +188,7 @@ def _muon_item_ms(
         convention=algo.convention,
         triangular=algo.profile == "ours",
         table=table,
+        precision=algo.ns_precision,
     )
     elem = it.rows * it.cols * C.MUON_ELEMENTWISE_BYTES_PER_PARAM.value / rate_hbm * 1e3
     return cost.total_ms, elem
@@ -183,19 +204,23 @@ def rank_loads_ms(
     rate_hbm: float,
     table: dict[tuple[int, int], float],
     base: list[float],
+    *,
+    ns_only: bool = False,
 ) -> list[float]:
-    """Optimizer milliseconds per rank given owners (adds to `base`)."""
+    """Optimizer milliseconds per rank given owners (adds to `base`); `ns_only`: Newton-Schulz alone (host calls,
+    GPU work and TP communication; no element-wise or AdamW work)."""
     loads = list(base)
     host_call = nscost.host_call_ms(hw, algo.num_ns_steps, algo.profile)
     groups: list[dict[tuple[int, int, bool, int], int]] = [defaultdict(int) for _ in range(n_ranks)]
     for it, r in zip(items, owners, strict=True):
         if not it.muon or algo.optimizer == "adamw":
-            loads[r] += it.rows * it.cols * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3
+            if not ns_only:
+                loads[r] += it.rows * it.cols * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3
         elif algo.batched:
             groups[r][(it.rows, it.cols, it.expert, it.tp_dim)] += 1  # one batched call per shape
         else:  # per-matrix NS loop: one launch-bound NS call unless the GPU work is longer
             gpu, elem = _muon_item_ms(it, par, hw, algo, rate_hbm, table)
-            loads[r] += max(host_call, gpu) + elem
+            loads[r] += max(host_call, gpu) + (0.0 if ns_only else elem)
     for r, g in enumerate(groups):
         for (rows, cols, expert, tp_dim), count in g.items():
             gpu, elem = _muon_item_ms(
@@ -206,7 +231,7 @@ def rank_loads_ms(
                 rate_hbm,
                 table,
             )
-            loads[r] += nscost.host_call_ms(hw, algo.num_ns_steps, algo.profile) + count * (gpu + elem)
+            loads[r] += host_call + count * (gpu + (0.0 if ns_only else elem))
     return loads
 
 
@@ -240,27 +265,32 @@ def optimizer_step(
     *,
     backward_s: float,
 ) -> dict[str, float]:
-    """Seconds of the optimizer step and of the exposed data-parallel communication (worst GPU).
+    """Seconds of the optimizer step and of the exposed data-parallel communication (worst GPU), and `ns_s`: the
+    Newton-Schulz seconds of the GPU with the most (part of `optimizer_step`, not a term of its own).
 
     `backward_s`: the backward compute time of the slowest stage, the window in which gradient syncs overlap.
     """
     rate_hbm = hw.hbm_tbps * 1e12 * C.efficiency(hw.name).hbm.value
-    table = nscost.measured_table(algo.profile)
+    table = nscost.measured_table(algo.profile, gram=algo.gram_ns)
     dp, edp = par.dp * par.cp, max(1, par.expert_dp)
     dp_link = links.group_link(hw, dp, stride=par.tp)
     edp_link = links.group_link(hw, edp, stride=par.tp * par.cp * par.ep)
-    worst = {"optimizer_step": 0.0, "grad_sync_exposed": 0.0, "param_gather_exposed": 0.0}
+    worst = {"optimizer_step": 0.0, "grad_sync_exposed": 0.0, "param_gather_exposed": 0.0, "ns_s": 0.0}
     for stage, layer_ids in enumerate(stage_layers(model, par)):
-        items = stage_items(model, par, stage, layer_ids, split_gate_up=algo.split_gate_up)
+        items = stage_items(
+            model, par, stage, layer_ids, split_gate_up=algo.split_gate_up, split_qkv=algo.split_qkv
+        )
         dense = [it for it in items if not it.expert]
         experts = [it for it in items if it.expert]
         n_dense = sum(it.rows * it.cols for it in dense)
         n_expert = sum(it.rows * it.cols for it in experts)
+        ns = 0.0
         if algo.optimizer == "adamw":  # distributed optimizer: even element shards
             step = (n_dense / dp + n_expert / edp) * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm
             sync = "reduce_scatter"
         else:
-            step = _muon_step_ms(dense, experts, par, hw, algo, rate_hbm, table, dp, edp) / 1e3
+            step_ms, ns_ms = _muon_step_ms(dense, experts, par, hw, algo, rate_hbm, table, dp, edp)
+            step, ns = step_ms / 1e3, ns_ms / 1e3
             sync = algo.grad_sync
         grad = (n_dense * C.GRAD_BYTES.value, n_expert * C.GRAD_BYTES.value)
         coll = links.all_reduce if sync == "all_reduce" else links.reduce_scatter
@@ -282,6 +312,7 @@ def optimizer_step(
             )
         norm = 2 * links.all_reduce(4.0, par.world_size, links.group_link(hw, par.world_size))
         worst["optimizer_step"] = max(worst["optimizer_step"], step + norm)
+        worst["ns_s"] = max(worst["ns_s"], ns)
         worst["grad_sync_exposed"] = max(worst["grad_sync_exposed"], sync_exposed)
         worst["param_gather_exposed"] = max(worst["param_gather_exposed"], gather)
     return worst
@@ -297,13 +328,16 @@ def _muon_step_ms(
     table: dict[tuple[int, int], float],
     dp: int,
     edp: int,
-) -> float:
-    """Slowest rank's Muon step (ms) on one stage: experts dealt over expert-DP, dense items over DP."""
+) -> tuple[float, float]:
+    """Slowest rank's Muon step (ms) on one stage, experts dealt over expert-DP and dense items over DP, and the
+    most NS milliseconds of any rank with the same owners."""
     strategy = algo.assignment
     cm = _cost_model(dense + experts, par, hw, algo, rate_hbm, table)
     e_owner = assign([(it.rows, it.cols) for it in experts], edp, strategy, cost_model=cm) if experts else []
     e_loads = rank_loads_ms(experts, e_owner, edp, par, hw, algo, rate_hbm, table, [0.0] * edp)
+    e_ns = rank_loads_ms(experts, e_owner, edp, par, hw, algo, rate_hbm, table, [0.0] * edp, ns_only=True)
     base = [e_loads[r % edp] for r in range(dp)]  # expert loads tiled over the stage's DP ranks
+    ns_base = [e_ns[r % edp] for r in range(dp)]
     if algo.profile == "ours":  # AdamW parameters go to an element-wise distributed optimizer: even shards
         adam = sum(it.rows * it.cols for it in dense if not it.muon)
         base = [b + adam / dp * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm * 1e3 for b in base]
@@ -311,7 +345,9 @@ def _muon_step_ms(
     shapes = [(it.rows, it.cols) for it in dense]
     kw = {"initial_loads": base} if strategy == "lpt_cost" else {}
     owners = assign(shapes, dp, strategy, cost_model=cm, **kw) if dense else []
-    return max(rank_loads_ms(dense, owners, dp, par, hw, algo, rate_hbm, table, base))
+    loads = rank_loads_ms(dense, owners, dp, par, hw, algo, rate_hbm, table, base)
+    ns = rank_loads_ms(dense, owners, dp, par, hw, algo, rate_hbm, table, ns_base, ns_only=True)
+    return max(loads), max(ns)
 
 
 def state_memory_gib(model: ModelConfig, par: ParallelismConfig, algo: Algo) -> float:
