@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from bench import cluster, memory
+from bench.results.record import STDERR_TAIL_CHARS
 from muonbench.compose import config_from_dict
 from muonbench.schema import RootConfig
 
@@ -181,7 +182,7 @@ class Tail:
     """The last `n` bytes of a stream, kept in memory (the stderr tail of a run whose log file could not be
     written)."""
 
-    def __init__(self, n: int = 4000) -> None:
+    def __init__(self, n: int = STDERR_TAIL_CHARS) -> None:
         self.n, self.data = n, b""
 
     def write(self, chunk: bytes) -> None:
@@ -348,7 +349,7 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
     return LaunchResult(
         command=[sbatch, str(script)],
         returncode=res.returncode,
-        stderr_tail=res.stderr[-4000:],
+        stderr_tail=res.stderr[-STDERR_TAIL_CHARS:],
         submitted=res.returncode == 0,
     )
 

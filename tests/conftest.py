@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +59,26 @@ def device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """Mounts a tmpfs of the given size (e.g. "256k") at a new folder and returns it: a real disk that fills up.
+    Needs root (or CAP_SYS_ADMIN); skips with the reason where mounting is not permitted."""
+    mounted: list[str] = []
+
+    def mount(size: str) -> Path:
+        disk = tmp_path / f"disk{len(mounted)}"
+        disk.mkdir()
+        if shutil.which("mount") is None:
+            pytest.skip("no mount command: a real full disk cannot be made here")
+        res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
+                             capture_output=True, text=True, check=False)  # fmt: skip
+        if res.returncode != 0:
+            pytest.skip(f"mounting a small tmpfs is not permitted here: {res.stderr.strip() or res.returncode}")
+        mounted.append(str(disk))
+        return disk
+
+    yield mount
+    for disk in mounted:
+        subprocess.run(["umount", "-l", disk], check=False)

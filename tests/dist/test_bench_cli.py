@@ -183,3 +183,48 @@ def test_kill_9_of_a_live_bench_run_is_closed_by_the_next_one(tmp_path):
     assert latest["state"] == "complete" and latest["pid"] != proc.pid
     (new,) = latest["runs"]
     assert new != str(run_json[0].parent) and latest["statuses"][new] == "ok"
+
+
+def test_disk_full_mid_run_is_recorded_error_naming_enospc(tmp_path, small_disk):
+    """Localises a full disk under a live `bench.run` (another process takes the last byte mid-run) leaving the
+    run `running`, a worker blocked on a log pipe nobody drains, or a half-written record: the run ends `error`
+    naming ENOSPC and steps.jsonl, its steps before the failure whole, the manifest closed, nothing left behind."""
+    import time
+
+    out = small_disk("1m")
+    one_rank = ["parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
+    args = [a if a != "bench.steps=3" else "bench.steps=100000" for a in COMMON]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw", *args, *one_rank, f"bench.out_dir={out}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:  # the run is stepping
+            steps = list(out.rglob("steps.jsonl"))
+            if steps and steps[0].stat().st_size > 0:
+                break
+            time.sleep(0.2)
+        with open(out / "filler", "wb", buffering=0) as filler, pytest.raises(OSError, match="No space left"):
+            while True:  # the disk is full
+                filler.write(bytes(4096))
+        out_text, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    (run_dir,) = [p.parent for p in out.rglob("run.json")]
+    rec = json.loads((run_dir / "run.json").read_text())
+    assert rec["status"] == "error" and rec["error"]["errno"] == "ENOSPC", rec["error"]
+    assert "No space left on device" in rec["error"]["message"] and "steps.jsonl" in rec["error"]["message"]
+    lines = (run_dir / "steps.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines] == list(range(len(lines)))
+    assert rec["summary"]["num_steps"] == len(lines)
+    assert f"[adamw] error: OSError: [Errno 28] No space left on device: '{run_dir / 'steps.jsonl'}'" in out_text
+    latest = json.loads((out / "LATEST.json").read_text())
+    assert latest["state"] == "complete" and latest["statuses"] == {str(run_dir): "error"}
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp") or p.name == ".space_reserve"]

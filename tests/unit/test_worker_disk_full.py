@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,36 +46,18 @@ def _close_as_launcher(run_dir: Path, stderr: str) -> dict:
     return bench_run._closed(run_dir, lambda: bench_run._close_after_launch(run_dir, res))
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 256 KiB tmpfs (needs root, or CAP_SYS_ADMIN, and a `mount` that may mount)."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command: a real full disk cannot be made here (the write-seam test still runs)")
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True, text=True
-    )
-    if res.returncode != 0:
-        pytest.skip(
-            f"mounting a small tmpfs is not permitted here ({res.stderr.strip() or res.returncode}); "
-            "the write-seam test still runs"
-        )
-    yield disk
-    subprocess.run(["umount", "-l", str(disk)], check=False)
-
-
 def test_full_disk_mid_run_is_recorded_error_with_enospc(small_disk):
     """Localises a full disk (steps.jsonl cannot grow) leaving run.json `running`: the worker's close raised ENOSPC
     again (log.close, the error file, run.json) before anything was recorded. The run's reserve is freed for the
     closing writes; the worker's error and the launcher's closed record name ENOSPC and steps.jsonl."""
-    run_dir = small_disk / "run"
+    disk = small_disk("256k")
+    run_dir = disk / "run"
     _new_run(run_dir)
-    page = os.statvfs(small_disk).f_frsize
+    page = os.statvfs(disk).f_frsize
     run_json_pages = -(-((run_dir / "run.json").stat().st_size + 2048) // page)
-    free = os.statvfs(small_disk).f_bavail * page
+    free = os.statvfs(disk).f_bavail * page
     # leave room for the worker's first run.json update (a second copy for a moment) and a page of steps
-    (small_disk / "filler").write_bytes(bytes(free - (run_json_pages + 1) * page))
+    (disk / "filler").write_bytes(bytes(free - (run_json_pages + 1) * page))
     with pytest.raises(OSError) as raised:
         worker.run(run_dir)
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(run_dir / "steps.jsonl")
