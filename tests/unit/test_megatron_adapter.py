@@ -192,6 +192,19 @@ def test_fusion_options_need_transformer_engine() -> None:
     mm.check_fusions(EngineConfig(name="megatron", moe_router_dtype="none", grad_reduce_in_fp32=False))
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_embeddings_share_one_megatron_matrix(megatron_groups, tied: bool) -> None:
+    """`model.tie_embeddings` (a Hugging Face `tie_word_embeddings`) builds Megatron's shared embedding and output
+    weight: no output_layer.weight of its own when tied, one when untied."""
+    gpt, config = _build(dataclasses.replace(_gqa_model(), tie_embeddings=tied))
+    names = {n for n, _ in gpt.named_parameters()}
+    assert gpt.share_embeddings_and_output_weights is tied
+    assert "embedding.word_embeddings.weight" in names
+    assert ("output_layer.weight" in names) is not tied
+    routes = {r.name: r for _, r in om.classify([gpt], RoutingConfig())}
+    assert routes["embedding.word_embeddings.weight"].optimizer == "adamw"
+
+
 def test_gqa_routing_on_real_megatron_model(megatron_groups):
     """Routes of every parameter of a real Megatron GQA MoE model (dense first layer, routed + shared experts)."""
     gpt, _config = _build(_gqa_model())
