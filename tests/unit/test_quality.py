@@ -116,6 +116,41 @@ def test_ten_step_smoke_per_optimizer(name: str, prepared) -> None:
     assert out["curve"][-1]["val_loss"] < math.log(tok.get_vocab_size())
 
 
+def test_optimizers_are_the_conf_yaml_plus_the_bench_overrides() -> None:
+    """Muon and MOP as the bench ran them before it read conf/optimizer (a YAML default or an override that stops
+    reaching the trial shows up here): the YAML's Nesterov and momentum, spectral scale x 0.2, the profile's
+    precisions and weight decay, the trial's LR."""
+    from optim import configs
+
+    cfg = run.parse_cli(["profile=gpu", "out=unused"])
+    muon, routing, adamw = run.optimizer_configs("muon", 3e-3, cfg)
+    assert muon == configs.MuonConfig(
+        lr=3e-3, weight_decay=cfg.weight_decay, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2,
+        ns_precision="bf16",
+    )  # fmt: skip
+    assert routing == configs.RoutingConfig() and adamw == configs.AdamWConfig(lr=3e-3, weight_decay=0.01)
+    mop, _, _ = run.optimizer_configs("mop", 1e-2, cfg)
+    assert (mop.scale_mode, mop.extra_scale_factor, mop.polar_method) == ("spectral", 0.2, "polar_express")
+
+
+def test_changing_the_optimizer_yaml_changes_the_quality_bench(tmp_path, monkeypatch) -> None:
+    """The bench reads conf/optimizer/muon.yaml through the product's compose path instead of restating it."""
+    import shutil
+
+    from muonbench import compose
+
+    conf = tmp_path / "conf"
+    shutil.copytree(compose.CONF_DIR, conf)
+    yaml = conf / "optimizer" / "muon.yaml"
+    yaml.write_text(yaml.read_text() + "momentum: 0.5\nnum_ns_steps: 7\n")
+    cfg = run.parse_cli(["out=unused"])
+    before, _, _ = run.optimizer_configs("muon", 1e-2, cfg)
+    monkeypatch.setattr(compose, "CONF_DIR", conf)
+    after, _, _ = run.optimizer_configs("muon", 1e-2, cfg)
+    assert (before.momentum, before.num_ns_steps) == (0.95, 5)
+    assert (after.momentum, after.num_ns_steps) == (0.5, 7)
+
+
 def test_split_gate_up_variant_splits_fused_fc1_only() -> None:
     """muon_split_gate_up: Muon's LR grid; every experts.gate_up_proj (and nothing else) is split into equal
     [gate; up] halves, and its first update differs from joint Muon there only (localises a variant that is

@@ -1,6 +1,8 @@
 """Quality bench configuration: profiles, learning-rate grids and the `key=value` command line.
 
-A profile is a complete set of defaults (`cpu`: the stdlib sweep on a laptop CPU; `gpu`: the Qwen3-MoE 123 M sweep
+Each optimizer is `conf/optimizer/<name>.yaml` composed as every other command composes it (`muonbench.load`),
+with the learning rate of the trial, the profile's weight decay and precisions, and `OPTIMIZER_OVERRIDES`: the
+bench's only departures from the YAML. A profile is a complete set of defaults (`cpu`: the stdlib sweep on a laptop CPU; `gpu`: the Qwen3-MoE 123 M sweep
 on one H200; `tiny`: the gpu profile's pipeline at toy size on a CPU, for checking it end to end). Every key can be
 overridden on the command line; `lr_grids` comes from the profile only, so every optimizer keeps the same number
 of learning-rate points.
@@ -14,10 +16,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optim.configs import NS_PRECISIONS, POLAR_METHODS
+
 OPTIMIZERS = ("adamw", "muon", "muon_split_gate_up", "mop", "soap_rekls")
+"""`optimizer=` names of conf/optimizer/ the bench sweeps."""
 CORPORA = ("stdlib", "python_packages")
-POLAR_METHODS = ("svd", "polar_express")
-NS_PRECISIONS = ("bf16", "fp16", "fp32")
 
 # Peak learning rates per optimizer; each grid has the same number of points (fair sweep). Muon and MOP use the
 # spectral scale x 0.2 (AdamW-matched update RMS), so AdamW's grid is the natural starting point for theirs.
@@ -35,15 +38,44 @@ LR_GRIDS_GPU: dict[str, tuple[float, ...]] = {
     "mop": (1e-3, 3e-3, 1e-2, 3e-2),
     "soap_rekls": (3e-4, 1e-3, 3e-3, 1e-2),
 }
-# Named routing variants: entry -> (optimizer it configures, RoutingConfig fields that differ). Same LR grid as
-# the base optimizer, so the sweep stays fair.
-VARIANTS: dict[str, tuple[str, dict[str, bool]]] = {
+VARIANTS: dict[str, str] = {
     # fused [gate; up] fc1 (HF experts.gate_up_proj) orthogonalized as two halves (Moonlight / HF layout);
     # plain "muon" keeps the joint matrix (Megatron-core's default).
-    "muon_split_gate_up": ("muon", {"split_gate_up": True}),
+    "muon_split_gate_up": "muon",
 }
+"""Optimizer entries that are a routing variant of another (its own YAML): they share the base's LR grid, so the
+sweep stays fair."""
 for _grids in (LR_GRIDS, LR_GRIDS_GPU):
-    _grids |= {name: _grids[base] for name, (base, _) in VARIANTS.items()}
+    _grids |= {name: _grids[base] for name, base in VARIANTS.items()}
+
+OPTIMIZER_OVERRIDES: dict[str, tuple[str, ...]] = {
+    # spectral scale x 0.2 (AdamW-matched update RMS): one LR grid serves Muon, MOP and AdamW alike
+    "muon": ("optimizer.extra_scale_factor=0.2",),
+    "mop": ("optimizer.scale_mode=spectral", "optimizer.extra_scale_factor=0.2"),
+}
+"""Per base optimizer: where the quality bench departs from its conf/optimizer YAML."""
+PROFILE_OPTIMIZER_KEYS: dict[str, tuple[str, ...]] = {
+    "muon": ("ns_precision",),
+    "mop": ("polar_method",),
+    "soap_rekls": ("precondition_frequency",),
+}
+"""Per base optimizer: the QualityConfig keys that set the same-named optimizer field."""
+
+
+def base_optimizer(name: str) -> str:
+    return VARIANTS.get(name, name)
+
+
+def optimizer_overrides(name: str, cfg: QualityConfig) -> list[str]:
+    """The `muonbench.load` overrides of `name`'s trials (the peak LR is set per trial)."""
+    base = base_optimizer(name)
+    keys = ("weight_decay", *PROFILE_OPTIMIZER_KEYS.get(base, ()))
+    return [
+        f"optimizer={name}",
+        *(f"optimizer.{k}={getattr(cfg, k)}" for k in keys),
+        *OPTIMIZER_OVERRIDES.get(base, ()),
+    ]
+
 
 PROFILES: dict[str, dict[str, Any]] = {
     # 2 cores, under 30 minutes for 4 optimizers x 4 learning rates.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.tools.quality import run as qrun
-from bench.tools.quality.config import parse_cli
+from bench.tools.quality.config import OPTIMIZER_OVERRIDES, parse_cli
 from bench.tools.quality.summary import best_runs, summarize
 
 COLORS = {
@@ -46,6 +46,13 @@ def _command(cfg: dict[str, Any]) -> str:
             continue
         args.append(f"{key}={','.join(value) if isinstance(value, list) else value}")
     return "python -m bench.tools.quality " + " ".join(args)
+
+
+def _overrides() -> str:
+    """`OPTIMIZER_OVERRIDES` as the README lists them: `muon: extra_scale_factor=0.2; mop: ...`."""
+    return "; ".join(
+        f"{name}: " + ", ".join(o.removeprefix("optimizer.") for o in ovr) for name, ovr in OPTIMIZER_OVERRIDES.items()
+    )
 
 
 def _analysis(dest: Path) -> str:
@@ -278,10 +285,11 @@ GPU-hours and cost at ${cfg["price_per_hour"]}/GPU-hour. Model TFLOP/s = tokens/
   ({cfg["steps"] * cfg["batch_size"] * cfg["seq_len"] / 1e6:.2f} M tokens per trial); evaluation every
   {cfg["eval_every"]} steps on {cfg["val_batches"]} fixed held-out batches; seed {cfg["seed"]}
   (+{cfg["best_lr_seeds"] - 1} at the best LR of {", ".join(cfg["seed_optimizers"])}).
-- Muon and MOP: Nesterov, spectral scale x 0.2 (AdamW-matched update RMS), Muon's NS iterate {cfg["ns_precision"]}
-  (quintic, 5 steps), MOP's polar factor by {cfg["polar_method"]}; SOAP-REKLS: KL-Shampoo factors, eigh refresh
-  every {cfg["precondition_frequency"]} step(s); AdamW betas (0.9, 0.95); weight decay {cfg["weight_decay"]};
-  non-matrix parameters (embeddings, output layer, norms) use AdamW at the same LR in every run; gradient clip 1.0.
+- Optimizers: `conf/optimizer/<name>.yaml` (momentum, betas, NS coefficients and steps, routing) with the trial's
+  LR, weight decay {cfg["weight_decay"]} and the bench's overrides ({_overrides()}); Muon's NS iterate
+  {cfg["ns_precision"]}, MOP's polar factor by {cfg["polar_method"]}; SOAP-REKLS: eigh refresh every
+  {cfg["precondition_frequency"]} step(s); non-matrix parameters (embeddings, output layer, norms) use AdamW at the
+  same LR in every run; gradient clip 1.0.
 - Untimed warm-up: {cfg["prewarm_steps"]} step(s) of each optimizer on a throwaway model per process (at least 1 +
   the refresh period for an optimizer without a finished trial, whose later steps are timed for `time_limit_s`).
 - Software: torch {versions.get("torch")}, transformers {versions.get("transformers")}, tokenizers

@@ -22,9 +22,11 @@ Usage: `python -m bench.tools.quality [profile=cpu|gpu|tiny] [optimizers=adamw,m
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from bench.models.hf_experts import use_autocast_grouped_experts
@@ -33,6 +35,8 @@ from bench.tools.quality.config import (  # noqa: F401 - re-exported: the bench'
     PROFILES,
     VARIANTS,
     QualityConfig,
+    base_optimizer,
+    optimizer_overrides,
     parse_cli,
 )
 from bench.tools.quality.data import Batches
@@ -74,40 +78,32 @@ def build_model(cfg: QualityConfig, vocab_size: int, *, seed: int | None = None)
     return model
 
 
+def optimizer_configs(name: str, lr: float, cfg: QualityConfig) -> tuple[Any, Any, Any]:
+    """(algorithm config, RoutingConfig | None, AdamWConfig of the rest) of `name`'s trial at peak `lr`:
+    conf/optimizer/<name>.yaml composed by `muonbench.load` with `optimizer_overrides`, converted by
+    `muonbench.schema.optim_configs`."""
+    from muonbench.compose import CONF_DIR
+
+    algorithm, routing, adamw = _composed(CONF_DIR, tuple(optimizer_overrides(name, cfg)))
+    return replace(algorithm, lr=lr), routing, replace(adamw, lr=lr)
+
+
+@functools.lru_cache(maxsize=32)
+def _composed(conf_dir: Path, overrides: tuple[str, ...]) -> tuple[Any, Any, Any]:
+    """One composition per optimizer and process: every trial rebuilds its optimizer. `conf_dir` (the tree
+    `muonbench.load` reads) is part of the key, so a different tree composes afresh."""
+    import muonbench
+    from muonbench.schema import optim_configs
+
+    return optim_configs(muonbench.load(list(overrides)).optimizer)
+
+
 def build_opt(name: str, model, lr: float, cfg: QualityConfig):
-    """The optimizer under test through the suite's own factory (matrices to `name`, the rest to AdamW).
-
-    A VARIANTS entry builds its base optimizer with the entry's RoutingConfig fields.
-    """
+    """The optimizer under test through the suite's own factory (matrices to `name`, the rest to AdamW)."""
     import optim
-    from optim import configs
 
-    named = list(model.named_parameters())
-    base, routing = VARIANTS.get(name, (name, {}))
-    common = {"lr": lr, "weight_decay": cfg.weight_decay}
-    if base == "adamw":
-        conf = configs.AdamWConfig(**common, betas=(0.9, 0.95), eps=1e-8)
-    elif base == "muon":
-        conf = configs.MuonConfig(
-            **common,
-            nesterov=True,
-            scale_mode="spectral",
-            extra_scale_factor=0.2,
-            ns_precision=cfg.ns_precision,
-        )
-    elif base == "mop":
-        conf = configs.MOPConfig(
-            **common,
-            nesterov=True,
-            scale_mode="spectral",
-            extra_scale_factor=0.2,
-            polar_method=cfg.polar_method,
-        )
-    else:
-        conf = configs.SOAPConfig(
-            **common, betas=(0.9, 0.95), precondition_frequency=cfg.precondition_frequency
-        )
-    return optim.build_optimizer(named, conf, naming="hf", routing=configs.RoutingConfig(**routing))
+    algorithm, routing, adamw = optimizer_configs(name, lr, cfg)
+    return optim.build_optimizer(model.named_parameters(), algorithm, naming="hf", routing=routing, adamw=adamw)
 
 
 def set_lr(opt, lr: float) -> None:
@@ -191,8 +187,7 @@ class Prewarm:
 def refresh_period(name: str, cfg: QualityConfig) -> int:
     """Steps after which `name`'s per-step work repeats: SOAP-REKLS refreshes its eigenbases at step 1 and then
     every `precondition_frequency` steps; the others do the same work every step."""
-    base, _ = VARIANTS.get(name, (name, {}))
-    return cfg.precondition_frequency if base == "soap_rekls" else 1
+    return cfg.precondition_frequency if base_optimizer(name) == "soap_rekls" else 1
 
 
 def prewarm(name: str, cfg: QualityConfig, train_tokens, val, vocab: int, *, num_steps: int) -> Prewarm:
