@@ -120,7 +120,9 @@ def cluster() -> int:
     given = {a.split("=", 1)[0] for a in args}
     via = [] if "launcher.via" in given else ["launcher.via=nemo_run"]
     dry = os.environ.get("DRY_RUN") not in (None, "", "0") and "launcher.dry_run" not in given
-    sys.argv = [sys.argv[0], *via, *(["launcher.dry_run=true"] if dry else []), *args]
+    sweep = [a for a in args if a in ("-m", "--multirun")]  # Hydra takes its flags before the overrides only
+    rest = [a for a in args if a not in sweep]
+    sys.argv = [sys.argv[0], *sweep, *via, *(["launcher.dry_run=true"] if dry else []), *rest]
     try:
         importlib.import_module("bench.run").main()
     except SystemExit as exc:

@@ -91,7 +91,11 @@ def launch_run(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> tup
     with run.Experiment(title, executor=ex, base_dir=str(run_dir / "nemo_run"), log_level="WARN") as exp:
         exp.add(task(cfg, run_dir), executor=ex, name="worker")
         if cfg.launcher.dry_run:
-            exp.dryrun()
+            exp.dryrun(log=False)
+            script = run_dir / ("job.sh" if cfg.launcher.name == "local" else "job.sbatch")
+            script.write_text(dry_run_text(exp))
+            print(script.read_text())
+            print(f"# not submitted (launcher.dry_run=true); script: {script}", file=sys.stderr)
             return None, None
         local = cfg.launcher.name == "local"
         try:
@@ -105,6 +109,23 @@ def launch_run(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> tup
     state = exp.status(return_dict=True) or {}  # after the block, which waits for a local run to end
     ok = all(str(t.get("status", "")).endswith("SUCCEEDED") for t in state.values()) and bool(state)
     return exp_id, 0 if ok else 1
+
+
+def dry_run_text(exp: Any) -> str:
+    """What a dry-run experiment would start: the sbatch script NeMo-Run would submit (Slurm), or each replica's
+    command (local). Read from the jobs' dry-run info, which `Experiment.dryrun` keeps on each job."""
+    parts = []
+    for job in exp.jobs:
+        request = job._dryrun_info.request
+        if hasattr(request, "materialize"):  # SlurmBatchRequest: the script and the command that submits it
+            parts.append(f"# submitted with: {shlex.join(request.launch_cmd)}\n{request.materialize().rstrip()}")
+        else:  # torchx PopenRequest of the LocalExecutor
+            parts += [
+                f"# {role}: {shlex.join(replica.args)}"
+                for role, replicas in request.role_params.items()
+                for replica in replicas
+            ]
+    return "\n".join(parts) + "\n"
 
 
 def manage(action: str, run_dir: str) -> int:

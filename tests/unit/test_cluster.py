@@ -1,11 +1,12 @@
 """Cluster launch settings shared by the sbatch and the NeMo-Run paths (bench/slurm.py, bench/cluster.py): every
 site field reaches the job, shell metacharacters are rejected before anything is queued, and a missing extra is one
-line naming it. The NeMo-Run executor is built for real when `nemo_run` is installed (the `nemo-run` extra).
+line naming it. NeMo-Run's executors and experiments are built for real (`nemo-run` is in the test extra).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,10 @@ def test_cluster_command_selects_nemo_run_and_the_dry_run(monkeypatch: pytest.Mo
     monkeypatch.setenv("DRY_RUN", "1")
     assert cli.main(["cluster", KIMI]) == 0
     assert cli.main(["cluster", KIMI, "launcher.via=sbatch", "launcher.dry_run=false"]) == 0
+    assert cli.main(["cluster", KIMI, "-m", "optimizer=adamw,muon"]) == 0  # Hydra's flag stays first
     assert seen == [["launcher.via=nemo_run", "launcher.dry_run=true", KIMI],
-                    [KIMI, "launcher.via=sbatch", "launcher.dry_run=false"]]  # fmt: skip
+                    [KIMI, "launcher.via=sbatch", "launcher.dry_run=false"],
+                    ["-m", "launcher.via=nemo_run", "launcher.dry_run=true", KIMI, "optimizer=adamw,muon"]]  # fmt: skip
     assert cli.main(["cluster", "status"]) == 2
 
 
@@ -94,11 +97,57 @@ def test_slurm_executor_carries_the_launcher_config(tmp_path: Path) -> None:
 
 
 @needs_nemo_run
+def test_a_sweep_dry_run_writes_what_nemo_run_would_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DRY_RUN=1 muonbench cluster -m optimizer=adamw,muon launcher=local,slurm`: four real NeMo-Run experiments,
+    nothing started; each run directory holds the sbatch script NeMo-Run's SlurmExecutor would submit (every site
+    field, the hostile env value quoted) or the LocalExecutor's torchrun command, both starting the bench worker on
+    that run directory."""
+    import json
+
+    import sys
+
+    monkeypatch.setenv("DRY_RUN", "1")
+    # NeMo-Run's local tunnel (invoke) reads this process's stdin while it makes the job folders: not pytest's.
+    devnull = open(os.devnull)  # noqa: SIM115
+    monkeypatch.setattr(sys, "stdin", devnull)
+    out = tmp_path / "runs"
+    argv = ["cluster", "-m", "optimizer=adamw,muon", "launcher=local,slurm", "experiment=cpu/qwen3_moe_tiny_dp2",
+            *SITE, "+launcher.env.EVIL='`touch x`; rm -rf /'", f"bench.out_dir={out}"]  # fmt: skip
+    try:
+        assert cli.main(argv) == 0
+    finally:
+        devnull.close()
+    runs = [Path(r) for r in json.loads((out / "LATEST.json").read_text())["runs"]]
+    records = [json.loads((r / "run.json").read_text()) for r in runs]
+    assert sorted((c["config"]["optimizer"]["name"], c["config"]["launcher"]["name"]) for c in records) == [
+        ("adamw", "local"), ("adamw", "slurm"), ("muon", "local"), ("muon", "slurm"),
+    ]  # fmt: skip
+    assert {c["status"] for c in records} == {"written"}
+    worker = "--nnodes 1 --nproc-per-node 2 --node-rank 0 --tee 3 -m bench.worker {}"
+    for run_dir, rec in zip(runs, records, strict=True):
+        assert not (run_dir / "steps.jsonl").exists()  # nothing ran
+        if rec["config"]["launcher"]["name"] == "local":
+            (line,) = (run_dir / "job.sh").read_text().splitlines()
+            assert line.startswith("# worker: torchrun ") and line.endswith(worker.format(run_dir))
+            continue
+        text = (run_dir / "job.sbatch").read_text()
+        assert text.startswith("# submitted with: sbatch --requeue --parsable\n#!/bin/bash\n")
+        sbatch = {line.split()[1] for line in text.splitlines() if line.startswith("#SBATCH ")}
+        assert {"--account=acct", "--partition=batch", "--qos=high", "--constraint=gb300", "--gres=gpu:4",
+                "--segment=16", "--reservation=r1", "--comment=ab_run", "--nodes=1", "--ntasks-per-node=1",
+                "--gpus-per-node=2", "--time=00:30:00", "--exclusive"} <= sbatch  # fmt: skip
+        assert "export EVIL='`touch x`; rm -rf /'\n" in text
+        (srun,) = [line for line in text.splitlines() if line.startswith("srun ")]
+        assert "--container-image nvcr.io/nvidia/nemo:26.02" in srun and " --mpi=pmix torchrun " in srun
+        assert f"{out.resolve()}:{out.resolve()}" in srun  # the run directory mounted at its own path
+        assert srun.endswith(worker.format(run_dir))
+
+
+@needs_nemo_run
 @pytest.mark.slow
 def test_local_executor_runs_the_cpu_proxy_through_nemo_run(tmp_path: Path) -> None:
     """launcher=local with NeMo-Run's LocalExecutor: the same worker, record closed ok, experiment kept in the run."""
     import json
-    import os
     import subprocess
     import sys
 
