@@ -435,8 +435,8 @@ class BenchConfig:
     prewarm: bool = True
     """megatron + our matrix optimizer, local launcher: before the timed run, the same launch for one untimed step
     in a scratch directory, so the timed processes find our Triton kernels compiled and the NS plan measured on
-    disk (a process that compiled them itself ran ~0.5% slower for its whole life on the H200: see
-    reports/megatron_h200_flops_202611). Costs one setup and one first step."""
+    disk (a process that compiled them itself ran slower for its whole life: docs/megatron_h200.md, findings).
+    Costs one setup and one first step."""
     optimizer_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Settings applied only when that optimizer runs, by `optimizer.name`: in a sweep over optimizers,
     `bench.optimizer_overrides.muon.num_ns_steps=6` sets Muon's NS steps and leaves AdamW alone

@@ -31,9 +31,10 @@ FORMULAS: dict[str, str] = {
 }
 
 GEMM_CEILING_FRACTION = 701.0 / 989.0
-"""Achievable fraction of the dense bf16 datasheet peak: our H200 bf16 GEMM 8192^3 ceiling, 701 of 989 TF/s."""
+"""Achievable fraction of the dense bf16 datasheet peak: our measured H200 bf16 GEMM ceiling over the datasheet
+peak (docs/references.md#h200-baseline)."""
 HALF_EFF_DIM = 600.0
-"""Short side at which one NS call reaches half the GEMM ceiling (fits H200: 768 -> 54%, 7168 -> 95%)."""
+"""Short side at which one NS call reaches half the GEMM ceiling (fitted to docs/references.md#h200-baseline)."""
 LINK_EFFICIENCY = 0.9
 """Bus bandwidth of NCCL collectives as a fraction of the link's per-direction rate (nccl-tests)."""
 NVLINK_LATENCY_US = 3.0

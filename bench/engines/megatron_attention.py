@@ -1,8 +1,7 @@
 """Core attention for Megatron-core's local (Transformer-Engine-free) layer specs, backed by PyTorch SDPA.
 
-Megatron's local `DotProductAttention` materialises the full [b*np, s, s] score matrix (baddbmm + softmax + bmm):
-a 4-layer Qwen3-shaped slice ran forward-backward of 4096 tokens in 513 ms (about 29 TFLOP/s) on an H200. A slow
-baseline flatters Muon's ratio, so the megatron engine plugs this module into the layer spec
+Megatron's local `DotProductAttention` materialises the full [b*np, s, s] score matrix (baddbmm + softmax + bmm),
+far slower than SDPA (docs/megatron_h200.md#te-free-pieces). A slow baseline flatters Muon's ratio, so the megatron engine plugs this module into the layer spec
 (`submodules.core_attention`) whenever Transformer Engine is missing. It keeps Megatron's tensor layout:
 query [sq, b, np, hn], key [sk, b, ng, hn], value [sk, b, ng, hv] -> context [sq, b, np * hv].
 

@@ -1,8 +1,7 @@
 """Routed experts on torch's grouped GEMM, for Megatron-core's local (Transformer-Engine-free) MoE spec.
 
 Without TE, Megatron's local spec runs experts as `SequentialMLP`: a Python loop over the local experts, a few small
-GEMMs and kernels each, per micro-batch, forward and backward. Measured on one H200 (Qwen3-30B-A3B slice, 6 layers
-x 128 experts, 16 micro-batches of 4 x 4096 tokens): 14.5 s forward-backward per step, 75 TFLOP/s, launch-bound.
+GEMMs and kernels each, per micro-batch, forward and backward: launch-bound (docs/megatron_h200.md#te-free-pieces).
 A slow baseline flatters Muon, so the engine plugs this module into the MoE spec (`submodules.experts`).
 
 - Parameters stay one 2-D tensor per expert and per projection, named like TE's grouped linear

@@ -49,10 +49,9 @@ def ns_flops(shape: Sequence[int], num_ns_steps: int = 5) -> float:
 class CostModel:
     """NS milliseconds of `count` same-shape matrices batched on one rank: `fixed_ms + count * per_matrix_ms`.
 
-    Analytic default, fitted to the H200 measurements of docs/references.md#h200-baseline: a call costs a near-fixed ~0.3 ms
-    below a short side of ~1000 (about 15 GEMM launches plus norm and casts), and the GEMM efficiency of the
-    batched call grows with the short side m as m / (m + half_eff_dim) of `peak_tflops` (fits 768 -> 54%, 1536 ->
-    74%, 2048 -> 81%, 7168 -> 95% of the 701 TF/s bf16 ceiling within ~5 points).
+    Analytic default, fitted to the H200 measurements of docs/references.md#h200-baseline: a call costs a
+    near-fixed `fixed_ms` below a short side of ~1000 (about 15 GEMM launches plus norm and casts), and the GEMM
+    efficiency of the batched call grows with the short side m as m / (m + half_eff_dim) of `peak_tflops`.
     A measured table (`from_table`) overrides the model shape by shape.
     """
 

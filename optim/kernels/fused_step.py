@@ -11,7 +11,7 @@
 
 - `scale_cast(x, scale, dtype)`: x[i] * scale[i] for each matrix of a contiguous (B, r, c) stack, cast to dtype in
   the same pass (the Frobenius normalization at the NS entry: 4 bytes per element; torch's broadcast multiply ran
-  at less than half of that bandwidth on the H200, 9.6 ms per Qwen3 slice step).
+  at less than half of that bandwidth, docs/ns_kernels_h200.md#kernel-design-numbers).
 
 - `stacked_runs(tensors)`: the tensors as few (n, r, c) views as possible (runs of equally strided tensors of one
   storage, e.g. matrices laid out back to back in one buffer): where a bucket's parameters are such runs, its last NS
@@ -219,8 +219,8 @@ def nonfinite(
 ) -> torch.Tensor:
     """(len(tensors),) int32 on their device: 1 where the tensor holds a NaN or an Inf, else 0. Tensors of one
     shape; on CUDA (fp32 contiguous) one Triton launch reads each once (4 bytes per element), with no per-tensor
-    outputs or host work (`torch._foreach_norm` made one output tensor and launch group per tensor: ~1 ms of host
-    time for the ~260 matrices of a Qwen3-30B-A3B layer on the H200). Elsewhere the torch reference.
+    outputs or host work (`torch._foreach_norm` made one output tensor and launch group per tensor:
+    docs/ns_kernels_h200.md#kernel-design-numbers). Elsewhere the torch reference.
 
     `out`: a zeroed (len(tensors),) int32 tensor to write the flags into (e.g. a slice of one buffer for several
     shape groups, read back with one copy); returned."""

@@ -28,8 +28,8 @@ fp32 parameters, p <- beta p + alpha X_k, can stop before the last product and h
 X_k = (a I + P) X with a I added on P's diagonal, so p <- beta p + alpha P' X is one GEMM accumulating into p
 (`AccumulatingOps.accumulate`): 8 bytes per element (read and write p) instead of 14 (the last product's read of
 X and write of X_k, then the update's reads of X_k and p and write of p). Rounding a + P_ii to the iterate's dtype
-changes the update by ~2e-3 of its norm in bf16 (H200, Qwen3 expert shapes), the size of the bf16 rounding of X_k
-that the fold no longer makes.
+changes the update by about the size of the bf16 rounding of X_k that the fold no longer makes
+(docs/ns_kernels_h200.md#kernel-design-numbers).
 
 Layout: X is (B, m, n) bf16 (or fp16), contiguous, m <= n (the caller transposes), already Frobenius-normalized
 (unless its `scale` is passed, above).
@@ -37,9 +37,9 @@ Layout: X is (B, m, n) bf16 (or fp16), contiguous, m <= n (the caller transposes
 fp16 iterate (`dtype=torch.float16`, opt-in through `ns_precision="fp16"`): the normalized X has |x| <= 1, so
 fp16's range suffices and its 10-bit mantissa (bf16: 7) makes the iteration ~8x more accurate at the same tensor-core
 rate on Hopper. That accuracy pays for folding a I into P (P' = a I + b A + c A^2, X <- P' X with a plain bmm):
-`apply` no longer copies X into the GEMM's output first (baddbmm's C = D), 17.6 ms of copies per Qwen3 slice step
-measured on the H200. In bf16 the fold doubled the error against exact NS (0.55% -> 1.1%); in fp16 it is still far
-below bf16's unfolded error (tests/unit/test_kernels.py).
+`apply` no longer copies X into the GEMM's output first (baddbmm's C = D). In bf16 the fold doubled the error
+against exact NS; in fp16 it is still far below bf16's unfolded error (tests/unit/test_kernels.py; numbers:
+docs/ns_kernels_h200.md#kernel-design-numbers).
 """
 
 from __future__ import annotations

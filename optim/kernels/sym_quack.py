@@ -59,8 +59,8 @@ class GeneralConfig:
 
 # Explicit SM90 configs for the general product D = a C + P X (M = m, N = n, K = m, batched), picked from QuACK's
 # own tuning space (`quack.gemm_config._get_sm90_configs`) for the Muon shapes, where QuACK's default (pingpong
-# 128 x 192, 2 x 1 cluster) reached 500 (Qwen3 fc1 batch, K = 1536) and 275 TF/s (fc2, K = 768) of a 779 TF/s
-# bf16 ceiling on the H200. Per CTA and k-step the default loads 128 + 192 / 2 rows of A and B from L2 for
+# 128 x 192, 2 x 1 cluster) stays well below the bf16 ceiling (docs/ns_kernels_h200.md#kernel-design-numbers).
+# Per CTA and k-step the default loads 128 + 192 / 2 rows of A and B from L2 for
 # 2 x 128 x 192 MACs (110 FLOP per byte); the ones below load fewer bytes per FLOP, their tiles cover every
 # expert batch and large single matrix of bench.tools.ns_kernels with at most 5% padding, and the cluster multicasts
 # the operand that its pair of CTAs shares:
@@ -106,11 +106,9 @@ class SymmetricConfig:
 
 # QuACK fixes 128 x 256 tiles in 2 x 1 clusters (cooperative) for its SM90 symmetric GEMM. On the short-K polynomial
 # step b A + c A^2 (K = m = 768: Qwen3's fc2 and split gate/up halves) 128 x 128 pingpong tiles, one warp group's
-# epilogue (read A, write two tiles) overlapping the other's mainloop, were 15-19% faster, and within 3% on X X^T
-# at K = 2048 (experiments/quack_sym_tiles); on fc1's X X^T (m = 1536) 16% slower. The same tiles on the paired
-# schedule compute the same 78 tiles of a 1536-row triangle in 2-CTA clusters that multicast their shared panel:
-# on fc1 2-15% faster per product (idle and capped) and 10-14% fewer joules at the power cap than without clusters
-# (experiments/quack_sym_pairs). The plan measures each per shape.
+# epilogue (read A, write two tiles) overlapping the other's mainloop, are faster, and slower on fc1's X X^T
+# (m = 1536). The same tiles on the paired schedule compute the same 78 tiles of a 1536-row triangle in 2-CTA
+# clusters that multicast their shared panel. The plan measures each per shape (docs/ns_kernels_h200.md#kernel-design-numbers).
 SYMMETRIC_CONFIGS: dict[str, SymmetricConfig] = {
     "sym128pp": SymmetricConfig(tile_m=128, tile_n=128, cluster_m=1, pingpong=True),
     "sym128paired": SymmetricConfig(tile_m=128, tile_n=128, cluster_m=2, pingpong=True, paired=True),
@@ -301,8 +299,7 @@ class QuackOps:
             return torch.baddbmm(d, a, b, beta=beta, alpha=alpha)
         # gemm_add(..., tuned=False) calls gemm_tuned.fn (the function under QuACK's autotuner) with config=None,
         # which runs QuACK's default config; called here directly with the config (the default's, or an explicit
-        # one): the same kernel, without gemm_add's per-call argument handling (0.016-0.034 ms less per call,
-        # started on an idle H200: docs/data/ns_kernels_h200/three_shapes_17d41cd/host.json)
+        # one): the same kernel, without gemm_add's per-call argument handling (host time: docs/ns_kernels_h200.md#kernel-design-numbers)
         if self.config is None or self.symmetric is not None:
             cfg = _default_general_config(a.device)
         else:

@@ -4,9 +4,8 @@ Megatron-core's optimizers call `multi_tensor_applier(l2_norm_impl | multi_tenso
 gradient norm, gradient clipping and the fp32 -> bf16 copy of the main params into the model. Without TE or Apex
 (`megatron.core.utils.local_multi_tensor_*`) these become per-tensor Python loops: the l2 norm builds a host list
 of every tensor's norm (`torch.tensor(list_of_cuda_scalars)`: one host sync per parameter, 1,582 per step on the
-Qwen3 slice) and the scale runs `dst.copy_(src * scale)` (an fp32 temporary and two kernels per tensor). Measured on
-one H200 (docs/megatron_h200.md: a torch.profiler capture of one step): the syncs leave the GPU idle for most of the
-optimizer phase's first ~20-50 ms, for every optimizer alike.
+Qwen3 slice) and the scale runs `dst.copy_(src * scale)` (an fp32 temporary and two kernels per tensor). The syncs
+leave the GPU idle for much of the optimizer phase, for every optimizer alike (docs/megatron_h200.md#te-free-pieces).
 
 `install()` swaps those fallbacks, where they are in use, for the same math on torch's foreach kernels (no host
 sync; one multi-tensor launch per dtype group): `l2_norm` returns the fp32 norm of all tensors as a 1-element

@@ -170,7 +170,7 @@ class FusedStep:
             b.targets = self._fold_targets(b.params)
         # Largest first: each step launches its element-wise passes and NS bucket by bucket, and while the GPU works
         # through the largest bucket the host launches the small ones (small first, the GPU waited on each launch:
-        # with the other host gaps, 1.7-2.3 ms of GPU idle time per Qwen3-30B-A3B layer step, profiled on the H200).
+        # docs/ns_kernels_h200.md#kernel-design-numbers).
         out = sorted(buckets.values(), key=lambda b: -len(b.params) * b.params[0].numel())
         # the fused kernels' contract, checked once per build instead of per tensor every step
         for b in out:

@@ -264,3 +264,36 @@ def test_no_dated_measurements_in_product_code():
         if date.search(line)
     ]
     assert hits == []
+
+
+def test_no_gpu_measurements_in_product_code():
+    """A GPU measurement (`513 ms ... on an H200`) belongs in docs/ or reports/, with what it was measured on; code
+    says why in a line and links the doc. Checked in optim/, muonbench/, recipes/ and bench/ outside bench/tools/
+    (whose report writers and sourced constants print numbers by design)."""
+    assert measurement_lines(REPO) == []
+
+
+def measurement_lines(root: Path) -> list[str]:
+    """`path:line` of each line with a measured quantity (ms, s, TF/s, GB/s, %) next to a GPU name."""
+    gpu = re.compile(r"\b(H100|H200|B200|GB300)\b")
+    qty = re.compile(r"\d[\d.,]*\s?(ms|us|s|TF/s|TFLOP/s|GB/s|%)(?![\w/])")
+    hits = []
+    for pkg in ("optim", "muonbench", "recipes", "bench"):
+        for p in sorted((root / pkg).rglob("*.py")):
+            if "tools" in p.relative_to(root).parts:
+                continue
+            lines = p.read_text().splitlines()
+            for i, line in enumerate(lines):
+                if qty.search(line) and gpu.search(" ".join(lines[max(0, i - 1) : i + 2])):
+                    hits.append(f"{p.relative_to(root)}:{i + 1}")
+    return hits
+
+
+def test_measurement_lines_sees_a_number_beside_a_gpu(tmp_path: Path):
+    (tmp_path / "optim").mkdir()
+    (tmp_path / "optim" / "k.py").write_text(
+        "# the slice ran in 513 ms\n# on an H200\nX = 1  # a why comment\n# 75% of H200 peak\n"
+    )
+    (tmp_path / "bench" / "tools").mkdir(parents=True)
+    (tmp_path / "bench" / "tools" / "r.py").write_text("# 701 TF/s on the H200\n")
+    assert measurement_lines(tmp_path) == ["optim/k.py:1", "optim/k.py:4"]

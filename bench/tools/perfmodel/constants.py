@@ -159,7 +159,7 @@ _GEMM_FRACTION_ASSUMED = "no measurement on this GPU: our H200 bf16 GEMM ceiling
 # Both published GB300 runs spend more time in them than in GEMMs (Qwen3-30B-A3B's small hidden and expert widths
 # above all), so it is the value Table 1 constrains (the AdamW rows fix it; the Muon rows only add the optimizer
 # terms). Fitted minimax over all four rows; GEMM fractions keep our H200 measurement.
-H200_HBM_FIT = 0.245  # bench.tools.perfmodel.calibrate.fit_h200_hbm(): 0.2447
+H200_HBM_FIT = 0.245  # rounded fit_h200_hbm() (reports/perfmodel_gb300_202611, Single-H200 checks)
 _H200_HBM = Sourced(
     value=H200_HBM_FIT,
     source="FITTED (the only fitted value of this row) on one single-H200 Megatron run, "
@@ -167,7 +167,7 @@ _H200_HBM = Sourced(
     "attention, unfused norms; bench.tools.perfmodel.calibrate.fit_h200_hbm); a standalone fused AdamW kernel "
     "reaches 0.72 (HBM_EFFICIENCY), the engine's memory-bound kernels average far less",
 )
-GB300_HBM_FIT = 0.475  # bench.tools.perfmodel.calibrate.fit_gb300_hbm(): 0.4754, worst |error| 1.2%
+GB300_HBM_FIT = 0.475  # rounded fit_gb300_hbm() (reports/perfmodel_gb300_202611/README.md)
 FITTED: dict[str, HardwareEfficiency] = {
     "gb300": HardwareEfficiency(
         gemm_bf16=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED),

@@ -83,7 +83,7 @@ def ns_data(profile: str, path: Path = NS_KERNELS, *, gram: bool = True) -> NSDa
         for sh in data.get("shapes", [])
         if int(sh.get("batch", 1)) == 1 and any("ms" in sh["impls"].get(i, {}) for i in impls)
     ]
-    # EO: the lowest host cost measured (H200 measurements: 0.330 and 0.475 ms; kernel run: its smallest single call)
+    # EO: the lowest host cost measured (constants.NS_CALL_HOST_MS, or the kernel run's smallest single call)
     host = (
         min([anchor_host, *singles]) if profile == "published" else (min(singles) if singles else anchor_host)
     )
