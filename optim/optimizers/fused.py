@@ -22,12 +22,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from optim.optimizers.base import NonFiniteError, host_flags, param_names
-from optim.optimizers.speculative import Speculation
+from optim.optimizers.protocols import MuonView
+from optim.optimizers.speculative import Speculation, _Speculation
 
 if TYPE_CHECKING:
     from optim.kernels.ns_batched import LastProduct
-    from optim.optimizers.muon import Muon
-    from optim.optimizers.speculative import _Speculation
 
 
 # A bucket's NS result: the orthogonalized stack and its per-matrix scale (or None), or the NS stopped before its last
@@ -58,7 +57,7 @@ class FusedStep:
     sharding, and calls its `_orthogonalize` (and `_ns_deferred`) for each bucket, so that instrumentation sees
     every NS call."""
 
-    def __init__(self, opt: Muon) -> None:
+    def __init__(self, opt: MuonView) -> None:
         self.opt = opt
         self.speculation = Speculation(self)
         self.packed_sumsq: torch.Tensor | None = None

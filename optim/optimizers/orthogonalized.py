@@ -45,12 +45,12 @@ from optim.optimizers.base import (
     reject_sparse_grads,
     state_dtype,
 )
+from optim.optimizers.protocols import FusedStepView
 from optim.optimizers.sharded import TPSharding
 from optim.optimizers.tp import TPModeFn, TPSpec
 
 if TYPE_CHECKING:
     from optim.distributed.tp_orthogonalize import TPMode
-    from optim.optimizers.fused import FusedStep
 
 GROUP_OPTIONS = ("lr", "momentum", "weight_decay")
 """The options a param group may set; the rest of the config holds for every group."""
@@ -90,7 +90,7 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         defaults = {"lr": config.lr, "momentum": config.momentum, "weight_decay": config.weight_decay}
         super().__init__(params, defaults)  # checks each group (`add_param_group`)
         self.sharding = TPSharding(self.param_groups, dict(tp), self.splits, tp_mode_fn) if tp else None
-        self.fused: FusedStep | None = None  # the fused CUDA step, where the subclass offers one (Muon)
+        self.fused: FusedStepView | None = None  # the fused CUDA step, where the subclass offers one (Muon)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """torch.optim's, plus the constructor's checks of the group (`check_param_group`) and of its splits."""

@@ -13,14 +13,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from optim.optimizers.base import param_names
-
-if TYPE_CHECKING:
-    from optim.optimizers.fused import FusedStep
+from optim.optimizers.protocols import FusedStepView
 
 
 @dataclass(slots=True)
@@ -46,7 +44,7 @@ class _Speculation:
 class Speculation:
     """Pending speculative results of one optimizer's fused step, their confirmation and per-step counts."""
 
-    def __init__(self, fused: FusedStep) -> None:
+    def __init__(self, fused: FusedStepView) -> None:
         self.fused = fused
         self.pending: list[_Speculation] = []
         self.confirmed = False
