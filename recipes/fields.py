@@ -155,3 +155,16 @@ def function_defined(module: str, name: str) -> bool:
     if any(isinstance(n, ast.FunctionDef) and n.name == name for n in tree.body):
         return True
     return name in _imports(tree, module)
+
+
+def function_returns(module: str, name: str) -> str | None:
+    """The return annotation of top-level function `name` of a Bridge module as source text (imports followed
+    within Bridge), or None when it has none or is not found there (source only)."""
+    tree = _parse(module)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.unparse(node.returns) if node.returns is not None else None
+    # a package's __init__ resolves its relative imports against itself, not its parent
+    anchor = f"{module}.__init__" if _module_path(module).name == "__init__.py" else module
+    src, attr = _imports(tree, anchor).get(name, ("", None))
+    return function_returns(src, attr) if attr is not None and src.startswith(BRIDGE_PKG) else None

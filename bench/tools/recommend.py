@@ -113,9 +113,12 @@ def runnable(root: RootConfig) -> str | None:
 
             tp_mode = root.parallelism.distribution.tp_mode
             megatron_muon_fields(algo, routing, "blockwise" if tp_mode == "auto" else tp_mode)
-        if root.engine.name == "bridge":
+        if root.engine.name == "bridge":  # as bench.run's preflight (bench.sweep.preflight)
             from recipes.overrides import build_plan
+            from recipes.user_recipe import check_recipe
 
+            if root.engine.recipe:
+                check_recipe(root.engine.recipe)
             build_plan(root)
     except ValueError as exc:
         return str(exc)

@@ -229,3 +229,31 @@ def test_engine_recipe_cli_path(hub, tmp_path) -> None:
     assert len(bad) == 1 and "engine.recipe=" in bad[0] and "no function 'nope_config'" in bad[0]
     wrong = preflight([["engine=hf", f"engine.recipe={LLAMA}"]])
     assert len(wrong) == 1 and "a Bridge recipe runs under engine=bridge" in wrong[0]
+
+
+def test_recipe_return_type_checked_before_launch(tmp_path, monkeypatch) -> None:
+    """Localises a recipe function that returns something else than a ConfigContainer failing only on the worker
+    rank: `check_recipe` (bench.run's preflight) refuses it naming engine.recipe and the value, from a Bridge
+    module's source, from a user function's annotation, or (unannotated) from its value."""
+    from recipes.fields import function_returns
+    from recipes.user_recipe import check_recipe
+
+    assert function_returns("megatron.bridge.recipes.llama", "llama3_8b_pretrain_config") == "ConfigContainer"
+    bad_bridge = "megatron.bridge.recipes.utils.optimizer_utils.distributed_fused_adam_with_cosine_annealing"
+    with pytest.raises(ValueError, match=rf"engine.recipe='{bad_bridge}': returns tuple\[OptimizerConfig"):
+        check_recipe(bad_bridge)
+    (tmp_path / "my_recipes.py").write_text(
+        "from __future__ import annotations\n"
+        "from megatron.bridge.training.config import ConfigContainer\n"
+        "def good() -> ConfigContainer:\n    raise AssertionError('an annotated recipe is not called')\n"
+        "def annotated() -> dict:\n    return {}\n"
+        "def bare():\n    return 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert check_recipe("my_recipes.good") == ("my_recipes", "good")
+    with pytest.raises(ValueError, match=r"engine.recipe='my_recipes.annotated': returns dict, not a Bridge"):
+        check_recipe("my_recipes.annotated")
+    with pytest.raises(ValueError, match=r"engine.recipe='my_recipes.bare' returned: builtins.int, not a Bridge"):
+        check_recipe("my_recipes.bare")
+    with pytest.raises(ValueError, match=r"engine.recipe='builtins.dict' returned: builtins.dict, not a Bridge"):
+        check_recipe("builtins.dict")
