@@ -84,9 +84,11 @@ MODEL_RECIPES: dict[str, ModelRecipe] = {r.family: r for r in (KIMI_K2, QWEN3_MO
 AUTOBRIDGE_RECIPE = "recipes.autobridge:pretrain_config"
 """Base of a model read with `model=hf:<spec>` whose family has no published recipe here; takes the ModelConfig."""
 
-HF_DEFAULTS: Sections = {"model": {"moe_permute_fusion": True}}
+HF_DEFAULTS: Sections = {"model": {"moe_permute_fusion": True, "moe_router_force_load_balancing": True}}
 """For a MoE model with no published recipe: the token-permutation fusion Bridge's own MoE recipes turn on (OLMoE,
-Qwen3-MoE)."""
+Qwen3-MoE), and balanced routing as in the published perf recipes and the megatron engine: with learned routing the
+experts' load, hence forward-backward time, follows what each optimizer taught the router
+(reports/byo_models_h200_202612)."""
 
 
 def model_recipe(model: ModelConfig) -> ModelRecipe:

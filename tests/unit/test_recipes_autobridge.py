@@ -65,6 +65,8 @@ def test_autobridge_provider_sliced_with_our_optimizer(built, name: str) -> None
     assert cfg.model.num_query_groups == m.num_query_groups and cfg.model.ffn_hidden_size == m.ffn_hidden_size
     assert (cfg.model.num_moe_experts or 0) == m.num_experts
     assert cfg.model.mtp_num_layers is None
+    # a MoE model is benchmarked with balanced routing: expert load must not depend on the optimizer
+    assert cfg.model.moe_router_force_load_balancing is bool(m.num_experts)
     assert type(cfg.optimizer).__name__ == "OursOptimizerConfig"
     assert cfg.optimizer.muonbench_optimizer["name"] == "muon"
     assert cfg.ddp.use_distributed_optimizer is False
