@@ -138,7 +138,7 @@ HF_MODEL = "hf"
 
 
 def expand_hf(overrides: list[str]) -> list[str]:
-    """`model=hf:<spec>` -> `model=hf model.source=hf:<spec>`: Hydra cannot select a file outside the config tree,
+    """`model=hf:<spec>` -> `model=hf model.source=hf:<spec> model.name=<its name>`: Hydra cannot select a file outside the config tree,
     so the placeholder is composed and `to_typed` fills its fields from <spec> (`_fill_from_hf`). Every entry point
     that hands overrides to Hydra passes them through here first."""
     out = []
@@ -147,7 +147,11 @@ def expand_hf(overrides: list[str]) -> list[str]:
         if sep and key.lstrip("+") == "model" and value.startswith(f"{HF_MODEL}:"):
             if not value.removeprefix(f"{HF_MODEL}:").strip("'\""):
                 _fail("model", value, "give a config: model=hf:<config.json, folder or Hub id>")
-            out += [f"{key}={HF_MODEL}", f"model.source={value}"]
+            from muonbench.hf_model import model_name
+
+            # the name too, so that run folders (hydra.run.dir reads model.name) say which model ran
+            spec = value.removeprefix(f"{HF_MODEL}:").strip("'\"")
+            out += [f"{key}={HF_MODEL}", f"model.source={value}", f"model.name={model_name(spec)}"]
         else:
             out.append(item)
     return out

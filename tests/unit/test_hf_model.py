@@ -255,3 +255,19 @@ def test_written_config_reads_back_to_the_same_model(name: str, tmp_path: Path) 
     assert {k: again[k] for k in read if k not in ("name", "source")} == {
         k: v for k, v in read.items() if k not in ("name", "source")
     }
+
+
+def test_run_folders_carry_the_model_name() -> None:
+    """`model=hf:<spec>` names the model for Hydra too (the run folder pattern reads model.name); a later
+    `model.name=` still wins."""
+    from muonbench.compose import expand_hf
+
+    spec = str(FIXTURES / "llama3_8b")
+    assert expand_hf([f"model=hf:{spec}", "optimizer=muon"]) == [
+        "model=hf",
+        f"model.source=hf:{spec}",
+        "model.name=llama3_8b",
+        "optimizer=muon",
+    ]
+    assert hf("llama3_8b").model.name == "llama3_8b"
+    assert hf("llama3_8b", "model.name=mine").model.name == "mine"
