@@ -9,10 +9,10 @@ Everything except the CLI-only keys `out`, `format` and `numerics` is a Hydra ov
 with `bench.tools.perfmodel` (profile `ours`, NS precision and Gram-NS as configured) every option the product has:
 the TP Newton-Schulz mode (where TP or expert-TP > 1), the layer-wise assignment, split QKV and split gate / up
 (jointly), then NS overlap, NS precision, Gram-NS and the coefficient set with its step count (one at a time from
-the best layout, the layout searched again if one of them changed). Settings that change the update itself (NS
-precision, Gram-NS, coefficient set and steps) keep their configured values unless `numerics=allow`; with it, a set
-and step count is a candidate only if its singular values end as close to 1 as the configured ones
-(`recommend_checks.band_error`). Ties go to the configured values. Every candidate is validated as `bench.run`
+the best layout, the layout searched again if one of them changed). Settings that change the update itself (split
+QKV, NS precision, Gram-NS, coefficient set and steps) keep their configured values unless `numerics=allow`; with
+it, a set and step count is a candidate only if its singular values end as close to 1 as the configured ones
+(`recommend_checks.band_error`). Ties (within `TIE_REL`) go to the configured values. Every candidate is validated as `bench.run`
 validates it and only runnable ones are priced; the winner is composed again from its overrides through
 `muonbench.load`, checked by `muonbench.check_runnable` (and the Bridge plan for engine=bridge), and its optimizer is
 built and stepped on a tiny CPU slice of the model (`recommend_checks.build_on_cpu`).
@@ -49,13 +49,19 @@ LAYOUT = ("tp_mode", "assignment", "split_qkv", "split_gate_up")
 """Searched jointly: they decide which matrices each GPU orthogonalizes, and how."""
 STEP = ("ns_overlap", "ns_precision", "use_gram_ns", "coefficients")
 """Searched one at a time from the best layout; `coefficients` is the pair (coefficient_type, num_ns_steps)."""
-NUMERICS_CHANGING = ("ns_precision", "use_gram_ns", "coefficients")
+NUMERICS_CHANGING = ("split_qkv", "ns_precision", "use_gram_ns", "coefficients")
+"""Searched only with numerics=allow: they change the update, and no quality measurement says by how little (split
+gate / up has one: reports/quality_cpu_split_gate_up_202612, the same loss; it is searched by default)."""
+TIE_REL = 1e-4
+"""Step times within this fraction of the fastest are ties (far below the model's resolution): the configured value
+stays."""
 DIST_FIELDS = ("tp_mode", "assignment")
 SEARCHED = (*LAYOUT, "ns_overlap", "ns_precision", "use_gram_ns", "coefficient_type", "num_ns_steps")
 """Every setting a candidate row carries."""
 GRAM_UNSAFE_SETS = ("cans",)
 """Gram-NS diverges with these sets below fp32 (optim/functional/newton_schulz.py): never offered there."""
 MEASURED = {
+    "split_gate_up": "the same loss split or joint (reports/quality_cpu_split_gate_up_202612)",
     "fp16": "fp16 iterates closer to fp32 NS than bf16 at the same GEMM rate (docs/ns_kernels_h200.md)",
     "ns_overlap": "the cost model charges overlapped NS in full: on one H200 it hid nothing, the backward already "
     "holds the GPU at its power cap (docs/megatron_h200.md), and its results wait in memory (2 B per element)",
@@ -139,7 +145,7 @@ def options(root: RootConfig, *, allow_numerics: bool) -> dict[str, tuple[Any, .
     out = {
         "tp_mode": first("tp_mode", TP_MODE_CHOICES if sharded else ()),
         "assignment": first("assignment", tuple(Strategy)),
-        "split_qkv": first("split_qkv", (True, False) if model.attention == "gqa" else ()),
+        "split_qkv": first("split_qkv", (True, False) if model.attention == "gqa" and allow_numerics else ()),
         "split_gate_up": first("split_gate_up", (False, True) if model.gated_linear_unit else ()),
         "ns_overlap": first("ns_overlap", (False, True) if root.engine.name == "megatron" else ()),
     }
@@ -200,13 +206,14 @@ class Search:
         return sum(row[k] != self.conf[k] for k in SEARCHED)
 
     def best(self, cands: list[dict[str, Any]]) -> dict[str, Any]:
-        """The fastest runnable candidate; within 1e-6 the fewest changes, then the first (configured first)."""
+        """The fastest runnable candidate; within `TIE_REL` the fewest changes, then the first (configured
+        first)."""
         ok = [r for r in (self.price(c) for c in cands) if r["runnable"]]
         if not ok:
             why = self.price(cands[0])["why_not"]
             raise ValueError(f"no runnable Muon setting for this config; first reason: {why}")
         fastest = min(r["step_time_s"] for r in ok)
-        return min((r for r in ok if r["step_time_s"] <= fastest * (1 + 1e-6)), key=self.changes)
+        return min((r for r in ok if r["step_time_s"] <= fastest * (1 + TIE_REL)), key=self.changes)
 
     def layout(self, at: dict[str, Any]) -> dict[str, Any]:
         cands = [
@@ -254,14 +261,19 @@ def reasons_for(search: Search, best: dict[str, Any]) -> dict[str, str]:
 
     conf, opts, model = search.conf, search.opts, search.root.model
     kept = "" if search.allow else " [numerics=keep: changes the update; numerics=allow searches it]"
+    kept_qkv = kept if model.attention == "gqa" else ""
     reasons = {
         "tp_mode": f"{best['tp_mode']}: "
         + (vs("tp_mode", opts["tp_mode"]) if len(opts["tp_mode"]) > 1 else "moot, TP = expert-TP = 1"),
         "assignment": f"{best['assignment']}: " + vs("assignment", opts["assignment"]),
-        "split_qkv": f"{best['split_qkv']}: "
-        + (vs("split_qkv", opts["split_qkv"]) if model.attention == "gqa" else "moot, MLA has no fused QKV"),
+        "split_qkv": f"{best['split_qkv']}{kept_qkv}: "
+        + (vs("split_qkv", (True, False)) if model.attention == "gqa" else "moot, MLA has no fused QKV"),
         "split_gate_up": f"{best['split_gate_up']}: "
-        + (vs("split_gate_up", opts["split_gate_up"]) if model.gated_linear_unit else "moot, no gated MLP"),
+        + (
+            vs("split_gate_up", opts["split_gate_up"]) + f"; {MEASURED['split_gate_up']}"
+            if model.gated_linear_unit
+            else "moot, no gated MLP"
+        ),
     }
     overlap = search.price(search.with_(best, "ns_overlap", not best["ns_overlap"]))
     if search.root.engine.name != "megatron":
