@@ -79,9 +79,28 @@ def run_usage() -> str:
     )
 
 
+def asks_for_help(argv: list[str]) -> bool:
+    return any(a in ("-h", "--help") for a in argv)
+
+
+def usage_help(
+    argv: list[str],
+    prog: str,
+    summary: str,
+    *,
+    tool_options: dict[str, str] | None = None,
+    examples: tuple[str, ...] = (),
+) -> bool:
+    """Print `usage(...)` of a Hydra-style tool when `argv` asks for help; True when it did (the caller exits)."""
+    if not asks_for_help(argv):
+        return False
+    print(usage(prog, summary, tool_options=tool_options, examples=examples))
+    return True
+
+
 def module_help(doc: str | None, argv: list[str]) -> bool:
     """For the key=value tools whose module docstring is their usage: print it when `argv` asks for help."""
-    if not any(a in ("-h", "--help") for a in argv):
+    if not asks_for_help(argv):
         return False
     print((doc or "").strip())
     return True

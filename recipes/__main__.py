@@ -17,17 +17,15 @@ from recipes.overrides import AB_MODES, build_plan, unknown_fields
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        from muonbench.cli_help import usage
+    from muonbench.cli_help import usage_help
 
-        print(
-            usage(
-                "recipes",
-                "Print the Megatron-Bridge plan of a config (base recipe, A/B mode, every override), offline.",
-                tool_options={"--ab-mode published|fair": "A/B mode (default: engine.ab_mode)"},
-                examples=("experiment=gb300/kimi_k2_muon --ab-mode fair",),
-            )
-        )
+    if usage_help(
+        args,
+        "recipes",
+        "Print the Megatron-Bridge plan of a config (base recipe, A/B mode, every override), offline.",
+        tool_options={"--ab-mode published|fair": "A/B mode (default: engine.ab_mode)"},
+        examples=("experiment=gb300/kimi_k2_muon --ab-mode fair",),
+    ):
         return 0
     ab_mode = None
     if "--ab-mode" in args:

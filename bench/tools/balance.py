@@ -244,28 +244,26 @@ def cost_model_from(path: str, impl: str) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        from muonbench.cli_help import usage
+    from muonbench.cli_help import usage_help
 
-        print(
-            usage(
-                "bench.tools.balance",
-                "Layer-wise optimizer balance from shapes alone (no GPU): per-rank Newton-Schulz load, imbalance,\n"
-                "bytes moved, for each assignment strategy.",
-                tool_options={
-                    "strategy=all|" + "|".join(STRATEGIES): "assignment strategies to compare (default all)",
-                    "format=text|json": "output format (default text)",
-                    "cost_table=PATH": "measured NS costs (json, or a bench.tools.ns_kernels results.csv)",
-                    "cost_impl=NAME": "implementation column of the cost table (default ours_gram)",
-                    "grad_bytes=N, param_bytes=N": "bytes per gradient / parameter element (default 4, 2)",
-                    "ranks=summary|all": "per-rank table (default summary)",
-                },
-                examples=(
-                    "model=kimi_k2 parallelism=pp4_dp64_ep64",
-                    "model=qwen3_30b_a3b parallelism=dp8_ep8 format=json",
-                ),
-            )
-        )
+    if usage_help(
+        args,
+        "bench.tools.balance",
+        "Layer-wise optimizer balance from shapes alone (no GPU): per-rank Newton-Schulz load, imbalance,\n"
+        "bytes moved, for each assignment strategy.",
+        tool_options={
+            "strategy=all|" + "|".join(STRATEGIES): "assignment strategies to compare (default all)",
+            "format=text|json": "output format (default text)",
+            "cost_table=PATH": "measured NS costs (json, or a bench.tools.ns_kernels results.csv)",
+            "cost_impl=NAME": "implementation column of the cost table (default ours_gram)",
+            "grad_bytes=N, param_bytes=N": "bytes per gradient / parameter element (default 4, 2)",
+            "ranks=summary|all": "per-rank table (default summary)",
+        },
+        examples=(
+            "model=kimi_k2 parallelism=pp4_dp64_ep64",
+            "model=qwen3_30b_a3b parallelism=dp8_ep8 format=json",
+        ),
+    ):
         return 0
     opts = {
         "strategy": "all",

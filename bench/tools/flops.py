@@ -151,21 +151,19 @@ def main(argv: list[str] | None = None) -> int:
     from muonbench import load
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        from muonbench.cli_help import usage
+    from muonbench.cli_help import usage_help
 
-        print(
-            usage(
-                "bench.tools.flops",
-                "Model FLOPs per token and per step (Megatron formula) and the Newton-Schulz FLOPs of one optimizer\n"
-                "step (plain, syrk and Gram-NS counts) of a composed configuration; no GPU, no torch.",
-                tool_options={"format=text|json": "output format (default text)"},
-                examples=(
-                    "model=qwen3_30b_a3b parallelism=dp8_ep8 format=json",
-                    "model=kimi_k2 optimizer.split_mla_kv_down=true",
-                ),
-            )
-        )
+    if usage_help(
+        args,
+        "bench.tools.flops",
+        "Model FLOPs per token and per step (Megatron formula) and the Newton-Schulz FLOPs of one optimizer\n"
+        "step (plain, syrk and Gram-NS counts) of a composed configuration; no GPU, no torch.",
+        tool_options={"format=text|json": "output format (default text)"},
+        examples=(
+            "model=qwen3_30b_a3b parallelism=dp8_ep8 format=json",
+            "model=kimi_k2 optimizer.split_mla_kv_down=true",
+        ),
+    ):
         return 0
     fmt = "text"
     for a in [a for a in args if a.startswith("format=")]:

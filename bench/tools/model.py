@@ -49,20 +49,18 @@ def main(argv: list[str] | None = None) -> int:
     from muonbench import load
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or any(a in ("-h", "--help") for a in args):
-        from muonbench.cli_help import usage
+    from muonbench.cli_help import usage_help
 
-        print(
-            usage(
-                "bench.tools.model",
-                "The conf/model YAML of a Hugging Face config.json (a path, a folder holding one, or a Hub id in\n"
-                "the local cache), with model.<field>= overrides applied; commit it under conf/model/.",
-                examples=(
-                    "hf:path/to/config.json",
-                    "hf:Qwen/Qwen3-8B model.num_layers=4",
-                ),
-            )
-        )
+    if usage_help(
+        args or ["--help"],
+        "bench.tools.model",
+        "The conf/model YAML of a Hugging Face config.json (a path, a folder holding one, or a Hub id in\n"
+        "the local cache), with model.<field>= overrides applied; commit it under conf/model/.",
+        examples=(
+            "hf:path/to/config.json",
+            "hf:Qwen/Qwen3-8B model.num_layers=4",
+        ),
+    ):
         return 0 if args else 2
     spec, rest = args[0], args[1:]
     if not spec.startswith("hf:"):

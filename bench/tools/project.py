@@ -86,23 +86,21 @@ def format_text(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        from muonbench.cli_help import usage
+    from muonbench.cli_help import usage_help
 
-        print(
-            usage(
-                "bench.tools.project",
-                "Projected step time and TFLOP/s per GPU of a configuration at any scale (performance model).",
-                tool_options={
-                    "profile=published|ours": "which implementation the projection models (default published)",
-                    "format=text|json": "output format (default text)",
-                    "report=DIR": "write the calibration and sweep report into DIR instead",
-                },
-                examples=(
-                    "model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx profile=ours",
-                ),
-            )
-        )
+    if usage_help(
+        args,
+        "bench.tools.project",
+        "Projected step time and TFLOP/s per GPU of a configuration at any scale (performance model).",
+        tool_options={
+            "profile=published|ours": "which implementation the projection models (default published)",
+            "format=text|json": "output format (default text)",
+            "report=DIR": "write the calibration and sweep report into DIR instead",
+        },
+        examples=(
+            "model=kimi_k2 parallelism=pp4_dp64_ep64 hardware=gb300 precision=fp8_mx profile=ours",
+        ),
+    ):
         return 0
     try:
         return _main(args)

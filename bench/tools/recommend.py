@@ -506,23 +506,21 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if any(a in ("-h", "--help") for a in args):
-        from muonbench.cli_help import usage
+    from muonbench.cli_help import usage_help
 
-        print(
-            usage(
-                "bench.tools.recommend",
-                "Recommended Muon settings for a model, layout and hardware, with their predicted cost.",
-                tool_options={
-                    "out=DIR": "where scaling.csv, scaling.png and recommendation.json go "
-                    "(default runs/recommend/<model>_<parallelism>_<hardware>)",
-                    "format=text|json": "output format (default text)",
-                    "numerics=keep|allow": "keep the configured NS precision, Gram-NS, coefficient set and "
-                    "steps (default), or search them too (they change the update)",
-                },
-                examples=("model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200",),
-            )
-        )
+    if usage_help(
+        args,
+        "bench.tools.recommend",
+        "Recommended Muon settings for a model, layout and hardware, with their predicted cost.",
+        tool_options={
+            "out=DIR": "where scaling.csv, scaling.png and recommendation.json go "
+            "(default runs/recommend/<model>_<parallelism>_<hardware>)",
+            "format=text|json": "output format (default text)",
+            "numerics=keep|allow": "keep the configured NS precision, Gram-NS, coefficient set and "
+            "steps (default), or search them too (they change the update)",
+        },
+        examples=("model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200",),
+    ):
         return 0
     try:
         cli, overrides = split_args(args)

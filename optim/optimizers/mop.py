@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from optim.configs import MOPConfig
-from optim.distributed.tp_orthogonalize import TPMode, tp_newton_schulz
+from optim.distributed.tp_orthogonalize import TPMode
 from optim.functional.newton_schulz import newton_schulz
 from optim.functional.polar import polar_svd
 from optim.functional.split import RowSplit
@@ -80,11 +80,9 @@ class MOP(OrthogonalizedOptimizer):
             orth, nuclear = self._polar(x.mT if tall else x)
             return (orth.mT if tall else orth), nuclear
         cfg = self.config
-        orth = tp_newton_schulz(
+        orth = spec.newton_schulz(
             x,
             mode=mode,
-            partition_dim=spec.dim,
-            tp_group=spec.group,
             shard_sizes=shard_sizes,
             num_ns_steps=cfg.num_ns_steps,
             coefficients="polar_express",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from optim.configs import MuonConfig
-from optim.distributed.tp_orthogonalize import TPMode, tp_newton_schulz
+from optim.distributed.tp_orthogonalize import TPMode
 from optim.functional.newton_schulz import newton_schulz, ns_coefficients
 from optim.functional.split import RowSplit
 from optim.optimizers.base import config_from
@@ -133,66 +133,49 @@ class Muon(OrthogonalizedOptimizer):
             and kernels_available()
         )
 
+    def _ns_settings(self) -> dict[str, Any]:
+        """This config's NS as `newton_schulz` and `tp_newton_schulz` take it."""
+        cfg = self.config
+        return {
+            "num_ns_steps": cfg.num_ns_steps,
+            "coefficients": self.coefficients,
+            "compute_dtype": NS_DTYPES[cfg.ns_precision],
+            "eps": cfg.eps,
+            "use_gram": cfg.use_gram_ns,
+            "restart_iterations": cfg.gram_restart_iterations,
+        }
+
+    def _kernel_settings(self) -> dict[str, Any]:
+        """This config's NS as `optim.kernels.orthogonalize` (and `orthogonalize_deferred`) take it."""
+        cfg = self.config
+        return {
+            "coeffs": self.coefficients,
+            "eps": cfg.eps,
+            "use_gram": cfg.use_gram_ns,
+            "restart_iterations": cfg.gram_restart_iterations,
+            "dtype": NS_DTYPES[cfg.ns_precision],
+        }
+
     def _orthogonalize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One call per shape group (the base class stacks the group): (B, m, n) -> orthogonalized stack."""
-        cfg = self.config
         if self._use_kernels(x):
             assert _kernels is not None
-            out = _kernels.orthogonalize(
-                x,
-                coeffs=self.coefficients,
-                eps=cfg.eps,
-                use_gram=cfg.use_gram_ns,
-                restart_iterations=cfg.gram_restart_iterations,
-                dtype=NS_DTYPES[cfg.ns_precision],
-                sumsq=self.fused.packed_sumsq if self.fused is not None else None,  # the fused pack's norms of x
-            )
+            sumsq = self.fused.packed_sumsq if self.fused is not None else None  # the fused pack's norms of x
+            out = _kernels.orthogonalize(x, sumsq=sumsq, **self._kernel_settings())
             return out.to(x.dtype), None
-        out = newton_schulz(
-            x,
-            num_ns_steps=cfg.num_ns_steps,
-            coefficients=self.coefficients,
-            compute_dtype=NS_DTYPES[cfg.ns_precision],
-            eps=cfg.eps,
-            use_gram=cfg.use_gram_ns,
-            restart_iterations=cfg.gram_restart_iterations,
-        )
-        return out, None
+        return newton_schulz(x, **self._ns_settings()), None
 
     def _ns_deferred(self, x: torch.Tensor, sumsq: torch.Tensor) -> LastProduct | None:
         """The fused step's NS of a packed stack stopped before its last product, which then writes the update
         into the parameters (`optim.kernels.orthogonalize_deferred`); None where the planned method cannot."""
-        cfg = self.config
         if not self._use_kernels(x):
             return None
         assert _kernels is not None
-        last: LastProduct | None = _kernels.orthogonalize_deferred(
-            x,
-            sumsq,
-            coeffs=self.coefficients,
-            eps=cfg.eps,
-            use_gram=cfg.use_gram_ns,
-            restart_iterations=cfg.gram_restart_iterations,
-            dtype=NS_DTYPES[cfg.ns_precision],
-        )
+        last: LastProduct | None = _kernels.orthogonalize_deferred(x, sumsq, **self._kernel_settings())
         return last
 
     def _orthogonalize_tp(
         self, x: torch.Tensor, *, mode: TPMode, spec: TPSpec, shard_sizes: tuple[int, ...] | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, r, c) TP shards -> orthogonalized shards (`tp_newton_schulz` with this config's NS settings)."""
-        cfg = self.config
-        out = tp_newton_schulz(
-            x,
-            mode=mode,
-            partition_dim=spec.dim,
-            tp_group=spec.group,
-            shard_sizes=shard_sizes,
-            num_ns_steps=cfg.num_ns_steps,
-            coefficients=self.coefficients,
-            compute_dtype=NS_DTYPES[cfg.ns_precision],
-            eps=cfg.eps,
-            use_gram=cfg.use_gram_ns,
-            restart_iterations=cfg.gram_restart_iterations,
-        )
-        return out, None
+        return spec.newton_schulz(x, mode=mode, shard_sizes=shard_sizes, **self._ns_settings()), None

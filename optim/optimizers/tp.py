@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from optim.configs import TP_MODE_CHOICES, TPMode
 from optim.distributed.comm import group_rank_size
+from optim.distributed.tp_orthogonalize import tp_newton_schulz
 
 TPModeFn = Callable[[int, int, int, int], str]
 """(full rows, full cols, TP size, partition_dim in {0, 1}) -> a TPMode value."""
@@ -59,6 +61,15 @@ class TPSpec:
     def size(self) -> int:
         """TP size (1 for group None or without torch.distributed)."""
         return group_rank_size(self.group)[1]
+
+    def newton_schulz(
+        self, x: torch.Tensor, *, mode: TPMode, shard_sizes: tuple[int, ...] | None, **ns: Any
+    ) -> torch.Tensor:
+        """`tp_newton_schulz` of the (B, r, c) shards `x` over this spec's group and dim in the resolved `mode`;
+        `ns`: the optimizer's NS settings (num_ns_steps, coefficients, compute_dtype, eps, ...)."""
+        return tp_newton_schulz(
+            x, mode=mode, partition_dim=self.dim, tp_group=self.group, shard_sizes=shard_sizes, **ns
+        )
 
     def full_shape(self, p: torch.Tensor) -> tuple[int, int]:
         """(rows, cols) of the whole (unsharded) matrix of which `p` holds one shard."""
