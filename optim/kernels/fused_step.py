@@ -51,7 +51,7 @@ def _ptrs(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
 def _fast_ok(tensors: Sequence[torch.Tensor], checked: bool = False) -> bool:
     """The Triton path may run: no earlier failure, CUDA and Triton present, and every tensor CUDA fp32
     contiguous (`checked`: the caller guarantees dtype and layout, and one device per call; only the first
-    tensor's device is looked at, saving ~1 us per tensor of host time)."""
+    tensor's device is looked at, saving host time per tensor)."""
     from optim.kernels import available
 
     if TRITON_FAILURE or not available():
