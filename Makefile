@@ -3,8 +3,16 @@ SHELL := /bin/bash
 PY_SYS ?= $(shell PYENV_VERSION=$$(cat .python-version) pyenv which python 2>/dev/null || command -v python3.12 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# Keyed on the content of what the install reads, not on mtimes: a fresh clone or a checkout of the same pins reuses
+# .venv; a changed pin names a new stamp and reinstalls.
+INSTALL_INPUTS := pyproject.toml tests/requirements-bridge.txt
+STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | sha256sum | cut -c1-16)
 BRIDGE_VERSION := 0.6.2
+# uv resolves and links from its cache several times faster than pip; INSTALLER=pip (or uv failing) installs with pip.
+INSTALLER ?= uv
+UV_VERSION := 0.13.9
+# Test processes: pytest-xdist workers (`make test WORKERS=0` runs in one process).
+WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-gpu bench bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
@@ -12,14 +20,19 @@ BRIDGE_VERSION := 0.6.2
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml tests/requirements-bridge.txt
+# Megatron-Bridge and what it imports, except Transformer Engine: the CPU tests build real ConfigContainers from
+# Bridge's own recipes (tests/bridge_live.py). nvidia-resiliency-ext 0.7.0 (Bridge imports its `inprocess` module) is
+# published for glibc >= 2.39 only; its Python part is all the import needs.
+define install_with
+$(1) pip==25.3 -e '.[test]' && $(1) --no-deps megatron-bridge==$(BRIDGE_VERSION) -r tests/requirements-bridge.txt
+endef
+
+$(STAMP):
+	rm -f $(VENV)/.installed*
 	$(PY_SYS) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip==25.3
-	$(PY) -m pip install -q -e '.[test]'
-	# Megatron-Bridge and what it imports, except Transformer Engine: the CPU tests build real ConfigContainers from
-	# Bridge's own recipes (tests/bridge_live.py). nvidia-resiliency-ext 0.7.0 (Bridge imports its `inprocess`
-	# module) is published for glibc >= 2.39 only; its Python part is all the import needs.
-	$(PY) -m pip install -q --no-deps megatron-bridge==$(BRIDGE_VERSION) -r tests/requirements-bridge.txt
+	if [ "$(INSTALLER)" = uv ] && $(PY) -m pip install -q uv==$(UV_VERSION) && \
+		$(call install_with,$(VENV)/bin/uv pip install -q --python $(PY)); then :; else \
+		echo "installing with pip"; $(call install_with,$(PY) -m pip install -q --upgrade); fi
 	$(PY) -m pip install -q --no-deps --only-binary=:all: --platform manylinux_2_39_$(shell uname -m) \
 		--python-version 3.12 --upgrade --target $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
 		nvidia-resiliency-ext==0.7.0
@@ -27,8 +40,8 @@ $(STAMP): pyproject.toml tests/requirements-bridge.txt
 
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
 
-test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process)
-	$(PY) -m pytest -q tests experiments
+test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process) on WORKERS processes (default 2)
+	$(PY) -m pytest -q -n $(WORKERS) tests experiments
 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests experiments
