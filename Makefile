@@ -32,7 +32,7 @@ $(STAMP):
 	$(PY_SYS) -m venv --without-pip $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(PY_SYS) -m pip install -q --upgrade --target $(VENV)/uv uv==$(UV_VERSION) && \
 		$(call install_with,$(VENV)/uv/bin/uv pip install -q --python $(PY)); then :; else \
-		echo "installing with pip"; $(PY) -m ensurepip -q && $(call install_with,$(PY) -m pip install -q --upgrade); fi
+		echo "installing with pip"; $(PY) -m ensurepip >/dev/null && $(call install_with,$(PY) -m pip install -q --upgrade); fi
 	$(PY) -m pip install -q --no-deps --only-binary=:all: --platform manylinux_2_39_$(shell uname -m) \
 		--python-version 3.12 --upgrade --target $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
 		nvidia-resiliency-ext==0.7.0
