@@ -41,7 +41,7 @@ $(STAMP):
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
 
 test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process) on WORKERS processes (default 2)
-	$(PY) -m pytest -q -n $(WORKERS) tests experiments
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup tests experiments
 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests experiments

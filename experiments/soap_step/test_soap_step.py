@@ -9,8 +9,8 @@ from experiments.soap_step.soap_step import PARTS, REFRESH, labelled_parts, run
 
 
 def test_breakdown_of_the_tiny_model(tmp_path: Path) -> None:
-    """Refresh steps are told apart and cost more; every SOAP part shows up under its label; the JSON is
-    written."""
+    """Refresh steps are told apart and hold the eigh (a wall-clock comparison of single CPU steps flipped under
+    load); every SOAP part shows up under its label; the JSON is written."""
     out = tmp_path / "soap_step.json"
     args = [
         "profile=tiny",
@@ -22,10 +22,12 @@ def test_breakdown_of_the_tiny_model(tmp_path: Path) -> None:
     ]
     res = run([*args, f"out={out}"])
     assert json.loads(out.read_text())["profile"] == res["profile"]
-    assert len(res["step_ms"]) == 4 and len(res["refresh_step_ms"]) == 2
-    assert min(res["refresh_step_ms"]) > res["plain_step_ms_median"]
+    # warm-up: steps 1-3; timed: steps 4-7, of which 5 and 7 refresh (step s refreshes when (s - 1) % 2 == 0)
+    assert len(res["step_ms"]) == 4 and res["refresh_step_ms"] == [res["step_ms"][1], res["step_ms"][3]]
+    assert res["plain_step_ms_median"] in (res["step_ms"][0], res["step_ms"][2])
     parts = res["profile"]["parts"]
     assert set(parts) == set(PARTS) | {REFRESH}
+    assert parts[REFRESH]["host_ms_per_step"] >= parts["eigh_descending"]["host_ms_per_step"] > 0  # eigh inside
     # one refresh every 2 steps: half the steps call eigh, once per factor (two per SOAP tensor)
     assert parts["eigh_descending"]["calls_per_step"] == res["soap_tensors"]
     assert parts["finite_flags"]["calls_per_step"] == 2

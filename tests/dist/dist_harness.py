@@ -66,7 +66,10 @@ def context(text: str) -> Callable[[str], str]:
 SUITE: tuple[tuple[str, str], ...] = (
     ("test_tp_orthogonalize", "tp_worker"),
     ("test_layerwise", "layerwise_worker"),
+    ("test_muon_tp", "muon_tp_worker"),
 )
+XDIST_GROUP = "gloo_suite"
+"""The tests reading `run_suite` share one pytest-xdist worker (`xdist_group`), so the spawns happen once."""
 _RESULTS: dict[int, str | None] = {}
 
 

@@ -21,7 +21,7 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import context, run_suite, subgroups
+from dist_harness import XDIST_GROUP, context, run_suite, subgroups
 from torch import nn
 from torch.testing import assert_close
 
@@ -348,6 +348,7 @@ def layerwise_worker(rank: int, ws: int, tmp: str) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.xdist_group(XDIST_GROUP)
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_layerwise_equals_single_process(world_size: int) -> None:
     """Localises: wrong owner offsets or padding, a gradient averaged over the wrong group (experts), a gather

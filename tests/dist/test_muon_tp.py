@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import context, spawn
+from dist_harness import XDIST_GROUP, context, run_suite
 from torch.testing import assert_close
 
 from optim import Muon
@@ -152,8 +152,7 @@ def _check(rank: int, ws: int, kind: str) -> None:
         assert not torch.equal(blk["a"], got["a"])  # blockwise really differs from the whole-matrix modes
 
 
-def muon_tp_worker(rank: int, ws: int) -> None:
-    """Every check on one rank."""
+def _check_modes(rank: int, ws: int) -> None:
     import warnings
 
     with warnings.catch_warnings():
@@ -162,12 +161,22 @@ def muon_tp_worker(rank: int, ws: int) -> None:
         _check(rank, ws, "mop")
 
 
+def muon_tp_worker(rank: int, ws: int, tmp: str) -> None:
+    """This module's checks on one rank (run by `dist_harness.run_suite`, one spawn per world size); TP needs 2+."""
+    if ws > 1:
+        _check_modes(rank, ws)
+        _check_nonfinite_shard(rank, ws)
+
+
 @pytest.mark.dist
+@pytest.mark.xdist_group(XDIST_GROUP)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_muon_tp_modes_match_single_process(world_size: int) -> None:
     """Localises a local-shape scale, wrong uneven shard sizes, a split of a sharded QKV/gate-up taken whole, a mode
-    re-resolved every step, and MOP's nuclear norm not summed over the TP group."""
-    spawn(muon_tp_worker, world_size)
+    re-resolved every step, MOP's nuclear norm not summed over the TP group, and a one-rank skip of a sharded
+    matrix with a non-finite gradient (a hang or a mismatched NS collective in the peers)."""
+    failure = run_suite(world_size)
+    assert failure is None, failure
 
 
 def test_tp_spec_validation_and_single_process_spec() -> None:
@@ -256,7 +265,7 @@ def test_megatron_tp_specs_from_routes_and_auto_fn() -> None:
     assert set(got) == {"duplicated", "distributed"}
 
 
-def nonfinite_tp_worker(rank: int, ws: int) -> None:
+def _check_nonfinite_shard(rank: int, ws: int) -> None:
     """Rank ws-1 gets a NaN in its shard of "a" at step 2: every rank skips "a" (weight and momentum of step 1
     kept, kind "tp_peer" on the ranks whose shard was finite), "b" and the unsharded "u" step normally, and step 3
     runs in sync (no rank left waiting in a collective)."""
@@ -314,9 +323,3 @@ def nonfinite_tp_worker(rank: int, ws: int) -> None:
         )
     assert_close(params["u"], ref["u"], rtol=1e-6, atol=1e-6)
 
-
-@pytest.mark.dist
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_nonfinite_shard_is_skipped_on_every_tp_rank(world_size: int) -> None:
-    """Localises a one-rank skip of a sharded matrix (a hang or a mismatched NS collective in the peers)."""
-    spawn(nonfinite_tp_worker, world_size)

@@ -13,7 +13,7 @@ from typing import Self
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import context, run_suite, subgroups
+from dist_harness import XDIST_GROUP, context, run_suite, subgroups
 from torch.testing import assert_close
 
 from optim.distributed.comm import split_sizes
@@ -129,6 +129,7 @@ def tp_worker(rank: int, ws: int, tmp: str) -> None:
 
 
 @pytest.mark.dist
+@pytest.mark.xdist_group(XDIST_GROUP)
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_tp_modes_match_single_process(world_size: int) -> None:
     """Localises wrong shard offsets (uneven splits), a wrong contracted dim, a missed all-reduce or extra

@@ -216,20 +216,26 @@ def test_sigterm_records_the_piece_and_a_rerun_resumes(tmp_path) -> None:
     with open(log_path, "w") as log:
         cmd = [sys.executable, "-m", "bench.tools.quality", *args]
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, cwd=root, env=env)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # a bound for a stalled machine, not a timing check
         while "lr=3e-03 seed=1234 step" not in log_path.read_text() and time.monotonic() < deadline:
             assert proc.poll() is None, log_path.read_text()[-2000:]
             time.sleep(0.02)
         assert (out / "trials" / f"{first}.json").exists()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 128 + signal.SIGTERM, log_path.read_text()[-2000:]
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, log_path.read_text()[-2000:]
     piece = json.loads((out / "pieces.jsonl").read_text().splitlines()[-1])
     stop = piece["interrupted"]
-    assert stop["signal"] == "SIGTERM" and stop["trial"] == second and 2 <= stop["step"] <= 8
-    assert piece["stopped"] == f"SIGTERM in trial {second} at step {stop['step']}/8"
     finished = sorted(p.stem for p in (out / "trials").glob("*.json"))
-    assert finished == [first] and piece["trials_run"] == finished
-    assert json.loads((out / "progress.json").read_text()) == {"done": 1, "planned": 5, "complete": False}
+    # The signal lands in the second trial unless this process was kept off the CPU past that trial's last step:
+    # then in a later one, and the record must be as consistent about that one.
+    assert stop["signal"] == "SIGTERM" and stop["trial"] not in finished and 0 <= stop["step"] <= 8
+    at_step = f" at step {stop['step']}/8" if stop["step"] else ""
+    assert piece["stopped"] == f"SIGTERM in trial {stop['trial']}{at_step}"
+    assert first in finished and piece["trials_run"] == finished
+    if stop["trial"] == second:
+        assert finished == [first] and 2 <= stop["step"] <= 8
+    progress = {"done": len(finished), "planned": 5, "complete": False}
+    assert json.loads((out / "progress.json").read_text()) == progress
     assert piece["prewarm_step_s"]["adamw"] > 0  # prewarm_steps=1 runs 2 steps: no adamw trial was finished
     kept = {i: (out / "trials" / f"{i}.json").read_text() for i in finished}
 
