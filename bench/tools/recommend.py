@@ -58,6 +58,8 @@ stays."""
 DIST_FIELDS = ("tp_mode", "assignment")
 SEARCHED = (*LAYOUT, "ns_overlap", "ns_precision", "use_gram_ns", "coefficient_type", "num_ns_steps")
 """Every setting a candidate row carries."""
+PRECISION_ORDER = tuple(sorted(NS_PRECISIONS, key=("fp16", "bf16", "fp32").index))
+"""NS precisions in the order equal-cost ones are preferred: fp16 and bf16 cost the same, fp16 is more accurate."""
 GRAM_UNSAFE_SETS = ("cans",)
 """Gram-NS diverges with these sets below fp32 (optim/functional/newton_schulz.py): never offered there."""
 MEASURED = {
@@ -157,9 +159,8 @@ def options(root: RootConfig, *, allow_numerics: bool) -> dict[str, tuple[Any, .
             if fit:
                 coeffs.append((min(fit, key=lambda n, k=k: band_error(n, k)), k))
     out["coefficients"] = tuple(dict.fromkeys(coeffs))
-    out["ns_precision"] = first("ns_precision", ("fp16", "bf16", "fp32") if allow_numerics else ())
+    out["ns_precision"] = first("ns_precision", PRECISION_ORDER if allow_numerics else ())
     out["use_gram_ns"] = first("use_gram_ns", (False, True) if allow_numerics else ())
-    assert set(out["ns_precision"]) <= set(NS_PRECISIONS)
     return out
 
 
@@ -284,7 +285,7 @@ def reasons_for(search: Search, best: dict[str, Any]) -> dict[str, str]:
         reasons["ns_overlap"] = f"{best['ns_overlap']}: {MEASURED['ns_overlap']}; " + vs(
             "ns_overlap", opts["ns_overlap"]
         )
-    prec_alts = opts["ns_precision"] if search.allow else ("fp16", "bf16", "fp32")
+    prec_alts = opts["ns_precision"] if search.allow else PRECISION_ORDER
     reasons["ns_precision"] = (
         f"{best['ns_precision']}{kept}: " + vs("ns_precision", prec_alts) + f"; {MEASURED['fp16']}"
     )
