@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | sha256sum | cut -c1-
 BRIDGE_VERSION := 0.6.2
 # uv resolves and links from its cache several times faster than pip; INSTALLER=pip (or uv failing) installs with pip.
 INSTALLER ?= uv
-UV_VERSION := 0.13.9
+UV_VERSION := $(shell sed -n 's/^ *"uv==\(.*\)",*$$/\1/p' pyproject.toml)
 # Test processes: pytest-xdist workers (`make test WORKERS=0` runs in one process).
 WORKERS ?= 2
 
