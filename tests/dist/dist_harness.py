@@ -1,9 +1,11 @@
-"""Spawn N gloo ranks in-process (torch.multiprocessing spawn + FileStore) and run one worker function on each.
+"""Start N gloo ranks (torch.multiprocessing, forked from a forkserver; FileStore) and run one worker function on each.
 
 Workers are module-level functions `fn(rank, world_size, *args)`; an exception on any rank fails the test with that
-rank's traceback. Each spawn costs a torch import per process (more than the checks), so `run_suite` runs the
-workers of every module in SUITE in one spawn per world size, once per pytest run, and each module's test
-asserts that the shared run passed.
+rank's traceback. A rank started fresh imports torch, and torch._dynamo (which the first optimizer's
+`add_param_group` pulls in), before any check: more than the checks cost. So ranks are forked from a forkserver
+that imported those and the SUITE modules once (it starts single-threaded, so forking it is safe), and
+`run_suite` runs the workers of every module in SUITE in one launch per world size, once per pytest run; each
+module's test asserts that the shared run passed.
 """
 
 from __future__ import annotations
@@ -41,13 +43,15 @@ def _entry(
 
 def spawn(fn: Callable[..., None], world_size: int, *args: Any) -> None:
     """Run `fn(rank, world_size, *args)` on `world_size` gloo ranks; raises if any rank fails."""
+    # Takes effect when the forkserver starts (the first call); an import that fails there fails again in the rank.
+    mp.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             _entry,
             args=(fn, world_size, os.path.join(tmp, "store"), args),
             nprocs=world_size,
             join=True,
-            start_method="spawn",
+            start_method="forkserver",
         )
 
 
@@ -68,6 +72,14 @@ SUITE: tuple[tuple[str, str], ...] = (
     ("test_layerwise", "layerwise_worker"),
     ("test_muon_tp", "muon_tp_worker"),
 )
+PRELOAD: tuple[str, ...] = (
+    "torch",
+    "torch._dynamo",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe",  # test_layerwise's tiny model
+    __name__,
+    *(module for module, _ in SUITE),
+)
+"""Imported once by the forkserver the ranks fork from."""
 XDIST_GROUP = "gloo_suite"
 """The tests reading `run_suite` share one pytest-xdist worker (`xdist_group`), so the spawns happen once."""
 _RESULTS: dict[int, str | None] = {}
