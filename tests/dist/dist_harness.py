@@ -1,4 +1,4 @@
-"""Start N gloo ranks (torch.multiprocessing, forked from a forkserver; FileStore) and run one worker function on each.
+"""Start N gloo ranks (forked from a forkserver; FileStore) and run one worker function on each.
 
 Workers are module-level functions `fn(rank, world_size, *args)`; an exception on any rank fails the test with that
 rank's traceback. A rank started fresh imports torch, and torch._dynamo (which the first optimizer's
