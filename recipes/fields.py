@@ -2,8 +2,11 @@
 
 Megatron-Bridge imports Transformer Engine at module top, so outside the NeMo container it cannot be imported. Its
 config dataclasses can still be read: this module parses the source with `ast`, collects the annotated fields of a
-`@dataclass` class and follows its base classes. A base defined in Megatron-Bridge is parsed the same way; a base
-from an importable package (Megatron-Core, `megatron.training`) is imported and read with `dataclasses.fields`.
+`@dataclass` class and follows its base classes. Bases from Megatron-Core and `megatron.training` are parsed the
+same way, from their source on `sys.path`: importing them pulls in Megatron-Core's whole package (Transformer
+Engine shims, torch.compile'd fusions) and `megatron.training`'s checkpointing stack (modelopt, transformers,
+wandb), about 30 s of CPU on a login node for a few field names. A base from any other package is imported and
+read with `dataclasses.fields`.
 
 Used by the offline tests (a renamed Bridge field fails them) and by `recipes.overrides.unknown_fields`, which a login
 node can run before submitting a job.
@@ -15,11 +18,14 @@ import ast
 import dataclasses
 import functools
 import importlib
+import sys
 from importlib import metadata
 from pathlib import Path
 
 BRIDGE_DIST = "megatron-bridge"
 BRIDGE_PKG = "megatron.bridge"
+SOURCE_PKGS = (BRIDGE_PKG, "megatron.core", "megatron.training")
+"""Packages whose dataclasses are read from source, never imported."""
 
 
 def bridge_version() -> str | None:
@@ -31,8 +37,15 @@ def bridge_version() -> str | None:
 
 
 def _module_path(module: str) -> Path:
-    """Source file of a `megatron.bridge.*` module, located through the distribution (nothing is imported)."""
+    """Source file of a `megatron.bridge.*` module, located through the distribution, or of another SOURCE_PKGS
+    module, found on `sys.path` (nothing is imported: a parent package's `__init__` would run)."""
     rel = Path(*module.split("."))
+    if not module.startswith(BRIDGE_PKG):
+        for entry in sys.path:
+            for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
+                if (path := Path(entry or ".") / candidate).is_file():
+                    return path
+        raise ValueError(f"module {module!r} not found on sys.path")
     dist = metadata.distribution(BRIDGE_DIST)
     for candidate in (rel.with_suffix(".py"), rel / "__init__.py"):
         path = Path(str(dist.locate_file(candidate)))
@@ -96,12 +109,12 @@ def _base_ref(base: ast.expr) -> str | None:
 def dataclass_fields(module: str, name: str) -> frozenset[str]:
     """All dataclass field names of class `name` as seen from `module` (own fields plus every base's).
 
-    `name` may be defined in `module` or imported into it. Bridge modules are parsed; other modules are imported.
+    `name` may be defined in `module` or imported into it. SOURCE_PKGS modules are parsed; others are imported.
 
     Raises:
         ValueError: the class is not found.
     """
-    if not module.startswith(BRIDGE_PKG):
+    if not module.startswith(SOURCE_PKGS):
         cls = getattr(importlib.import_module(module), name)
         return (
             frozenset(f.name for f in dataclasses.fields(cls))
@@ -112,15 +125,20 @@ def dataclass_fields(module: str, name: str) -> frozenset[str]:
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return _class_fields(node, tree, module)
-    imported = _imports(tree, module).get(name)
+    imported = _imports(tree, _anchor(module)).get(name)
     if imported is None or imported[1] is None:
         raise ValueError(f"class {name!r} is neither defined nor imported in {module}")
     return dataclass_fields(imported[0], imported[1])
 
 
+def _anchor(module: str) -> str:
+    """The name relative imports resolve against: a package's `__init__` resolves them against itself."""
+    return f"{module}.__init__" if _module_path(module).name == "__init__.py" else module
+
+
 def _class_fields(node: ast.ClassDef, tree: ast.Module, module: str) -> frozenset[str]:
     names: set[str] = set()
-    imports = _imports(tree, module)
+    imports = _imports(tree, _anchor(module))
     local = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     for base in node.bases:
         ref = _base_ref(base)
@@ -164,7 +182,5 @@ def function_returns(module: str, name: str) -> str | None:
     for node in tree.body:
         if isinstance(node, ast.FunctionDef) and node.name == name:
             return ast.unparse(node.returns) if node.returns is not None else None
-    # a package's __init__ resolves its relative imports against itself, not its parent
-    anchor = f"{module}.__init__" if _module_path(module).name == "__init__.py" else module
-    src, attr = _imports(tree, anchor).get(name, ("", None))
+    src, attr = _imports(tree, _anchor(module)).get(name, ("", None))
     return function_returns(src, attr) if attr is not None and src.startswith(BRIDGE_PKG) else None

@@ -84,6 +84,41 @@ def test_field_reader_sees_own_inherited_and_mcore_fields() -> None:
     assert "definitely_not_a_field" not in mla
 
 
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("megatron.core.transformer.transformer_config", "TransformerConfig"),
+        ("megatron.core.transformer.transformer_config", "MLATransformerConfig"),
+        ("megatron.core.optimizer", "OptimizerConfig"),
+        ("megatron.core.distributed", "DistributedDataParallelConfig"),
+        ("megatron.core.datasets.gpt_dataset", "GPTDatasetConfig"),
+        *(("megatron.training.config", c) for c in ("TrainingConfig", "CheckpointConfig", "RNGConfig")),
+        ("megatron.training.config.container", "ConfigContainerBase"),
+    ],
+)
+def test_field_reader_parses_megatron_sources_as_the_classes_define_them(module: str, name: str) -> None:
+    """Localises a source walk of Megatron-Core / megatron.training (read, not imported: see recipes.fields) that
+    misses or invents a field, or resolves a package's imports against the wrong module."""
+    import importlib
+
+    cls = getattr(importlib.import_module(module), name)
+    assert F.dataclass_fields(module, name) == {f.name for f in dataclasses.fields(cls)}
+
+
+def test_unknown_fields_imports_no_megatron_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check `launcher=slurm` runs on a login node reads sources only: importing Megatron-Core or
+    megatron.training for a few field names cost about 30 s of CPU per submission."""
+    imported: list[str] = []
+    real = F.importlib.import_module
+    monkeypatch.setattr(F.importlib, "import_module", lambda m, *a: imported.append(m) or real(m, *a))
+    F.dataclass_fields.cache_clear()
+    try:
+        assert unknown_fields(_plan("experiment=gb300/kimi_k2_muon")) == []
+    finally:
+        F.dataclass_fields.cache_clear()
+    assert [m for m in imported if m.startswith("megatron")] == [], imported
+
+
 def test_unknown_fields_reports_a_renamed_field() -> None:
     """A Bridge rename must fail: an override with a made-up name is reported, section-qualified."""
     plan = _plan("experiment=gb300/kimi_k2_muon")
