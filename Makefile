@@ -9,6 +9,8 @@ INSTALL_INPUTS := pyproject.toml tests/requirements-bridge.txt
 STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | sha256sum | cut -c1-16)
 BRIDGE_VERSION := 0.6.2
 # uv resolves and links from its cache several times faster than pip; INSTALLER=pip (or uv failing) installs with pip.
+# uv compiles no bytecode unless asked (pip does): without it every process recompiles torch & co. from source
+# where bytecode is not written (PYTHONDONTWRITEBYTECODE), several seconds per process of the test suite.
 INSTALLER ?= uv
 UV_VERSION := $(shell sed -n 's/^ *"uv==\(.*\)",*$$/\1/p' pyproject.toml)
 # Test processes: pytest-xdist workers (`make test WORKERS=0` runs in one process).
@@ -31,7 +33,7 @@ $(STAMP):
 	rm -f $(VENV)/.installed*
 	$(PY_SYS) -m venv --without-pip $(VENV)
 	if [ "$(INSTALLER)" = uv ] && $(PY_SYS) -m pip install -q --upgrade --target $(VENV)/uv uv==$(UV_VERSION) && \
-		$(call install_with,$(VENV)/uv/bin/uv pip install -q --python $(PY)); then :; else \
+		$(call install_with,$(VENV)/uv/bin/uv pip install -q --compile-bytecode --python $(PY)); then :; else \
 		echo "installing with pip"; $(PY) -m ensurepip >/dev/null && $(call install_with,$(PY) -m pip install -q --upgrade); fi
 	$(PY) -m pip install -q --no-deps --only-binary=:all: --platform manylinux_2_39_$(shell uname -m) \
 		--python-version 3.12 --upgrade --target $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \

@@ -190,3 +190,15 @@ def test_model_and_crossover_subcommands_run_their_tools(
     (tmp_path / "runs").mkdir()  # the analysis itself: tests/unit/test_crossover.py
     assert cli.main(["crossover", str(tmp_path / "runs")]) == 2
     assert capsys.readouterr().err == f"error: no ok run under {tmp_path / 'runs'}\n"
+
+
+def test_make_install_with_uv_compiles_bytecode(tmp_path: Path) -> None:
+    """Localises a venv installed without bytecode: uv, unlike pip, compiles none unless asked, and where none is
+    written (PYTHONDONTWRITEBYTECODE) every process of the suite then compiles torch & co. from source again."""
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    dry = subprocess.run(
+        ["make", "-n", "install", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    uv = [cmd for line in dry.splitlines() for cmd in line.split("&&") if "uv pip install" in cmd]
+    assert uv and all("--compile-bytecode" in cmd for cmd in uv), dry
