@@ -1,5 +1,8 @@
-"""The product's main path end to end: `python -m bench.run -m ...` with 2 gloo ranks under torchrun, then
-`bench.results.collect` and `bench.results.report`, on the tiny Qwen3-MoE proxy (3 steps per run)."""
+"""`python -m bench.run` on the tiny Qwen3-MoE proxy when a run goes wrong: a failing worker, SIGTERM and resume,
+`kill -9` of bench.run, a full disk (one rank each: none of these is about the ranks).
+
+The main path (a 2-rank AdamW/Muon sweep, then `bench.results.collect` and `bench.results.report`) is checked on
+`make bench`'s own run: tests/dist/test_readme_commands.py::test_make_bench_closes_every_run_and_reports."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ COMMON = [
     "bench.warmup_steps=1",
     "bench.progress=false",
 ]
+ONE_RANK = ["parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
 
 
 def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -31,58 +35,17 @@ def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_sweep_runs_records_and_reports(tmp_path):
-    """A 2-rank AdamW/Muon sweep: every job leaves a closed record, LATEST.json and sweep.json list them."""
-    out = tmp_path / "runs"
-    res = _cli("bench.run", "-m", "optimizer=adamw,muon", *COMMON, f"bench.out_dir={out}", cwd=tmp_path)
-    assert res.returncode == 0, res.stdout + res.stderr
-    recs = {p.parent.name: json.loads(p.read_text()) for p in out.rglob("run.json")}
-    assert sorted(recs) == ["0_adamw", "1_muon"]
-    ok = {name: r for name, r in recs.items() if r["status"] == "ok"}
-    assert sorted(ok) == ["0_adamw", "1_muon"]
-    assert recs["1_muon"]["choices"]["optimizer"] == "muon"
-    latest = json.loads((out / "LATEST.json").read_text())
-    assert latest["state"] == "complete" and latest["runs"] == [
-        recs[n]["run_dir"] for n in ("0_adamw", "1_muon")
-    ]
-    assert json.loads((Path(latest["sweep_dir"]) / "sweep.json").read_text()) == latest
-    for rec in ok.values():
-        steps = [json.loads(x) for x in (out / rec["run_id"] / "steps.jsonl").read_text().splitlines()]
-        assert [s["warmup"] for s in steps] == [True, False, False]
-        assert all(s["tokens"] == 8 * 64 and s["step_s"] > 0 and s["comm_s"] > 0 for s in steps)
-        assert "--nproc_per_node=2" in rec["launch_command"]
-        assert rec["worker"]["timer"] == "perf_counter" and rec["summary"]["model_tflops_per_gpu"] > 0
-    muon = ok["1_muon"]["summary"]
-    assert (
-        muon["ns_s_median"] > 0
-        and 0 < muon["ns_flops_per_gpu_per_step"] <= muon["ns_flops_enumerated_per_step"]
-    )
-    assert ok["0_adamw"]["summary"]["ns_s_median"] is None
-    assert "layerwise" in ok["1_muon"]["worker"]["engine"]["optimizer_distribution"]
-
-    col = _cli("bench.results.collect", "--out-dir", str(out), cwd=tmp_path)
-    assert col.returncode == 0, col.stderr
-    rep = _cli("bench.results.report", "--out-dir", str(out), cwd=tmp_path)
-    assert rep.returncode == 0, rep.stderr
-    assert "model-only ratio" in rep.stdout and "total = model + NS" in rep.stdout
-    dest = Path(latest["sweep_dir"]) / "report"  # next to the runs, not in the committed reports/
-    assert (dest / "report.md").exists() and (dest / "loss.png").stat().st_size > 5000
-    assert not (tmp_path / "reports").exists()
-
-
 def test_failing_rank_leaves_an_error_record(tmp_path):
     """A worker exception (missing data file) under torchrun: status error with the exception and stderr tail.
 
-    One rank keeps it cheap; the 2-rank path is covered above."""
+    One rank keeps it cheap; the 2-rank path is checked on `make bench`'s run (test_readme_commands)."""
     out = tmp_path / "runs"
     res = _cli(
         "bench.run",
         "optimizer=adamw",
         "bench.data=text:/nonexistent/corpus.txt",
         *COMMON,
-        "parallelism.world_size=1",
-        "parallelism.gpus_per_node=1",
-        "parallelism.gbs=2",
+        *ONE_RANK,
         f"bench.out_dir={out}",
         cwd=tmp_path,
     )
@@ -101,7 +64,7 @@ def test_sigterm_closes_the_record_as_interrupted_and_resume_reruns_it(tmp_path)
 
     out = tmp_path / "runs"
     record = out / "LATEST.json"
-    args = [*COMMON, "parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
+    args = [*COMMON, *ONE_RANK]
     slow = [a if a != "bench.steps=3" else "bench.steps=100000" for a in args]
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw,muon", *slow, f"bench.out_dir={out}"],
@@ -151,8 +114,7 @@ def test_kill_9_of_a_live_bench_run_is_closed_by_the_next_one(tmp_path):
     import time
 
     out = tmp_path / "runs"
-    one_rank = ["parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
-    args = ["-m", "optimizer=adamw", *COMMON, *one_rank, f"bench.out_dir={out}"]
+    args = ["-m", "optimizer=adamw", *COMMON, *ONE_RANK, f"bench.out_dir={out}"]
     slow = [a if a != "bench.steps=3" else "bench.steps=100000" for a in args]
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.run", *slow],
@@ -192,10 +154,9 @@ def test_disk_full_mid_run_is_recorded_error_naming_enospc(tmp_path, small_disk)
     import time
 
     out = small_disk("1m")
-    one_rank = ["parallelism.world_size=1", "parallelism.gpus_per_node=1", "parallelism.gbs=2"]
     args = [a if a != "bench.steps=3" else "bench.steps=100000" for a in COMMON]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw", *args, *one_rank, f"bench.out_dir={out}"],
+        [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw", *args, *ONE_RANK, f"bench.out_dir={out}"],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

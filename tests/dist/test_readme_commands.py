@@ -112,14 +112,18 @@ def scratch(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("command", [c for c, (kind, _) in COMMANDS.items() if kind == CPU_RUN])
-def test_readme_cpu_command_runs(command, scratch):
-    """Localises a README example that fails (e.g. the MOP run of the 4-optimizer sweep)."""
+MAKE_BENCH = "make bench"
+"""Run by `test_make_bench_closes_every_run_and_reports`, which also checks the records and report it leaves (one
+sweep serves both checks)."""
+
+
+def run_readme_command(command: str, scratch: Path) -> subprocess.CompletedProcess[str]:
+    """`command` as written, in the scratch checkout, after the README's setup lines above it."""
     env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "VIRTUAL_ENV")}
     # a newcomer's shell: no venv on PATH unless the README's own setup lines before the command put it there
     venv_bin = str(ROOT / ".venv" / "bin")
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != venv_bin)
-    res = subprocess.run(
+    return subprocess.run(
         ["bash", "-c", " && ".join([*setup_before(command), command])],
         cwd=scratch,
         env=env,
@@ -128,10 +132,58 @@ def test_readme_cpu_command_runs(command, scratch):
         timeout=1800,
         check=False,
     )
+
+
+@pytest.mark.parametrize(
+    "command", [c for c, (kind, _) in COMMANDS.items() if kind == CPU_RUN and c != MAKE_BENCH]
+)
+def test_readme_cpu_command_runs(command, scratch):
+    """Localises a README example that fails (e.g. the MOP run of the 4-optimizer sweep)."""
+    res = run_readme_command(command, scratch)
     assert res.returncode == 0, f"{command}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
-    if "bench.run" in command or command == "make bench":
+    if "bench.run" in command:
         latest = json.loads((scratch / "runs" / "LATEST.json").read_text())
         assert latest["state"] == "complete", latest
-    if command == "make bench":  # the report goes next to the runs; the committed reports/ is not touched
-        assert (Path(latest["sweep_dir"]) / "report" / "report.md").exists()
-        assert not (scratch / "reports").exists()
+
+
+def test_make_bench_closes_every_run_and_reports(scratch):
+    """The README's `make bench` runs as written, and it is the product's main path end to end (AdamW/Muon sweep
+    with 2 gloo ranks under torchrun, then bench.results.collect and bench.results.report): every job leaves a
+    closed record with its steps, LATEST.json and sweep.json list them, and the report lands next to the runs,
+    not in the committed reports/."""
+    assert COMMANDS[MAKE_BENCH][0] == CPU_RUN
+    res = run_readme_command(MAKE_BENCH, scratch)
+    assert res.returncode == 0, f"{MAKE_BENCH}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    latest = json.loads((scratch / "runs" / "LATEST.json").read_text())
+    sweep_dir = Path(latest["sweep_dir"])
+    dest = sweep_dir / "report"  # next to the runs, not in reports/; it keeps a run.json of its own
+    runs = [p for p in sweep_dir.glob("*/run.json") if p.parent != dest]
+    recs = {p.parent.name: json.loads(p.read_text()) for p in runs}
+    assert sorted(recs) == ["0_adamw", "1_muon"]
+    ok = {name: r for name, r in recs.items() if r["status"] == "ok"}
+    assert sorted(ok) == ["0_adamw", "1_muon"]
+    assert recs["1_muon"]["choices"]["optimizer"] == "muon"
+    assert latest["state"] == "complete" and latest["runs"] == [
+        recs[n]["run_dir"] for n in ("0_adamw", "1_muon")
+    ]
+    assert json.loads((sweep_dir / "sweep.json").read_text()) == latest
+    for rec in ok.values():
+        steps = [json.loads(x) for x in (Path(rec["run_dir"]) / "steps.jsonl").read_text().splitlines()]
+        bench = rec["config"]["bench"]
+        assert bench["steps"] > bench["warmup_steps"] > 0
+        assert [s["warmup"] for s in steps] == [i < bench["warmup_steps"] for i in range(bench["steps"])]
+        assert all(s["tokens"] == 8 * 64 and s["step_s"] > 0 and s["comm_s"] > 0 for s in steps)
+        assert "--nproc_per_node=2" in rec["launch_command"]
+        assert rec["worker"]["timer"] == "perf_counter" and rec["summary"]["model_tflops_per_gpu"] > 0
+    muon = ok["1_muon"]["summary"]
+    assert (
+        muon["ns_s_median"] > 0
+        and 0 < muon["ns_flops_per_gpu_per_step"] <= muon["ns_flops_enumerated_per_step"]
+    )
+    assert ok["0_adamw"]["summary"]["ns_s_median"] is None
+    assert "layerwise" in ok["1_muon"]["worker"]["engine"]["optimizer_distribution"]
+
+    # bench.results.report's table on make's stdout
+    assert "model-only ratio" in res.stdout and "total = model + NS" in res.stdout
+    assert (dest / "report.md").exists() and (dest / "loss.png").stat().st_size > 5000
+    assert not (scratch / "reports").exists()
