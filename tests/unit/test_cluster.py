@@ -146,7 +146,9 @@ def test_a_sweep_dry_run_writes_what_nemo_run_would_start(tmp_path: Path, monkey
 @needs_nemo_run
 @pytest.mark.slow
 def test_local_executor_runs_the_cpu_proxy_through_nemo_run(tmp_path: Path) -> None:
-    """launcher=local with NeMo-Run's LocalExecutor: the same worker, record closed ok, experiment kept in the run."""
+    """launcher=local with NeMo-Run's LocalExecutor: the same worker, record closed ok, experiment kept in the run.
+    One rank: that NeMo-Run starts and waits for the job is the point, not the ranks (the 2-rank torchrun command
+    of the LocalExecutor is checked by the dry run above)."""
     import json
     import subprocess
     import sys
@@ -155,7 +157,8 @@ def test_local_executor_runs_the_cpu_proxy_through_nemo_run(tmp_path: Path) -> N
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}  # nemo_run wherever it is
     res = subprocess.run(
         [sys.executable, "-m", "bench.cli", "cluster", "launcher=local", "experiment=cpu/qwen3_moe_tiny_dp2",
-         "bench.steps=3", "bench.warmup_steps=1", "bench.progress=false", f"bench.out_dir={out}"],
+         "bench.steps=3", "bench.warmup_steps=1", "bench.progress=false", "parallelism.world_size=1",
+         "parallelism.gpus_per_node=1", "parallelism.gbs=2", f"bench.out_dir={out}"],
         capture_output=True, text=True, timeout=400, check=False, env=env,
     )  # fmt: skip
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

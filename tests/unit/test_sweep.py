@@ -137,11 +137,13 @@ def test_sweep_goes_on_after_a_failed_job_and_records_budget_skips(tmp_path):
     lost in bench.run.
 
     The second job starts after the first's timeout, so any budget below it skips the rest; the budget only has
-    to cover bench.run composing the first job, which a loaded 2-core machine stretched past 4 s: 8 s of 10."""
+    to cover bench.run composing the first job, which a loaded 2-core machine stretched past 4 s: 8 s of 10.
+    One rank: the ranks are not the point, and the job keeps its rank busy until the timeout."""
     out = tmp_path / "runs"
     res = subprocess.run(
         [sys.executable, "-m", "bench.run", "-m", "optimizer=adamw,muon,muon,adamw", "bench.steps=100000",
-         "bench.warmup_steps=1", "bench.timeout_s=10", "bench.budget_s=8", f"bench.out_dir={out}"],
+         "bench.warmup_steps=1", "bench.timeout_s=10", "bench.budget_s=8", "parallelism.world_size=1",
+         "parallelism.gpus_per_node=1", "parallelism.gbs=2", f"bench.out_dir={out}"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert res.returncode == 1, res.stderr[-2000:]
