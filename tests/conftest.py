@@ -19,6 +19,25 @@ def selects_gpu(markexpr: str) -> bool:
     return any(w == "gpu" and (i == 0 or words[i - 1] != "not") for i, w in enumerate(words))
 
 
+class XdistGroups:
+    """`--dist loadgroup` sends tests marked `xdist_group` to one worker by a `@group` suffix xdist 3.8 writes to
+    `item._nodeid`; pytest 9 reads a node's id from `item._id`, so without this the suffix is lost and the group's
+    tests spread over workers (the gloo suite then spawns its ranks once per worker, not once)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from _pytest.nodeid import coerce_node_id
+
+        for item in items:
+            tagged = getattr(item, "_nodeid", None)
+            if isinstance(tagged, str) and tagged != item.nodeid:
+                item._id = coerce_node_id(tagged)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(XdistGroups(), "muonbench-xdist-groups")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` are skipped, with the reason, where CUDA is missing; selecting them with `-m gpu` there
     is a usage error (`make test-gpu` without CUDA would otherwise pass having run nothing)."""

@@ -75,3 +75,24 @@ def test_selecting_the_gpu_tests_without_cuda_fails_loudly() -> None:
 
     assert selects_gpu("gpu") and selects_gpu("gpu and not slow") and selects_gpu("(dist or gpu)")
     assert not selects_gpu("") and not selects_gpu("not gpu") and not selects_gpu("dist and not gpu")
+
+
+def test_loadgroup_keeps_an_xdist_group_on_one_worker(tmp_path: Path) -> None:
+    """`make test` runs `--dist loadgroup` so that the gloo suite's tests (`xdist_group`) share one worker and spawn
+    their ranks once; with pytest 9 and xdist 3.8 the group was silently dropped unless tests/conftest.py restores
+    it. Six grouped tests run under this suite's conftest on two workers must all report the same worker."""
+    (tmp_path / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    (tmp_path / "test_toy.py").write_text(
+        "import os\nimport pytest\n\n\n@pytest.mark.xdist_group('g')\n@pytest.mark.parametrize('i', range(6))\n"
+        "def test_grouped(i):\n    print('WORKER', os.environ['PYTEST_XDIST_WORKER'])\n\n\n"
+        "@pytest.mark.parametrize('i', range(4))\ndef test_free(i):\n    pass\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:cacheprovider",
+         "-o", "addopts=", "--rootdir", str(tmp_path), str(tmp_path / "test_toy.py")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    passed = [line for line in out.stdout.splitlines() if "PASSED" in line and "test_grouped" in line]
+    workers = {line.split("]")[0] for line in passed}
+    assert len(passed) == 6 and len(workers) == 1 and all(w.startswith("[gw") for w in workers), out.stdout[-2000:]
