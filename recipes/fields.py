@@ -5,7 +5,7 @@ config dataclasses can still be read: this module parses the source with `ast`, 
 `@dataclass` class and follows its base classes. Bases from Megatron-Core and `megatron.training` are parsed the
 same way, from their source on `sys.path`: importing them pulls in Megatron-Core's whole package (Transformer
 Engine shims, torch.compile'd fusions) and `megatron.training`'s checkpointing stack (modelopt, transformers,
-wandb), about 30 s of CPU on a login node for a few field names. A base from any other package is imported and
+wandb), many seconds on a login node for a few field names. A base from any other package is imported and
 read with `dataclasses.fields`.
 
 Used by the offline tests (a renamed Bridge field fails them) and by `recipes.overrides.unknown_fields`, which a login
