@@ -3,8 +3,8 @@ SHELL := /bin/bash
 PY_SYS ?= $(shell PYENV_VERSION=$$(cat .python-version) pyenv which python 2>/dev/null || command -v python3.12 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-# Keyed on the content of what the install reads, not on mtimes: a fresh clone or a checkout of the same pins reuses
-# .venv; a changed pin names a new stamp and reinstalls.
+# Keyed on the content of what the install reads, not on mtimes: a checkout with the same pins reuses an existing
+# .venv (a clone's fresh mtimes do not reinstall it); a changed pin names a new stamp and reinstalls.
 INSTALL_INPUTS := pyproject.toml tests/requirements-bridge.txt
 STAMP := $(VENV)/.installed-$(shell cat $(INSTALL_INPUTS) | sha256sum | cut -c1-16)
 BRIDGE_VERSION := 0.6.2
