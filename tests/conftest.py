@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
@@ -22,7 +23,8 @@ def selects_gpu(markexpr: str) -> bool:
 class XdistGroups:
     """`--dist loadgroup` sends tests marked `xdist_group` to one worker by a `@group` suffix xdist 3.8 writes to
     `item._nodeid`; pytest 9 reads a node's id from `item._id`, so without this the suffix is lost and the group's
-    tests spread over workers (the gloo suite then spawns its ranks once per worker, not once)."""
+    tests spread over workers (the gloo suite then spawns its ranks once per worker, not once). Older pytest reads
+    `_nodeid` itself and needs nothing."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -35,7 +37,8 @@ class XdistGroups:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(XdistGroups(), "muonbench-xdist-groups")
+    if importlib.util.find_spec("_pytest.nodeid") is not None:
+        config.pluginmanager.register(XdistGroups(), "muonbench-xdist-groups")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Two models that have no file under conf/model, read from their Hugging Face config.json (models/), as one-GPU
-# slices of four layers on one H200: AdamW vs Muon (ours) through the Megatron-core engine (one pair) and through
-# Megatron-Bridge's own loop (two crossover pairs, A M M A), then the predictions and the report.
+# slices of four layers on one H200: AdamW vs Muon (ours) through the Megatron-core engine and through
+# Megatron-Bridge's own loop, each in crossover order, then the predictions and the report.
 # Needs the Bridge stack (bench/tools/install_bridge_stack.sh WHEELS, then PYTHONPATH=/tmp/site) and an idle host.
-# MODELS="llama3_8b" runs one model; about 8 minutes per model.
+# MODELS="llama3_8b" runs one model; MEGATRON_ORDER / BRIDGE_ORDER replace a model's orders. About 8 minutes for
+# Llama, 12 for OLMoE.
 set -uo pipefail  # a failed run is recorded as such; the next one still runs
 HERE="$(cd "$(dirname "$0")" && pwd)"
 cd "$HERE/../.."
@@ -13,13 +14,15 @@ declare -A SLICE=(
     [llama3_8b]="model.num_layers=4 parallelism.gbs=32"
     [olmoe_1b_7b]="model.num_layers=4 parallelism.gbs=64"
 )
+declare -A MEGATRON=([llama3_8b]="adamw muon" [olmoe_1b_7b]="muon adamw adamw muon")
+declare -A BRIDGE=([llama3_8b]="adamw muon muon adamw" [olmoe_1b_7b]="adamw muon muon adamw adamw muon")
 for model in ${MODELS:-llama3_8b olmoe_1b_7b}; do
     spec="model=hf:$HERE/models/$model"
-    for opt in ${MEGATRON_ORDER:-adamw muon}; do
+    for opt in ${MEGATRON_ORDER:-${MEGATRON[$model]}}; do
         $PY -m bench.run experiment=h200/hf_slice_megatron_1gpu "$spec" ${SLICE[$model]} optimizer="$opt" \
             bench.out_dir="$RUNS/$model/megatron"
     done
-    for opt in ${BRIDGE_ORDER:-adamw muon muon adamw}; do
+    for opt in ${BRIDGE_ORDER:-${BRIDGE[$model]}}; do
         $PY -m bench.run experiment=h200/hf_slice_bridge_1gpu "$spec" ${SLICE[$model]} optimizer="$opt" \
             bench.out_dir="$RUNS/$model/bridge"
     done
