@@ -95,7 +95,7 @@ class EnergyMeter:
 
 MIN_WATTS_WINDOW_S = 0.1
 """Shortest phase given a mean power. NVML's energy counter advances in coarse ticks: on the H200, a ~10 ms optimizer
-step of a tiny model read 0 J in one step and 1,538 W in another; its joules are still recorded."""
+step of a tiny model read 0 J in one step and 1,538 W in another."""
 
 
 class PhaseEnergy:
@@ -105,7 +105,8 @@ class PhaseEnergy:
     energy counter (`EnergyMeter.energy_unavailable`) gets `energy_available` 0 and no joules or watts, never 0 J;
     `sync` runs before every
     reading (the engine passes `torch.cuda.synchronize`), so the energy of queued GPU work lands in its phase. A phase
-    shorter than `MIN_WATTS_WINDOW_S` gets no `watts_<name>` (the counter's tick, not the power).
+    shorter than `MIN_WATTS_WINDOW_S` gets no `watts_<name>` (the counter's tick, not the power), and a phase over
+    which the counter did not advance gets no `energy_<name>_j`: it ran inside one tick, and 0 J would be false.
     """
 
     def __init__(
@@ -132,9 +133,10 @@ class PhaseEnergy:
             joules = r1.energy_j - r0.energy_j
             seconds = max(t1 - t0, 1e-9)
             self.values["energy_available"] = 1.0
-            self.values[f"energy_{name}_j"] = joules
-            if seconds >= MIN_WATTS_WINDOW_S:
-                self.values[f"watts_{name}"] = joules / seconds
+            if joules > 0:
+                self.values[f"energy_{name}_j"] = joules
+                if seconds >= MIN_WATTS_WINDOW_S:
+                    self.values[f"watts_{name}"] = joules / seconds
         self.values[f"sm_mhz_end_{name}"] = r1.sm_mhz
         self.values[f"power_capped_end_{name}"] = float(bool(r1.reasons & 0x4))
         self._last = (t1, r1)

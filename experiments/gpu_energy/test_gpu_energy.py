@@ -66,12 +66,19 @@ def test_phase_energy_splits_joules_and_watts_per_phase() -> None:
     assert v["energy_fwd_bwd_j"] == pytest.approx(1400.0) and v["watts_fwd_bwd"] == pytest.approx(700.0)
     assert v["energy_optim_j"] == pytest.approx(100.0) and v["watts_optim"] == pytest.approx(400.0)
     assert v["power_capped_end_optim"] == 1.0 and v["sm_mhz_end_fwd_bwd"] == 1800.0
-    # a phase shorter than the energy counter's resolution keeps its joules but gets no mean power
-    still = Reading(energy_j=12.0, sm_mhz=1800.0, power_w=600.0, temp_c=50.0, reasons=0)
-    pe = PhaseEnergy(lambda: still, lambda: None, iter([0.0, 0.05]).__next__)
+    # a phase shorter than MIN_WATTS_WINDOW_S keeps its joules but gets no mean power
+    ticks = iter([12.0, 13.5])
+    pe = PhaseEnergy(lambda: Reading(next(ticks), 1800.0, 600.0, 50.0, 0), lambda: None, iter([0.0, 0.05]).__next__)
     pe.start()
     pe.mark("optim")
-    assert pe.values["energy_optim_j"] == 0.0 and "watts_optim" not in pe.values
+    assert pe.values["energy_optim_j"] == pytest.approx(1.5) and "watts_optim" not in pe.values
+    # a phase inside one tick of the counter (it did not advance) gets no joules: not 0 J, which would be false
+    still = Reading(energy_j=12.0, sm_mhz=1800.0, power_w=600.0, temp_c=50.0, reasons=0)
+    pe = PhaseEnergy(lambda: still, lambda: None, iter([0.0, 0.3]).__next__)
+    pe.start()
+    pe.mark("fwd_bwd")
+    assert pe.values["energy_available"] == 1.0
+    assert "energy_fwd_bwd_j" not in pe.values and "watts_fwd_bwd" not in pe.values
 
 
 @pytest.mark.parametrize("counter", ["zero", "not supported"])

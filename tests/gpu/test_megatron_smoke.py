@@ -301,10 +301,10 @@ def test_probes_record_energy_microbatches_load_and_idle_outside_the_step(mode):
         measured = [k for m in rows for k in m.extra if k.startswith(("energy_", "watts_")) and k != "energy_available"]
         assert not measured, measured
         pytest.skip(f"energy not checked: {eng.probes[1].meter.energy_unavailable}")
-    # NVML's energy counter advances in coarse ticks: the tiny model's ~10 ms optimizer step can read 0 J, the
-    # forward-backward of two steps cannot
-    assert sum(m.extra["energy_fwd_bwd_j"] for m in rows) > 0
-    assert all("energy_optim_j" in m.extra for m in rows)
+    # NVML's energy counter advances in coarse ticks: this tiny model's phases (10-70 ms) can fall inside one tick,
+    # and then the phase records no joules; one H200 read no tick over both steps' forward-backward. Never 0 J.
+    joules = [v for m in rows for k, v in m.extra.items() if k.startswith("energy_") and k.endswith("_j")]
+    assert all(j > 0 for j in joules), joules
 
 
 @pytest.mark.parametrize("clip", ["0.0", "1e-6"], ids=["unclipped", "clipped"])
