@@ -246,7 +246,7 @@ def execute(cfg: Any) -> str:
             record.reserve_space(run_dir)  # freed for the closing writes should the disk fill up
         res = launch.launch(root, run_dir, prewarmed=_STATE["prewarmed"])
     except (ValueError, OSError) as exc:  # OSError: the run folder cannot even take the reserve (a full disk)
-        rec = _closed(run_dir, lambda: _fail_early(run_dir, exc))
+        rec = _closed(run_dir, lambda err=exc: _fail_early(run_dir, err))
     except KeyboardInterrupt:
         rec = _closed(run_dir, lambda: _interrupted(run_dir))
         manifest.note(run_dir, rec["status"])

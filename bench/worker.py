@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import flops, probes, sinks
-from bench.results import record
 from bench.engines import RankInfo, StepMetrics, engine_class
+from bench.results import record
 from muonbench.compose import config_from_dict
 
 _FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")

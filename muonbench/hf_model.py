@@ -102,7 +102,7 @@ def read(spec: str, *, trust_remote_code: bool = False) -> Any:
     source = str(path.parent if trust_remote_code and remote else path)
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - transformers' own validation raises several types
+    except Exception as exc:
         raise HFConfigError(f"model=hf:{spec}: transformers cannot read {path}: {exc}") from exc
 
 

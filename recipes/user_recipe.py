@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any
-
 import inspect
+from typing import Any
 
 from recipes.fields import BRIDGE_PKG, bridge_version, function_defined, function_returns
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.flops import padded_vocab_size
-from muonbench.schema import RootConfig
 from bench.tools.bridge_diff_rules import SHAPE_FIELDS, WATCHED, classify
+from muonbench.schema import RootConfig
 
 ENGINE_SIDE = ("engine=megatron", "engine.layers=te")
 """Overrides that turn the Bridge experiment into the megatron engine's run of it (TE layers, as Bridge runs)."""

@@ -59,7 +59,9 @@ IMPLS = (
 
 def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
     """(rows, cols, count) of the layer with rows and cols multiplied by scale (at least 4)."""
-    from bench.tools.ns_kernels_measure import LAYERS  # the kernel benchmark's layer, so both time the same shapes
+    from bench.tools.ns_kernels_measure import (
+        LAYERS,  # the kernel benchmark's layer, so both time the same shapes
+    )
 
     return [
         (max(4, round(r * scale)), max(4, round(c * scale)), n) for r, c, n in LAYERS["qwen3_30b_a3b_layer"]
@@ -69,10 +71,10 @@ def layer_shapes(scale: float) -> list[tuple[int, int, int]]:
 def _factories(device: str, scale: float) -> dict[str, Callable[[list[Any]], Any]]:
     import torch
 
+    from bench.tools.ns_kernels_measure import FC1
     from optim import MOP, Muon, MuonConfig
     from optim.configs import MOPConfig
     from optim.functional.split import RowSplit
-    from bench.tools.ns_kernels_measure import FC1
 
     fc1 = tuple(max(4, round(d * scale)) for d in FC1["qwen3_30b_a3b_layer"])
     halves = RowSplit(num_groups=1, sizes=(fc1[0] // 2, fc1[0] - fc1[0] // 2), labels=("gate", "up"))

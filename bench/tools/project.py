@@ -38,8 +38,9 @@ def split_args(argv: list[str], keys: tuple[str, ...] = CLI_KEYS) -> tuple[dict[
 
 def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     """Prediction of one composed configuration as a plain dict (the json output)."""
-    from muonbench import load
+    from bench.tools.perfmodel.constants import ENGINE_CALIBRATION
     from bench.tools.perfmodel.model import predict, tp_mode_table
+    from muonbench import load
 
     cfg = load(overrides)
     pred = predict(cfg, profile)
@@ -51,7 +52,9 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
         "precision": cfg.precision.name,
         "optimizer": cfg.optimizer.name,
         "world_size": cfg.parallelism.world_size,
+        "engine": cfg.engine.name,
     }
+    out["engine_calibration"] = ENGINE_CALIBRATION.get(cfg.engine.name, "not calibrated")
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
     return out
 
@@ -64,6 +67,7 @@ def format_text(res: dict[str, Any]) -> str:
             f"{c['optimizer']}, profile={res['profile']}"
         ),
         f"  step time          {res['step_time_s']:.3f} s",
+        f"  engine             {c['engine']} ({res['engine_calibration']})",
         f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
         f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
         f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "

@@ -131,7 +131,6 @@ def test_step_log_keeps_diagnostics_only_when_measured(tmp_path) -> None:
     import json
 
     from bench import probes
-
     from bench.results import record
 
     log = record.StepLog(tmp_path, extra_keys=probes.keys(["gpu_energy", "microbatch_times"]))

@@ -9,9 +9,9 @@ import torch
 
 def test_census_of_the_tiny_quality_model() -> None:
     """Counted per expert from the optimizer's own parameters: the tiny model's expert stacks dominate."""
-    from experiments.soap_eigh.soap_eigh import factor_census
     from bench.tools.quality import run
     from bench.tools.quality.config import parse_cli
+    from experiments.soap_eigh.soap_eigh import factor_census
 
     census = factor_census("tiny")
     cfg = parse_cli(["profile=tiny", "device=cpu"])

@@ -36,7 +36,6 @@ from optim.optimizers.base import (
     reject_sparse_grads,
 )
 
-
 GROUP_OPTIONS = ("lr", "betas", "shampoo_beta", "eps", "weight_decay")
 """The options a param group may set; the rest of the config holds for every group."""
 

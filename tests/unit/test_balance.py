@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from muonbench import load
 from bench.tools.balance import _segments_bytes, analyse, main, stage_matrices
+from muonbench import load
 
 KIMI = ["model=kimi_k2", "parallelism=pp4_dp64_ep64"]
 QWEN = ["model=qwen3_30b_a3b", "parallelism=dp8_ep8"]

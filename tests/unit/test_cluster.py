@@ -103,7 +103,6 @@ def test_a_sweep_dry_run_writes_what_nemo_run_would_start(tmp_path: Path, monkey
     field, the hostile env value quoted) or the LocalExecutor's torchrun command, both starting the bench worker on
     that run directory."""
     import json
-
     import sys
 
     monkeypatch.setenv("DRY_RUN", "1")

@@ -83,9 +83,9 @@ def test_quack_general_configs_offered_on_large_problems_on_sm90() -> None:
 
     Localises: configs compiled and timed on launch-bound shapes (warm-up for nothing), offered off SM90, or a name
     that does not map to its config."""
+    from bench.tools.ns_kernels import SHAPES
     from optim.kernels.plan import _ops, candidate_names
     from optim.kernels.sym_quack import GENERAL_CONFIGS, SYMMETRIC_CONFIGS, QuackOps
-    from bench.tools.ns_kernels import SHAPES
 
     configs = [*GENERAL_CONFIGS, *SYMMETRIC_CONFIGS]
     assert configs == [n.removeprefix("plain_quack_all_") for n in CONFIG_CANDIDATES]

@@ -7,11 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_megatron_adapter import CPU_OPTS, megatron_groups  # noqa: F401 - the fixture is used by name
 
 import muonbench
 from bench import flops
 from bench.engines import RankInfo, engine_class
-from test_megatron_adapter import CPU_OPTS, megatron_groups  # noqa: F401 - the fixture is used by name
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf_configs"
 SLICE = (

@@ -228,9 +228,9 @@ def test_bench_optim_step_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
 def test_optim_step_bucket_layout_views_flat_buffers() -> None:
     """layout=buckets: the same values and gradients, as views of flat buffers of at most bucket_numel elements,
     consecutive in model order (what the layer-wise optimizer holds), so the matrices form few stacked runs."""
-    from optim.kernels.fused_step import stacked_runs
     from bench.tools.ns_kernels_measure import make_params
     from bench.tools.optim_step import lay_out
+    from optim.kernels.fused_step import stacked_runs
 
     ps = make_params([(4, 6, 7), (6, 4, 3)], "cpu")
     laid = lay_out(ps, "buckets", bucket_numel=5 * 24)

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from muonbench import load
-from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
 from bench.tools.perfmodel import calibrate, compute, links, nscost
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel.model import predict
+from muonbench import load
+from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig, RootConfig
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +207,20 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert "tp_mode=auto" in text and "->" in text
 
 
+@pytest.mark.parametrize("engine,calibrated", [("megatron", True), ("bridge", False), ("hf", False)])
+def test_projection_says_whether_its_engine_is_calibrated(engine: str, calibrated: bool) -> None:
+    """The model describes the Megatron-core engine's step; a projection for another engine says it is not
+    calibrated there and names the reports that measured the difference."""
+    from bench.tools import project
+
+    res = project.project(["experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu", f"engine={engine}"])
+    assert res["config"]["engine"] == engine
+    assert res["engine_calibration"].startswith("calibrated" if calibrated else "not calibrated")
+    assert f"engine             {engine} (" in project.format_text(res)
+    for path in re.findall(r"reports/\w+", res["engine_calibration"]):
+        assert (Path(__file__).resolve().parents[2] / path).is_dir(), path
+
+
 def test_project_rejects_bad_cli_values() -> None:
     from bench.tools import project
 
@@ -320,8 +336,8 @@ def test_layer_step_hand_checked() -> None:
 
 def test_h200_comparison_reads_run_records(tmp_path) -> None:
     """Run records (run.json with the resolved config and a summary) are predicted from their own config."""
-    from muonbench import as_dict
     from bench.tools.perfmodel import h200
+    from muonbench import as_dict
 
     cfg = load(["experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu"])
     pred = predict(cfg, "published")
@@ -384,8 +400,8 @@ def test_calibration_data_files_carry_provenance_and_the_source_reports_numbers(
 def test_extract_writes_a_data_file_the_model_reads_like_the_run_records(tmp_path) -> None:
     """`python -m bench.tools.perfmodel.extract runs` keeps successful H200 runs (config once per hash) and the
     model predicts the same from the data file as from the folder; a folder without runs is a user error."""
-    from muonbench import as_dict, config_hash
     from bench.tools.perfmodel import extract, h200
+    from muonbench import as_dict, config_hash
 
     cfg = load(["experiment=h200/qwen3_30b_a3b_slice_adamw_1gpu"])
     base = {"config": as_dict(cfg), "config_hash": config_hash(cfg), "git": {"sha": "abc1234"}}

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bench import sweep
-
 from bench.results import record
 
 

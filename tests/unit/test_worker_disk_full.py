@@ -19,7 +19,6 @@ from bench.results import record
 from tests.unit._optim_fixtures import one_thread  # noqa: F401
 from tests.unit._run_fixtures import write_tiny_run
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from muonbench.schema import RootConfig
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel.model import predict
+from muonbench.schema import RootConfig
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

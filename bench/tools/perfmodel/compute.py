@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from math import comb
 
 from bench import flops
-from muonbench.pipeline import stage_layers
-from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import links
+from muonbench.pipeline import stage_layers
+from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 
 BF16 = 2.0
 FP32 = 4.0

@@ -209,6 +209,17 @@ FITTED: dict[str, HardwareEfficiency] = {
 }
 
 
+ENGINE_CALIBRATION: dict[str, str] = {
+    "megatron": "calibrated: the H200 row's fitted value comes from a Megatron-core engine run",
+    "bridge": (
+        "not calibrated: Megatron-Bridge's own loop has run slices more than 5% faster and slower than predicted "
+        "(reports/byo_models_h200_202612, reports/bridge_crossover_h200_202612)"
+    ),
+    "hf": "not calibrated: the transformers engine runs eager, unfused layers",
+}
+"""What a prediction is worth per engine: the model describes the Megatron-core engine's step."""
+
+
 def efficiency(hardware_name: str) -> HardwareEfficiency:
     """Efficiencies of a hardware row; ValueError for a row without any (e.g. `cpu`)."""
     if hardware_name not in FITTED:

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.tools.perfmodel.calibration import FLOPS_RUNS, MEGATRON_RUNS, load_runs
+from bench.tools.perfmodel.calibration import MEGATRON_RUNS, load_runs
 
 TOLERANCE = 0.10
 

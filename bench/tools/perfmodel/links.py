@@ -7,10 +7,10 @@ and latencies come from `constants`.
 
 from __future__ import annotations
 
+from bench.tools.perfmodel import constants as C
 from muonbench.schema import HardwareConfig
 from optim import cost
 from optim.cost import Link, all_gather, all_reduce, reduce_scatter
-from bench.tools.perfmodel import constants as C
 
 __all__ = [
     "Link",

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import flops
-from muonbench.schema import RootConfig
 from bench.tools.perfmodel import compute, nscost
 from bench.tools.perfmodel import optimizer as opt
+from muonbench.schema import RootConfig
 
 
 @dataclass(kw_only=True, slots=True)

@@ -16,13 +16,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from bench.tools.perfmodel import constants as C
+from bench.tools.perfmodel import links
+from bench.tools.perfmodel.calibration import NS_KERNELS
 from muonbench.schema import HardwareConfig
 from optim import cost
 from optim.cost import TPCost
 from optim.distributed.assignment import CostModel, canonical
-from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel import links
-from bench.tools.perfmodel.calibration import NS_KERNELS
 
 HALF_EFF_DIM = (
     CostModel().half_eff_dim

@@ -17,6 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bench import flops
+from bench.tools.perfmodel import constants as C
+from bench.tools.perfmodel import links, nscost
 from muonbench.pipeline import stage_layers
 from muonbench.schema import (
     DistributionConfig,
@@ -26,8 +28,6 @@ from muonbench.schema import (
     PrecisionConfig,
 )
 from optim.distributed.assignment import CostModel, assign, canonical
-from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel import links, nscost
 
 PROFILES = ("published", "ours")
 

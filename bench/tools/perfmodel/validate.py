@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import flops
-from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel import nscost
 from bench.tools.perfmodel import optimizer as opt
 from bench.tools.perfmodel.calibrate import hbm_fraction
 from bench.tools.perfmodel.calibration import NS_KERNELS
+from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig
 
 LAYERS: dict[str, tuple[str, int, bool]] = {
     "qwen3_30b_a3b_layer": ("qwen3_30b_a3b", 1, False),
