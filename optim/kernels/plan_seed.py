@@ -49,3 +49,60 @@ def lookup(key: str, seed_dir: Path | None = None) -> dict[str, object] | None:
         return None
     entry = seeds(seed_dir).get(key)
     return dict(entry) if entry is not None else None
+
+
+SEED_FIELDS = ("method", "rejected", "times_ms")
+"""What a seed entry keeps of a plan-cache entry: the choice and the timings it was made from."""
+
+
+def from_run(run_dir: Path, report: str) -> dict[str, object]:
+    """A seed file's content from one run record (`run.json` with its `ns_plan`), made by a Muon run that measured
+    its plan on a cold cache; `report` names the committed report that holds the run."""
+    rec = json.loads((Path(run_dir) / "run.json").read_text())
+    plan = rec.get("ns_plan") or {}
+    if not plan:
+        raise ValueError(f"{run_dir}/run.json has no ns_plan: only a Muon run that planned its NS kernels has one")
+    gpu = (rec.get("hardware") or {}).get("gpu_name")
+    return {
+        "about": (
+            f"NS plan entries (optim.kernels.plan cache format) measured on one {gpu} by run {rec['run_id']} of "
+            f"{report}. A process whose plan key matches an entry exactly adopts its choice after checking it "
+            "against cuBLAS once (optim.kernels.plan_seed); MUONBENCH_NS_PLAN=measure turns this off."
+        ),
+        "provenance": {
+            "report": report,
+            "run_id": rec["run_id"],
+            "start_time": rec.get("start_time"),
+            "command": rec.get("command"),
+            "git": rec.get("git"),
+            "gpu": gpu,
+            "versions": rec.get("versions"),
+        },
+        "entries": {
+            key: {f: entry[f] for f in SEED_FIELDS if f in entry}
+            for key, entry in sorted(plan.items())
+            if not entry.get("fallback") and entry.get("method") in (entry.get("times_ms") or {})
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m optim.kernels.plan_seed RUN_DIR REPORT OUT`: write a seed file from a run's measured NS plan."""
+    import sys
+
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print("usage: python -m optim.kernels.plan_seed RUN_DIR REPORT OUT.json", file=sys.stderr)
+        return 2
+    try:
+        doc = from_run(Path(args[0]), args[1])
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    Path(args[2]).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(f"{args[2]}: {len(doc['entries'])} entries")  # type: ignore[arg-type]
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

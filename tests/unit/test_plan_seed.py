@@ -54,3 +54,27 @@ def test_adopt_measures_when_the_seed_cannot_run_or_is_turned_off(tmp_path, monk
     monkeypatch.setenv("MUONBENCH_NS_PLAN", "sometimes")
     with pytest.raises(ValueError, match="MUONBENCH_NS_PLAN='sometimes': must be one of"):
         plan_seed.lookup(key, seeded)
+
+
+def test_seed_file_from_a_committed_run_record(tmp_path, capsys):
+    """`python -m optim.kernels.plan_seed RUN REPORT OUT` keeps each measured entry's choice and timings with the run's
+    provenance; the shipped files made this way are what `seeds()` reads; a run without an NS plan is refused."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    report = "reports/byo_models_h200_202612"
+    run = repo / report / "runs/olmoe_1b_7b/bridge/20261204_160952_olmoe_1b_7b_muon"
+    out = tmp_path / "seed.json"
+    assert plan_seed.main([str(run), report, str(out)]) == 0
+    doc = json.loads(out.read_text())
+    measured = json.loads((run / "run.json").read_text())["ns_plan"]
+    assert set(doc["entries"]) == set(measured) and len(measured) == 4
+    for key, entry in doc["entries"].items():
+        assert set(entry) <= set(plan_seed.SEED_FIELDS) and entry["method"] == measured[key]["method"]
+    assert doc["provenance"]["run_id"] == run.name and doc["provenance"]["gpu"] == "NVIDIA H200"
+    shipped = repo / "optim/kernels/plan_seeds" / f"nvidia_h200__{run.name}.json"
+    assert json.loads(shipped.read_text())["entries"] == doc["entries"]
+    assert set(doc["entries"]) <= set(plan_seed.seeds())
+    adamw = next((repo / report / "runs/olmoe_1b_7b/bridge").glob("*_adamw"))
+    assert plan_seed.main([str(adamw), report, str(tmp_path / "x.json")]) == 2
+    assert "has no ns_plan" in capsys.readouterr().err
