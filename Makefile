@@ -42,7 +42,10 @@ $(STAMP):
 
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
 
-test: $(STAMP) ## Run the CPU test suite (unit + gloo multi-process) on WORKERS processes (default 2)
+LINT_PATHS := optim muonbench bench recipes experiments tests
+
+test: $(STAMP) ## Lint, then run the CPU test suite (unit + gloo multi-process) on WORKERS processes (default 2)
+	$(PY) -m ruff check $(LINT_PATHS)
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup tests experiments
 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
@@ -132,8 +135,8 @@ $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $(DEV_STAMP)
 
-lint: $(DEV_STAMP) ## ruff lint
-	$(PY) -m ruff check optim muonbench bench recipes experiments tests
+lint: $(STAMP) ## ruff lint (make test runs it first)
+	$(PY) -m ruff check $(LINT_PATHS)
 
 typecheck: $(DEV_STAMP) ## mypy strict on optim/
 	$(PY) -m mypy

@@ -235,7 +235,7 @@ def run_local(cfg: RootConfig, run_dir: str | Path, *, echo: bool = True) -> Lau
             stderr=subprocess.PIPE,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, before exec; no locks taken
         )
         assert proc.stdout is not None and proc.stderr is not None
         echoes = [TerminalEcho(sys.stdout.buffer), TerminalEcho(sys.stderr.buffer)] if echo else []

@@ -247,7 +247,7 @@ def _check_unknown_keys(node: Any, path: str) -> None:
     if not (isinstance(node, DictConfig) and is_dataclass(cls)):
         return
     names = {f.name for f in fields(cls)}
-    for key in node.keys():
+    for key in node:
         dotted = f"{path}.{key}" if path else str(key)
         if key not in names:
             raise ConfigError(f"{dotted}: no such field in {cls.__name__}; its fields: {', '.join(sorted(names))}")

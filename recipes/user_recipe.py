@@ -25,7 +25,7 @@ def require_container(obj: Any, what: str) -> None:
     cls = getattr(importlib.import_module(CONTAINER_CLASS[0]), CONTAINER_CLASS[1])
     if not isinstance(obj, cls):
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-        raise ValueError(f"{what}: {kind}, not a Bridge ConfigContainer")
+        raise ValueError(f"{what}: {kind}, not a Bridge ConfigContainer")  # noqa: TRY004 - a user error: CLIs print ValueError
 
 
 def split_recipe(dotted: str) -> tuple[str, str]:
@@ -120,7 +120,7 @@ def load_recipe(dotted: str) -> Any:
     except AttributeError:
         raise ValueError(f"{where}: module {module!r} has no attribute {name!r}") from None
     if not callable(fn):
-        raise ValueError(f"{where}: {type(fn).__name__} is not callable")
+        raise ValueError(f"{where}: {type(fn).__name__} is not callable")  # noqa: TRY004 - a user error, as above
     cfg = fn()
     require_container(cfg, f"{where} returned")
     return cfg

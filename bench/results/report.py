@@ -527,8 +527,10 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     if left_out:
         parts += [
             "## Records left out",
-            "What `bench.results.collect` could not read whole (its `run.json`: `skipped_records`); the tables "
-            "above do not include it:",
+            (
+                "What `bench.results.collect` could not read whole (its `run.json`: `skipped_records`); the "
+                "tables above do not include it:"
+            ),
             "\n".join(f"- {m}" for m in left_out),
         ]
     if failed:

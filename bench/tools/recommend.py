@@ -482,21 +482,28 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
 def format_text(res: dict[str, Any], written: list[Path]) -> str:
     c = res["config"]
     lines = [
-        f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}: TP{c['tp']} PP{c['pp']} "
-        f"DP{c['dp']} EP{c['ep']}, {c['precision']}, engine={c['engine']}): recommended Muon settings",
+        (
+            f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}: TP{c['tp']} PP{c['pp']} "
+            f"DP{c['dp']} EP{c['ep']}, {c['precision']}, engine={c['engine']}): recommended Muon settings"
+        ),
     ]
     lines += [f"  {k:<16} {res['reasons'][k]}" for k in res["settings"]]
     lines += [
         f"  overrides: {' '.join(res['overrides'])}",
-        f"  predicted step time   Muon {res['muon_step_s']:.3f} s, AdamW {res['adamw_step_s']:.3f} s; "
-        f"Muon/AdamW model-only ratio {res['ratio']:.3f}",
-        f"  optimizer step / GPU  Muon {res['optimizer_step_s_per_gpu']:.4f} s (NS + update), "
-        f"AdamW {res['adamw_optimizer_step_s_per_gpu']:.4f} s",
-        f"  Newton-Schulz / GPU   {res['ns_s_per_gpu']:.4f} s "
-        "(the GPU with the most; inside the optimizer step)",
-        f"  weights + grads + optimizer state / GPU  Muon {res['state_memory_gib_per_gpu']:.1f} GiB, "
-        f"AdamW {res['adamw_state_memory_gib_per_gpu']:.1f} GiB (of {res['memory_gib']:.0f}; "
-        "activations not counted)",
+        (
+            f"  predicted step time   Muon {res['muon_step_s']:.3f} s, AdamW {res['adamw_step_s']:.3f} s; "
+            f"Muon/AdamW model-only ratio {res['ratio']:.3f}"
+        ),
+        (
+            f"  optimizer step / GPU  Muon {res['optimizer_step_s_per_gpu']:.4f} s (NS + update), "
+            f"AdamW {res['adamw_optimizer_step_s_per_gpu']:.4f} s"
+        ),
+        f"  Newton-Schulz / GPU   {res['ns_s_per_gpu']:.4f} s (the GPU with the most; inside the optimizer step)",
+        (
+            f"  weights + grads + optimizer state / GPU  Muon {res['state_memory_gib_per_gpu']:.1f} GiB, "
+            f"AdamW {res['adamw_state_memory_gib_per_gpu']:.1f} GiB (of {res['memory_gib']:.0f}; "
+            "activations not counted)"
+        ),
         "  ratio over data-parallel size: "
         + ", ".join(f"DP{r['dp']} {r['ratio']:.3f}" for r in res["scaling"]),
         f"  checked: {res['built']}",

@@ -92,11 +92,11 @@ def check_param_group[C](
                 f"{p.dtype}"
             )
     allowed = sorted(options)
-    for key in group:
+    for key, value in group.items():
         # torch.optim's own keys (its load_state_dict adds differentiable=False to the defaults)
         if key in options or key in CALLER_GROUP_KEYS or key in ("params", "param_names"):
             continue
-        if (key, group[key]) == ("differentiable", False):
+        if (key, value) == ("differentiable", False):
             continue
         close = difflib.get_close_matches(key, [*options, *CALLER_GROUP_KEYS], n=1, cutoff=0.8)
         if key in KNOWN_OPTIONS:
@@ -105,7 +105,7 @@ def check_param_group[C](
             why = f"is not a key of a {owner} param group"
             why += f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(
-            f"param group {index}: {key}={group[key]!r} {why}; per-group options: {allowed}; also accepted "
+            f"param group {index}: {key}={value!r} {why}; per-group options: {allowed}; also accepted "
             f"(read by Megatron-Core's scheduler or torch's LR schedulers, not by {owner}): "
             f"{sorted(CALLER_GROUP_KEYS)}"
         )

@@ -17,8 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from optim.configs import MOPConfig
-from optim.distributed.tp_orthogonalize import TPMode
+from optim.configs import MOPConfig, TPMode
 from optim.functional.newton_schulz import newton_schulz
 from optim.functional.polar import polar_svd
 from optim.functional.split import RowSplit

@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from optim.configs import MuonConfig
-from optim.distributed.tp_orthogonalize import TPMode
+from optim.configs import MuonConfig, TPMode
 from optim.functional.newton_schulz import newton_schulz, ns_coefficients
 from optim.functional.split import RowSplit
 from optim.optimizers.base import config_from

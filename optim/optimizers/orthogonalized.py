@@ -50,7 +50,7 @@ from optim.optimizers.sharded import TPSharding
 from optim.optimizers.tp import TPModeFn, TPSpec
 
 if TYPE_CHECKING:
-    from optim.distributed.tp_orthogonalize import TPMode
+    from optim.configs import TPMode
 
 GROUP_OPTIONS = ("lr", "momentum", "weight_decay")
 """The options a param group may set; the rest of the config holds for every group."""

@@ -46,10 +46,22 @@ class SpeculationView(Protocol):
     """The speculation's hook the reference step instruments (`optim.optimizers.speculative.Speculation`)."""
 
     orthogonalize: Orthogonalize | None
+    confirmed: bool
+    """The caller vouched that the gradients given to `speculate` are this step's (one-shot)."""
+    stats: dict[str, int]
+
+    def speculate(self, params: list[torch.Tensor], grads: list[torch.Tensor], *, stream: Any = None) -> None: ...
+
+    def take(self) -> list[Any]: ...
 
 
 class FusedStepView(Protocol):
     """What the reference step and speculative NS call on the fused step (`optim.optimizers.fused.FusedStep`)."""
+
+    grads_known_finite: bool
+    """The next step may skip the gradient screen (one-shot)."""
+    packed_sumsq: torch.Tensor | None
+    """The fused pack's squared norms of the stack being orthogonalized, while it is."""
 
     @property
     def opt(self) -> MuonView: ...

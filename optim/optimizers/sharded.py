@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from optim.distributed.tp_orthogonalize import TPMode
+from optim.configs import TPMode
 from optim.functional.split import RowSplit
 from optim.optimizers.base import param_names
 from optim.optimizers.tp import TPModeFn, TPSpec, resolve_mode
@@ -79,10 +79,8 @@ class TPSharding:
 
     def rekey(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Move specs and modes from each old tensor to its new one (Megatron's fp32 copies of bf16 parameters)."""
-        for table in (self.specs, self._mode):
-            moved = {id(new): table[id(old)] for old, new in pairs if id(old) in table}  # type: ignore[index]
-            table.clear()
-            table.update(moved)  # type: ignore[arg-type]
+        _rekey(self.specs, pairs)
+        _rekey(self._mode, pairs)
 
     def failed_groups(self, params: list[torch.Tensor], local_ok: bool) -> list[Any]:
         """The TP groups (size > 1, first-seen order) of the sharded `params` in which some rank's non-finite
@@ -91,9 +89,13 @@ class TPSharding:
         groups: list[Any] = []
         for p in params:
             spec = self.specs.get(id(p))
-            if spec is not None and spec.group is not None and spec.size() > 1:
-                if all(spec.group is not g for g in groups):
-                    groups.append(spec.group)
+            if (
+                spec is not None
+                and spec.group is not None
+                and spec.size() > 1
+                and all(spec.group is not g for g in groups)
+            ):
+                groups.append(spec.group)
         failed = []
         for grp in groups:
             flag = torch.tensor([float(local_ok)], device=device)
@@ -179,3 +181,10 @@ class TPSharding:
             split = self.splits.get(id(p))
             result.append(split.merge(parts_out) if split is not None else parts_out[0])
         return result
+
+
+def _rekey[V](table: dict[int, V], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """`table` keyed by the ids of each pair's new tensor instead of its old one (entries of other ids dropped)."""
+    moved = {id(new): table[id(old)] for old, new in pairs if id(old) in table}
+    table.clear()
+    table.update(moved)

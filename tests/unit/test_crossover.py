@@ -28,7 +28,7 @@ def test_committed_sequence_reproduces_the_report(tmp_path):
 def test_a_run_that_did_not_end_ok_does_not_count(tmp_path):
     runs = tmp_path / "runs"
     shutil.copytree(RUNS, runs)
-    first = sorted(runs.glob("*adamw/run.json"))[0]
+    first = min(runs.glob("*adamw/run.json"))
     rec = json.loads(first.read_text())
     rec["status"] = "oom"
     first.write_text(json.dumps(rec))

@@ -130,8 +130,10 @@ def test_process_word_pattern_catches_the_diary_forms():
 
 
 PACKAGES = ("optim", "muonbench", "recipes", "bench", "experiments")
-DOTTED_NAME = re.compile(r"(?<![\w./-])((?:%s)(?:\.\w+)+)" % "|".join(PACKAGES))
-REPO_PATH = re.compile(r"(?<![\w./<-])((?:%s)/[\w./-]*)" % "|".join((*PACKAGES, "conf", "tests", "docs", "reports")))
+DOTTED_NAME = re.compile(r"(?<![\w./-])((?:{})(?:\.\w+)+)".format("|".join(PACKAGES)))
+REPO_PATH = re.compile(
+    r"(?<![\w./<-])((?:{})/[\w./-]*)".format("|".join((*PACKAGES, "conf", "tests", "docs", "reports")))
+)
 FILE_SUFFIXES = {"py", "md", "json", "jsonl", "csv", "yaml", "sh", "png", "txt"}
 
 
@@ -168,12 +170,13 @@ def stale_names(doc: Path, bench_keys: set[str]) -> list[str]:
     for m in DOTTED_NAME.finditer(text):
         name = m.group(1)
         path, rest = _module(name)
-        if path is None:
+        if path is None or (
+            rest
+            and rest[0] not in FILE_SUFFIXES
+            and (path.is_dir() or not re.search(rf"\b{re.escape(rest[0])}\b", path.read_text()))
+            and not (path == REPO / "bench" / "__init__.py" and rest[0] in bench_keys)
+        ):
             out.append(name)
-        elif rest and rest[0] not in FILE_SUFFIXES:
-            if path.is_dir() or not re.search(rf"\b{re.escape(rest[0])}\b", path.read_text()):
-                if not (path == REPO / "bench" / "__init__.py" and rest[0] in bench_keys):
-                    out.append(name)
     for m in REPO_PATH.finditer(text):
         if text[m.end() : m.end() + 1] in ("<", "*", "{"):
             continue

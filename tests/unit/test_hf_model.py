@@ -36,11 +36,23 @@ EXPECTED = {
     "olmoe_1b_7b": ("olmoe", 16, 2048, 16, 16, 128, 1024, 64, 8, 1024, 0, 0, 50304, True, True),
     "deepseek_v3": ("deepseek_v3", 61, 7168, 128, 0, 0, 18432, 256, 8, 2048, 2048, 3, 129280, True, False),
 }
-FIELDS = (
-    "family num_layers hidden_size num_attention_heads num_query_groups kv_channels ffn_hidden_size num_experts "
-    "moe_router_topk moe_ffn_hidden_size moe_shared_expert_intermediate_size num_dense_layers vocab_size "
-    "qk_layernorm moe_router_pre_softmax"
-).split()
+FIELDS = [
+    "family",
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "kv_channels",
+    "ffn_hidden_size",
+    "num_experts",
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "num_dense_layers",
+    "vocab_size",
+    "qk_layernorm",
+    "moe_router_pre_softmax",
+]
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -53,7 +65,14 @@ def test_family_fields(name: str) -> None:
 
 def test_deepseek_v3_mla_and_router() -> None:
     m = hf("deepseek_v3").model
-    assert (m.attention, m.q_lora_rank, m.kv_lora_rank, m.qk_head_dim, m.qk_pos_emb_head_dim, m.v_head_dim) == (
+    assert (
+        m.attention,
+        m.q_lora_rank,
+        m.kv_lora_rank,
+        m.qk_head_dim,
+        m.qk_pos_emb_head_dim,
+        m.v_head_dim,
+    ) == (
         "mla",
         1536,
         512,
@@ -63,7 +82,11 @@ def test_deepseek_v3_mla_and_router() -> None:
     )
     assert m.moe_router_score_function == "sigmoid" and m.moe_router_enable_expert_bias
     assert m.moe_router_topk_scaling_factor == 2.5
-    assert (m.rope_scaling_factor, m.rope_original_max_position_embeddings, m.rotary_base) == (40.0, 4096, 10000.0)
+    assert (m.rope_scaling_factor, m.rope_original_max_position_embeddings, m.rotary_base) == (
+        40.0,
+        4096,
+        10000.0,
+    )
     assert m.make_vocab_size_divisible_by == 1280
 
 
@@ -123,7 +146,9 @@ def test_flops_equal_bridge_own_count(name: str) -> None:
     )
     provider.seq_length = m.seq_length  # the benchmark's sequence, not the config's context
     provider.mtp_num_layers = None  # no engine builds multi-token prediction (muonbench/hf_model.py)
-    if provider.kv_channels is None:  # Qwen2: Megatron's TransformerConfig derives it when the provider is finalized
+    if (
+        provider.kv_channels is None
+    ):  # Qwen2: Megatron's TransformerConfig derives it when the provider is finalized
         provider.kv_channels = provider.hidden_size // provider.num_attention_heads
     bridge = num_floating_point_operations(SimpleNamespace(model=provider), batch_size=2)
     assert bridge == pytest.approx(2 * m.seq_length * model_flops_per_token(m), rel=1e-9)
@@ -131,7 +156,13 @@ def test_flops_equal_bridge_own_count(name: str) -> None:
 
 def test_overrides_apply_on_top() -> None:
     m = hf("qwen3_30b_a3b", "model.num_layers=2", "model.hidden_size=64", "model.num_experts=8").model
-    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.kv_channels) == (2, 64, 8, 8, 128)
+    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.kv_channels) == (
+        2,
+        64,
+        8,
+        8,
+        128,
+    )
     assert m.family == "qwen3_moe"
 
 
@@ -180,7 +211,7 @@ def test_remote_code_names_the_flag() -> None:
 
 
 def test_hub_id_not_cached_says_how_to_fetch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import huggingface_hub.constants as constants
+    from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(ConfigError, match=r"huggingface-cli download someone/unseen-model config\.json"):
@@ -188,7 +219,7 @@ def test_hub_id_not_cached_says_how_to_fetch(tmp_path: Path, monkeypatch: pytest
 
 
 def test_hub_id_from_the_local_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import huggingface_hub.constants as constants
+    from huggingface_hub import constants
 
     snap = tmp_path / "models--meta-llama--Meta-Llama-3-8B" / "snapshots" / "abc"
     snap.mkdir(parents=True)
@@ -236,10 +267,24 @@ def test_tiny_slice_experiment_keeps_the_layer_types() -> None:
     """experiment=cpu/hf_tiny_dp2 (make bench-hf) shrinks any family; its values stay over the config's, a slice
     shorter than DeepSeek-V3's three dense layers keeps one MoE layer, the shared expert keeps its count."""
     m = muonbench.load(["experiment=cpu/hf_tiny_dp2", f"model=hf:{FIXTURES / 'deepseek_v3'}"]).model
-    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.num_dense_layers) == (2, 64, 256, 8, 1)
+    assert (m.num_layers, m.hidden_size, m.num_experts, m.moe_router_topk, m.num_dense_layers) == (
+        2,
+        64,
+        256,
+        8,
+        1,
+    )
     assert m.moe_shared_expert_intermediate_size == m.moe_ffn_hidden_size == 32
-    m = muonbench.load(["experiment=cpu/hf_tiny_dp2", f"model=hf:{FIXTURES / 'llama3_8b'}", "model.num_layers=4"]).model
-    assert (m.family, m.num_layers, m.hidden_size, m.num_experts, m.rotary_base) == ("llama", 4, 64, 0, 500000.0)
+    m = muonbench.load(
+        ["experiment=cpu/hf_tiny_dp2", f"model=hf:{FIXTURES / 'llama3_8b'}", "model.num_layers=4"]
+    ).model
+    assert (m.family, m.num_layers, m.hidden_size, m.num_experts, m.rotary_base) == (
+        "llama",
+        4,
+        64,
+        0,
+        500000.0,
+    )
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

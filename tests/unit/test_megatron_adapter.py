@@ -196,7 +196,7 @@ def test_fusion_options_need_transformer_engine() -> None:
 def test_tied_embeddings_share_one_megatron_matrix(megatron_groups, tied: bool) -> None:
     """`model.tie_embeddings` (a Hugging Face `tie_word_embeddings`) builds Megatron's shared embedding and output
     weight: no output_layer.weight of its own when tied, one when untied."""
-    gpt, config = _build(dataclasses.replace(_gqa_model(), tie_embeddings=tied))
+    gpt, _ = _build(dataclasses.replace(_gqa_model(), tie_embeddings=tied))
     names = {n for n, _ in gpt.named_parameters()}
     assert gpt.share_embeddings_and_output_weights is tied
     assert "embedding.word_embeddings.weight" in names

@@ -108,7 +108,9 @@ def test_steps_equal_the_saved_reference(name: str, monkeypatch: pytest.MonkeyPa
     saved = json.loads(DATA.read_text())[name]
     got = _fused_case(monkeypatch) if name == "muon_fused" else CASES[name]()
     for i, (g, s) in enumerate(zip(got, saved, strict=True)):
-        torch.testing.assert_close(torch.tensor(g), torch.tensor(s), rtol=1e-6, atol=1e-7, msg=lambda m: f"{i}: {m}")
+        torch.testing.assert_close(
+            torch.tensor(g), torch.tensor(s), rtol=1e-6, atol=1e-7, msg=lambda m, i=i: f"{i}: {m}"
+        )
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:

@@ -223,7 +223,7 @@ def test_run_record_counts_the_hybrids_adamw_side_too():
     """Localises the harness counting only the matrix side of a hybrid (its AdamW-side skips live on the hybrid)."""
     from bench.engines.base import count_skipped_updates
 
-    model, opt, _ = _hybrid("skip")
+    _, opt, _ = _hybrid("skip")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NonFiniteWarning)
         opt.step()

@@ -72,7 +72,7 @@ def test_recommendation_is_the_fastest_runnable_candidate(results, name: str) ->
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_scaling_csv_and_png(results, name: str) -> None:
-    res, written = results[name]
+    _, written = results[name]
     csv_path, png_path, json_path = written
     rows = list(csv.DictReader(csv_path.open()))
     assert [int(r["dp"]) for r in rows] == list(rec.DP_SIZES)  # 8 .. 1024
