@@ -38,7 +38,7 @@ def split_args(argv: list[str], keys: tuple[str, ...] = CLI_KEYS) -> tuple[dict[
 
 def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     """Prediction of one composed configuration as a plain dict (the json output)."""
-    from bench.tools.perfmodel.constants import ENGINE_CALIBRATION
+    from bench.tools.perfmodel.constants import engine_calibration
     from bench.tools.perfmodel.model import predict, tp_mode_table
     from muonbench import load
 
@@ -54,7 +54,7 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
         "world_size": cfg.parallelism.world_size,
         "engine": cfg.engine.name,
     }
-    out["engine_calibration"] = ENGINE_CALIBRATION.get(cfg.engine.name, "not calibrated")
+    out["engine_calibration"] = engine_calibration(cfg.engine.name, cfg.hardware.name)
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
     return out
 

@@ -37,9 +37,15 @@ def test_committed_fit_is_the_minimax_fit() -> None:
     fit, worst = calibrate.fit_gb300_hbm(iters=25)
     assert fit == pytest.approx(C.GB300_HBM_FIT, abs=0.01)
     assert worst <= calibrate.TOLERANCE
-    for row, eff in C.FITTED.items():  # at most one fitted efficiency per hardware row
-        fitted = [e for e in eff.__slots__ if "FITTED" in getattr(eff, e).source]
-        assert fitted == (["hbm"] if row in ("gb300", "h200") else []), (row, fitted)
+    for row, eff in C.FITTED.items():  # at most one fitted efficiency per hardware row and engine
+        fitted = [e for e in eff.__slots__ if getattr(eff, e) is not None and "FITTED" in getattr(eff, e).source]
+        assert fitted == {"gb300": ["hbm"], "h200": ["hbm", "hbm_bridge"]}.get(row, []), (row, fitted)
+
+
+def test_committed_bridge_fit_is_the_minimax_fit() -> None:
+    """The H200 row's Bridge fraction is what the fit on the committed Bridge runs returns, and it fits them."""
+    fit, worst = calibrate.fit_h200_bridge_hbm(iters=25)
+    assert fit == pytest.approx(C.H200_BRIDGE_HBM_FIT, abs=0.01) and worst < 0.01
 
 
 def test_muon_costs_time_and_ours_beats_published(table1: dict[str, RootConfig]) -> None:
@@ -146,7 +152,7 @@ def test_hand_checked_tiny_step() -> None:
         hardware=hw,
         precision=PrecisionConfig(name="bf16"),
         optimizer=load(["optimizer=adamw"], validate_=False).optimizer,
-        engine=None,  # type: ignore[arg-type]
+        engine=load(["engine=megatron"], validate_=False).engine,
         launcher=None,
     )  # type: ignore[arg-type]
     pred = predict(cfg, "published")
@@ -207,13 +213,18 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert "tp_mode=auto" in text and "->" in text
 
 
-@pytest.mark.parametrize("engine,calibrated", [("megatron", True), ("bridge", False), ("hf", False)])
-def test_projection_says_whether_its_engine_is_calibrated(engine: str, calibrated: bool) -> None:
-    """The model describes the Megatron-core engine's step; a projection for another engine says it is not
-    calibrated there and names the reports that measured the difference."""
+@pytest.mark.parametrize(
+    "engine,hardware,calibrated",
+    [("megatron", "h200", True), ("bridge", "h200", True), ("bridge", "b200", False), ("hf", "h200", False)],
+)
+def test_projection_says_whether_its_engine_is_calibrated(engine: str, hardware: str, calibrated: bool) -> None:
+    """A projection says what it rests on: the Megatron-core engine's fit, the row's Bridge fit (H200 only), or no
+    calibration for its engine; a report it names exists."""
     from bench.tools import project
 
-    res = project.project(["experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu", f"engine={engine}"])
+    res = project.project(
+        ["experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu", f"engine={engine}", f"hardware={hardware}"]
+    )
     assert res["config"]["engine"] == engine
     assert res["engine_calibration"].startswith("calibrated" if calibrated else "not calibrated")
     assert f"engine             {engine} (" in project.format_text(res)

@@ -7,9 +7,11 @@ constants stay as sourced in `constants`); the committed value is `constants.GB3
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import statistics
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 from bench.tools.perfmodel import constants as C
 from bench.tools.perfmodel.model import predict
@@ -50,10 +52,11 @@ def load_row(row: PublishedRow, extra: list[str] | None = None) -> RootConfig:
 
 
 @contextmanager
-def hbm_fraction(hardware: str, value: float) -> Iterator[None]:
-    """Temporarily replace a hardware row's memory-bound efficiency (for fitting and sensitivity)."""
+def hbm_fraction(hardware: str, value: float, field: str = "hbm") -> Iterator[None]:
+    """Temporarily replace a hardware row's memory-bound efficiency (`field`: hbm, or hbm_bridge for the bridge
+    engine) for fitting and sensitivity."""
     old = C.FITTED[hardware]
-    C.FITTED[hardware] = replace(old, hbm=C.Sourced(value=value, source="trial value"))
+    C.FITTED[hardware] = replace(old, **{field: C.Sourced(value=value, source="trial value")})
     try:
         yield
     finally:
@@ -93,6 +96,11 @@ def fit_gb300_hbm(lo: float = 0.2, hi: float = 1.0, iters: int = 40) -> tuple[fl
         with hbm_fraction("gb300", x):
             return max(abs(float(r["rel_error"])) for r in calibration(configs))
 
+    return _minimise(worst, lo, hi, iters)
+
+
+def _minimise(worst: Callable[[float], float], lo: float, hi: float, iters: int) -> tuple[float, float]:
+    """(x, worst(x)) at the minimum of a unimodal `worst` on [lo, hi], by golden section."""
     g = (5**0.5 - 1) / 2
     a, b = lo, hi
     c, d = b - g * (b - a), a + g * (b - a)
@@ -140,3 +148,26 @@ def fit_h200_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 30) -> tuple[fl
         a, b = (mid, b) if err(mid) > 0 else (a, mid)
     x = (a + b) / 2
     return x, err(x)
+
+
+def fit_h200_bridge_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 40) -> tuple[float, float]:
+    """(fraction, worst relative error): the H200 row's memory-bound fraction for the bridge engine, minimax over
+    the median step of each optimizer's runs in `calibration.BRIDGE_RUNS` (each optimizer's runs share a config)."""
+    from bench.tools.perfmodel import h200
+    from bench.tools.perfmodel.calibration import BRIDGE_RUNS, load_runs
+
+    by_optimizer: dict[str, list[dict[str, Any]]] = {}
+    for rec in load_runs(BRIDGE_RUNS):
+        by_optimizer.setdefault(rec["config"]["optimizer"]["name"], []).append(rec)
+    targets = []
+    for recs in by_optimizer.values():
+        cfg = recs[0]["config"]
+        profile = "ours" if cfg["optimizer"].get("implementation") == "ours" else "published"
+        median = statistics.median(float(r["summary"]["step_s_median"]) for r in recs)
+        targets.append((h200._typed(cfg), profile, median))
+
+    def worst(x: float) -> float:
+        with hbm_fraction("h200", x, "hbm_bridge"):
+            return max(abs(predict(cfg, profile).step_time_s / m - 1.0) for cfg, profile, m in targets)
+
+    return _minimise(worst, lo, hi, iters)

@@ -19,6 +19,9 @@ MEGATRON_RUNS = DATA / "megatron_h200_runs.json"
 """Single-H200 Megatron runs of two models and three optimizers; the H200 row's fitted value comes from one."""
 FLOPS_RUNS = DATA / "megatron_h200_flops_runs.json"
 """The FLOP-matched Qwen3 slice runs on H200: out of sample (no constant is refitted on them)."""
+BRIDGE_RUNS = DATA / "bridge_h200_runs.json"
+"""Megatron-Bridge runs of one model on H200 (OLMoE-1B-7B slice, AdamW and Muon in crossover); the H200 row's
+Bridge fraction is fitted on them."""
 
 
 def load_runs(path: Path) -> list[dict[str, Any]]:

@@ -50,9 +50,11 @@ class Rates:
     """Bytes per GEMM operand element (MXFP8 1 + 1/32, bf16 2)."""
 
 
-def rates(hw: HardwareConfig, precision: PrecisionConfig) -> Rates:
-    """Achievable rates from the datasheet row and `constants.efficiency(hw.name)`."""
+def rates(hw: HardwareConfig, precision: PrecisionConfig, engine: str = "megatron") -> Rates:
+    """Achievable rates from the datasheet row and `constants.efficiency(hw.name)`; the bridge engine's
+    memory-bound kernels run at the row's `hbm_bridge` where it has one."""
     eff = C.efficiency(hw.name)
+    hbm = eff.hbm_bridge if engine == "bridge" and eff.hbm_bridge is not None else eff.hbm
     bf16 = hw.peak_bf16_tflops * 1e12 * eff.gemm_bf16.value
     fp8 = precision.name == "fp8_mx"
     if fp8 and hw.peak_fp8_tflops <= 0:
@@ -62,7 +64,7 @@ def rates(hw: HardwareConfig, precision: PrecisionConfig) -> Rates:
         gemm_flops=gemm,
         bf16_flops=bf16,
         attention_flops=hw.peak_bf16_tflops * 1e12 * C.ATTENTION_EFFICIENCY.value,
-        hbm=hw.hbm_tbps * 1e12 * eff.hbm.value,
+        hbm=hw.hbm_tbps * 1e12 * hbm.value,
         operand_bytes=C.FP8_BYTES.value if fp8 else BF16,
     )
 
@@ -163,10 +165,14 @@ class StageTime:
 
 
 def stage_times(
-    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, precision: PrecisionConfig
+    model: ModelConfig,
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    precision: PrecisionConfig,
+    engine: str = "megatron",
 ) -> list[StageTime]:
     """Per-stage forward + backward time per step (no bubble), from the stage's layer list."""
-    r = rates(hw, precision)
+    r = rates(hw, precision, engine)
     bd = flops.model_flops_breakdown(model, tp=par.tp)
     n_layers = model.num_layers + model.mtp_num_layers
     mats = flops.enumerate_ns_matrices(model, split_qkv=False)
@@ -242,10 +248,14 @@ def _shard(m: flops.NSMatrix, tp: int) -> tuple[float, float]:
 
 
 def pipeline_time(
-    model: ModelConfig, par: ParallelismConfig, hw: HardwareConfig, precision: PrecisionConfig
+    model: ModelConfig,
+    par: ParallelismConfig,
+    hw: HardwareConfig,
+    precision: PrecisionConfig,
+    engine: str = "megatron",
 ) -> dict[str, float | list[StageTime]]:
     """Step time of forward + backward over all micro-batches: slowest stage, bubble and exposed sends."""
-    stages = stage_times(model, par, hw, precision)
+    stages = stage_times(model, par, hw, precision, engine)
     slowest = max(stages, key=lambda s: s.total)
     bubble = (par.pp - 1) / (par.vp * par.grad_accum)
     p2p = 0.0

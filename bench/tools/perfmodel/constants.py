@@ -123,7 +123,7 @@ FP8_BYTES = Sourced(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Per-hardware efficiencies: at most ONE fitted value per row, named and justified here
+# Per-hardware efficiencies: at most ONE fitted value per row and engine, named and justified here
 # --------------------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HardwareEfficiency:
@@ -136,6 +136,9 @@ class HardwareEfficiency:
     eo_loop_ms: Sourced
     """Host milliseconds per matrix of the published per-matrix NS loop (EO newton_schulz inside Megatron's Muon)
     on this row's host, when the GPU work is shorter (launch-bound)."""
+    hbm_bridge: Sourced | None = None
+    """`hbm` for the forward-backward of Megatron-Bridge's own loop (Transformer Engine's fused router, bf16
+    gradient buffers, TE cross-entropy, CUDA graphs); None: no Bridge fit on this row, and `hbm` stands in."""
 
 
 _H200_BF16 = Sourced(
@@ -167,6 +170,14 @@ _H200_HBM = Sourced(
     "attention, unfused norms; bench.tools.perfmodel.calibrate.fit_h200_hbm); a standalone fused AdamW kernel "
     "reaches 0.72 (HBM_EFFICIENCY), the engine's memory-bound kernels average far less",
 )
+H200_BRIDGE_HBM_FIT = 0.36  # rounded fit_h200_bridge_hbm() (docs/perfmodel.md#megatron-bridge)
+_H200_BRIDGE_HBM = Sourced(
+    value=H200_BRIDGE_HBM_FIT,
+    source="FITTED (the row's one value for the bridge engine) on the Bridge runs of one model, OLMoE-1B-7B as a "
+    "4-layer slice, AdamW and Muon 3 runs each in crossover on one H200 (bench/tools/perfmodel/data/"
+    "bridge_h200_runs.json; bench.tools.perfmodel.calibrate.fit_h200_bridge_hbm, minimax over the two "
+    "optimizers' median steps)",
+)
 GB300_HBM_FIT = 0.475  # rounded fit_gb300_hbm() (reports/perfmodel_gb300_202611/README.md)
 FITTED: dict[str, HardwareEfficiency] = {
     "gb300": HardwareEfficiency(
@@ -195,6 +206,7 @@ FITTED: dict[str, HardwareEfficiency] = {
         gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
         hbm=_H200_HBM,
         eo_loop_ms=_X86_HOST,
+        hbm_bridge=_H200_BRIDGE_HBM,
     ),
     "h100": HardwareEfficiency(
         gemm_bf16=Sourced(
@@ -209,15 +221,18 @@ FITTED: dict[str, HardwareEfficiency] = {
 }
 
 
-ENGINE_CALIBRATION: dict[str, str] = {
-    "megatron": "calibrated: the H200 row's fitted value comes from a Megatron-core engine run",
-    "bridge": (
-        "not calibrated: Megatron-Bridge's own loop has run slices more than 5% faster and slower than predicted "
-        "(reports/byo_models_h200_202612, reports/bridge_crossover_h200_202612)"
-    ),
-    "hf": "not calibrated: the transformers engine runs eager, unfused layers",
-}
-"""What a prediction is worth per engine: the model describes the Megatron-core engine's step."""
+def engine_calibration(engine: str, hardware_name: str) -> str:
+    """What a prediction of `engine` on `hardware_name` rests on, in a line (docs/perfmodel.md)."""
+    if engine == "megatron":
+        return "calibrated: the row's memory-bound fraction is fitted on a Megatron-core engine run"
+    if engine == "bridge":
+        if hardware_name in FITTED and FITTED[hardware_name].hbm_bridge is not None:
+            return (
+                "calibrated: the row's Bridge memory-bound fraction is fitted on one model's Bridge runs; "
+                "H200 hosts have differed by up to 30% on the same slice (reports/bridge_crossover_h200_202612)"
+            )
+        return "not calibrated: no Bridge fit on this hardware, the Megatron-core engine's fraction stands in"
+    return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
 
 
 def efficiency(hardware_name: str) -> HardwareEfficiency:

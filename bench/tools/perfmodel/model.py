@@ -42,7 +42,7 @@ def predict(cfg: RootConfig, profile: str = "published", *, ns_as_configured: bo
     (`ns_as_configured`: NS precision and Gram-NS from the optimizer config, `optimizer.resolve`)."""
     model, par, hw, prec = cfg.model, cfg.parallelism, cfg.hardware, cfg.precision
     algo = opt.resolve(cfg.optimizer, cfg.parallelism.distribution, profile, ns_as_configured=ns_as_configured)
-    pipe = compute.pipeline_time(model, par, hw, prec)
+    pipe = compute.pipeline_time(model, par, hw, prec, cfg.engine.name)
     slowest = pipe["slowest"]
     assert isinstance(slowest, compute.StageTime)
     fb_compute = sum(slowest.terms[k] for k in ("gemm", "attention", "activation_traffic"))
