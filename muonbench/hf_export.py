@@ -50,6 +50,10 @@ def _common(model: ModelConfig, vocab_size: int) -> dict[str, Any]:
         "hidden_act": "silu",
         "use_cache": False,
         "attention_bias": False,
+        # no tokenizer here: a family's default token ids can lie outside a slice's vocabulary (transformers warns)
+        "bos_token_id": None,
+        "eos_token_id": None,
+        "pad_token_id": None,
     }
     if model.rope_scaling_factor != 1.0:
         common["rope_scaling"] = {

@@ -316,3 +316,25 @@ def test_run_folders_carry_the_model_name() -> None:
     ]
     assert hf("llama3_8b").model.name == "llama3_8b"
     assert hf("llama3_8b", "model.name=mine").model.name == "mine"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_tiny_slice_config_has_no_token_id_outside_its_vocabulary(name: str) -> None:
+    """The recommendation's CPU check builds each family on a 512-token slice: the exported config sets no token
+    ids (a family's defaults, e.g. OLMoE's eos 50279, lie outside and transformers warns about them)."""
+    import transformers
+
+    from bench.tools.recommend_checks import slice_of
+    from muonbench.hf_export import config_json
+
+    tiny = slice_of(muonbench.schema.ModelConfig(**model_fields_of(name)))
+    cfg = transformers.AutoConfig.for_model(**config_json(tiny))
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(cfg, key, None)
+        assert value is None or value < cfg.vocab_size, (key, value)
+
+
+def model_fields_of(name: str) -> dict:
+    from muonbench.hf_model import model_fields
+
+    return model_fields(str(FIXTURES / name))
