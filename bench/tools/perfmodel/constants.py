@@ -228,8 +228,8 @@ def engine_calibration(engine: str, hardware_name: str) -> str:
     if engine == "bridge":
         if hardware_name in FITTED and FITTED[hardware_name].hbm_bridge is not None:
             return (
-                "calibrated: the row's Bridge memory-bound fraction is fitted on one model's Bridge runs; "
-                "H200 hosts have differed by up to 30% on the same slice (reports/bridge_crossover_h200_202612)"
+                "calibrated: the row's Bridge memory-bound fraction is fitted on one model's Bridge runs; hosts "
+                "of one GPU kind have differed by more than the fit's error (docs/perfmodel.md#megatron-bridge)"
             )
         return "not calibrated: no Bridge fit on this hardware, the Megatron-core engine's fraction stands in"
     return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
