@@ -51,14 +51,20 @@ test: $(STAMP) ## Lint, then run the CPU test suite (unit + gloo multi-process) 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 	$(PY) -m pytest -q -m gpu tests experiments
 
-SMOKE := -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
-bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/
-	$(PY) -m bench.run $(SMOKE); rc=$$?; \
-	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
+# OUT_DIR=DIR puts a sweep's records and report under DIR (bench.out_dir): the report then reads the same folder.
+OUT_FLAGS = $(if $(OUT_DIR),bench.out_dir=$(OUT_DIR))
+REPORT_FLAGS = $(if $(OUT_DIR),--out-dir $(OUT_DIR))
+check_args = $(if $(findstring bench.out_dir=,$(ARGS)),$(error ARGS sets bench.out_dir, which the report step would not read: pass OUT_DIR=DIR instead))
 
-bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make bench-hf CONFIG=path/to/config.json [ARGS=...]
-	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/hf_tiny_dp2 model=hf:$(CONFIG) $(ARGS); rc=$$?; \
-	$(PY) -m bench.results.collect && $(PY) -m bench.results.report && exit $$rc
+SMOKE := -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
+bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/ [OUT_DIR=...]
+	$(PY) -m bench.run $(SMOKE) $(OUT_FLAGS); rc=$$?; \
+	$(PY) -m bench.results.collect $(REPORT_FLAGS) && $(PY) -m bench.results.report $(REPORT_FLAGS) && exit $$rc
+
+bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make bench-hf CONFIG=path/to/config.json [ARGS=...] [OUT_DIR=...]
+	$(call check_args)
+	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/hf_tiny_dp2 model=hf:$(CONFIG) $(OUT_FLAGS) $(ARGS); rc=$$?; \
+	$(PY) -m bench.results.collect $(REPORT_FLAGS) && $(PY) -m bench.results.report $(REPORT_FLAGS) && exit $$rc
 
 EXAMPLE_REPORT := smoke_cpu_202612
 bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (only after a complete make bench)

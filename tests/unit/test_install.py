@@ -202,3 +202,20 @@ def test_make_install_with_uv_compiles_bytecode(tmp_path: Path) -> None:
     ).stdout
     uv = [cmd for line in dry.splitlines() for cmd in line.split("&&") if "uv pip install" in cmd]
     assert uv and all("--compile-bytecode" in cmd for cmd in uv), dry
+
+
+def test_make_bench_hf_reports_from_the_folder_it_writes(tmp_path: Path) -> None:
+    """`OUT_DIR` reaches bench.run, collect and report alike; `bench.out_dir` in ARGS, which the report step would
+    not read (it looked for runs/LATEST.json after a sweep written elsewhere), stops make before anything runs."""
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+
+    def dry(*args: str) -> subprocess.CompletedProcess[str]:
+        cmd = ["make", "-n", "bench-hf", "CONFIG=c.json", f"VENV={tmp_path / 'venv'}", *args]
+        return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+
+    ok = dry(f"OUT_DIR={tmp_path / 'o'}")
+    assert ok.returncode == 0, ok.stderr
+    assert f"bench.out_dir={tmp_path / 'o'}" in ok.stdout and ok.stdout.count(f"--out-dir {tmp_path / 'o'}") == 2
+    bad = dry(f"ARGS=optimizer.lr=0.01 bench.out_dir={tmp_path / 'o'}")
+    assert bad.returncode != 0 and "pass OUT_DIR=DIR instead" in bad.stderr and "bench.run" not in bad.stdout
