@@ -42,10 +42,7 @@ $(STAMP):
 
 install: $(STAMP) ## Create .venv and install the suite with its pinned dependencies
 
-LINT_PATHS := optim muonbench bench recipes experiments tests
-
-test: $(STAMP) ## Lint, then run the CPU test suite (unit + gloo multi-process) on WORKERS processes (default 2)
-	$(PY) -m ruff check $(LINT_PATHS)
+test: lint ## Lint, then run the CPU test suite (unit + gloo multi-process) on WORKERS processes (default 2)
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup tests experiments
 
 test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
@@ -141,6 +138,7 @@ $(DEV_STAMP): $(STAMP)
 	$(PY) -m pip install -q -e '.[test,dev]'
 	touch $(DEV_STAMP)
 
+LINT_PATHS := optim muonbench bench recipes experiments tests
 lint: $(STAMP) ## ruff lint (make test runs it first)
 	$(PY) -m ruff check $(LINT_PATHS)
 

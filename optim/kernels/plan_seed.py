@@ -99,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    entries = doc["entries"]
     Path(args[2]).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(f"{args[2]}: {len(doc['entries'])} entries")  # type: ignore[arg-type]
+    print(f"{args[2]}: {len(entries) if isinstance(entries, dict) else 0} entries")
     return 0
 
 

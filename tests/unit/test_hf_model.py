@@ -326,15 +326,10 @@ def test_a_tiny_slice_config_has_no_token_id_outside_its_vocabulary(name: str) -
 
     from bench.tools.recommend_checks import slice_of
     from muonbench.hf_export import config_json
+    from muonbench.hf_model import model_fields
 
-    tiny = slice_of(muonbench.schema.ModelConfig(**model_fields_of(name)))
+    tiny = slice_of(muonbench.schema.ModelConfig(**model_fields(str(FIXTURES / name))))
     cfg = transformers.AutoConfig.for_model(**config_json(tiny))
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(cfg, key, None)
         assert value is None or value < cfg.vocab_size, (key, value)
-
-
-def model_fields_of(name: str) -> dict:
-    from muonbench.hf_model import model_fields
-
-    return model_fields(str(FIXTURES / name))
