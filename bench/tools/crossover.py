@@ -70,6 +70,18 @@ def bootstrap_ratio(base: list[dict[str, Any]], var: list[dict[str, Any]], field
     return ratios[int(0.025 * RESAMPLES)], ratios[int(0.975 * RESAMPLES) - 1]
 
 
+def pair_ratios(runs: list[dict[str, Any]], baseline: str) -> list[float]:
+    """Model-only ratio of each adjacent pair (runs 1-2, 3-4, ...) that holds one run of each optimizer: the
+    comparison least exposed to a host that drifts during the sequence."""
+    out = []
+    for a, b in zip(runs[::2], runs[1::2], strict=False):
+        if (a["optimizer"] == baseline) == (b["optimizer"] == baseline):
+            continue
+        base, var = (a, b) if a["optimizer"] == baseline else (b, a)
+        out.append(_median([base], "step_s") / _median([var], "step_s"))
+    return out
+
+
 def summarize(runs: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
     names = sorted({r["optimizer"] for r in runs})
     if baseline not in names or len(names) != 2:
@@ -89,11 +101,13 @@ def summarize(runs: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
             out[f"{n}_{f}_median"] = _median(a, f)
             out[f"{n}_{f}_iqr"] = _iqr(a, f)
         out[f"{n}_first_step_s"] = [r["first_step_s"] for r in a]
+        out[f"{n}_first_optim_s"] = [r["first_optim_s"] for r in a]
         out[f"{n}_peak_mem_bytes"] = max(r["peak_mem_bytes"] or 0 for r in a)
     out["ratio_model_only"] = out[f"{baseline}_step_s_median"] / out[f"{variant}_step_s_median"]
     out["ratio_model_only_ci95"] = bootstrap_ratio(arms[baseline], arms[variant])
     out["fwd_bwd_ratio"] = out[f"{baseline}_fwd_bwd_s_median"] / out[f"{variant}_fwd_bwd_s_median"]
     out["fwd_bwd_ratio_ci95"] = bootstrap_ratio(arms[baseline], arms[variant], "fwd_bwd_s")
+    out["pair_ratios"] = pair_ratios(runs, baseline)
     out["optimizer_step_only_ratio"] = (out[f"{baseline}_fwd_bwd_s_median"] + out[f"{baseline}_optim_s_median"]) / (
         out[f"{baseline}_fwd_bwd_s_median"] + out[f"{variant}_optim_s_median"]
     )
@@ -157,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(f"model-only ratio {summary['variant']}/{summary['baseline']}: {summary['ratio_model_only']:.3f} "
           f"(95% interval {lo:.3f}-{hi:.3f})")
+    flo, fhi = summary["fwd_bwd_ratio_ci95"]
+    print(f"forward-backward ratio {summary['fwd_bwd_ratio']:.3f} (95% interval {flo:.3f}-{fhi:.3f}); "
+          f"per pair: {', '.join(f'{x:.3f}' for x in summary['pair_ratios']) or 'no full pair'}")
     return 0
 
 
