@@ -42,6 +42,10 @@ fast the host launches, a plain call of a launch-sensitive problem does; and QuA
 3% of an explicit config of it is taken over that config: the plan times on an idle GPU, a large step runs at the
 power cap, where the explicit configs did not beat the default (DEFAULT_PREFERENCE).
 
+Cold start: a key with no cached entry adopts a shipped seed entry of the same key after one check against cuBLAS,
+or else times only the seeds' prior for its problem class (`optim.kernels.plan_seed`; the entry lists it as
+`prior` and counts as complete); `MUONBENCH_NS_PLAN=measure` times every candidate.
+
 Cache versioning: PLAN_VERSION is part of every key; a change of what is timed or how (protocol, candidate
 rules) bumps it, so entries measured under an older protocol are never reused (they stay in the file, unread).
 Processes share the file: a save merges under a lock and replaces it in one rename, and a miss reads the file again
@@ -581,8 +585,8 @@ class Planner:
             self.complete.add(key)
             return str(fresh["method"]), key
         entry = self.adopt(x, coeffs, eps, restarts, key, dtype) if hit is None else None
-        if entry is None:
-            entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype)
+        if entry is None:  # a cold key times the seeds' prior; a cached entry missing a new candidate, everything
+            entry = self.measure(x, coeffs, eps, use_gram, restarts, key, dtype, narrow=hit is None)
         self.choices[key] = entry  # a fallback is kept in memory (no re-measuring every step), never on disk
         self.complete.add(key)
         self._save()
@@ -628,9 +632,9 @@ class Planner:
         """Candidates this code offers for x's problem that a cached entry neither timed nor rejected (a cache
         written before a kernel was added): such an entry is measured again, so a new kernel is never ignored.
         A fallback entry (nothing could be measured) is kept for the process as it is."""
-        from optim.kernels import sym_quack, triton_importable
+        from optim.kernels import plan_seed, sym_quack, triton_importable
 
-        if entry.get("fallback"):
+        if entry.get("fallback") or (entry.get("prior") and plan_seed.mode() == "seed"):
             return []
         seen = set(entry.get("times_ms") or {}) | set(entry.get("rejected") or {})  # type: ignore[call-overload]
         nb, r, c = x.shape
@@ -655,14 +659,17 @@ class Planner:
         restarts: frozenset[int],
         key: str,
         dtype: torch.dtype = torch.bfloat16,
+        narrow: bool = False,
     ) -> dict[str, object]:
         """Runs every candidate once on x (compilation, graph capture: `first_call_s`) and drops failing or
-        disagreeing ones, then times the rest in interleaved rounds (`optim.kernels.timing`, median per candidate)."""
-        from optim.kernels import sym_quack, triton_importable
+        disagreeing ones, then times the rest in interleaved rounds (`optim.kernels.timing`, median per candidate).
+        With `narrow`, only the shipped seeds' prior for this problem (`plan_seed.prior`), where there is one; the
+        entry then lists them as `prior`."""
+        from optim.kernels import plan_seed, sym_quack, triton_importable
 
         t_start = time.perf_counter()
         nb, r, c = x.shape
-        names = candidate_names(
+        offered = candidate_names(
             nb,
             r,
             c,
@@ -672,6 +679,8 @@ class Planner:
             sym_quack.usable(x.device),
             sym_quack.configs_usable(x.device),
         )
+        names = (plan_seed.prior(key, offered) if narrow else None) or offered
+        narrowed = {"prior": names} if len(names) < len(offered) else {}
         ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
         fns: dict[str, Callable[[], object]] = {}
         first: dict[str, float] = {}
@@ -719,6 +728,7 @@ class Planner:
                 "first_call_s": first,
                 "fallback": True,
                 "plan_s": time.perf_counter() - t_start,
+                **narrowed,
             }
         best = pick(times)
         for name in list(self.graphs):  # keep only the chosen graph alive (memory)
@@ -731,4 +741,5 @@ class Planner:
             "rejected": rejected,
             "first_call_s": first,
             "plan_s": time.perf_counter() - t_start,
+            **narrowed,
         }

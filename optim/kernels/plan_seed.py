@@ -4,7 +4,15 @@ Timing every candidate of every shape costs tens of seconds in the first optimiz
 (docs/bridge_h200.md, "First step"). A seed file under `plan_seeds/` holds plan-cache entries measured on one GPU
 model with its provenance; `Planner.choose` adopts an entry only when its key matches the process's plan key
 exactly (GPU name, torch, Triton, QuACK and plan version, shape, dtype, coefficients), and only after the chosen
-candidate ran once and agreed with cuBLAS. `MUONBENCH_NS_PLAN=measure` measures every candidate as before.
+candidate ran once and agreed with cuBLAS.
+
+A shape with no entry of its own is still measured, but only on a prior (`prior`): the PRIOR_SIZE candidates that
+came closest to the fastest over the shipped entries of the same environment and problem class (input dtype,
+Gram-NS, iterate dtype, whether CUDA-graph variants are offered), plus the cuBLAS bodies. The entry records the
+candidates it timed (`prior`), and a later process takes it as complete.
+
+`MUONBENCH_NS_PLAN=measure` turns both off: every candidate of every shape is timed, and entries measured on a
+prior are measured again in full.
 """
 
 from __future__ import annotations
@@ -12,7 +20,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import cast
 
 SEED_DIR = Path(__file__).resolve().parent / "plan_seeds"
 MODES = ("seed", "measure")
@@ -51,6 +63,64 @@ def lookup(key: str, seed_dir: Path | None = None) -> dict[str, object] | None:
     return dict(entry) if entry is not None else None
 
 
+# How many of the best-ranked candidates a shape without an entry of its own times besides cuBLAS: 4 picks within 1.4%
+# of the full search on every shipped H200 entry, each left out of its own prior (docs/ns_kernels_h200.md#plan-prior).
+PRIOR_SIZE = 4
+_SHAPE = re.compile(r"\d+x\d+x\d+")
+
+
+def problem_class(key: str, graph: bool) -> str:
+    """A plan key without its shape and coefficients, with whether graph variants are offered: the keys whose
+    timings rank candidates for each other (same GPU and software, input dtype, Gram-NS, restarts, eps, iterate)."""
+    parts = key.split("|")
+    i = next(j for j, p in enumerate(parts) if _SHAPE.fullmatch(p))
+    return "|".join([*parts[:i], parts[i + 1], *parts[i + 3 :], f"graph={graph}"])
+
+
+def prior(key: str, offered: Sequence[str], seed_dir: Path | None = None) -> list[str] | None:
+    """The candidates of `offered` to time for a plan key that no seed entry matches (`prior_from` over the shipped
+    entries); None (time all of `offered`) when seeding is off or no shipped entry shares the problem class."""
+    if mode() != "seed":
+        return None
+    return prior_from(seeds(seed_dir), key, offered, PRIOR_SIZE)
+
+
+def prior_from(
+    entries: Mapping[str, Mapping[str, object]], key: str, offered: Sequence[str], size: int = PRIOR_SIZE
+) -> list[str] | None:
+    """The `size` candidates of `offered` with the lowest mean time relative to the fastest over the entries of the
+    same `problem_class` as `key`, and every cuBLAS body (`plain_torch`, its graph variant), in `offered`'s order;
+    None when no entry shares the class."""
+    graph = any(n.endswith("+graph") for n in offered)
+    cls = problem_class(key, graph)
+    relative: dict[str, list[float]] = {}
+    for k, entry in entries.items():
+        times = cast(Mapping[str, float], entry.get("times_ms") or {})
+        if not times or problem_class(k, any(n.endswith("+graph") for n in times)) != cls:
+            continue
+        best = min(times.values())
+        for name, ms in times.items():
+            relative.setdefault(name, []).append(ms / best)
+    if not relative:
+        return None
+    ranked = sorted((n for n in offered if n in relative), key=lambda n: statistics.mean(relative[n]))
+    keep = set(ranked[:size]) | {n for n in offered if n.split("+")[0] == "plain_torch"}
+    return [n for n in offered if n in keep]
+
+
+def leave_one_out(entries: Mapping[str, Mapping[str, object]], size: int = PRIOR_SIZE) -> dict[str, float]:
+    """For each entry: how much slower the fastest candidate of its prior, ranked on the other entries, is than its
+    fastest candidate (0.01 = 1%), both from its own timings; entries whose class has no other entry are left out."""
+    out = {}
+    for key, entry in entries.items():
+        times = cast(Mapping[str, float], entry.get("times_ms") or {})
+        others = {k: e for k, e in entries.items() if k != key}
+        narrowed = prior_from(others, key, list(times), size) if times else None
+        if narrowed:
+            out[key] = min(times[n] for n in narrowed) / min(times.values()) - 1.0
+    return out
+
+
 SEED_FIELDS = ("method", "rejected", "times_ms")
 """What a seed entry keeps of a plan-cache entry: the choice and the timings it was made from."""
 
@@ -63,6 +133,17 @@ def from_run(run_dir: Path, report: str) -> dict[str, object]:
     if not plan:
         raise ValueError(f"{run_dir}/run.json has no ns_plan: only a Muon run that planned its NS kernels has one")
     gpu = (rec.get("hardware") or {}).get("gpu_name")
+    # An entry timed on a prior lacks the other candidates' times: it would narrow the next priors to itself.
+    entries = {
+        key: {f: entry[f] for f in SEED_FIELDS if f in entry}
+        for key, entry in sorted(plan.items())
+        if not entry.get("fallback") and not entry.get("prior") and entry.get("method") in (entry.get("times_ms") or {})
+    }
+    if not entries:
+        raise ValueError(
+            f"{run_dir}/run.json: no NS plan entry timed every candidate (each fell back or was timed on a prior); "
+            "run it again with MUONBENCH_NS_PLAN=measure"
+        )
     return {
         "about": (
             f"NS plan entries (optim.kernels.plan cache format) measured on one {gpu} by run {rec['run_id']} of "
@@ -78,21 +159,31 @@ def from_run(run_dir: Path, report: str) -> dict[str, object]:
             "gpu": gpu,
             "versions": rec.get("versions"),
         },
-        "entries": {
-            key: {f: entry[f] for f in SEED_FIELDS if f in entry}
-            for key, entry in sorted(plan.items())
-            if not entry.get("fallback") and entry.get("method") in (entry.get("times_ms") or {})
-        },
+        "entries": entries,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m optim.kernels.plan_seed RUN_DIR REPORT OUT`: write a seed file from a run's measured NS plan."""
+    """`python -m optim.kernels.plan_seed RUN_DIR REPORT OUT`: write a seed file from a run's measured NS plan.
+    `python -m optim.kernels.plan_seed --check-prior`: the prior's leave-one-out regret on the shipped seeds."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--check-prior"]:
+        shipped = seeds()
+        for size in (1, 2, 3, PRIOR_SIZE, 6):
+            regret = leave_one_out(shipped, size)
+            worst = max(regret, key=regret.__getitem__)
+            print(
+                f"prior of {size}{' (PRIOR_SIZE)' if size == PRIOR_SIZE else ''}: {len(regret)} entries, regret "
+                f"mean {statistics.mean(regret.values()):.2%}, max {regret[worst]:.2%} "
+                f"({_SHAPE.search(worst).group(0)})"  # type: ignore[union-attr]
+            )
+        return 0
     if len(args) != 3:
-        print("usage: python -m optim.kernels.plan_seed RUN_DIR REPORT OUT.json", file=sys.stderr)
+        print(
+            "usage: python -m optim.kernels.plan_seed RUN_DIR REPORT OUT.json | --check-prior", file=sys.stderr
+        )
         return 2
     try:
         doc = from_run(Path(args[0]), args[1])

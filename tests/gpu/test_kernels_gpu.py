@@ -176,6 +176,26 @@ def test_plan_measures_quack_and_reports_its_first_call(seed: int) -> None:
     assert any(f"|quack {quack_version()}|" in key for key in k._planner().choices)
 
 
+def test_a_cold_shape_timed_on_the_prior_picks_near_the_full_search(seed: int, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A shape with no shipped plan entry is timed on the seeds' prior (`optim.kernels.plan_seed.prior`), and the
+    kernel it picks is within 5% of the fastest candidate when the same shape is timed in full
+    (MUONBENCH_NS_PLAN=measure). Skips where no shipped seed shares this GPU and software (nothing to rank on)."""
+    import optim.kernels as k
+
+    x = torch.randn(6, 1536, 3072, device="cuda").bfloat16()
+    entry = k.plan_for(x, coeffs=QUINTIC)
+    if "prior" not in entry:
+        pytest.skip("no shipped NS plan seed shares this GPU's environment")
+    prior = entry["prior"]
+    assert set(entry["times_ms"]) | set(entry.get("rejected") or {}) <= set(prior)  # type: ignore[call-overload, arg-type]
+    assert len(prior) <= 6  # type: ignore[arg-type]
+    monkeypatch.setenv("MUONBENCH_NS_PLAN", "measure")
+    full = k.plan_for(x, coeffs=QUINTIC)
+    times = full["times_ms"]
+    assert "prior" not in full and len(times) > len(prior)  # type: ignore[arg-type]
+    assert times[entry["method"]] <= 1.05 * min(times.values()), (entry["method"], times)  # type: ignore[index, union-attr]
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_scale_cast_matches_torch(seed: int, dtype: torch.dtype) -> None:
     """The NS-entry normalization kernel: x[i] * s[i] in fp32, rounded once to dtype, every element (odd sizes)."""

@@ -78,3 +78,79 @@ def test_seed_file_from_a_committed_run_record(tmp_path, capsys):
     adamw = next((repo / report / "runs/olmoe_1b_7b/bridge").glob("*_adamw"))
     assert plan_seed.main([str(adamw), report, str(tmp_path / "x.json")]) == 2
     assert "has no ns_plan" in capsys.readouterr().err
+
+
+COEFFS = ns_coefficients("quintic", 5)
+OFFERED = ["plain_torch", "plain_sym_t128", "plain_sym_t64", "plain_sym_tma128", "plain_sym_tma256", "plain_sym_ptma128"]
+
+
+def _entries(env: str, dtype: str = "torch.float32") -> dict[str, dict[str, object]]:
+    """Two shapes of one class where tma128 and ptma128 lead, and one of another input dtype where t64 leads."""
+    times = {"plain_torch": 3.0, "plain_sym_t128": 2.0, "plain_sym_t64": 2.5, "plain_sym_tma128": 1.0,
+             "plain_sym_tma256": 1.6, "plain_sym_ptma128": 1.1}  # fmt: skip
+    other = {n: (0.5 if n == "plain_sym_t64" else 2.0) for n in times}
+    return {
+        plan.plan_key(env, torch.empty(4, 8, 16), COEFFS, 1e-7, False, frozenset()): {"times_ms": times},
+        plan.plan_key(env, torch.empty(2, 32, 64), COEFFS, 1e-7, False, frozenset()): {"times_ms": times},
+        plan.plan_key(env, torch.empty(2, 32, 64, dtype=torch.bfloat16), COEFFS, 1e-7, False, frozenset()): {
+            "times_ms": other
+        },
+    }
+
+
+def test_prior_ranks_on_entries_of_the_same_problem_class():
+    """A shape without an entry times the candidates that led on other shapes of its class, plus cuBLAS; another
+    input dtype, another environment or Gram-NS ranks nothing."""
+    entries = _entries("cpu-test")
+    key = plan.plan_key("cpu-test", torch.empty(3, 24, 40), COEFFS, 1e-7, False, frozenset())
+    assert plan_seed.prior_from(entries, key, OFFERED, size=2) == ["plain_torch", "plain_sym_tma128", "plain_sym_ptma128"]
+    assert plan_seed.prior_from(entries, key, OFFERED, size=3)[-2:] == ["plain_sym_tma256", "plain_sym_ptma128"]
+    bf16 = plan.plan_key("cpu-test", torch.empty(3, 24, 40, dtype=torch.bfloat16), COEFFS, 1e-7, False, frozenset())
+    assert plan_seed.prior_from(entries, bf16, OFFERED, size=1) == ["plain_torch", "plain_sym_t64"]
+    assert plan_seed.prior_from(entries, key.replace("cpu-test", "other-gpu"), OFFERED) is None
+    gram = plan.plan_key("cpu-test", torch.empty(3, 24, 40), COEFFS, 1e-7, True, frozenset({2}))
+    assert plan_seed.prior_from(entries, gram, OFFERED) is None
+    graphs = [*OFFERED, *(n + "+graph" for n in OFFERED)]  # graph variants offered: another class
+    assert plan_seed.prior_from(entries, key, graphs) is None
+
+
+def test_prior_of_the_shipped_seeds_picks_within_two_percent_of_the_full_search():
+    """Each shipped entry, left out of its own prior: the fastest of its PRIOR_SIZE-candidate prior (from its own
+    timings) against its fastest candidate overall. Localises a seed file or a PRIOR_SIZE that makes a new model's
+    cold-start plan pick a slower kernel."""
+    regret = plan_seed.leave_one_out(plan_seed.seeds())
+    assert len(regret) == len(plan_seed.seeds())  # every shipped class has at least two entries
+    assert max(regret.values()) < 0.02, sorted(regret.items(), key=lambda kv: -kv[1])[:3]
+    assert plan_seed.main(["--check-prior"]) == 0
+
+
+def test_a_cold_shape_is_timed_on_the_prior_and_kept_as_complete(tmp_path, monkeypatch):
+    """The planner's cold miss with no seed of its own times the prior only and records it; a later process takes
+    that entry as it is; MUONBENCH_NS_PLAN=measure times every candidate of it again."""
+    seed_dir = tmp_path / "seeds"
+    seed_dir.mkdir()
+    doc = {"provenance": {"run_id": "r2"}, "entries": _entries("cpu-test")}
+    (seed_dir / "h.json").write_text(json.dumps(doc))
+    monkeypatch.setattr(plan_seed, "SEED_DIR", seed_dir)
+    monkeypatch.setattr(plan, "env_key", lambda device: "cpu-test")
+    monkeypatch.setattr(plan, "candidate_names", lambda *a, **k: list(OFFERED))
+    monkeypatch.setattr(plan, "BUDGET_MS_PER_CANDIDATE", 1.0)
+    monkeypatch.setattr(plan_seed, "PRIOR_SIZE", 2)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    x = torch.randn(3, 24, 40)
+    p = plan.Planner(path=tmp_path / "cache.json")
+    method, key = p.choose(x, COEFFS, 1e-7, False, frozenset())
+    entry = p.choices[key]
+    assert entry["prior"] == ["plain_torch", "plain_sym_tma128", "plain_sym_ptma128"]
+    assert set(entry["times_ms"]) | set(entry["rejected"]) == set(entry["prior"])  # Triton's fail on CPU tensors
+    assert method == "plain_torch" and not plan.Planner.untried(entry, x, len(COEFFS), False)
+
+    with monkeypatch.context() as m:
+        m.setattr(plan.Planner, "measure", lambda *a, **k: pytest.fail("a prior entry was measured again"))
+        assert plan.Planner(path=tmp_path / "cache.json").choose(x, COEFFS, 1e-7, False, frozenset()) == (method, key)
+
+    monkeypatch.setenv("MUONBENCH_NS_PLAN", "measure")
+    full = plan.Planner(path=tmp_path / "cache.json")
+    full.choose(x, COEFFS, 1e-7, False, frozenset())
+    assert "prior" not in full.choices[key]
+    assert set(full.choices[key]["times_ms"]) | set(full.choices[key]["rejected"]) == set(OFFERED)
