@@ -63,8 +63,8 @@ def lookup(key: str, seed_dir: Path | None = None) -> dict[str, object] | None:
     return dict(entry) if entry is not None else None
 
 
-# How many of the best-ranked candidates a shape without an entry of its own times besides cuBLAS: 4 picks within 1.4%
-# of the full search on every shipped H200 entry, each left out of its own prior (docs/ns_kernels_h200.md#plan-prior).
+# How many of the best-ranked candidates a shape without an entry of its own times besides cuBLAS; how close its pick
+# comes to the full search on the shipped entries: docs/ns_kernels_h200.md#plan-prior.
 PRIOR_SIZE = 4
 _SHAPE = re.compile(r"\d+x\d+x\d+")
 
