@@ -173,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         shipped = seeds()
         for size in (1, 2, 3, PRIOR_SIZE, 6):
             regret = leave_one_out(shipped, size)
+            if not regret:
+                print(f"error: no problem class in {SEED_DIR} has two entries to rank on", file=sys.stderr)
+                return 2
             worst = max(regret, key=regret.__getitem__)
             print(
                 f"prior of {size}{' (PRIOR_SIZE)' if size == PRIOR_SIZE else ''}: {len(regret)} entries, regret "
