@@ -289,6 +289,7 @@ def summary_line(rec: dict[str, Any]) -> str:
     return (
         f"{head}: step {f('step_s_median', 1e3)} ms (IQR {f('step_s_iqr', 1e3)}), "
         f"optimizer {f('optim_s_median', 1e3)} ms (NS {f('ns_s_median', 1e3)}), "
+        f"first step {f('first_step_s', fmt='.3g')} s (optimizer {f('first_optim_s', fmt='.3g')} s), "
         f"model {f('model_tflops_per_gpu')} + NS {f('ns_tflops_per_gpu')} TFLOP/s per GPU, "
         f"loss {f('loss_first', fmt='.4f')} -> {f('loss_last', fmt='.4f')}"
     )

@@ -478,6 +478,8 @@ def summarize(
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / med,
         "tokens_per_s_per_gpu": tokens / med / world_size,
+        "first_step_s": steps[0].get("step_s"),  # what a process pays once: docs/metrics.md
+        "first_optim_s": steps[0].get("optim_s"),
         "loss_first": steps[0].get("loss"),
         "loss_last": steps[-1].get("loss"),
         "peak_mem_bytes": max((r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes")), default=None),

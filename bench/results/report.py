@@ -269,6 +269,7 @@ def table1(rows: list[dict[str, Any]]) -> str:
         "optimizer",
         "status",
         "step time, ms: median (IQR)",
+        "first step, s (its optimizer step)",
         "tokens/s per GPU",
         "model TFLOP/s per GPU",
         "NS TFLOP/s per GPU",
@@ -286,6 +287,7 @@ def table1(rows: list[dict[str, Any]]) -> str:
                 f"{fmt(r.get('step_s_median'), '.1f', 1e3)} ({fmt(r.get('step_s_iqr'), '.1f', 1e3)})"
                 if ok
                 else "-",
+                f"{fmt(r.get('first_step_s'), '.3g')} ({fmt(r.get('first_optim_s'), '.3g')})" if ok else "-",
                 fmt(r.get("tokens_per_s_per_gpu"), ".0f") if ok else "-",
                 fmt(r.get("model_tflops_per_gpu")) if ok else "-",
                 fmt(r.get("ns_tflops_per_gpu")) if ok else "-",

@@ -72,6 +72,7 @@ def test_summarize_excludes_warmup_and_uses_median_iqr():
     assert s["total_tflops_per_gpu"] == pytest.approx(s["model_tflops_per_gpu"] + s["ns_tflops_per_gpu"])
     assert s["mfu"] == pytest.approx(1.6 / 10.0)
     assert s["tokens_per_s_per_gpu"] == pytest.approx(100 / 2.5 / 2)
+    assert s["first_step_s"] == 9.0 and s["first_optim_s"] is None  # reported apart, never in the median
     assert record.summarize(steps[:2], world_size=2, model_flops_per_step=1.0) is None
 
 
