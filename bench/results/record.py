@@ -441,6 +441,12 @@ def tflops_per_gpu(
     return model_tf, ns_flops / step_s / 1e12
 
 
+def first_step(steps: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The run's first step, reported apart from the steady window: what a process pays once (docs/metrics.md)."""
+    first = steps[0] if steps else {}
+    return {"first_step_s": first.get("step_s"), "first_optim_s": first.get("optim_s")}
+
+
 def summarize(
     steps: list[dict[str, Any]],
     *,
@@ -478,8 +484,7 @@ def summarize(
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / med,
         "tokens_per_s_per_gpu": tokens / med / world_size,
-        "first_step_s": steps[0].get("step_s"),  # what a process pays once: docs/metrics.md
-        "first_optim_s": steps[0].get("optim_s"),
+        **first_step(steps),
         "loss_first": steps[0].get("loss"),
         "loss_last": steps[-1].get("loss"),
         "peak_mem_bytes": max((r["peak_mem_bytes"] for r in steps if r.get("peak_mem_bytes")), default=None),

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.results.record import first_step
 from bench.tools import crossover
 
 
@@ -59,7 +60,7 @@ def rows(root: Path) -> list[dict[str, Any]]:
             "step_s_iqr": s.get("step_s_iqr"),
             "optim_s_median": s.get("optim_s_median"),
             "fwd_bwd_s_median": s.get("fwd_bwd_s_median"),
-            "first_step_s": steps[0]["step_s"] if steps else None,
+            "first_step_s": first_step(steps)["first_step_s"],
             "model_tflops_per_gpu": s.get("model_tflops_per_gpu"),
             "peak_mem_gb": (s.get("peak_mem_bytes") or 0) / 1e9 or None,
             "path": run,

@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.results.record import first_step
+
 RESAMPLES = 2000
 FIELDS = ("step_s", "fwd_bwd_s", "optim_s")
 
@@ -40,8 +42,7 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
                 "optimizer": rec["config"]["optimizer"]["name"],
                 "start_time": rec["start_time"],
                 "load_avg_1m": (rec.get("hardware") or {}).get("load_avg_1m"),
-                "first_step_s": steps[0]["step_s"] if steps else None,
-                "first_optim_s": steps[0].get("optim_s") if steps else None,
+                **first_step(steps),
                 "peak_mem_bytes": (rec.get("summary") or {}).get("peak_mem_bytes"),
                 "steady": [s for s in steps[warm:] if s.get("step_s") is not None],
             }

@@ -22,7 +22,7 @@ import json
 import os
 import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -77,6 +77,10 @@ def problem_class(key: str, graph: bool) -> str:
     return "|".join([*parts[:i], parts[i + 1], *parts[i + 3 :], f"graph={graph}"])
 
 
+def _offers_graphs(names: Iterable[str]) -> bool:
+    return any(n.endswith("+graph") for n in names)
+
+
 def prior(key: str, offered: Sequence[str], seed_dir: Path | None = None) -> list[str] | None:
     """The candidates of `offered` to time for a plan key that no seed entry matches (`prior_from` over the shipped
     entries); None (time all of `offered`) when seeding is off or no shipped entry shares the problem class."""
@@ -91,12 +95,11 @@ def prior_from(
     """The `size` candidates of `offered` with the lowest mean time relative to the fastest over the entries of the
     same `problem_class` as `key`, and every cuBLAS body (`plain_torch`, its graph variant), in `offered`'s order;
     None when no entry shares the class."""
-    graph = any(n.endswith("+graph") for n in offered)
-    cls = problem_class(key, graph)
+    cls = problem_class(key, _offers_graphs(offered))
     relative: dict[str, list[float]] = {}
     for k, entry in entries.items():
         times = cast(Mapping[str, float], entry.get("times_ms") or {})
-        if not times or problem_class(k, any(n.endswith("+graph") for n in times)) != cls:
+        if not times or problem_class(k, _offers_graphs(times)) != cls:
             continue
         best = min(times.values())
         for name, ms in times.items():
