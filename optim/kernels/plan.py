@@ -570,11 +570,16 @@ class Planner:
     ) -> tuple[str, str]:
         """Returns (method, plan key) for a (B, r, c) CUDA tensor iterated in `dtype`, measuring the candidates on
         a cache miss."""
+        from optim.kernels import plan_seed
+
         if not self.loaded:
             self._load()
         key = plan_key(env_key(x.device), x, coeffs, eps, use_gram, restarts, dtype)
         hit = self.choices.get(key)
-        if hit is not None and (key in self.complete or not self.untried(hit, x, len(coeffs), use_gram)):
+        if hit is not None and (
+            (key in self.complete and not (hit.get("prior") and plan_seed.mode() == "measure"))
+            or not self.untried(hit, x, len(coeffs), use_gram)
+        ):
             self.complete.add(key)
             return str(hit["method"]), key
         if torch.cuda.is_current_stream_capturing():
