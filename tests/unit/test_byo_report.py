@@ -17,9 +17,9 @@ def test_report_from_committed_runs(tmp_path: Path) -> None:
 
     assert main([str(REPORT / "runs"), "--out", str(tmp_path)]) == 0
     rows = list(csv.DictReader((tmp_path / "results.csv").open()))
-    assert len(rows) == 16 and {r["status"] for r in rows} == {"ok"}
+    assert len(rows) == 24 and {r["status"] for r in rows} == {"ok"}
     assert {(r["model"], r["engine"]) for r in rows} == {
-        (m, e) for m in ("llama3_8b", "olmoe_1b_7b") for e in ("megatron", "bridge")
+        (m, e) for m in ("llama3_8b", "olmoe_1b_7b", "qwen3_8b") for e in ("megatron", "bridge")
     }
     for r in rows:  # the prediction is the performance model's for that run's resolved config
         assert float(r["predicted_step_s"]) > 0
@@ -30,11 +30,12 @@ def test_report_from_committed_runs(tmp_path: Path) -> None:
     llama = summary["llama3_8b/bridge"]
     assert llama["order"] == "A B B A" and llama["variant"] == "muon"
     assert summary["olmoe_1b_7b/bridge"]["order"] == "A B B A A B"
+    assert summary["qwen3_8b/megatron"]["order"] == summary["qwen3_8b/bridge"]["order"] == "A B B A"
     for s in summary.values():
         lo, hi = s["ratio_model_only_ci95"]
         assert lo <= s["ratio_model_only"] <= hi
     assert (tmp_path / "predicted_vs_measured.png").stat().st_size > 0
-    assert len(json.loads((tmp_path / "run.json").read_text())["runs"]) == 16
+    assert len(json.loads((tmp_path / "run.json").read_text())["runs"]) == 24
     # the committed summary is what the tool writes from the committed runs
     assert json.loads((REPORT / "summary.json").read_text()) == summary
 
