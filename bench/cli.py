@@ -50,6 +50,9 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "model": Subcommand(
         module="bench.tools.model", summary="conf/model YAML of a Hugging Face config (model=hf:<spec>)"
     ),
+    "compare": Subcommand(
+        module="bench.tools.compare", summary="a variant optimizer's cost against a baseline, to a stated precision"
+    ),
     "crossover": Subcommand(
         module="bench.tools.crossover", summary="runs of two optimizers in crossover order: model-only ratio"
     ),

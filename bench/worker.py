@@ -17,7 +17,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import flops, probes, sinks
+from bench import flops, probes, sinks, telemetry
 from bench.engines import RankInfo, StepMetrics, engine_class
 from bench.results import record
 from muonbench.compose import config_from_dict
@@ -157,9 +157,12 @@ def run(run_dir: Path) -> None:
     optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))
     log = record.StepLog(run_dir, extra_keys=optional) if rank.rank == 0 else None
     sink = None
+    sampler = None
     model_flops = record.model_flops_per_step(rec["config"])
     try:
         engine.setup(cfg, rank)
+        if cfg.engine.device == "cuda":
+            sampler = telemetry.open_for(rank.local_rank)
         if rank.rank == 0:
             sink = sinks.open_sink(
                 cfg.bench.logger,
@@ -188,6 +191,8 @@ def run(run_dir: Path) -> None:
         skipped_before = engine.skipped_updates()
         for i in range(cfg.bench.steps):
             metrics = engine.step()
+            if sampler is not None:
+                metrics.extra.update(sampler.step())
             if skipped_before is not None:  # this step's skipped updates (the optimizers count cumulatively)
                 skipped_now = engine.skipped_updates() or 0
                 metrics.extra["skipped_updates"] = skipped_now - skipped_before
@@ -230,6 +235,8 @@ def run(run_dir: Path) -> None:
         _close_failed(run_dir, rank, exc, log)
         raise
     finally:
+        if sampler is not None:
+            sampler.close()
         if sink is not None:
             sink.close()
         engine.teardown()

@@ -250,6 +250,7 @@ class BridgeEngine(Engine):
                 for k, v in (
                     ("grad_norm", row["grad_norm"]),
                     ("skipped", row["skipped"]),
+                    ("alloc_retries", _alloc_retries()),
                     (
                         "bridge_tflops_per_gpu",
                         bridge_tflops(row.get("bridge_flops", 0.0), row["step_s"], self._world),
@@ -354,3 +355,10 @@ def _instrument_ns(optimizer: Any, timer: Any, impl: str, opt: Any) -> None:
         _time_ours(optimizer, timer, num_ns_steps)
     elif opt.name.startswith("muon"):
         _time_megatron_muon(optimizer, timer, num_ns_steps)
+
+
+def _alloc_retries() -> float | None:
+    """cudaMalloc retries of the caching allocator so far (as the megatron engine records them), None off CUDA."""
+    import torch
+
+    return float(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if torch.cuda.is_available() else None

@@ -85,10 +85,24 @@ STEP_KEYS = (
     "alloc_retries",
 )
 """Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
-OPTIONAL_KEYS = ("ns_overlap_s", "spec_used", "spec_discarded", "bridge_tflops_per_gpu", "skipped_updates")
+OPTIONAL_KEYS = (
+    "ns_overlap_s",
+    "spec_used",
+    "spec_discarded",
+    "bridge_tflops_per_gpu",
+    "skipped_updates",
+    "sm_mhz",
+    "mem_mhz",
+    "power_w",
+    "temp_c",
+    "throttle_reasons",
+    "throttled",
+)
 """Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`; the bridge engine's
 `bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time; `skipped_updates`: parameter updates our
-optimizers skipped in the step under `nonfinite_policy=skip`, max over ranks); the probes of `bench.probes` add their own
+optimizers skipped in the step under `nonfinite_policy=skip`, max over ranks; on a GPU with NVML the step's mean SM
+and memory clocks, mean power, highest temperature, clock-event reasons and whether one of them lowered the clock,
+`bench.telemetry`, max over ranks); the probes of `bench.probes` add their own
 (`bench.probes.keys`). `bench.results.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
