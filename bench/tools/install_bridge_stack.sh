@@ -7,7 +7,8 @@
 #   bench/tools/install_bridge_stack.sh WHEELS [TARGET=/tmp/site]     then: export PYTHONPATH=TARGET
 #
 # WHEELS holds the wheels of tests/requirements-bridge.txt's stack plus megatron-bridge, megatron-core,
-# transformer-engine(-cu13) and transformer_engine_torch-*.tar.gz. A wheel too large to move in one piece may come as
+# transformer-engine(-cu13) and transformer_engine_torch-*.tar.gz (or the wheel an earlier build left in WHEELS,
+# which skips the build). A wheel too large to move in one piece may come as
 # parts `<name>.part0..N` with `<name>.sha256` (made with `split -n N -d -a 1 WHEEL <name>.part`); they are joined and
 # checked first.
 set -euo pipefail
@@ -37,10 +38,16 @@ PYEOF
 done
 
 # One pip call: wheels sharing a top-level package (megatron/, transformer_engine/) are merged into TARGET.
-"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TARGET" "$WHEELS"/*.whl
+wheels=()
+for w in "$WHEELS"/*.whl; do [[ ${w##*/} == transformer_engine_torch-* ]] || wheels+=("$w"); done
+"$PY" -m pip install -q --no-index --no-deps --no-compile --target "$TARGET" "${wheels[@]}"
 
+built=("$WHEELS"/transformer_engine_torch-*.whl)
 sdist=("$WHEELS"/transformer_engine_torch-*.tar.gz)
-if [ ${#sdist[@]} -eq 1 ]; then
+if [ ${#built[@]} -eq 1 ]; then  # built on an earlier machine of the same torch and GPU architecture
+  "$PY" -m zipfile -e "${built[0]}" "$TARGET"
+  echo "unpacked the built Transformer Engine torch extension ${built[0]##*/}"
+elif [ ${#sdist[@]} -eq 1 ]; then
   build=$(mktemp -d)
   tar xzf "${sdist[0]}" -C "$build"
   nvidia=$("$PY" -c "import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0] + '/'))")
@@ -50,8 +57,10 @@ if [ ${#sdist[@]} -eq 1 ]; then
      NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_CUDA_ARCHS="$arch" MAX_JOBS=$(nproc) \
      "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$build/out" .)
   echo "built the Transformer Engine torch extension for sm_$arch in $(( $(date +%s) - t0 )) s"
-  # pip --target would skip it (transformer_engine/ exists): unpack it into the merged tree.
+  # pip --target would skip it (transformer_engine/ exists): unpack it into the merged tree; keep the wheel in
+  # WHEELS, so the next machine can skip the build.
   "$PY" -m zipfile -e "$build"/out/transformer_engine_torch-*.whl "$TARGET"
+  cp "$build"/out/transformer_engine_torch-*.whl "$WHEELS"/
 fi
 # Bridge's initialize_megatron runs `make` in megatron/core/datasets; the wheel ships the compiled helper only.
 [ -f "$TARGET/megatron/core/datasets/Makefile" ] || printf 'all:\n\t@true\n' > "$TARGET/megatron/core/datasets/Makefile"
