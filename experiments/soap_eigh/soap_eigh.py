@@ -37,6 +37,7 @@ import torch
 
 from bench.tools.quality import run
 from bench.tools.quality.config import parse_cli
+from bench.tools.quality.tuning import point
 
 ALLOWED = ("profile", "device", "streams", "repeats", "out")
 
@@ -60,7 +61,7 @@ def factor_census(profile: str) -> Counter[int]:
     cfg = parse_cli([f"profile={profile}", "device=cpu"])
     with torch.device("meta"):
         model = run.build_model(cfg, cfg.vocab_size)
-    opt = run.build_opt("soap_rekls", model, 1e-3, cfg)
+    opt = run.build_opt("soap_rekls", model, point("soap_rekls", cfg, lr=1e-3), cfg)
     inner = opt.optimizers.values() if isinstance(opt.optimizers, dict) else opt.optimizers
     sizes: Counter[int] = Counter()
     for o in inner:

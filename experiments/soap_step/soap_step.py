@@ -36,6 +36,7 @@ import torch
 
 from bench.tools.quality import run as qrun
 from bench.tools.quality.config import parse_cli
+from bench.tools.quality.tuning import point
 from experiments.step_profile.step_profile import device_time_us, profile_step
 
 PARTS = {
@@ -167,7 +168,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     device = cfg.device
     torch.manual_seed(cfg.seed)
     model = qrun.build_model(cfg, cfg.vocab_size)
-    opt = qrun.build_opt("soap_rekls", model, 1e-3, cfg)
+    opt = qrun.build_opt("soap_rekls", model, point("soap_rekls", cfg, lr=1e-3), cfg)
     x = torch.randint(0, cfg.vocab_size, (cfg.batch_size, cfg.seq_len + 1), device=device)
     with qrun._autocast(cfg):
         logits = model(input_ids=x[:, :-1]).logits

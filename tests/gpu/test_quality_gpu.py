@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from bench.tools.quality import data, run
+from bench.tools.quality import data, run, tuning
 
 pytestmark = [
     pytest.mark.gpu,
@@ -45,7 +45,8 @@ def test_trial_on_cuda(name: str) -> None:
     cfg = run.parse_cli([*ARGS, "steps=6", "eval_every=3", "vocab_size=512"])
     tokens = torch.randint(0, 512, (50_000,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     val = data.fixed_val_batches(tokens[-5000:], batch_size=8, seq_len=64, num_batches=2)
-    out = run.train_one(name, 3e-3, cfg, tokens[:-5000].cuda(), val, 512, lambda _: None)
+    hp = tuning.point(name, cfg, lr=3e-3)
+    out = run.train_one(name, hp, cfg, tokens[:-5000].cuda(), val, 512, lambda _: None)
     assert out["status"] == "ok", out["status"]
     assert [p["step"] for p in out["curve"]] == [3, 6]
     assert math.isfinite(out["final_val_loss"]) and out["final_val_loss"] < math.log(512) + 0.5

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bench.tools.quality import data, run, sweep
+from bench.tools.quality import data, run, sweep, tuning
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +71,12 @@ def test_batches_are_the_windows_of_the_generator() -> None:
 
 def test_schedule_completes_at_last_step() -> None:
     cfg = run.parse_cli(["steps=100", "eval_every=10"])
-    peak = 1e-3
-    assert run.lr_at(0, cfg, peak) < peak
-    assert math.isclose(run.lr_at(cfg.steps - 1, cfg, peak), cfg.min_lr_frac * peak)
-    assert max(run.lr_at(s, cfg, peak) for s in range(cfg.steps)) == pytest.approx(peak)
+    assert run.lr_factor(0, cfg, 0.05) < 1
+    assert math.isclose(run.lr_factor(cfg.steps - 1, cfg, 0.05), cfg.min_lr_frac)
+    assert max(run.lr_factor(s, cfg, 0.05) for s in range(cfg.steps)) == pytest.approx(1.0)
+    assert run.lr_factor(9, cfg, 0.1) == pytest.approx(1.0) and run.lr_factor(9, cfg, 0.2) == pytest.approx(
+        0.5
+    )
 
 
 def test_bad_cli_names_key_and_allowed() -> None:
@@ -85,7 +87,7 @@ def test_bad_cli_names_key_and_allowed() -> None:
     with pytest.raises(ValueError, match="optimizers='lion' is not one of .*'muon_split_gate_up'"):
         run.parse_cli(["optimizers=adamw,lion"])
     with pytest.raises(ValueError, match="optimizers='muon,muon_split_gate_up' must include 'adamw'"):
-        sweep.main(["optimizers=muon,muon_split_gate_up"])
+        sweep.configure(["optimizers=muon,muon_split_gate_up"])
 
 
 def test_crossing_interpolates() -> None:
@@ -110,7 +112,8 @@ def test_ten_step_smoke_per_optimizer(name: str, prepared) -> None:
             f"optimizers={name}",
         ]
     )
-    out = run.train_one(name, 3e-3, cfg, train, val, tok.get_vocab_size(), lambda _: None)
+    hp = tuning.point(name, cfg, lr=3e-3)
+    out = run.train_one(name, hp, cfg, train, val, tok.get_vocab_size(), lambda _: None)
     assert out["status"] == "ok"
     assert [p["step"] for p in out["curve"]] == [5, 10]
     assert out["curve"][-1]["val_loss"] < math.log(tok.get_vocab_size())
@@ -123,13 +126,13 @@ def test_optimizers_are_the_conf_yaml_plus_the_bench_overrides() -> None:
     from optim import configs
 
     cfg = run.parse_cli(["profile=gpu", "out=unused"])
-    muon, routing, adamw = run.optimizer_configs("muon", 3e-3, cfg)
+    muon, routing, adamw = run.optimizer_configs("muon", tuning.point("muon", cfg, lr=3e-3), cfg)
     assert muon == configs.MuonConfig(
         lr=3e-3, weight_decay=cfg.weight_decay, nesterov=True, scale_mode="spectral", extra_scale_factor=0.2,
         ns_precision="bf16",
     )  # fmt: skip
     assert routing == configs.RoutingConfig() and adamw == configs.AdamWConfig(lr=3e-3, weight_decay=0.01)
-    mop, _, _ = run.optimizer_configs("mop", 1e-2, cfg)
+    mop, _, _ = run.optimizer_configs("mop", tuning.point("mop", cfg, lr=1e-2), cfg)
     assert (mop.scale_mode, mop.extra_scale_factor, mop.polar_method) == ("spectral", 0.2, "polar_express")
 
 
@@ -144,9 +147,10 @@ def test_changing_the_optimizer_yaml_changes_the_quality_bench(tmp_path, monkeyp
     yaml = conf / "optimizer" / "muon.yaml"
     yaml.write_text(yaml.read_text() + "momentum: 0.5\nnum_ns_steps: 7\n")
     cfg = run.parse_cli(["out=unused"])
-    before, _, _ = run.optimizer_configs("muon", 1e-2, cfg)
+    hp = tuning.point("muon", cfg, lr=1e-2)
+    before, _, _ = run.optimizer_configs("muon", hp, cfg)
     monkeypatch.setattr(compose, "CONF_DIR", conf)
-    after, _, _ = run.optimizer_configs("muon", 1e-2, cfg)
+    after, _, _ = run.optimizer_configs("muon", hp, cfg)
     assert (before.momentum, before.num_ns_steps) == (0.95, 5)
     assert (after.momentum, after.num_ns_steps) == (0.5, 7)
 
@@ -166,7 +170,7 @@ def test_split_gate_up_variant_splits_fused_fc1_only() -> None:
     for name in ("muon", "muon_split_gate_up"):
         torch.manual_seed(cfg.seed)
         model = run.build_model(cfg, 512)
-        opt = run.build_opt(name, model, 1e-2, cfg)
+        opt = run.build_opt(name, model, tuning.point(name, cfg, lr=1e-2), cfg)
         matrix = opt.optimizers["matrix"]
         by_id = {id(p): n for n, p in model.named_parameters()}
         split_names = {by_id[i]: s for i, s in matrix.splits.items()}

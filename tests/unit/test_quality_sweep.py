@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.tools.quality import config, corpus, data, run, summary, sweep
+from bench.tools.quality import config, corpus, data, run, summary, sweep, tuning
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
@@ -123,7 +123,14 @@ def test_summary_target_seeds_and_edge() -> None:
         _trial("muon", 1e-2, 1, [4.5, 2.5, 1.8], [2, 4, 6]),
         _trial("muon", 1e-3, 2, [4.0, 2.4, 1.6], [2, 4, 6]),
     ]
-    s = summary.summarize(trials, {"optimizers": ["adamw", "muon"], "seed": 1, "price_per_hour": 3.6})
+    cfg = config.QualityConfig(
+        optimizers=("adamw", "muon"),
+        seed=1,
+        price_per_hour=3.6,
+        best_lr_seeds=2,
+        lr_grids={"adamw": (1e-3, 3e-3, 1e-2), "muon": (1e-3, 1e-2)},
+    )
+    s = summary.summarize(trials, cfg)
     assert s["target"] == pytest.approx(2.1) and s["adamw_wall_s"] == pytest.approx(3.0)
     rows = {r["optimizer"]: r for r in s["rows"]}
     assert not rows["adamw"]["best_at_grid_edge"] and rows["muon"]["best_at_grid_edge"]
@@ -157,14 +164,12 @@ def _args(out: Path, *extra: str) -> list[str]:
 
 
 def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsys) -> None:
-    """A piece stopped by its time limit leaves no partial trial; a rerun finishes the sweep (grid, then the
+    """A piece stopped by its budget leaves no partial trial; a rerun finishes the sweep (grid, then the
     best LR's extra seed), a deleted trial is the only one rerun, and other trial-defining keys are refused."""
     out = tmp_path / "q"
-    assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0
+    assert sweep.main(_args(out, "budget_s=1e-6")) == 0
     said = capsys.readouterr().out
-    assert re.search(
-        r"stopped: time_limit_s=1e-06: \d+ s used, next trial adamw ~0 s \(nothing measured", said
-    )
+    assert re.search(r"stopped: budget_s=1e-06: \d+ s used, next trial adamw ~0 s \(nothing measured", said)
     assert not list((out / "trials").glob("*.json")) and (out / "corpus.json").exists()
     assert json.loads((out / "progress.json").read_text())["complete"] is False
 
@@ -174,13 +179,13 @@ def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsy
         (json.loads((out / "trials" / f"{i}.json").read_text()) for i in ids if "seed1234" in i),
         key=lambda t: t["final_val_loss"],
     )
-    assert len(ids) == 5 and sweep.trial_id("adamw", best["lr"], 1235) in ids
+    assert len(ids) == 5 and f"adamw__lr{best['lr']:g}__seed1235" in ids
     assert json.loads((out / "progress.json").read_text()) == {"done": 5, "planned": 5, "complete": True}
     for f in ("README.md", "results.csv", "trials.csv", "run.json", "reproduce.sh", "loss_curves.png"):
         assert (out / f).exists(), f
 
     kept = {i: (out / "trials" / f"{i}.json").read_text() for i in ids}
-    victim = sweep.trial_id("adamw", 1e-3, 1234)
+    victim = "adamw__lr0.001__seed1234"
     (out / "trials" / f"{victim}.json").unlink()
     assert sweep.main(_args(out)) == 0
     piece = json.loads((out / "pieces.jsonl").read_text().splitlines()[-1])
@@ -188,20 +193,24 @@ def test_sweep_resumes_skips_finished_and_refuses_other_settings(tmp_path, capsy
     assert all((out / "trials" / f"{i}.json").read_text() == kept[i] for i in ids if i != victim)
     assert len((out / "pieces.jsonl").read_text().splitlines()) == 3
 
-    with pytest.raises(ValueError, match=r"other settings: \{'steps': \(4, 6\)\}"):
-        sweep.main(_args(out, "steps=6"))
+    capsys.readouterr()
+    assert sweep.main(_args(out, "steps=6")) == 2
+    assert re.fullmatch(
+        r"error: out=.* holds a sweep with other settings: \{'steps': \(4, 6\)\} .*\n",
+        capsys.readouterr().err,
+    )
 
 
 def test_resume_refuses_a_tokenizer_that_encodes_other_token_counts(tmp_path) -> None:
     """A sweep resumed with a lost and retrained (or another version's) tokenizer would mix token streams: the
     counts stored in corpus.json must match what the tokenizer here encodes."""
     out = tmp_path / "q"
-    assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0
+    assert sweep.main(_args(out, "budget_s=1e-6")) == 0
     stored = json.loads((out / "corpus.json").read_text())
-    assert sweep.main(_args(out, "time_limit_s=1e-6")) == 0  # same tokenizer: resumes
+    assert sweep.main(_args(out, "budget_s=1e-6")) == 0  # same tokenizer: resumes
     (out / "corpus.json").write_text(json.dumps({**stored, "val_tokens": stored["val_tokens"] + 1}))
     with pytest.raises(ValueError, match="another tokenizer"):
-        sweep.main(_args(out, "time_limit_s=1e-6"))
+        sweep.main(_args(out, "budget_s=1e-6"))
 
 
 def test_sigterm_records_the_piece_and_a_rerun_resumes(tmp_path) -> None:
@@ -210,7 +219,7 @@ def test_sigterm_records_the_piece_and_a_rerun_resumes(tmp_path) -> None:
     rerun finishes the sweep. Localises a signal that kills the process before it records its piece."""
     out, log_path = tmp_path / "q", tmp_path / "log"
     args = _args(out, "steps=8", "prewarm_steps=1")
-    first, second = sweep.trial_id("adamw", 1e-3, 1234), sweep.trial_id("adamw", 3e-3, 1234)
+    first, second = "adamw__lr0.001__seed1234", "adamw__lr0.003__seed1234"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the per-evaluation log lines reach the file at once
     with open(log_path, "w") as log:
@@ -334,4 +343,4 @@ def test_cli_rejects_bad_values() -> None:
         config.parse_cli(["seed_optimizers=lion"])
     gpu = config.parse_cli(["profile=gpu"])
     assert len({len(g) for g in gpu.lr_grids.values()}) == 1 and gpu.best_lr_seeds == 2
-    assert sweep.num_planned(gpu) == 5 * 4 + 2
+    assert tuning.num_planned(gpu, {}) == 5 * 4 + 2

@@ -1,11 +1,14 @@
-"""Quality bench configuration: profiles, learning-rate grids and the `key=value` command line.
+"""Quality bench configuration: profiles, tuning grids and the `key=value` command line.
 
 Each optimizer is `conf/optimizer/<name>.yaml` composed as every other command composes it (`muonbench.load`),
-with the learning rate of the trial, the profile's weight decay and precisions, and `OPTIMIZER_OVERRIDES`: the
-bench's only departures from the YAML. A profile is a complete set of defaults (`cpu`: the stdlib sweep on a laptop CPU; `gpu`: the Qwen3-MoE 123 M sweep
-on one H200; `tiny`: the gpu profile's pipeline at toy size on a CPU, for checking it end to end). Every key can be
-overridden on the command line; `lr_grids` comes from the profile only, so every optimizer keeps the same number
-of learning-rate points.
+with the trial's hyperparameters (`bench.tools.quality.tuning.Hparams`), the profile's precisions, and
+`OPTIMIZER_OVERRIDES`: the bench's only departures from the YAML. A profile is a complete set of defaults:
+`compute_optimal` (a dense 10.3 M-parameter model for 20 tokens per parameter, every optimizer tuned the same way,
+3 seeds; one H100 / H200, docs/quality.md), `compute_optimal_tiny` (its pipeline at toy size on a CPU), `cpu` (the
+stdlib learning-rate sweep on a laptop CPU), `gpu` (the Qwen3-MoE 123 M learning-rate sweep, 0.13 tokens per
+parameter, on one H200) and `tiny` (the gpu profile's pipeline at toy size). Every key but the grids can be
+overridden on the command line; `lr_grids` and `grids` come from the profile only, so every optimizer keeps the
+same number of points per dimension.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.tools.quality.tuning import DIMS
 from optim.configs import NS_PRECISIONS, POLAR_METHODS
 
 OPTIMIZERS = ("adamw", "muon", "muon_split_gate_up", "mop", "soap_rekls")
@@ -45,8 +49,30 @@ VARIANTS: dict[str, str] = {
 }
 """Optimizer entries that are a routing variant of another (its own YAML): they share the base's LR grid, so the
 sweep stays fair."""
-for _grids in (LR_GRIDS, LR_GRIDS_GPU):
+# compute_optimal: x2 steps around the usual optimum of a 10 M model at this batch (AdamW 2e-3 to 4e-3; Muon and MOP
+# at AdamW-matched update RMS a step higher); a best point on an edge extends the grid (`max_lr_extensions`).
+LR_GRIDS_OPTIMAL: dict[str, tuple[float, ...]] = {
+    "adamw": (1e-3, 2e-3, 4e-3, 8e-3),
+    "muon": (2e-3, 4e-3, 8e-3, 1.6e-2),
+    "mop": (2e-3, 4e-3, 8e-3, 1.6e-2),
+    "soap_rekls": (1e-3, 2e-3, 4e-3, 8e-3),
+}
+LR_GRIDS_OPTIMAL_TINY: dict[str, tuple[float, ...]] = {name: g[:3] for name, g in LR_GRIDS_OPTIMAL.items()}
+for _grids in (LR_GRIDS, LR_GRIDS_GPU, LR_GRIDS_OPTIMAL, LR_GRIDS_OPTIMAL_TINY):
     _grids |= {name: _grids[base] for name, base in VARIANTS.items()}
+GRIDS_OPTIMAL: dict[str, tuple[float, ...]] = {
+    "adamw_lr": (1e-3, 3e-3, 1e-2),
+    "warmup_frac": (0.02, 0.05, 0.1),
+    "weight_decay": (0.0, 0.1, 0.2),
+    "beta2": (0.9, 0.95, 0.99),
+}
+"""The other dimensions' grids (every optimizer the same); each profile default is a point of its grid."""
+GRIDS_OPTIMAL_TINY: dict[str, tuple[float, ...]] = {
+    "adamw_lr": (3e-3, 1e-2),
+    "warmup_frac": (0.05, 0.1),
+    "weight_decay": (0.0, 0.1),
+    "beta2": (0.95, 0.99),
+}
 
 OPTIMIZER_OVERRIDES: dict[str, tuple[str, ...]] = {
     # spectral scale x 0.2 (AdamW-matched update RMS): one LR grid serves Muon, MOP and AdamW alike
@@ -108,6 +134,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "hidden_size": 512,
         "num_layers": 8,
         "price_per_hour": 3.5,
+        "lr_grids": LR_GRIDS_GPU,
         "corpus": "python_packages",
         "corpus_max_mb": 128.0,
         "tokenizer_train_mb": 32.0,
@@ -139,11 +166,73 @@ PROFILES: dict[str, dict[str, Any]] = {
         "precondition_frequency": 2,
         "prewarm_steps": 1,
     },
+    # Compute-optimal on one H100 / H200 (docs/quality.md has the arithmetic): a dense Qwen3 of 10.33 M
+    # non-embedding parameters, 1576 steps of 256 x 512 tokens = 206.6 M tokens (20.0 per non-embedding parameter);
+    # 87.9 MFLOP per token, 1.82e16 FLOP per trial: 122 s at 15% of an H100's 989 TFLOP/s bf16 peak.
+    "compute_optimal": {
+        "device": "cuda",
+        "model": "qwen3_dense_10m",
+        "vocab_size": 8192,
+        "seq_len": 512,
+        "batch_size": 256,
+        "steps": 1576,
+        "eval_every": 50,
+        "val_batches": 4,
+        "hidden_size": 384,
+        "num_layers": 6,
+        "price_per_hour": 3.5,
+        "corpus": "python_packages",
+        "tokenizer_train_mb": 64.0,
+        "optimizers": ("adamw", "muon", "mop", "soap_rekls"),
+        "seed_optimizers": ("adamw", "muon", "mop", "soap_rekls"),
+        "best_lr_seeds": 3,
+        "tune": DIMS,
+        "max_lr_extensions": 2,
+        "adamw_lr": 3e-3,
+        "warmup_frac": 0.05,
+        "weight_decay": 0.1,
+        "beta2": 0.95,
+        "lr_grids": LR_GRIDS_OPTIMAL,
+        "grids": GRIDS_OPTIMAL,
+        "ns_precision": "bf16",
+        "polar_method": "polar_express",
+        "precondition_frequency": 10,
+        "prewarm_steps": 3,
+    },
+    # The compute_optimal protocol (every stage, extensions, 3 seeds, summary.json) at toy size on a CPU.
+    "compute_optimal_tiny": {
+        "device": "cpu",
+        "model": "qwen3_dense_10m",
+        "vocab_size": 512,
+        "seq_len": 32,
+        "batch_size": 4,
+        "steps": 12,
+        "eval_every": 3,
+        "val_batches": 2,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "corpus": "python_packages",
+        "corpus_max_mb": 2.0,
+        "tokenizer_train_mb": 1.0,
+        "optimizers": ("adamw", "muon", "mop", "soap_rekls"),
+        "seed_optimizers": ("adamw", "muon", "mop", "soap_rekls"),
+        "best_lr_seeds": 3,
+        "tune": DIMS,
+        "max_lr_extensions": 1,
+        "adamw_lr": 3e-3,
+        "warmup_frac": 0.05,
+        "weight_decay": 0.1,
+        "beta2": 0.95,
+        "lr_grids": LR_GRIDS_OPTIMAL_TINY,
+        "grids": GRIDS_OPTIMAL_TINY,
+        "polar_method": "polar_express",
+        "precondition_frequency": 2,
+    },
 }
 # Keys that do not change what a trial computes: they may differ between the pieces of one sweep.
 RESUMABLE_KEYS = (
     "out",
-    "time_limit_s",
+    "budget_s",
     "cache",
     "optimizers",
     "best_lr_seeds",
@@ -162,6 +251,7 @@ class QualityConfig:
     batch_size: int = 16
     steps: int = 400
     warmup_frac: float = 0.05
+    """Linear warm-up, as a fraction of the steps (a tuned dimension under `tune`: its starting value)."""
     min_lr_frac: float = 0.1
     eval_every: int = 25
     val_batches: int = 8
@@ -169,6 +259,18 @@ class QualityConfig:
     num_layers: int = 2
     seed: int = 1234
     weight_decay: float = 0.01
+    """Decoupled weight decay of every optimizer, both sides (tuned: the starting value)."""
+    beta2: float = 0.95
+    """AdamW's second-moment decay (tuned: the starting value); the matrix optimizers keep their YAML's."""
+    adamw_lr: float = 0.0
+    """Peak LR of the AdamW-stepped non-matrix parameters (embeddings, output layer, norms) of Muon, MOP and
+    SOAP-REKLS (tuned: the starting value); 0 where untuned = the trial's matrix LR, as the cpu and gpu profiles
+    ran (the report says so)."""
+    tune: tuple[str, ...] = ("lr",)
+    """Dimensions tuned one after another (`bench.tools.quality.tuning`), `lr` first; each optimizer takes those
+    that apply to it."""
+    max_lr_extensions: int = 0
+    """A learning-rate grid whose best point is on an edge grows by one step that way, at most this many times."""
     price_per_hour: float = 0.0
     optimizers: tuple[str, ...] = ("adamw", "muon", "mop", "soap_rekls")
     out: str = "runs/quality"
@@ -186,6 +288,7 @@ class QualityConfig:
     best_lr_seeds: int = 1
     """Seeds run at the best learning rate of each `seed_optimizers` entry (1 = the grid's seed only)."""
     seed_optimizers: tuple[str, ...] = ("adamw", "muon")
+    """Optimizers rerun with `best_lr_seeds` seeds at their best setting."""
     ns_precision: str = "fp32"
     """Muon's Newton-Schulz iterate dtype."""
     polar_method: str = "svd"
@@ -197,7 +300,7 @@ class QualityConfig:
     compilation, NS plan measurement, cuBLAS / cuSOLVER workspaces), then one evaluation; 0 = no prewarm. For an
     optimizer without a finished trial, at least 1 + its refresh period (1 + `precondition_frequency` for
     SOAP-REKLS, 2 for the others): the mean time of the steps after the first estimates its trials."""
-    time_limit_s: float = 0.0
+    budget_s: float = 0.0
     """Start a trial only if its estimate says it ends within this many seconds of the process's start; 0 = no
     limit. Estimate (`bench.tools.quality.sweep.estimate_trial_s`): the mean duration of that optimizer's finished
     trials; with none, steps x its prewarm's seconds per step + the evaluations + the build; without a prewarm
@@ -206,6 +309,8 @@ class QualityConfig:
     cache: str = ""
     """Directory of the encoded corpus; empty = $MUONBENCH_CACHE/quality (or ~/.cache/muontools/quality)."""
     lr_grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(LR_GRIDS))
+    grids: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Grid of each tuned dimension but `lr` (the profile's)."""
 
     def __post_init__(self) -> None:
         checks = (
@@ -215,6 +320,7 @@ class QualityConfig:
             ("corpus", (self.corpus,), CORPORA),
             ("polar_method", (self.polar_method,), POLAR_METHODS),
             ("ns_precision", (self.ns_precision,), NS_PRECISIONS),
+            ("tune", self.tune, DIMS),
         )
         for key, values, allowed in checks:
             for v in values:
@@ -226,16 +332,28 @@ class QualityConfig:
             raise ValueError(f"best_lr_seeds={self.best_lr_seeds}: must be >= 1")
         if self.precondition_frequency < 1:
             raise ValueError(f"precondition_frequency={self.precondition_frequency}: must be >= 1")
+        if self.tune[:1] != ("lr",):
+            raise ValueError(f"tune={','.join(self.tune)!r}: must start with 'lr'")
+        if not 0.0 < self.beta2 < 1.0:
+            raise ValueError(f"beta2={self.beta2}: must be in (0, 1)")
+        for dim in self.tune[1:]:
+            start = getattr(self, dim)
+            if float(f"{start:.6g}") not in self.grids.get(dim, ()):
+                raise ValueError(f"{dim}={start:g}: must be one of its grid {list(self.grids.get(dim, ()))}")
 
     def as_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items()}
 
     def trial_dict(self) -> dict[str, Any]:
         """The keys that fix what one trial computes (all but RESUMABLE_KEYS and the grids)."""
-        return {k: v for k, v in self.as_dict().items() if k not in (*RESUMABLE_KEYS, "lr_grids")}
+        return {k: v for k, v in self.as_dict().items() if k not in (*RESUMABLE_KEYS, "lr_grids", "grids")}
 
     def trial_hash(self) -> str:
         return hashlib.sha256(json.dumps(self.trial_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+PROFILE_ONLY = ("lr_grids", "grids")
+"""Keys a profile sets and the command line cannot (every optimizer keeps the same grid sizes)."""
 
 
 def fresh_out(profile: str, root: str = "runs") -> str:
@@ -259,14 +377,17 @@ def parse_cli(argv: list[str]) -> QualityConfig:
     profile = kv.pop("profile", "cpu")
     if profile not in PROFILES:
         raise ValueError(f"profile={profile!r}: must be one of {sorted(PROFILES)}")
-    grids = LR_GRIDS_GPU if profile == "gpu" else LR_GRIDS
-    base: dict[str, Any] = dict(PROFILES[profile], profile=profile, lr_grids=dict(grids))
+    base: dict[str, Any] = dict(PROFILES[profile], profile=profile)
+    base["lr_grids"] = dict(base.get("lr_grids", LR_GRIDS))
+    base["grids"] = dict(base.get("grids", {}))
     if "out" not in kv:
         base["out"] = fresh_out(profile)
     fields = QualityConfig.__dataclass_fields__
     for key, raw in kv.items():
-        if key not in fields or key == "lr_grids":
-            raise ValueError(f"unknown key {key!r}; allowed: {sorted(k for k in fields if k != 'lr_grids')}")
+        if key not in fields or key in PROFILE_ONLY:
+            raise ValueError(
+                f"unknown key {key!r}; allowed: {sorted(k for k in fields if k not in PROFILE_ONLY)}"
+            )
         kind = str(fields[key].type)  # the annotation (a string under postponed evaluation)
         if kind.startswith("tuple"):
             base[key] = tuple(x for x in raw.split(",") if x)

@@ -5,19 +5,23 @@ Protocol (written at the top of the report):
   hash; byte-level BPE trained on the training split only).
 - Model: `model=<name>` from conf/model, vocab = the tokenizer's, seq = profile seq_len. On CUDA: fp32 weights,
   bf16 autocast, expert GEMMs as bf16 grouped GEMMs (`bench.models.hf_experts`); on CPU: fp32.
-- Every optimizer gets the same number of learning-rate trials (a x3-spaced grid), the same token budget, the same
-  warm-up + cosine schedule to 10% of the peak, completed at the last step, and the same seed (initial weights and
-  batch order). Validation loss on fixed held-out windows every `eval_every` steps and at the end. The best learning
-  rate of `seed_optimizers` is rerun with further seeds (`best_lr_seeds`).
-- Each optimizer's best trial = lowest final validation loss at the grid's seed. Target = AdamW's best final
+- Every optimizer is tuned by the same protocol (`bench.tools.quality.tuning`: the dimensions of `tune` one after
+  another, the same number of grid points each; a learning rate whose best point is on a grid edge gets its grid
+  extended), with the same token budget, a linear warm-up then cosine schedule to 10% of the peak, completed at
+  the last step, and the same seed (initial weights and batch order). The non-matrix parameters of Muon, MOP and
+  SOAP-REKLS have their own peak LR (`adamw_lr`). Validation loss on fixed held-out windows every `eval_every`
+  steps and at the end. The best setting of `seed_optimizers` is rerun with further seeds (`best_lr_seeds`).
+- Each optimizer's best setting = lowest final validation loss at the grid's seed. Target = AdamW's best final
   validation loss (mean over its seeds). Steps / tokens / seconds to target = first evaluation at which a run's
-  validation loss <= target, interpolated linearly between the two evaluations around the crossing.
+  validation loss <= target, interpolated linearly between the two evaluations around the crossing; ratios to
+  AdamW with a 95% percentile-bootstrap interval over the seeds of both (`bench.tools.quality.summary`).
 - Wall-clock = training time between evaluations (data, forward, backward, clipping, optimizer step; evaluation
   excluded), after an untimed warm-up of each optimizer in the process (`prewarm_steps`); optimizer-step time is
   measured by CUDA events on GPU (no extra synchronisation) and by the host clock on CPU.
 
-Usage: `python -m bench.tools.quality [profile=cpu|gpu|tiny] [optimizers=adamw,muon,...] [steps=N] [out=DIR]
-[time_limit_s=S]`. A rerun with the same `out` skips finished trials (`bench.tools.quality.sweep`).
+Usage: `muonbench quality [profile=compute_optimal|compute_optimal_tiny|cpu|gpu|tiny] [optimizers=adamw,muon,...]
+[steps=N] [out=DIR] [budget_s=S]` (or `python -m bench.tools.quality ...`). A rerun with the same `out` skips
+finished trials (`bench.tools.quality.sweep`); `budget_s` stops a piece before a trial that would not end in time.
 """
 
 from __future__ import annotations
@@ -41,15 +45,17 @@ from bench.tools.quality.config import (  # noqa: F401 - re-exported: the bench'
 )
 from bench.tools.quality.data import Batches
 from bench.tools.quality.summary import crossing  # noqa: F401 - re-exported
+from bench.tools.quality.tuning import Hparams, as_dict, is_adamw, point
 
 
-def lr_at(step: int, cfg: QualityConfig, peak: float) -> float:
-    """Linear warm-up, then cosine to min_lr_frac x peak, reached exactly at the last step."""
-    warm = max(1, int(cfg.warmup_frac * cfg.steps))
+def lr_factor(step: int, cfg: QualityConfig, warmup_frac: float) -> float:
+    """Linear warm-up over `warmup_frac` of the steps, then cosine to min_lr_frac, reached exactly at the last
+    step: the multiplier of every parameter group's peak LR."""
+    warm = max(1, int(warmup_frac * cfg.steps))
     if step < warm:
-        return peak * (step + 1) / warm
+        return (step + 1) / warm
     t = (step - warm) / max(1, cfg.steps - 1 - warm)
-    return peak * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+    return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
 
 
 def model_config(cfg: QualityConfig, vocab_size: int):  # -> muonbench.schema.ModelConfig
@@ -78,14 +84,20 @@ def build_model(cfg: QualityConfig, vocab_size: int, *, seed: int | None = None)
     return model
 
 
-def optimizer_configs(name: str, lr: float, cfg: QualityConfig) -> tuple[Any, Any, Any]:
-    """(algorithm config, RoutingConfig | None, AdamWConfig of the rest) of `name`'s trial at peak `lr`:
+def optimizer_configs(name: str, hp: Hparams, cfg: QualityConfig) -> tuple[Any, Any, Any]:
+    """(algorithm config, RoutingConfig | None, AdamWConfig of the rest) of `name`'s trial at `hp`:
     conf/optimizer/<name>.yaml composed by `muonbench.load` with `optimizer_overrides`, converted by
-    `muonbench.schema.optim_configs`."""
+    `muonbench.schema.optim_configs`; the matrices at `hp.lr`, the non-matrix side at `hp.adamw_lr` (AdamW: every
+    parameter at `hp.lr` with beta2 `hp.beta2`)."""
     from muonbench.compose import CONF_DIR
 
     algorithm, routing, adamw = _composed(CONF_DIR, tuple(optimizer_overrides(name, cfg)))
-    return replace(algorithm, lr=lr), routing, replace(adamw, lr=lr)
+    algorithm = replace(algorithm, lr=hp.lr, weight_decay=hp.weight_decay)
+    if is_adamw(name):
+        algorithm = replace(algorithm, betas=(algorithm.betas[0], hp.beta2))
+        return algorithm, routing, algorithm
+    assert hp.adamw_lr is not None, hp
+    return algorithm, routing, replace(adamw, lr=hp.adamw_lr, weight_decay=hp.weight_decay)
 
 
 @functools.lru_cache(maxsize=32)
@@ -98,17 +110,24 @@ def _composed(conf_dir: Path, overrides: tuple[str, ...]) -> tuple[Any, Any, Any
     return optim_configs(muonbench.load(list(overrides)).optimizer)
 
 
-def build_opt(name: str, model, lr: float, cfg: QualityConfig):
-    """The optimizer under test through the suite's own factory (matrices to `name`, the rest to AdamW)."""
+def build_opt(name: str, model, hp: Hparams, cfg: QualityConfig):
+    """The optimizer under test through the suite's own factory (matrices to `name`, the rest to AdamW). Each
+    parameter group keeps its peak LR as `peak_lr` (the schedule scales it)."""
     import optim
 
-    algorithm, routing, adamw = optimizer_configs(name, lr, cfg)
-    return optim.build_optimizer(model.named_parameters(), algorithm, naming="hf", routing=routing, adamw=adamw)
-
-
-def set_lr(opt, lr: float) -> None:
+    algorithm, routing, adamw = optimizer_configs(name, hp, cfg)
+    opt = optim.build_optimizer(
+        model.named_parameters(), algorithm, naming="hf", routing=routing, adamw=adamw
+    )
     for g in opt.param_groups:
-        g["lr"] = lr
+        g["peak_lr"] = g["lr"]
+    return opt
+
+
+def set_lr(opt, factor: float) -> None:
+    """Every group at `factor` x its own peak LR (the matrices' and the non-matrix side's differ)."""
+    for g in opt.param_groups:
+        g["lr"] = g["peak_lr"] * factor
 
 
 def _autocast(cfg: QualityConfig):
@@ -200,7 +219,7 @@ def prewarm(name: str, cfg: QualityConfig, train_tokens, val, vocab: int, *, num
     sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     model = build_model(cfg, vocab)
-    opt = build_opt(name, model, 1e-4, cfg)
+    opt = build_opt(name, model, point(name, cfg, lr=1e-4), cfg)
     batches = Batches(train_tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=cfg.seed + 10_000)
     val = [(x.to(cfg.device), y.to(cfg.device)) for x, y in val]
     sync()
@@ -226,17 +245,17 @@ def prewarm(name: str, cfg: QualityConfig, train_tokens, val, vocab: int, *, num
 
 
 def train_one(
-    name: str, lr: float, cfg: QualityConfig, train_tokens, val, vocab: int, log, *, seed: int | None = None
+    name: str, hp: Hparams, cfg: QualityConfig, train_tokens, val, vocab: int, log
 ) -> dict[str, Any]:
-    """One trial: `cfg.steps` steps of `name` at peak `lr`; the validation curve and the timings."""
+    """One trial: `cfg.steps` steps of `name` at `hp`; the validation curve and the timings."""
     import torch
 
-    seed = cfg.seed if seed is None else seed
+    seed, lr = hp.seed, hp.lr
     cuda = cfg.device == "cuda"
     t_start = time.perf_counter()
     torch.manual_seed(seed)
     model = build_model(cfg, vocab, seed=seed)
-    opt = build_opt(name, model, lr, cfg)
+    opt = build_opt(name, model, hp, cfg)
     batches = Batches(train_tokens, batch_size=cfg.batch_size, seq_len=cfg.seq_len, seed=seed)
     val = [(x.to(cfg.device), y.to(cfg.device)) for x, y in val]
     if cuda:
@@ -252,7 +271,7 @@ def train_one(
     try:
         for step in range(cfg.steps):
             x, y = batches.next()
-            set_lr(opt, lr_at(step, cfg, lr))
+            set_lr(opt, lr_factor(step, cfg, hp.warmup_frac))
             events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if cuda else None
             loss, host_opt_s = _train_step(model, opt, x, y, cfg, events)
             if events:
@@ -291,6 +310,7 @@ def train_one(
         "optimizer": name,
         "lr": lr,
         "seed": seed,
+        "hparams": as_dict(hp),
         "status": status,
         "final_val_loss": final,
         "curve": curve,

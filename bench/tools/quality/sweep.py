@@ -5,17 +5,17 @@ Output directory (`out=`), all small (< 1 MB plus the tokenizer):
   of them is refused: a sweep never mixes setups), model size and FLOPs per token.
 - `corpus.json`: corpus digest, roots, split and dedup counts, tokenizer sample, manifest per package (checked on
   resume: a different corpus is refused). `tokenizer.json`: the BPE, reused by every later piece.
-- `trials/<optimizer>__lr<lr>__seed<seed>.json`: one finished trial each (curve and timings), written atomically
-  when the trial ends; an existing file is never rerun (delete it to rerun that trial). A failed trial is
+- `trials/<trial id>.json` (`tuning.trial_id`: optimizer, the tuned values, seed): one finished trial each (its
+  hyperparameters, curve and timings), written atomically when the trial ends; an existing file is never rerun (delete it to rerun that trial). A failed trial is
   recorded with its error, so the sweep never silently shrinks.
 - `pieces.jsonl`: one line per process (start, end, host, GPU, versions, git SHA, trials run, prewarm seconds,
   seconds per step and per evaluation, why it stopped); `progress.json`: trials done / planned.
 - The report of the trials so far (`bench.tools.quality.report`): README.md, results.csv, trials.csv, run.json, plots.
 
-Order: each optimizer's grid, then its extra seeds at the grid's best learning rate, optimizer by optimizer as
-listed. Before an optimizer's first trial in a process its prewarm runs (`prewarm_steps`; for an optimizer with
+Order: optimizer by optimizer as listed, each through its tuning stages and then its extra seeds at the best
+setting (`bench.tools.quality.tuning`). Before an optimizer's first trial in a process its prewarm runs (`prewarm_steps`; for an optimizer with
 no finished trial at least 1 + its refresh period, so the steps after the first, which are timed, cover its
-periodic work: 1 + `precondition_frequency` for SOAP-REKLS). With `time_limit_s`, a trial starts only if its
+periodic work: 1 + `precondition_frequency` for SOAP-REKLS). With `budget_s`, a trial starts only if its
 estimate (`estimate_trial_s`) says it ends inside the limit: the mean duration of that optimizer's finished
 trials; with none, steps x the prewarm's seconds per step + the evaluations + the build; with no prewarm
 measurement, the mean of the other optimizers' trials. A piece stopped so ends between trials, and its line in
@@ -44,41 +44,13 @@ from typing import Any
 from bench.results import record
 from bench.results.record import write_json_atomic
 from bench.tools.quality import corpus as pc
-from bench.tools.quality import data, report, run
+from bench.tools.quality import data, report, run, tuning
 from bench.tools.quality.config import QualityConfig, parse_cli
 from bench.tools.quality.run import model_config
 
 
-def trial_id(name: str, lr: float, seed: int) -> str:
-    return f"{name}__lr{lr:g}__seed{seed}"
-
-
 def load_trials(out: Path) -> dict[str, dict[str, Any]]:
     return {p.stem: json.loads(p.read_text()) for p in sorted((out / "trials").glob("*.json"))}
-
-
-def best_grid_trial(name: str, cfg: QualityConfig, done: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
-    """Lowest finite final loss among `name`'s grid trials at the grid seed; None until the grid is complete."""
-    grid = [done.get(trial_id(name, lr, cfg.seed)) for lr in cfg.lr_grids[name]]
-    if any(t is None for t in grid):
-        return None
-    ok = [t for t in grid if t is not None and t["final_val_loss"] < float("inf")]
-    return min(ok, key=lambda t: t["final_val_loss"]) if ok else None
-
-
-def planned(name: str, cfg: QualityConfig, done: dict[str, dict[str, Any]]) -> list[tuple[float, int]]:
-    """(lr, seed) of `name`'s trials: the grid, then the extra seeds once the grid has a best point."""
-    todo = [(lr, cfg.seed) for lr in cfg.lr_grids[name]]
-    if name in cfg.seed_optimizers and cfg.best_lr_seeds > 1:
-        best = best_grid_trial(name, cfg, done)
-        if best is not None:
-            todo += [(best["lr"], cfg.seed + k) for k in range(1, cfg.best_lr_seeds)]
-    return todo
-
-
-def num_planned(cfg: QualityConfig) -> int:
-    extra = cfg.best_lr_seeds - 1
-    return sum(len(cfg.lr_grids[n]) + (extra if n in cfg.seed_optimizers else 0) for n in cfg.optimizers)
 
 
 def check_resume(cfg: QualityConfig, out: Path) -> None:
@@ -186,23 +158,31 @@ def prepare(cfg: QualityConfig, out: Path) -> Prepared:
 
 
 def model_size(cfg: QualityConfig, vocab: int) -> dict[str, Any]:
-    """Total and active parameters (with and without embeddings) and Megatron FLOPs per token."""
+    """Parameters of the built model (counted on the meta device: nothing allocated), with and without the
+    embedding and output layer, active (per token) and total, and Megatron FLOPs per token. Non-embedding
+    parameters are the horizon's unit: tokens per parameter = tokens per trial / `total_params_no_embedding`."""
+    import torch
+
     from bench import flops
+    from bench.models.hf_build import build_model as build_hf_model
 
     m = model_config(cfg, vocab)
-    h, v = m.hidden_size, flops.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by)
-    q, kv = m.num_attention_heads * m.kv_channels, m.num_query_groups * m.kv_channels
-    attn = h * (q + 2 * kv) + q * h + 2 * m.kv_channels + 2 * h  # projections, qk-norm, two layer norms
-    expert = 3 * h * m.moe_ffn_hidden_size
-    router = m.num_experts * h
-    emb = v * h * (1 if m.tie_embeddings else 2)
-    total = m.num_layers * (attn + router + m.num_experts * expert) + emb + h
-    active = m.num_layers * (attn + router + m.moe_router_topk * expert) + emb + h
+    with torch.device("meta"):
+        net = build_hf_model(m, seed=cfg.seed)
+    total = sum(p.numel() for p in net.parameters())
+    emb = net.get_input_embeddings().weight.numel()
+    if not m.tie_embeddings:
+        emb += net.get_output_embeddings().weight.numel()
+    num_moe = m.num_layers - m.num_dense_layers if m.num_experts else 0
+    idle = num_moe * (m.num_experts - m.moe_router_topk) * 3 * m.hidden_size * m.moe_ffn_hidden_size
+    tokens = cfg.steps * cfg.batch_size * cfg.seq_len
     return {
         "total_params": total,
-        "active_params": active,
+        "active_params": total - idle,
         "total_params_no_embedding": total - emb,
-        "active_params_no_embedding": active - emb,
+        "active_params_no_embedding": total - emb - idle,
+        "tokens_per_trial": tokens,
+        "tokens_per_param": tokens / (total - emb),
         "model_flops_per_token": flops.model_flops_per_token(m),
     }
 
@@ -248,18 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     started, t0 = record.now_iso(), time.perf_counter()
-    cfg = parse_cli(args)
-    # Checked before training, not after it: the summary needs AdamW's final validation loss as the target.
-    if "adamw" not in cfg.optimizers:
-        names = ",".join(cfg.optimizers)
-        raise ValueError(f"optimizers={names!r} must include 'adamw' (the target optimizer)")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"profile={cfg.profile} needs a CUDA GPU; none is visible (use profile=cpu or tiny)")
+    try:
+        cfg = configure(args)
+    except ValueError as exc:  # a user or config error: one line, nothing written
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     out = Path(cfg.out)
-    check_resume(cfg, out)
     gpu = torch.cuda.get_device_name() if cfg.device == "cuda" else None
-    total = num_planned(cfg)
     piece = Piece(t0=t0)
     stop, interrupted, signum = "", None, 0
     with signals_raise():
@@ -269,9 +245,8 @@ def main(argv: list[str] | None = None) -> int:
             signum = exc.signum
             interrupted = {"signal": str(exc), "where": piece.where, "trial": piece.trial, "step": exc.step}
             stop = f"{exc} {piece.where}" + (f" at step {exc.step}/{cfg.steps}" if exc.step else "")
-    num_done = len(load_trials(out))  # from disk: a trial written just before a signal counts
-    progress = {"done": num_done, "planned": total, "complete": not stop and num_done >= total}
-    record.write_json_atomic(out / "progress.json", progress)
+    state = progress(cfg, load_trials(out))  # from disk: a trial written just before a signal counts
+    record.write_json_atomic(out / "progress.json", state)
     warm = {k: w for k, w in piece.warm.items() if w is not None}
     with open(out / "pieces.jsonl", "a") as fh:
         line = {
@@ -293,14 +268,31 @@ def main(argv: list[str] | None = None) -> int:
         }
         fh.write(json.dumps(line) + "\n")
     print(
-        f"quality sweep: {num_done}/{total} trials in {out}"
+        f"quality sweep: {state['done']}/{state['planned']} trials in {out}"
         + (f"; stopped: {stop}; rerun the same command to resume" if stop else "")
     )
     if signum:
         return 128 + signum
-    if num_done:
+    if state["done"]:
         print(report.write_report(out, out))
     return 0
+
+
+def configure(args: list[str]) -> QualityConfig:
+    """The sweep's configuration, checked before anything is written (ValueError names the field)."""
+    import torch
+
+    cfg = parse_cli(args)
+    # Checked before training, not after it: the summary needs AdamW's final validation loss as the target.
+    if "adamw" not in cfg.optimizers:
+        names = ",".join(cfg.optimizers)
+        raise ValueError(f"optimizers={names!r} must include 'adamw' (the target optimizer)")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"profile={cfg.profile} needs a CUDA GPU; none is visible (use profile=compute_optimal_tiny, cpu or tiny)"
+        )
+    check_resume(cfg, Path(cfg.out))
+    return cfg
 
 
 def _sweep(cfg: QualityConfig, out: Path, piece: Piece, started: str) -> str:
@@ -322,7 +314,11 @@ def _sweep(cfg: QualityConfig, out: Path, piece: Piece, started: str) -> str:
         )
     done = load_trials(out)
     bar = tqdm(
-        total=num_planned(cfg), initial=len(done), desc="quality trials", unit="trial", file=sys.stderr
+        total=tuning.num_planned(cfg, done),
+        initial=len(done),
+        desc="quality trials",
+        unit="trial",
+        file=sys.stderr,
     )
     try:
         for name in cfg.optimizers:
@@ -406,37 +402,31 @@ def _run_optimizer(
     piece: Piece,
     bar: Any,
 ) -> str:
-    """Run `name`'s missing trials (grid, then seeds); returns why it stopped early ('' when it did not)."""
-    for phase in ("grid", "seeds"):
-        todo = planned(name, cfg, done)
-        todo = todo[: len(cfg.lr_grids[name])] if phase == "grid" else todo[len(cfg.lr_grids[name]) :]
-        for lr, seed in todo:
-            tid = trial_id(name, lr, seed)
-            if tid in done:
-                continue
+    """Run `name`'s missing trials, stage by stage, then its seeds; returns why it stopped early ('' when it
+    did not)."""
+    while todo := tuning.walk(name, cfg, done).todo:
+        for hp in todo:
+            tid = tuning.trial_id(name, hp, cfg)
             own = any(t["optimizer"] == name and t["status"] == "ok" for t in done.values())
             if not own:  # the prewarm runs before the trial anyway; its measurement is the estimate
                 _ensure_prewarm(name, cfg, prep, done, piece)
             need, basis = estimate_trial_s(name, cfg, done, piece.warm.get(name))
             elapsed = time.perf_counter() - piece.t0
-            if cfg.time_limit_s and elapsed + need > cfg.time_limit_s:
-                return (
-                    f"time_limit_s={cfg.time_limit_s:g}: {elapsed:.0f} s used, next trial {name} ~{need:.0f} s "
-                    f"({basis})"
-                )
+            if cfg.budget_s and elapsed + need > cfg.budget_s:
+                return f"budget_s={cfg.budget_s:g}: {elapsed:.0f} s used, next trial {name} ~{need:.0f} s ({basis})"
             # with finished trials the estimate needs no prewarm: it runs only once the trial will
             _ensure_prewarm(name, cfg, prep, done, piece)
-            bar.set_postfix_str(f"{name} lr={lr:g} seed={seed}")
+            bar.total = max(bar.total, tuning.num_planned(cfg, done))
+            bar.set_postfix_str(tid)
             piece.where, piece.trial = f"in trial {tid}", tid
             try:
-                trial = run.train_one(
-                    name, lr, cfg, prep.train_tokens, prep.val, prep.vocab, bar.write, seed=seed
-                )
+                trial = run.train_one(name, hp, cfg, prep.train_tokens, prep.val, prep.vocab, bar.write)
             except Exception as exc:  # noqa: BLE001 - a failed trial is recorded, the sweep goes on
                 trial = {
                     "optimizer": name,
-                    "lr": lr,
-                    "seed": seed,
+                    "lr": hp.lr,
+                    "seed": hp.seed,
+                    "hparams": tuning.as_dict(hp),
                     "status": f"error: {type(exc).__name__}: {exc}",
                     "final_val_loss": float("inf"),
                     "curve": [],
@@ -451,3 +441,11 @@ def _run_optimizer(
             piece.ran.append(tid)
             bar.update(1)
     return ""
+
+
+def progress(cfg: QualityConfig, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Trials done and planned so far; complete when every optimizer has its best setting and all its seeds (or
+    a stage where every point diverged, which ends its tuning)."""
+    walks = [tuning.walk(name, cfg, done) for name in cfg.optimizers]
+    complete = all(w.failed_stage or (w.best is not None and not w.todo) for w in walks)
+    return {"done": len(done), "planned": tuning.num_planned(cfg, done), "complete": complete}
