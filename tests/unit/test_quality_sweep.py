@@ -312,19 +312,40 @@ def test_prewarm_covers_a_refresh_period_until_a_trial_is_done() -> None:
 
 
 def test_report_from_state_dir_only(tmp_path) -> None:
-    """The report is rebuilt from a copy of the state directory (as copied back from the GPU machine)."""
+    """The compute-optimal protocol end to end at toy size: every stage and 3 seeds per optimizer, then the report
+    rebuilt from a copy of the state directory (as copied back from the GPU machine), summary.json included."""
     from bench.tools.quality import report
 
     out = tmp_path / "q"
-    assert sweep.main(_args(out, "optimizers=adamw,muon", "best_lr_seeds=1")) == 0
+    tiny = (
+        "profile=compute_optimal_tiny",
+        "optimizers=adamw,muon",
+        "max_lr_extensions=0",
+        "steps=2",
+        "eval_every=1",
+    )
+    assert sweep.main(_args(out, *tiny)) == 0
     copy_dir, dest = tmp_path / "state", tmp_path / "rep"
     shutil.copytree(out, copy_dir)
     table = report.write_report(copy_dir, dest)
     assert "| adamw |" in table and "| muon |" in table
     text = (dest / "README.md").read_text()
     assert "Muon reaches" in text or "does not reach" in text
-    assert "## Corpus" in text and "stdlib" in text
-    assert "python -m bench.tools.quality profile=tiny" in (dest / "reproduce.sh").read_text()
+    assert "## Corpus" in text and "stdlib" in text and "## Tuning" in text and "Wen et al." in text
+    assert "python -m bench.tools.quality profile=compute_optimal_tiny" in (dest / "reproduce.sh").read_text()
+    sj = json.loads((dest / "summary.json").read_text())
+    assert sj["tokens_per_param"] == pytest.approx(2 * 2 * 16 / sj["non_embedding_params"])
+    for name, dims in (
+        ("adamw", {"lr", "warmup_frac", "weight_decay", "beta2"}),
+        ("muon", {"lr", "adamw_lr", "warmup_frac", "weight_decay"}),
+    ):
+        arm = sj["arms"][name]
+        assert set(arm["best"]) == dims and arm["lr_grid"] == list(config.LR_GRIDS_OPTIMAL_TINY[name])
+        assert len(arm["seeds"]) == 3 and arm["runs"] == {"tuning": 3 + 1 + 1 + 1, "seeds": 2, "total": 8}
+    assert (
+        set(sj["time_to_target_ratio"]) == {"muon"} and len(sj["time_to_target_ratio"]["muon"]["ci95"]) == 2
+    )
+    assert "rests_on" in sj["gpu_hours_to_target"]["muon"]
     run_json = json.loads((dest / "run.json").read_text())
     assert run_json["progress"]["complete"] and len(run_json["pieces"]) == 1
     assert "## Reading the result" not in text and f"out={out}" not in (dest / "reproduce.sh").read_text()

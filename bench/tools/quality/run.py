@@ -60,10 +60,10 @@ def lr_factor(step: int, cfg: QualityConfig, warmup_frac: float) -> float:
 
 def model_config(cfg: QualityConfig, vocab_size: int):  # -> muonbench.schema.ModelConfig
     """conf/model/<cfg.model> with the profile's width, depth, vocabulary and sequence length."""
-    from muonbench import load
+    from muonbench.compose import CONF_DIR
 
     return replace(
-        load([f"model={cfg.model}"]).model,
+        _composed_model(CONF_DIR, cfg.model),
         vocab_size=vocab_size,
         seq_length=cfg.seq_len,
         hidden_size=cfg.hidden_size,
@@ -98,6 +98,14 @@ def optimizer_configs(name: str, hp: Hparams, cfg: QualityConfig) -> tuple[Any, 
         return algorithm, routing, algorithm
     assert hp.adamw_lr is not None, hp
     return algorithm, routing, replace(adamw, lr=hp.adamw_lr, weight_decay=hp.weight_decay)
+
+
+@functools.lru_cache(maxsize=8)
+def _composed_model(conf_dir: Path, name: str):  # -> muonbench.schema.ModelConfig
+    """conf/model/<name> composed once per process (every trial builds its model from it)."""
+    from muonbench import load
+
+    return load([f"model={name}"]).model
 
 
 @functools.lru_cache(maxsize=32)

@@ -36,7 +36,7 @@ def crossings(curve: list[dict[str, float]], targets: np.ndarray, key: str) -> n
     targets = np.asarray(targets, dtype=float)
     if not curve:
         return np.full(targets.shape, INF)
-    vals = np.array([p["val_loss"] for p in curve])
+    vals = np.array([p["val_loss"] for p in curve], dtype=float)
     xs = np.array([float(p[key]) for p in curve])
     below = vals[None, :] <= targets.reshape(-1, 1)
     first = below.argmax(axis=1)
