@@ -2,9 +2,13 @@
 `python -m bench.tools.recommend` (`make recommend ARGS=...`).
 
     python -m bench.tools.recommend model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200 [numerics=allow]
-        [out=DIR] [format=json]
+        [out=DIR] [format=json] [quality=reports/quality_<gpu>_<yyyymm> [horizon_tokens=N]]
 
-Everything except the CLI-only keys `out`, `format` and `numerics` is a Hydra override composed by `muonbench.load`
+With `quality=` (a quality report folder or its summary.json) it also prints the GPU-hours to reach AdamW's loss
+(`bench.tools.quality.milestone`: the measured token ratio x the predicted step times, at `horizon_tokens` or the
+measurement's tokens per parameter), naming the measurement and horizon it rests on.
+
+Everything except the CLI-only keys `out`, `format`, `numerics`, `quality` and `horizon_tokens` is a Hydra override composed by `muonbench.load`
 (the optimizer is Muon; `engine` defaults to megatron, the engine that runs model parallelism). The search prices
 with `bench.tools.perfmodel` (profile `ours`, NS precision and Gram-NS as configured) every option the product has:
 the TP Newton-Schulz mode (where TP or expert-TP > 1), the layer-wise assignment, split QKV and split gate / up
@@ -35,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.tools import project
+from bench.tools.quality import milestone
 from muonbench.schema import RootConfig
 from optim.configs import NS_PRECISIONS, TP_MODE_CHOICES
 from optim.distributed.assignment import Strategy
 
-CLI_KEYS = ("out", "format", "numerics")
+CLI_KEYS = ("out", "format", "numerics", "quality", "horizon_tokens")
 NUMERICS = ("keep", "allow")
 """`numerics=`: keep the configured NS precision, Gram-NS, coefficient set and steps, or allow changing them."""
 PROFILE = "ours"
@@ -479,6 +484,29 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
     }
 
 
+def quality_milestone(res: dict[str, Any], overrides: list[str], cli: dict[str, str]) -> dict[str, Any]:
+    """GPU-hours to reach AdamW's loss for the recommended Muon settings (`bench.tools.quality.milestone`)."""
+    import muonbench
+
+    root = muonbench.load(overrides)
+    horizon = cli.get("horizon_tokens")
+    try:
+        tokens = None if horizon is None else float(horizon)
+    except ValueError:
+        raise ValueError(f"horizon_tokens={horizon!r}: must be a number of tokens") from None
+    return milestone.gpu_hours(
+        milestone.load(cli["quality"]),
+        optimizer="muon",
+        step_s=res["muon_step_s"],
+        adamw_step_s=res["adamw_step_s"],
+        tokens_per_step=root.parallelism.gbs * root.model.seq_length,
+        num_gpus=root.parallelism.world_size,
+        horizon_tokens=tokens,
+        non_embedding=milestone.non_embedding_params(root.model),
+        source=cli["quality"],
+    )
+
+
 def format_text(res: dict[str, Any], written: list[Path]) -> str:
     c = res["config"]
     lines = [
@@ -506,6 +534,7 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
         ),
         "  ratio over data-parallel size: "
         + ", ".join(f"DP{r['dp']} {r['ratio']:.3f}" for r in res["scaling"]),
+        *([f"  {milestone.format_line(res['milestone'])}"] if "milestone" in res else []),
         f"  checked: {res['built']}",
         "  written: " + ", ".join(str(p) for p in written),
     ]
@@ -526,6 +555,8 @@ def main(argv: list[str] | None = None) -> int:
             "format=text|json": "output format (default text)",
             "numerics=keep|allow": "keep the configured NS precision, Gram-NS, coefficient set and "
             "steps (default), or search them too (they change the update)",
+            "quality=DIR": "a quality report (summary.json): also print GPU-hours to reach AdamW's loss",
+            "horizon_tokens=N": "AdamW's training tokens for that (default: the measurement's tokens per parameter)",
         },
         examples=("model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200",),
     ):
@@ -533,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cli, overrides = split_args(args)
         res = recommend(overrides, allow_numerics=cli.get("numerics") == "allow")
+        if "quality" in cli:
+            res["milestone"] = quality_milestone(res, overrides, cli)
     except ValueError as exc:  # user and config errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

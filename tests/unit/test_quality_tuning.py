@@ -183,6 +183,35 @@ def test_gpu_hours_rest_on_the_measurement_and_its_horizon() -> None:
         milestone.gpu_hours(q, optimizer="mop", step_s=1, adamw_step_s=1, tokens_per_step=1, num_gpus=1)
 
 
+def test_recommend_prints_gpu_hours_from_a_quality_summary(tmp_path) -> None:
+    """`recommend quality=DIR`: the user's batch, GPUs and non-embedding parameters set the horizon and the hours."""
+    import json
+
+    from bench.tools import recommend
+
+    q = {
+        "tokens_per_param": 20.0,
+        "non_embedding_params": 10_000_000,
+        "gpu": "NVIDIA H100",
+        "time_to_target_ratio": {"muon": {"tokens_ratio": 0.8, "tokens_ci95": [0.7, 0.9], "seeds": 3}},
+    }
+    (tmp_path / "summary.json").write_text(json.dumps(q))
+    _, overrides = recommend.split_args(["model=qwen3_30b_a3b", "parallelism=dp8_ep8", "hardware=h200"])
+    res = {"muon_step_s": 2.0, "adamw_step_s": 1.9}
+    m = recommend.quality_milestone(res, overrides, {"quality": str(tmp_path)})
+    from muonbench import load
+
+    root = load(overrides)
+    n = milestone.non_embedding_params(root.model)
+    assert 29e9 < n < 31e9 and m["horizon_tokens"] == 20.0 * n  # Qwen3-30B-A3B: ~29.9 B without embeddings
+    steps = 20.0 * n / (root.parallelism.gbs * root.model.seq_length)
+    assert m["gpu_hours"] == pytest.approx(0.8 * steps * 2.0 * root.parallelism.world_size / 3600)
+    with pytest.raises(ValueError, match="horizon_tokens='x'"):
+        recommend.quality_milestone(res, overrides, {"quality": str(tmp_path), "horizon_tokens": "x"})
+    with pytest.raises(ValueError, match="no summary.json"):
+        recommend.quality_milestone(res, overrides, {"quality": str(tmp_path / "none")})
+
+
 def test_muonbench_quality_help_and_a_bad_key_through_the_cli(capsys) -> None:
     """`muonbench quality --help` failed with AttributeError (the table named a module without `main`); a bad
     key is one line and exit 2."""
