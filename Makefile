@@ -130,8 +130,8 @@ docker-shell: ## Shell in the image with this checkout mounted
 quality: $(STAMP) ## Time-to-target-loss of AdamW, Muon, MOP, SOAP-REKLS on stdlib text (CPU, < 30 min), into a fresh runs/quality_cpu_<time>/
 	$(PY) -m bench.tools.quality profile=cpu
 
-quality-gpu: $(STAMP) ## The same on one GPU, Qwen3-MoE 123 M on installed-package source (resumable): ARGS="out=DIR time_limit_s=S"
-	$(PY) -m bench.tools.quality profile=gpu $(ARGS)
+quality-gpu: $(STAMP) ## Compute-optimal, equally tuned sweep on one GPU (resumable, docs/quality.md): ARGS="out=DIR budget_s=S"
+	$(PY) -m bench.tools.quality profile=compute_optimal $(ARGS)
 
 DEV_STAMP := $(VENV)/.installed-dev
 $(DEV_STAMP): $(STAMP)
