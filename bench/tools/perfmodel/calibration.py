@@ -23,6 +23,10 @@ BRIDGE_RUNS = DATA / "bridge_h200_runs.json"
 """Megatron-Bridge runs of one model on H200 (OLMoE-1B-7B slice, AdamW and Muon in crossover); the H200 row's
 Bridge fraction is fitted on them."""
 
+GPU_RUNS = DATA / "gpu_runs.json"
+"""Every committed GPU run (the `runs/` folders of the reports, and the single-H200 Megatron report): what the
+prediction intervals (`intervals`) and the memory fit (`memfit`) are computed from."""
+
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
     """Run records as the model reads them ({run, status, config, summary, experts}), from a data file written
