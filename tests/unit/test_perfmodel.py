@@ -215,7 +215,16 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(
     "engine,hardware,calibrated",
-    [("megatron", "h200", True), ("bridge", "h200", True), ("bridge", "b200", False), ("hf", "h200", False)],
+    [
+        ("megatron", "h200", True),
+        ("bridge", "h200", True),
+        ("bridge", "b200", False),
+        ("hf", "h200", False),
+        ("megatron", "h100", False),  # no H100 run was ever fitted
+        ("megatron", "b200", False),
+        ("megatron", "gb300", False),  # Table 1 is Bridge's throughput
+        ("bridge", "gb300", True),
+    ],
 )
 def test_projection_says_whether_its_engine_is_calibrated(engine: str, hardware: str, calibrated: bool) -> None:
     """A projection says what it rests on: the Megatron-core engine's fit, the row's Bridge fit (H200 only), or no

@@ -221,18 +221,35 @@ FITTED: dict[str, HardwareEfficiency] = {
 }
 
 
+CALIBRATED: dict[tuple[str, str], str] = {
+    ("h200", "megatron"): "the H200 row's memory-bound fraction is fitted on a single-H200 Megatron-core engine run "
+    "(reports/megatron_h200_202611)",
+    ("h200", "bridge"): "the H200 row's Bridge memory-bound fraction is fitted on one model's Bridge runs on one H200; "
+    "hosts of one GPU kind have differed by more than the fit's error (docs/perfmodel.md#megatron-bridge)",
+    ("gb300", "bridge"): "the GB300 row's memory-bound fraction is fitted on NVIDIA's published Megatron-Bridge "
+    "throughput (Table 1: 4 rows, 2 workloads; reports/perfmodel_gb300_202611)",
+}
+"""(hardware row, engine) -> what the row's fitted value for that engine was fitted on; every other pair is not
+calibrated."""
+
+
 def engine_calibration(engine: str, hardware_name: str) -> str:
-    """What a prediction of `engine` on `hardware_name` rests on, in a line (docs/perfmodel.md)."""
-    if engine == "megatron":
-        return "calibrated: the row's memory-bound fraction is fitted on a Megatron-core engine run"
-    if engine == "bridge":
-        if hardware_name in FITTED and FITTED[hardware_name].hbm_bridge is not None:
-            return (
-                "calibrated: the row's Bridge memory-bound fraction is fitted on one model's Bridge runs; hosts "
-                "of one GPU kind have differed by more than the fit's error (docs/perfmodel.md#megatron-bridge)"
-            )
-        return "not calibrated: no Bridge fit on this hardware, the Megatron-core engine's fraction stands in"
-    return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
+    """What a prediction of `engine` on `hardware_name` rests on, in a line starting "calibrated" or "not
+    calibrated" (docs/perfmodel.md)."""
+    fitted = CALIBRATED.get((hardware_name, engine))
+    if fitted is not None:
+        return f"calibrated: {fitted}"
+    if engine not in ("megatron", "bridge"):
+        return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
+    stands_in = [hw for (hw, e) in CALIBRATED if e == engine]
+    if hardware_name in {hw for hw, _ in CALIBRATED}:
+        return (
+            f"not calibrated: no {engine}-engine fit on {hardware_name}; the row's fit for another engine stands in"
+        )
+    return (
+        f"not calibrated: no run on {hardware_name} was ever fitted; its efficiencies are assumed from "
+        f"{', '.join(stands_in) or 'other rows'} (constants.FITTED['{hardware_name}'])"
+    )
 
 
 def efficiency(hardware_name: str) -> HardwareEfficiency:
