@@ -39,6 +39,7 @@ def split_args(argv: list[str], keys: tuple[str, ...] = CLI_KEYS) -> tuple[dict[
 def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     """Prediction of one composed configuration as a plain dict (the json output)."""
     from bench.tools.perfmodel.constants import engine_calibration
+    from bench.tools.perfmodel.intervals import interval
     from bench.tools.perfmodel.model import predict, tp_mode_table
     from muonbench import load
 
@@ -55,6 +56,7 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
         "engine": cfg.engine.name,
     }
     out["engine_calibration"] = engine_calibration(cfg.engine.name, cfg.hardware.name)
+    out.update(interval(cfg, profile, pred.step_time_s))
     out.update(memory_prediction(cfg))
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
     return out
@@ -73,12 +75,16 @@ def memory_prediction(cfg: Any) -> dict[str, Any]:
 
 def format_text(res: dict[str, Any]) -> str:
     c = res["config"]
+    lo, hi = res["step_time_s_interval"]
     lines = [
         (
             f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
             f"{c['optimizer']}, profile={res['profile']}"
         ),
-        f"  step time          {res['step_time_s']:.3f} s",
+        (
+            f"  step time          {res['step_time_s']:.3f} s, interval {lo:.3f} - {hi:.3f} s "
+            f"({res['step_time_s_interval_basis']})"
+        ),
         f"  engine             {c['engine']} ({res['engine_calibration']})",
         f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
         f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",

@@ -460,6 +460,7 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
     """The recommendation of one composed config as a plain dict (what `format=json` prints)."""
     import muonbench
     from bench.tools.perfmodel.constants import engine_calibration
+    from bench.tools.perfmodel.intervals import interval
     from bench.tools.perfmodel.model import predict
 
     base = muonbench.load(overrides)
@@ -488,7 +489,12 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
         "reasons": found["reasons"],
         "overrides": overrides_of(found),
         "muon_step_s": pm.step_time_s,
+        "muon_step_s_interval": interval(muon, PROFILE, pm.step_time_s, ns_as_configured=True)[
+            "step_time_s_interval"
+        ],
         "adamw_step_s": pa.step_time_s,
+        "adamw_step_s_interval": interval(adamw, PROFILE, pa.step_time_s)["step_time_s_interval"],
+        "step_time_s_interval_basis": interval(adamw, PROFILE, pa.step_time_s)["step_time_s_interval_basis"],
         "ratio": pa.step_time_s / pm.step_time_s,
         "optimizer_step_s_per_gpu": pm.breakdown["optimizer_step"],
         "adamw_optimizer_step_s_per_gpu": pa.breakdown["optimizer_step"],
@@ -506,6 +512,7 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
 
 def format_text(res: dict[str, Any], written: list[Path]) -> str:
     c = res["config"]
+    (mlo, mhi), (alo, ahi) = res["muon_step_s_interval"], res["adamw_step_s_interval"]
     lines = [
         (
             f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}: TP{c['tp']} PP{c['pp']} "
@@ -516,9 +523,10 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
     lines += [
         f"  overrides: {' '.join(res['overrides'])}",
         (
-            f"  predicted step time   Muon {res['muon_step_s']:.3f} s, AdamW {res['adamw_step_s']:.3f} s; "
-            f"Muon/AdamW model-only ratio {res['ratio']:.3f}"
+            f"  predicted step time   Muon {res['muon_step_s']:.3f} s ({mlo:.3f} - {mhi:.3f}), AdamW "
+            f"{res['adamw_step_s']:.3f} s ({alo:.3f} - {ahi:.3f}); Muon/AdamW model-only ratio {res['ratio']:.3f}"
         ),
+        f"  intervals             {res['step_time_s_interval_basis']}",
         (
             f"  optimizer step / GPU  Muon {res['optimizer_step_s_per_gpu']:.4f} s (NS + update), "
             f"AdamW {res['adamw_optimizer_step_s_per_gpu']:.4f} s"

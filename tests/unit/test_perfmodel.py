@@ -406,7 +406,8 @@ def test_calibration_data_files_carry_provenance_and_the_source_reports_numbers(
     for p in files:
         prov = json.loads(p.read_text())["provenance"]
         assert set(prov) == {"source", "commit", "date", "command"} and all(prov.values()), p.name
-        assert prov["command"].startswith("python -m bench.tools.perfmodel.extract "), p.name
+        derived = ("python -m bench.tools.perfmodel.memfit", "python -m bench.tools.perfmodel.intervals")
+        assert prov["command"].startswith(("python -m bench.tools.perfmodel.extract ", *derived)), p.name
     source = Path(json.loads(calibration.MEGATRON_RUNS.read_text())["provenance"]["source"])
     repo = Path(__file__).resolve().parents[2]
     if (repo / source).is_dir():

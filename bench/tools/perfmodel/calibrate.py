@@ -150,14 +150,17 @@ def fit_h200_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 30) -> tuple[fl
     return x, err(x)
 
 
-def fit_h200_bridge_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 40) -> tuple[float, float]:
+def fit_h200_bridge_hbm(
+    lo: float = 0.05, hi: float = 1.0, iters: int = 40, *, exclude: frozenset[str] = frozenset()
+) -> tuple[float, float]:
     """(fraction, worst relative error): the H200 row's memory-bound fraction for the bridge engine, minimax over
-    the median step of each optimizer's runs in `calibration.BRIDGE_RUNS` (each optimizer's runs share a config)."""
+    the median step of each optimizer's runs in `calibration.BRIDGE_RUNS` (each optimizer's runs share a config),
+    without the runs named in `exclude` (leave-one-out)."""
     from bench.tools.perfmodel import h200
     from bench.tools.perfmodel.calibration import BRIDGE_RUNS, load_runs
 
     by_optimizer: dict[str, list[dict[str, Any]]] = {}
-    for rec in load_runs(BRIDGE_RUNS):
+    for rec in (r for r in load_runs(BRIDGE_RUNS) if r["run"] not in exclude):
         by_optimizer.setdefault(rec["config"]["optimizer"]["name"], []).append(rec)
     targets = []
     for recs in by_optimizer.values():

@@ -28,6 +28,13 @@ GPU_RUNS = DATA / "gpu_runs.json"
 prediction intervals (`intervals`) and the memory fit (`memfit`) are computed from."""
 
 
+def derived_provenance(source: Path, command: str) -> dict[str, str]:
+    """Provenance of a data file computed from another (`source`): that file, its last commit, the date, the command."""
+    from bench.tools.perfmodel.extract import provenance
+
+    return {**provenance(source, []), "source": f"bench/tools/perfmodel/data/{source.name}", "command": command}
+
+
 def load_runs(path: Path) -> list[dict[str, Any]]:
     """Run records as the model reads them ({run, status, config, summary, experts}), from a data file written
     by `extract.extract_runs` or from a folder of run records (`**/run.json`); [] when `path` does not exist."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench import memory
-from bench.tools.perfmodel.calibration import GPU_RUNS, load_runs
+from bench.tools.perfmodel.calibration import GPU_RUNS, derived_provenance, load_runs
 
 COMMAND = "python -m bench.tools.perfmodel.memfit"
 
@@ -73,7 +73,7 @@ def fit(path: Path = GPU_RUNS) -> dict[str, Any]:
             "activation byte, logits per token and vocabulary entry, optimizer_transient per local expert parameter "
             "of a matrix optimizer), least squares on the measured peaks of the committed GPU runs"
         ),
-        "provenance": {"runs": str(path.name), "command": COMMAND},
+        "provenance": derived_provenance(path, COMMAND),
         "engines": engines,
     }
 
