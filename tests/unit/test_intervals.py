@@ -9,7 +9,7 @@ from bench.tools.perfmodel import intervals
 
 @pytest.fixture(scope="module")
 def rows():
-    return intervals.run_errors()
+    return intervals.run_errors(optimizer_loo=False)  # the step's errors; the optimizer's refits are slow
 
 
 def test_shipped_errors_are_those_of_the_shipped_runs_and_model(rows):
@@ -60,3 +60,31 @@ def test_interval_of_a_calibrated_group_spans_its_out_of_sample_errors(rows):
             continue
         lo, hi = intervals.interval(cfg, "ours", r["predicted_step_s"])["step_time_s_interval"]
         assert lo <= r["measured_step_s"] * (1 + 1e-12) and r["measured_step_s"] <= hi * (1 + 1e-12), r["run"]
+
+
+def test_muon_step_term_within_15_percent_out_of_sample_where_plan_times_exist():
+    """Localises the optimizer-step term missing the Muon step by -34% to +28%: built from the NS plan's measured
+    kernel times (shipped seeds and the committed runs' plans) with one fitted element-wise fraction, each such run
+    predicted by the fraction refitted without it; the committed constant is that fit."""
+    from bench.tools.perfmodel import calibrate
+    from bench.tools.perfmodel import constants as C
+
+    runs = [r for r in intervals.shipped()["runs"] if r["optim_in_fit"]]
+    assert len(runs) >= 15 and {r["engine"] for r in runs} == {"megatron", "bridge"}
+    assert len({r["model"] for r in runs}) >= 4
+    assert all(abs(r["optim_oos_rel_error"]) <= 0.15 for r in runs), [r["run"] for r in runs]
+    fit, worst = calibrate.fit_h200_optimizer_hbm(iters=20)
+    assert round(fit, 2) == C.H200_OPTIMIZER_HBM_FIT and worst <= 0.15
+
+
+def test_ns_table_of_ours_takes_the_plan_times_where_measured():
+    """A shape the plan measured is priced from that measurement (per matrix, the call's host cost removed)."""
+    from bench.tools.perfmodel import nscost
+
+    data = nscost.ns_data("ours")
+    planned = nscost.plan_table(data.host_ms)
+    plain = nscost.ns_data("ours", gram=False)
+    assert (4096, 14336) in planned and plain.table[(4096, 14336)] == planned[(4096, 14336)]
+    assert all(data.table[k] <= v for k, v in planned.items())  # Gram-NS, where measured faster, stays
+    assert "NS plan's measured times" in data.source
+    assert nscost.PLAN_SEEDS.samefile(__import__("optim.kernels.plan_seed", fromlist=["SEED_DIR"]).SEED_DIR)

@@ -136,6 +136,9 @@ class HardwareEfficiency:
     eo_loop_ms: Sourced
     """Host milliseconds per matrix of the published per-matrix NS loop (EO newton_schulz inside Megatron's Muon)
     on this row's host, when the GPU work is shorter (launch-bound)."""
+    optimizer_hbm: Sourced | None = None
+    """`hbm` for the Muon step's element-wise kernels (fused, few large tensors: closer to a standalone kernel's
+    bandwidth than the forward-backward's); None: `hbm` stands in. AdamW's step keeps `hbm`."""
     hbm_bridge: Sourced | None = None
     """`hbm` for the forward-backward of Megatron-Bridge's own loop (Transformer Engine's fused router, bf16
     gradient buffers, TE cross-entropy, CUDA graphs); None: no Bridge fit on this row, and `hbm` stands in."""
@@ -178,6 +181,14 @@ _H200_BRIDGE_HBM = Sourced(
     "bridge_h200_runs.json; bench.tools.perfmodel.calibrate.fit_h200_bridge_hbm, minimax over the two "
     "optimizers' median steps)",
 )
+H200_OPTIMIZER_HBM_FIT = 0.62  # rounded fit_h200_optimizer_hbm() (reports/perfmodel_gb300_202611)
+_H200_OPTIMIZER_HBM = Sourced(
+    value=H200_OPTIMIZER_HBM_FIT,
+    source="FITTED (the row's one value for the optimizer step) on the optimizer steps of the committed Muon runs whose "
+    "NS plan times were measured (bench/tools/perfmodel/data/gpu_runs.json; "
+    "bench.tools.perfmodel.calibrate.fit_h200_optimizer_hbm, minimax); between the engine's fitted fraction and the "
+    "standalone fused AdamW's 0.72 (HBM_EFFICIENCY)",
+)
 GB300_HBM_FIT = 0.475  # rounded fit_gb300_hbm() (reports/perfmodel_gb300_202611/README.md)
 FITTED: dict[str, HardwareEfficiency] = {
     "gb300": HardwareEfficiency(
@@ -206,6 +217,7 @@ FITTED: dict[str, HardwareEfficiency] = {
         gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
         hbm=_H200_HBM,
         eo_loop_ms=_X86_HOST,
+        optimizer_hbm=_H200_OPTIMIZER_HBM,
         hbm_bridge=_H200_BRIDGE_HBM,
     ),
     "h100": HardwareEfficiency(

@@ -52,6 +52,17 @@ SUMMARY_KEYS = ("step_s_median", "optim_s_median", "ns_s_median", "fwd_bwd_s_med
 """What a data file keeps of a run's summary: what the performance model predicts (step, optimizer step, NS, peak)."""
 
 
+def plan_times(plan: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The measured milliseconds of each NS plan entry's chosen method, by plan key (entries measured in the run,
+    on a prior or adopted from a seed; fallbacks have none)."""
+    out = {}
+    for key, entry in sorted(plan.items()):
+        ms = (entry.get("times_ms") or {}).get(entry.get("method"))
+        if ms is not None and not entry.get("fallback"):
+            out[key] = float(ms)
+    return out
+
+
 def extract_runs(report: Path, *more: Path) -> dict[str, Any]:
     """The successful H200 run records under `report` (and `more` folders): summary, engine, the resolved config
     once per hash."""
@@ -74,6 +85,7 @@ def extract_runs(report: Path, *more: Path) -> dict[str, Any]:
                 "config_hash": key,
                 "summary": {k: summary.get(k) for k in SUMMARY_KEYS},
                 "experts": str(((rec.get("worker") or {}).get("engine") or {}).get("experts", "")),
+                "ns_plan_ms": plan_times(rec.get("ns_plan") or {}),
             }
         )
     return {"runs": runs, "configs": configs}
