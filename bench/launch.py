@@ -93,6 +93,35 @@ def check_device(cfg: RootConfig) -> None:
         raise ValueError(
             f"launcher=local needs {need} GPUs on this machine (nproc_per_node) but it has {have}"
         )
+    gpus = local_gpus()[:need]
+    if gpus:  # the GPU this run will use, before any model is built: group and free memory
+        name, free = min(gpus, key=lambda g: g[1])
+        memory.check_gpu(cfg, name, free)
+
+
+def local_gpus() -> list[tuple[str, float]]:
+    """(name, free bytes) of each GPU here, from nvidia-smi (no CUDA context in the launcher); [] without it."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        res = subprocess.run(
+            [smi, "--query-gpu=name,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    out = []
+    for line in res.stdout.strip().splitlines() if res.returncode == 0 else []:
+        name, _, free = line.rpartition(",")
+        try:
+            out.append((name.strip(), float(free) * 2**20))  # MiB
+        except ValueError:
+            continue
+    return out
 
 
 def local_command(cfg: RootConfig, run_dir: str | Path, *, python: str | None = None) -> list[str]:

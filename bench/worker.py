@@ -87,6 +87,7 @@ def _torch_facts() -> dict[str, Any]:
         facts.update(
             gpu_name=torch.cuda.get_device_name(0),
             gpu_count=torch.cuda.device_count(),
+            compute_capability="{}.{}".format(*torch.cuda.get_device_capability(0)),
             nccl=".".join(map(str, torch.cuda.nccl.version())),
         )
     return facts

@@ -442,7 +442,7 @@ class BenchConfig:
     `bench.optimizer_overrides.muon.num_ns_steps=6` sets Muon's NS steps and leaves AdamW alone
     (docs/configuration.md)."""
     allow_oversize: bool = False
-    """Launch a config whose memory lower bound (`bench.memory`) exceeds the hardware's memory, with a warning,
+    """Launch a config whose predicted peak memory (`bench.memory`) exceeds the hardware's memory, with a warning,
     instead of refusing it."""
     logger: str = "none"
     """Metrics sink of every step (rank 0): none | tensorboard (`<run_dir>/tensorboard`) | wandb | mlflow, each an

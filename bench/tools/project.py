@@ -39,6 +39,7 @@ def split_args(argv: list[str], keys: tuple[str, ...] = CLI_KEYS) -> tuple[dict[
 def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     """Prediction of one composed configuration as a plain dict (the json output)."""
     from bench.tools.perfmodel.constants import engine_calibration
+    from bench.tools.perfmodel.intervals import interval
     from bench.tools.perfmodel.model import predict, tp_mode_table
     from muonbench import load
 
@@ -55,24 +56,41 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
         "engine": cfg.engine.name,
     }
     out["engine_calibration"] = engine_calibration(cfg.engine.name, cfg.hardware.name)
+    out.update(interval(cfg, profile, pred.step_time_s))
+    out.update(memory_prediction(cfg))
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
     return out
 
 
+def memory_prediction(cfg: Any) -> dict[str, Any]:
+    """`peak_memory_gb` (one rank's predicted peak in GB, or its lower bound where the engine has no fit),
+    `peak_memory_basis` and `fits` (against the hardware row's memory; None where it has none)."""
+    from bench import memory
+
+    need, what = memory.peak(cfg)
+    pred = memory.predict(cfg)
+    basis = pred["basis"] if pred is not None else "lower bound: the engine's peak is not predicted"
+    return {"peak_memory_gb": need / 1e9, "peak_memory_basis": f"{what}, {basis}", "fits": memory.fits(cfg)}
+
+
 def format_text(res: dict[str, Any]) -> str:
     c = res["config"]
+    lo, hi = res["step_time_s_interval"]
     lines = [
         (
             f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}, {c['precision']}), "
             f"{c['optimizer']}, profile={res['profile']}"
         ),
-        f"  step time          {res['step_time_s']:.3f} s",
+        (
+            f"  step time          {res['step_time_s']:.3f} s, interval {lo:.3f} - {hi:.3f} s "
+            f"({res['step_time_s_interval_basis']})"
+        ),
         f"  engine             {c['engine']} ({res['engine_calibration']})",
         f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
         f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
-        f"  weights+grads+optimizer state {res['info']['state_memory_gib']:.1f} GiB of "
-        f"{res['info']['memory_gib']:.1f} (activations not counted)"
-        + ("  ** does not fit **" if res["info"]["state_memory_gib"] > res["info"]["memory_gib"] > 0 else ""),
+        f"  peak memory / GPU  {res['peak_memory_gb']:.1f} GB of {res['info']['memory_gib'] * 2**30 / 1e9:.1f}"
+        + {True: "", False: "  ** does not fit **", None: ""}[res["fits"]]
+        + f" ({res['peak_memory_basis']})",
         "  breakdown (s):",
     ]
     lines += [f"    {k:<32} {v:.4f}" for k, v in res["breakdown"].items() if v]

@@ -440,12 +440,36 @@ def write_outputs(out: Path, result: dict[str, Any]) -> list[Path]:
     return [csv_path, png_path, json_path]
 
 
+def check_state_fits(root: RootConfig) -> None:
+    """Refuse a layout whose weights, gradients and optimizer state alone exceed a GPU's memory (no setting the
+    search can change makes it fit); a layout that only the predicted activations push over is flagged instead
+    (`fits`), as the activation term knows neither recomputation nor offloading."""
+    from bench import memory
+
+    cap = memory.capacity(root)
+    if cap is None or root.engine.name not in memory.GRAD_BYTES:
+        return
+    exact, _ = memory.features(root)
+    need = sum(exact.values())
+    if need > cap[0]:
+        par = root.parallelism
+        raise ValueError(
+            f"parallelism={par.name}: model={root.model.name} needs {need / 2**30:.1f} GiB per GPU for weights, "
+            f"gradients and optimizer state alone (TP{par.tp} PP{par.pp} EP{par.ep} DP{par.dp}), more than "
+            f"{cap[0] / 2**30:.1f} GiB ({cap[1]}); shard it over more GPUs (pp, ep, dp) or pick hardware with more "
+            "memory"
+        )
+
+
 def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str, Any]:
     """The recommendation of one composed config as a plain dict (what `format=json` prints)."""
     import muonbench
+    from bench.tools.perfmodel.constants import engine_calibration
+    from bench.tools.perfmodel.intervals import interval
     from bench.tools.perfmodel.model import predict
 
     base = muonbench.load(overrides)
+    check_state_fits(base)
     found = search(base, allow_numerics=allow_numerics)
     chosen = [*overrides, *overrides_of(found)]
     muon, built = build_checked(chosen)
@@ -470,13 +494,20 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
         "reasons": found["reasons"],
         "overrides": overrides_of(found),
         "muon_step_s": pm.step_time_s,
+        "muon_step_s_interval": interval(muon, PROFILE, pm.step_time_s, ns_as_configured=True)[
+            "step_time_s_interval"
+        ],
         "adamw_step_s": pa.step_time_s,
+        "adamw_step_s_interval": interval(adamw, PROFILE, pa.step_time_s)["step_time_s_interval"],
+        "step_time_s_interval_basis": interval(adamw, PROFILE, pa.step_time_s)["step_time_s_interval_basis"],
         "ratio": pa.step_time_s / pm.step_time_s,
         "optimizer_step_s_per_gpu": pm.breakdown["optimizer_step"],
         "adamw_optimizer_step_s_per_gpu": pa.breakdown["optimizer_step"],
         "ns_s_per_gpu": pm.info["ns_s"],
         "built": built,
         "state_memory_gib_per_gpu": pm.info["state_memory_gib"],
+        **project.memory_prediction(muon),
+        "engine_calibration": engine_calibration(muon.engine.name, muon.hardware.name),
         "adamw_state_memory_gib_per_gpu": pa.info["state_memory_gib"],
         "memory_gib": muon.hardware.memory_gib,
         "candidates": found["candidates"],
@@ -509,6 +540,7 @@ def quality_milestone(res: dict[str, Any], overrides: list[str], cli: dict[str, 
 
 def format_text(res: dict[str, Any], written: list[Path]) -> str:
     c = res["config"]
+    (mlo, mhi), (alo, ahi) = res["muon_step_s_interval"], res["adamw_step_s_interval"]
     lines = [
         (
             f"{c['model']} on {c['world_size']} x {c['hardware']} ({c['parallelism']}: TP{c['tp']} PP{c['pp']} "
@@ -519,9 +551,10 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
     lines += [
         f"  overrides: {' '.join(res['overrides'])}",
         (
-            f"  predicted step time   Muon {res['muon_step_s']:.3f} s, AdamW {res['adamw_step_s']:.3f} s; "
-            f"Muon/AdamW model-only ratio {res['ratio']:.3f}"
+            f"  predicted step time   Muon {res['muon_step_s']:.3f} s ({mlo:.3f} - {mhi:.3f}), AdamW "
+            f"{res['adamw_step_s']:.3f} s ({alo:.3f} - {ahi:.3f}); Muon/AdamW model-only ratio {res['ratio']:.3f}"
         ),
+        f"  intervals             {res['step_time_s_interval_basis']}",
         (
             f"  optimizer step / GPU  Muon {res['optimizer_step_s_per_gpu']:.4f} s (NS + update), "
             f"AdamW {res['adamw_optimizer_step_s_per_gpu']:.4f} s"
@@ -532,6 +565,14 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
             f"AdamW {res['adamw_state_memory_gib_per_gpu']:.1f} GiB (of {res['memory_gib']:.0f}; "
             "activations not counted)"
         ),
+        (
+            f"  peak memory / GPU     Muon {res['peak_memory_gb']:.1f} GB of {res['memory_gib'] * 2**30 / 1e9:.1f}"
+            + {True: "", None: "", False: "  ** does not fit: fewer tokens per micro-batch or more GPUs **"}[
+                res["fits"]
+            ]
+            + f" ({res['peak_memory_basis']})"
+        ),
+        f"  engine                {c['engine']} ({res['engine_calibration']})",
         "  ratio over data-parallel size: "
         + ", ".join(f"DP{r['dp']} {r['ratio']:.3f}" for r in res["scaling"]),
         *([f"  {milestone.format_line(res['milestone'])}"] if "milestone" in res else []),

@@ -43,8 +43,9 @@ fast the host launches, a plain call of a launch-sensitive problem does; and QuA
 power cap, where the explicit configs did not beat the default (DEFAULT_PREFERENCE).
 
 Cold start: a key with no cached entry adopts a shipped seed entry of the same key after one check against cuBLAS,
-or else times only the seeds' prior for its problem class (`optim.kernels.plan_seed`; the entry lists it as
-`prior` and counts as complete); `MUONBENCH_NS_PLAN=measure` times every candidate.
+or else times only the seeds' prior for its problem class, ranked on seeds of the same GPU name or, where there are
+none, of the same compute capability (`optim.kernels.plan_seed`; the entry lists it as `prior` and counts as
+complete); `MUONBENCH_NS_PLAN=measure` times every candidate.
 
 Cache versioning: PLAN_VERSION is part of every key; a change of what is timed or how (protocol, candidate
 rules) bumps it, so entries measured under an older protocol are never reused (they stay in the file, unread).
@@ -682,7 +683,8 @@ class Planner:
             sym_quack.usable(x.device),
             sym_quack.configs_usable(x.device),
         )
-        names = (plan_seed.prior(key, offered) if narrow else None) or offered
+        capability = "{}.{}".format(*torch.cuda.get_device_capability(x.device)) if x.is_cuda else None
+        names = (plan_seed.prior(key, offered, capability=capability) if narrow else None) or offered
         narrowed = {"prior": names} if len(names) < len(offered) else {}
         ref = self.run("plain_torch", key, x, coeffs, eps, restarts, dtype).float()
         fns: dict[str, Callable[[], object]] = {}

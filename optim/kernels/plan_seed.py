@@ -8,8 +8,10 @@ candidate ran once and agreed with cuBLAS.
 
 A shape with no entry of its own is still measured, but only on a prior (`prior`): the PRIOR_SIZE candidates that
 came closest to the fastest over the shipped entries of the same environment and problem class (input dtype,
-Gram-NS, iterate dtype, whether CUDA-graph variants are offered), plus the cuBLAS bodies. The entry records the
-candidates it timed (`prior`), and a later process takes it as complete.
+Gram-NS, iterate dtype, whether CUDA-graph variants are offered), plus the cuBLAS bodies. Where no entry of the same
+GPU name shares the class, the entries of GPUs of the same compute capability rank it (an H100 on H200 seeds: both
+SM 9.0; a seed file's `provenance.compute_capability`). The entry records the candidates it timed (`prior`), and a
+later process takes it as complete.
 
 `MUONBENCH_NS_PLAN=measure` turns both off: every candidate of every shape is timed, and entries measured on a
 prior are measured again in full.
@@ -22,7 +24,7 @@ import json
 import os
 import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -81,29 +83,64 @@ def _offers_graphs(names: Iterable[str]) -> bool:
     return any(n.endswith("+graph") for n in names)
 
 
-def prior(key: str, offered: Sequence[str], seed_dir: Path | None = None) -> list[str] | None:
+def prior(
+    key: str, offered: Sequence[str], seed_dir: Path | None = None, capability: str | None = None
+) -> list[str] | None:
     """The candidates of `offered` to time for a plan key that no seed entry matches (`prior_from` over the shipped
-    entries); None (time all of `offered`) when seeding is off or no shipped entry shares the problem class."""
+    entries, `capability` the process GPU's "major.minor"); None (time all of `offered`) when seeding is off or no
+    shipped entry shares the problem class."""
     if mode() != "seed":
         return None
-    return prior_from(seeds(seed_dir), key, offered, PRIOR_SIZE)
+    return prior_from(seeds(seed_dir), key, offered, PRIOR_SIZE, capability)
 
 
-def prior_from(
-    entries: Mapping[str, Mapping[str, object]], key: str, offered: Sequence[str], size: int = PRIOR_SIZE
-) -> list[str] | None:
-    """The `size` candidates of `offered` with the lowest mean time relative to the fastest over the entries of the
-    same `problem_class` as `key`, and every cuBLAS body (`plain_torch`, its graph variant), in `offered`'s order;
-    None when no entry shares the class."""
-    cls = problem_class(key, _offers_graphs(offered))
+def without_gpu(cls: str) -> str:
+    """A `problem_class` without its GPU name: the class shared by GPUs of one compute capability."""
+    return cls.split("|", 1)[1]
+
+
+def capability_of(entry: Mapping[str, object]) -> str | None:
+    """The compute capability ("9.0") of the GPU a seed entry was measured on, where its seed file names it."""
+    source = cast(Mapping[str, object], entry.get("seed") or {})
+    cap = source.get("compute_capability")
+    return str(cap) if cap else None
+
+
+def _relative(
+    entries: Mapping[str, Mapping[str, object]],
+    same: Callable[[str, Mapping[str, object], Mapping[str, float]], bool],
+) -> dict[str, list[float]]:
+    """Each candidate's times relative to the fastest of its entry, over the entries `same` accepts."""
     relative: dict[str, list[float]] = {}
     for k, entry in entries.items():
         times = cast(Mapping[str, float], entry.get("times_ms") or {})
-        if not times or problem_class(k, _offers_graphs(times)) != cls:
+        if not times or not same(k, entry, times):
             continue
         best = min(times.values())
         for name, ms in times.items():
             relative.setdefault(name, []).append(ms / best)
+    return relative
+
+
+def prior_from(
+    entries: Mapping[str, Mapping[str, object]],
+    key: str,
+    offered: Sequence[str],
+    size: int = PRIOR_SIZE,
+    capability: str | None = None,
+) -> list[str] | None:
+    """The `size` candidates of `offered` with the lowest mean time relative to the fastest over the entries of the
+    same `problem_class` as `key` (where none: over the entries of GPUs of compute `capability` in that class
+    without the GPU name), and every cuBLAS body (`plain_torch`, its graph variant), in `offered`'s order; None when
+    no entry shares the class."""
+    cls = problem_class(key, _offers_graphs(offered))
+    relative = _relative(entries, lambda k, e, times: problem_class(k, _offers_graphs(times)) == cls)
+    if not relative and capability:
+        relative = _relative(
+            entries,
+            lambda k, e, times: capability_of(e) == capability
+            and without_gpu(problem_class(k, _offers_graphs(times))) == without_gpu(cls),
+        )
     if not relative:
         return None
     ranked = sorted((n for n in offered if n in relative), key=lambda n: statistics.mean(relative[n]))
@@ -128,10 +165,12 @@ SEED_FIELDS = ("method", "rejected", "times_ms")
 """What a seed entry keeps of a plan-cache entry: the choice and the timings it was made from."""
 
 
-def from_run(run_dir: Path, report: str) -> dict[str, object]:
+def from_run(run_dir: Path, report: str, capability: str | None = None) -> dict[str, object]:
     """A seed file's content from one run record (`run.json` with its `ns_plan`), made by a Muon run that measured
-    its plan on a cold cache; `report` names the committed report that holds the run."""
+    its plan on a cold cache; `report` names the committed report that holds the run; `capability`: the GPU's
+    compute capability ("9.0") where the record does not hold it (`worker.compute_capability`)."""
     rec = json.loads((Path(run_dir) / "run.json").read_text())
+    capability = (rec.get("worker") or {}).get("compute_capability") or capability
     plan = rec.get("ns_plan") or {}
     if not plan:
         raise ValueError(f"{run_dir}/run.json has no ns_plan: only a Muon run that planned its NS kernels has one")
@@ -160,6 +199,7 @@ def from_run(run_dir: Path, report: str) -> dict[str, object]:
             "command": rec.get("command"),
             "git": rec.get("git"),
             "gpu": gpu,
+            "compute_capability": capability,
             "versions": rec.get("versions"),
         },
         "entries": entries,
@@ -167,7 +207,8 @@ def from_run(run_dir: Path, report: str) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m optim.kernels.plan_seed RUN_DIR REPORT OUT`: write a seed file from a run's measured NS plan.
+    """`python -m optim.kernels.plan_seed RUN_DIR REPORT OUT [CAPABILITY]`: write a seed file from a run's measured NS
+    plan (CAPABILITY, e.g. 9.0, where the run record predates `worker.compute_capability`).
     `python -m optim.kernels.plan_seed --check-prior`: the prior's leave-one-out regret on the shipped seeds."""
     import sys
 
@@ -186,13 +227,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"({_SHAPE.search(worst).group(0)})"  # type: ignore[union-attr]
             )
         return 0
-    if len(args) != 3:
+    if len(args) not in (3, 4):
         print(
-            "usage: python -m optim.kernels.plan_seed RUN_DIR REPORT OUT.json | --check-prior", file=sys.stderr
+            "usage: python -m optim.kernels.plan_seed RUN_DIR REPORT OUT.json [CAPABILITY] | --check-prior",
+            file=sys.stderr,
         )
         return 2
     try:
-        doc = from_run(Path(args[0]), args[1])
+        doc = from_run(Path(args[0]), args[1], args[3] if len(args) == 4 else None)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

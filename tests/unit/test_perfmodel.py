@@ -37,9 +37,10 @@ def test_committed_fit_is_the_minimax_fit() -> None:
     fit, worst = calibrate.fit_gb300_hbm(iters=25)
     assert fit == pytest.approx(C.GB300_HBM_FIT, abs=0.01)
     assert worst <= calibrate.TOLERANCE
-    for row, eff in C.FITTED.items():  # at most one fitted efficiency per hardware row and engine
+    for row, eff in C.FITTED.items():  # at most one fitted efficiency per hardware row and engine (and Muon's step)
         fitted = [e for e in eff.__slots__ if getattr(eff, e) is not None and "FITTED" in getattr(eff, e).source]
-        assert fitted == {"gb300": ["hbm"], "h200": ["hbm", "hbm_bridge"]}.get(row, []), (row, fitted)
+        expected = {"gb300": ["hbm"], "h200": ["hbm", "optimizer_hbm", "hbm_bridge"]}.get(row, [])
+        assert fitted == expected, (row, fitted)
 
 
 def test_committed_bridge_fit_is_the_minimax_fit() -> None:
@@ -215,7 +216,16 @@ def test_project_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.parametrize(
     "engine,hardware,calibrated",
-    [("megatron", "h200", True), ("bridge", "h200", True), ("bridge", "b200", False), ("hf", "h200", False)],
+    [
+        ("megatron", "h200", True),
+        ("bridge", "h200", True),
+        ("bridge", "b200", False),
+        ("hf", "h200", False),
+        ("megatron", "h100", False),  # no H100 run was ever fitted
+        ("megatron", "b200", False),
+        ("megatron", "gb300", False),  # Table 1 is Bridge's throughput
+        ("bridge", "gb300", True),
+    ],
 )
 def test_projection_says_whether_its_engine_is_calibrated(engine: str, hardware: str, calibrated: bool) -> None:
     """A projection says what it rests on: the Megatron-core engine's fit, the row's Bridge fit (H200 only), or no
@@ -397,7 +407,8 @@ def test_calibration_data_files_carry_provenance_and_the_source_reports_numbers(
     for p in files:
         prov = json.loads(p.read_text())["provenance"]
         assert set(prov) == {"source", "commit", "date", "command"} and all(prov.values()), p.name
-        assert prov["command"].startswith("python -m bench.tools.perfmodel.extract "), p.name
+        derived = ("python -m bench.tools.perfmodel.memfit", "python -m bench.tools.perfmodel.intervals")
+        assert prov["command"].startswith(("python -m bench.tools.perfmodel.extract ", *derived)), p.name
     source = Path(json.loads(calibration.MEGATRON_RUNS.read_text())["provenance"]["source"])
     repo = Path(__file__).resolve().parents[2]
     if (repo / source).is_dir():

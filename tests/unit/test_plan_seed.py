@@ -154,3 +154,29 @@ def test_a_cold_shape_is_timed_on_the_prior_and_kept_as_complete(tmp_path, monke
         full.choose(x, COEFFS, 1e-7, False, frozenset())
         assert "prior" not in full.choices[key]
         assert set(full.choices[key]["times_ms"]) | set(full.choices[key]["rejected"]) == set(OFFERED)
+
+
+def test_a_gpu_without_seeds_of_its_name_ranks_on_seeds_of_its_compute_capability():
+    """Localises the cold start of an H100 on H200 seeds timing every candidate: entries of another GPU name rank the
+    prior only where their seed file names the same compute capability (and the rest of the class matches)."""
+    seeded = {
+        k: {**e, "seed": {"gpu": "NVIDIA H200", "compute_capability": "9.0"}}
+        for k, e in _entries("NVIDIA H200|torch t|triton t|plan 5").items()
+    }
+    h100 = "NVIDIA H100 80GB HBM3|torch t|triton t|plan 5"
+    key = plan.plan_key(h100, torch.empty(3, 24, 40), COEFFS, 1e-7, False, frozenset())
+    assert plan_seed.prior_from(seeded, key, OFFERED, size=2) is None  # no capability known: time everything
+    assert plan_seed.prior_from(seeded, key, OFFERED, size=2, capability="9.0") == [
+        "plain_torch", "plain_sym_tma128", "plain_sym_ptma128"
+    ]  # fmt: skip
+    assert plan_seed.prior_from(seeded, key, OFFERED, size=2, capability="10.0") is None
+    other_torch = key.replace("torch t|", "torch u|")
+    assert plan_seed.prior_from(seeded, other_torch, OFFERED, size=2, capability="9.0") is None
+    own = {"times_ms": {"plain_torch": 1.0, "plain_sym_t64": 2.0}}  # one entry of its own name: it alone ranks
+    same_name = {**seeded, key.replace("3x24x40", "5x8x16"): own}
+    assert plan_seed.prior_from(same_name, key, OFFERED, size=1, capability="9.0") == ["plain_torch"]
+
+
+def test_shipped_seeds_name_their_compute_capability():
+    """Without it a GPU of another name but the same chip (H100 on H200 seeds) cannot use them for its prior."""
+    assert {plan_seed.capability_of(e) for e in plan_seed.seeds().values()} == {"9.0"}

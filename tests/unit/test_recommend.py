@@ -185,3 +185,26 @@ def test_build_on_cpu_steps_the_chosen_optimizer(qwen3_root) -> None:
     assert (tiny.num_layers, tiny.hidden_size, tiny.num_experts, tiny.family) == (2, 64, 4, "qwen3_moe")
     root = rec.apply(qwen3_root, {"split_gate_up": True, "ns_precision": "fp16"})
     assert "parameters to the matrix optimizer" in build_on_cpu(root)
+
+
+def test_a_layout_whose_state_alone_cannot_fit_is_refused(capsys, tmp_path) -> None:
+    """Localises `recommend` printing "459.9 GiB of 74" for a model beyond the GPUs and exiting 0: the weights,
+    gradients and optimizer state alone refuse it, in one line, before any search, nothing written."""
+    out = tmp_path / "out"
+    assert rec.main(["model=kimi_k2", "parallelism=dp8", "hardware=h100", f"out={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: parallelism=dp8: model=kimi_k2 needs ") and "more than 74.5 GiB" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_recommendation_states_its_peak_memory_and_calibration(results, name: str) -> None:
+    """The predicted peak is flagged where it exceeds the GPU (the activations push it over), and the text says what
+    the prediction rests on (not calibrated where nothing was fitted)."""
+    res, written = results[name]
+    assert res["fits"] is (res["peak_memory_gb"] * 1e9 <= res["memory_gib"] * 2**30)
+    text = rec.format_text(res, written)
+    assert ("does not fit" in text) is (res["fits"] is False)
+    assert res["engine_calibration"] in text
+    if res["config"]["hardware"] == "gb300":
+        assert "not calibrated" in res["engine_calibration"]

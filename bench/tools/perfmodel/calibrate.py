@@ -150,14 +150,17 @@ def fit_h200_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 30) -> tuple[fl
     return x, err(x)
 
 
-def fit_h200_bridge_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 40) -> tuple[float, float]:
+def fit_h200_bridge_hbm(
+    lo: float = 0.05, hi: float = 1.0, iters: int = 40, *, exclude: frozenset[str] = frozenset()
+) -> tuple[float, float]:
     """(fraction, worst relative error): the H200 row's memory-bound fraction for the bridge engine, minimax over
-    the median step of each optimizer's runs in `calibration.BRIDGE_RUNS` (each optimizer's runs share a config)."""
+    the median step of each optimizer's runs in `calibration.BRIDGE_RUNS` (each optimizer's runs share a config),
+    without the runs named in `exclude` (leave-one-out)."""
     from bench.tools.perfmodel import h200
     from bench.tools.perfmodel.calibration import BRIDGE_RUNS, load_runs
 
     by_optimizer: dict[str, list[dict[str, Any]]] = {}
-    for rec in load_runs(BRIDGE_RUNS):
+    for rec in (r for r in load_runs(BRIDGE_RUNS) if r["run"] not in exclude):
         by_optimizer.setdefault(rec["config"]["optimizer"]["name"], []).append(rec)
     targets = []
     for recs in by_optimizer.values():
@@ -169,5 +172,34 @@ def fit_h200_bridge_hbm(lo: float = 0.05, hi: float = 1.0, iters: int = 40) -> t
     def worst(x: float) -> float:
         with hbm_fraction("h200", x, "hbm_bridge"):
             return max(abs(predict(cfg, profile).step_time_s / m - 1.0) for cfg, profile, m in targets)
+
+    return _minimise(worst, lo, hi, iters)
+
+
+def optimizer_targets(exclude: frozenset[str] = frozenset()) -> list[tuple[Any, str, float]]:
+    """(config, profile, measured optimizer step) of the committed Muon runs whose NS plan times were measured, but
+    those named in `exclude`."""
+    from bench.tools.perfmodel import h200
+    from bench.tools.perfmodel.calibration import GPU_RUNS, load_runs
+
+    out = []
+    for rec in load_runs(GPU_RUNS):
+        cfg, optim = rec["config"], (rec.get("summary") or {}).get("optim_s_median")
+        if rec.get("ns_plan_ms") and optim and not cfg["optimizer"].get("ns_overlap") and rec["run"] not in exclude:
+            profile = "ours" if cfg["optimizer"].get("implementation") == "ours" else "published"
+            out.append((h200._typed(cfg), profile, float(optim)))
+    return out
+
+
+def fit_h200_optimizer_hbm(
+    lo: float = 0.1, hi: float = 1.0, iters: int = 30, *, exclude: frozenset[str] = frozenset()
+) -> tuple[float, float]:
+    """(fraction, worst relative error): the H200 row's memory-bound fraction of the optimizer step, minimax over
+    `optimizer_targets` (without the runs in `exclude`: leave-one-out)."""
+    targets = optimizer_targets(exclude)
+
+    def worst(x: float) -> float:
+        with hbm_fraction("h200", x, "optimizer_hbm"):
+            return max(abs(predict(c, p).breakdown["optimizer_step"] / m - 1.0) for c, p, m in targets)
 
     return _minimise(worst, lo, hi, iters)

@@ -23,6 +23,17 @@ BRIDGE_RUNS = DATA / "bridge_h200_runs.json"
 """Megatron-Bridge runs of one model on H200 (OLMoE-1B-7B slice, AdamW and Muon in crossover); the H200 row's
 Bridge fraction is fitted on them."""
 
+GPU_RUNS = DATA / "gpu_runs.json"
+"""Every committed GPU run (the `runs/` folders of the reports, and the single-H200 Megatron report): what the
+prediction intervals (`intervals`) and the memory fit (`memfit`) are computed from."""
+
+
+def derived_provenance(source: Path, command: str) -> dict[str, str]:
+    """Provenance of a data file computed from another (`source`): that file, its last commit, the date, the command."""
+    from bench.tools.perfmodel.extract import provenance
+
+    return {**provenance(source, []), "source": f"bench/tools/perfmodel/data/{source.name}", "command": command}
+
 
 def load_runs(path: Path) -> list[dict[str, Any]]:
     """Run records as the model reads them ({run, status, config, summary, experts}), from a data file written

@@ -136,6 +136,9 @@ class HardwareEfficiency:
     eo_loop_ms: Sourced
     """Host milliseconds per matrix of the published per-matrix NS loop (EO newton_schulz inside Megatron's Muon)
     on this row's host, when the GPU work is shorter (launch-bound)."""
+    optimizer_hbm: Sourced | None = None
+    """`hbm` for the Muon step's element-wise kernels (fused, few large tensors: closer to a standalone kernel's
+    bandwidth than the forward-backward's); None: `hbm` stands in. AdamW's step keeps `hbm`."""
     hbm_bridge: Sourced | None = None
     """`hbm` for the forward-backward of Megatron-Bridge's own loop (Transformer Engine's fused router, bf16
     gradient buffers, TE cross-entropy, CUDA graphs); None: no Bridge fit on this row, and `hbm` stands in."""
@@ -178,6 +181,14 @@ _H200_BRIDGE_HBM = Sourced(
     "bridge_h200_runs.json; bench.tools.perfmodel.calibrate.fit_h200_bridge_hbm, minimax over the two "
     "optimizers' median steps)",
 )
+H200_OPTIMIZER_HBM_FIT = 0.62  # rounded fit_h200_optimizer_hbm() (reports/perfmodel_gb300_202611)
+_H200_OPTIMIZER_HBM = Sourced(
+    value=H200_OPTIMIZER_HBM_FIT,
+    source="FITTED (the row's one value for the optimizer step) on the optimizer steps of the committed Muon runs whose "
+    "NS plan times were measured (bench/tools/perfmodel/data/gpu_runs.json; "
+    "bench.tools.perfmodel.calibrate.fit_h200_optimizer_hbm, minimax); between the engine's fitted fraction and the "
+    "standalone fused AdamW's 0.72 (HBM_EFFICIENCY)",
+)
 GB300_HBM_FIT = 0.475  # rounded fit_gb300_hbm() (reports/perfmodel_gb300_202611/README.md)
 FITTED: dict[str, HardwareEfficiency] = {
     "gb300": HardwareEfficiency(
@@ -206,6 +217,7 @@ FITTED: dict[str, HardwareEfficiency] = {
         gemm_fp8=Sourced(value=_H200_BF16.value, source=_GEMM_FRACTION_ASSUMED + " for FP8"),
         hbm=_H200_HBM,
         eo_loop_ms=_X86_HOST,
+        optimizer_hbm=_H200_OPTIMIZER_HBM,
         hbm_bridge=_H200_BRIDGE_HBM,
     ),
     "h100": HardwareEfficiency(
@@ -221,18 +233,35 @@ FITTED: dict[str, HardwareEfficiency] = {
 }
 
 
+CALIBRATED: dict[tuple[str, str], str] = {
+    ("h200", "megatron"): "the H200 row's memory-bound fraction is fitted on a single-H200 Megatron-core engine run "
+    "(reports/megatron_h200_202611)",
+    ("h200", "bridge"): "the H200 row's Bridge memory-bound fraction is fitted on one model's Bridge runs on one H200; "
+    "hosts of one GPU kind have differed by more than the fit's error (docs/perfmodel.md#megatron-bridge)",
+    ("gb300", "bridge"): "the GB300 row's memory-bound fraction is fitted on NVIDIA's published Megatron-Bridge "
+    "throughput (Table 1: 4 rows, 2 workloads; reports/perfmodel_gb300_202611)",
+}
+"""(hardware row, engine) -> what the row's fitted value for that engine was fitted on; every other pair is not
+calibrated."""
+
+
 def engine_calibration(engine: str, hardware_name: str) -> str:
-    """What a prediction of `engine` on `hardware_name` rests on, in a line (docs/perfmodel.md)."""
-    if engine == "megatron":
-        return "calibrated: the row's memory-bound fraction is fitted on a Megatron-core engine run"
-    if engine == "bridge":
-        if hardware_name in FITTED and FITTED[hardware_name].hbm_bridge is not None:
-            return (
-                "calibrated: the row's Bridge memory-bound fraction is fitted on one model's Bridge runs; hosts "
-                "of one GPU kind have differed by more than the fit's error (docs/perfmodel.md#megatron-bridge)"
-            )
-        return "not calibrated: no Bridge fit on this hardware, the Megatron-core engine's fraction stands in"
-    return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
+    """What a prediction of `engine` on `hardware_name` rests on, in a line starting "calibrated" or "not
+    calibrated" (docs/perfmodel.md)."""
+    fitted = CALIBRATED.get((hardware_name, engine))
+    if fitted is not None:
+        return f"calibrated: {fitted}"
+    if engine not in ("megatron", "bridge"):
+        return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
+    stands_in = [hw for (hw, e) in CALIBRATED if e == engine]
+    if hardware_name in {hw for hw, _ in CALIBRATED}:
+        return (
+            f"not calibrated: no {engine}-engine fit on {hardware_name}; the row's fit for another engine stands in"
+        )
+    return (
+        f"not calibrated: no run on {hardware_name} was ever fitted; its efficiencies are assumed from "
+        f"{', '.join(stands_in) or 'other rows'} (constants.FITTED['{hardware_name}'])"
+    )
 
 
 def efficiency(hardware_name: str) -> HardwareEfficiency:

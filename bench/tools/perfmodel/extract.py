@@ -4,6 +4,8 @@
         bench/tools/perfmodel/data/<name>.json
     python -m bench.tools.perfmodel.extract kernels reports/<ns kernel report>/results.json \\
         bench/tools/perfmodel/data/ns_kernels_h200.json
+    python -m bench.tools.perfmodel.extract committed bench/tools/perfmodel/data/gpu_runs.json \\
+        reports/*/runs reports/megatron_h200_202611
 
 Each file starts with its `provenance`: the source report, the last commit that changed it, the date and this
 command.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -45,11 +48,28 @@ def provenance(source: Path, argv: list[str]) -> dict[str, str]:
     }
 
 
-def extract_runs(report: Path) -> dict[str, Any]:
-    """The successful H200 run records under `report`: summary, engine, the resolved config once per hash."""
+SUMMARY_KEYS = ("step_s_median", "optim_s_median", "ns_s_median", "fwd_bwd_s_median", "peak_mem_bytes")
+"""What a data file keeps of a run's summary: what the performance model predicts (step, optimizer step, NS, peak)."""
+
+
+def plan_times(plan: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """The measured milliseconds of each NS plan entry's chosen method, by plan key (entries measured in the run,
+    on a prior or adopted from a seed; fallbacks have none)."""
+    out = {}
+    for key, entry in sorted(plan.items()):
+        ms = (entry.get("times_ms") or {}).get(entry.get("method"))
+        if ms is not None and not entry.get("fallback"):
+            out[key] = float(ms)
+    return out
+
+
+def extract_runs(report: Path, *more: Path) -> dict[str, Any]:
+    """The successful H200 run records under `report` (and `more` folders): summary, engine, the resolved config
+    once per hash."""
     runs: list[dict[str, Any]] = []
     configs: dict[str, dict[str, Any]] = {}
-    for rec_path in sorted(report.glob("**/run.json")):
+    paths = sorted({p for folder in (report, *more) for p in folder.glob("**/run.json")})
+    for rec_path in paths:
         rec = json.loads(rec_path.read_text())
         cfg, summary = rec.get("config") or {}, rec.get("summary") or {}
         if rec.get("status") != "ok" or summary.get("step_s_median") is None:
@@ -63,8 +83,9 @@ def extract_runs(report: Path) -> dict[str, Any]:
                 "run": f"{rec_path.parent.parent.name}/{rec_path.parent.name}",
                 "git_sha": (rec.get("git") or {}).get("sha"),
                 "config_hash": key,
-                "summary": {k: summary.get(k) for k in ("step_s_median", "optim_s_median")},
+                "summary": {k: summary.get(k) for k in SUMMARY_KEYS},
                 "experts": str(((rec.get("worker") or {}).get("engine") or {}).get("experts", "")),
+                "ns_plan_ms": plan_times(rec.get("ns_plan") or {}),
             }
         )
     return {"runs": runs, "configs": configs}
@@ -85,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("runs", help="successful H200 run records of a report folder -> a data file")
     r.add_argument("report", type=Path)
     r.add_argument("out", type=Path)
+    c = sub.add_parser("committed", help="successful H200 run records of several folders -> one data file")
+    c.add_argument("out", type=Path)
+    c.add_argument("folders", type=Path, nargs="+")
     k = sub.add_parser("kernels", help="an NS kernel benchmark's results.json -> a data file")
     k.add_argument("results", type=Path)
     k.add_argument("out", type=Path)
@@ -96,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         if not body["runs"]:
             ap.error(f"report: no successful H200 run record under {args.report}")
         _write(args.out, body, args.report, argv)
+    elif args.kind == "committed":
+        missing = [str(f) for f in args.folders if not f.is_dir()]
+        if missing:
+            ap.error(f"folders: {missing} are not folders")
+        body = extract_runs(*args.folders)
+        _write(args.out, body, Path(os.path.commonpath(args.folders)), argv)
     else:
         if not args.results.is_file():
             ap.error(f"results: {args.results} does not exist")

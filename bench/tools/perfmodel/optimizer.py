@@ -270,7 +270,9 @@ def optimizer_step(
 
     `backward_s`: the backward compute time of the slowest stage, the window in which gradient syncs overlap.
     """
-    rate_hbm = hw.hbm_tbps * 1e12 * C.efficiency(hw.name).hbm.value
+    eff = C.efficiency(hw.name)
+    rate_hbm = hw.hbm_tbps * 1e12 * eff.hbm.value
+    rate_muon = hw.hbm_tbps * 1e12 * (eff.optimizer_hbm or eff.hbm).value  # Muon's fused element-wise kernels
     table = nscost.measured_table(algo.profile, gram=algo.gram_ns)
     dp, edp = par.dp * par.cp, max(1, par.expert_dp)
     dp_link = links.group_link(hw, dp, stride=par.tp)
@@ -289,7 +291,7 @@ def optimizer_step(
             step = (n_dense / dp + n_expert / edp) * C.ADAMW_BYTES_PER_PARAM.value / rate_hbm
             sync = "reduce_scatter"
         else:
-            step_ms, ns_ms = _muon_step_ms(dense, experts, par, hw, algo, rate_hbm, table, dp, edp)
+            step_ms, ns_ms = _muon_step_ms(dense, experts, par, hw, algo, rate_muon, table, dp, edp)
             step, ns = step_ms / 1e3, ns_ms / 1e3
             sync = algo.grad_sync
         grad = (n_dense * C.GRAD_BYTES.value, n_expert * C.GRAD_BYTES.value)

@@ -89,6 +89,89 @@ def _caption(name: str, rows: list[dict[str, Any]]) -> str:
     return ""
 
 
+def _pct(pair: list[float] | None) -> str:
+    return "-" if not pair else f"{100 * pair[0]:+.1f}% to {100 * pair[1]:+.1f}%"
+
+
+def _uncertainty(errors: dict[str, Any], sensitivity: list[dict[str, Any]]) -> list[str]:
+    """In-sample and out-of-sample errors on the committed GPU runs, and Table 1 under its assumption sets."""
+    lines = [
+        "## How far to trust a prediction",
+        "",
+        (
+            "Step time on the committed GPU runs (`bench/tools/perfmodel/data/gpu_runs.json`), in sample (the runs a "
+            "row's fitted value was fitted on) and out of sample (every other run, and each Bridge fit run predicted "
+            "by the fit without it; `python -m bench.tools.perfmodel.intervals`). `project` and `recommend` give "
+            "each prediction the interval these out-of-sample errors span for its engine and hardware:"
+        ),
+        "",
+    ]
+    lines += _table(
+        ["engine / hardware", "runs", "models", "fit runs, in sample", "out of sample (runs)", "out of sample"],
+        [
+            [
+                k,
+                g["num_runs"],
+                g["num_models"],
+                _pct(g["fit_in_sample_rel_error"]),
+                g["num_out_of_sample"],
+                _pct(g["oos_rel_error"]),
+            ]
+            for k, g in errors["groups"].items()
+        ],
+    )
+    runs = [r for r in errors["runs"] if r["optim_oos_rel_error"] is not None]
+    planned = [r["optim_oos_rel_error"] for r in runs if r["optim_in_fit"]]
+    planned_in = [r["optim_rel_error"] for r in runs if r["optim_in_fit"]]
+    older = [r["optim_oos_rel_error"] for r in runs if r["optimizer"] == "muon" and not r["optim_in_fit"]]
+    adamw = [r["optim_oos_rel_error"] for r in runs if r["optimizer"] == "adamw"]
+    lines += [
+        "",
+        (
+            "Optimizer step. Muon's term is built from the NS plan's measured kernel times (shipped seeds and the "
+            "committed runs' plans; the kernel benchmark's curve where a shape has none) and one fitted "
+            f"element-wise fraction (`constants.H200_OPTIMIZER_HBM_FIT`): on the {len(planned)} Muon runs with "
+            f"measured plan times it is {_pct([min(planned_in), max(planned_in)])} in sample and "
+            f"{_pct([min(planned), max(planned)])} out of sample (the fraction refitted without each run). Muon runs "
+            f"of earlier code without plan times: {_pct([min(older), max(older)])} over {len(older)}; AdamW "
+            f"(its step at the engine's fraction, not refitted): {_pct([min(adamw), max(adamw)])} over {len(adamw)}, "
+            "where one config's measured AdamW step varies by up to 2x between runs. Runs with NS overlap are not "
+            "compared."
+        ),
+        "",
+        (
+            "GB300 has no run of ours: its Table 1 fit above is in sample (one value, four rows of two workloads). "
+            "What it cannot tell apart is the GEMM fraction and the Grace host's cost per NS call; each assumption "
+            "set below refits the memory-bound fraction on Table 1, and the spread of the rows over the sets is "
+            "the projection's uncertainty:"
+        ),
+        "",
+    ]
+    sets = sorted({(r["gemm"], r["eo_loop_ms"], r["hbm"], r["table1_worst_rel_error"]) for r in sensitivity})
+    header = ["row", "published", *[f"GEMM {g:.2f}, host {h} ms (refit HBM {m:.3f}, worst {100 * w:.1f}%)" for g, h, m, w in sets]]
+    rows = []
+    for label in dict.fromkeys(r["row"] for r in sensitivity):
+        sel = {(r["gemm"], r["eo_loop_ms"]): r for r in sensitivity if r["row"] == label}
+        pub = next(iter(sel.values()))["published_tflops"]
+        rows.append([label, f"{pub:.0f}", *[f"{sel[(g, h)]['predicted_tflops']:.0f}" for g, h, _, _ in sets]])
+    lines += _table(header, rows)
+    ratios = []
+    for g, h, _, _ in sets:
+        tf = {r["row"]: r["predicted_tflops"] for r in sensitivity if (r["gemm"], r["eo_loop_ms"]) == (g, h)}
+        labels = list(tf)
+        ratios.append((tf[labels[3]] / tf[labels[2]], tf[labels[1]] / tf[labels[0]]))
+    lines += [
+        "",
+        (
+            f"Muon/AdamW model-TF ratio over the sets: Qwen3-30B-A3B {min(r[0] for r in ratios):.3f} to "
+            f"{max(r[0] for r in ratios):.3f} (blog 0.962), Kimi K2 {min(r[1] for r in ratios):.3f} to "
+            f"{max(r[1] for r in ratios):.3f} (blog 0.979)."
+        ),
+        "",
+    ]
+    return lines
+
+
 def render(
     *,
     cal: list[dict[str, Any]],
@@ -104,6 +187,8 @@ def render(
     ns_sources: dict[str, str],
     ns_hosts: dict[str, float],
     layer_steps: list[dict[str, Any]],
+    errors: dict[str, Any],
+    sensitivity: list[dict[str, Any]],
 ) -> str:
     C = constants
     lines = [
@@ -158,6 +243,7 @@ def render(
             "kind, for the TE-free single-GPU engine; see Single-H200 checks); B200 and H100 borrow these fits."
         ),
         "",
+        *_uncertainty(errors, sensitivity),
         "## Muon / AdamW model-TF ratio",
         "",
     ]

@@ -17,7 +17,7 @@ from typing import Any
 from bench.results import record
 from bench.tools.perfmodel import calibrate, nscost
 from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel.calibration import FLOPS_RUNS, MEGATRON_RUNS
+from bench.tools.perfmodel.calibration import FLOPS_RUNS, GPU_RUNS, MEGATRON_RUNS
 from bench.tools.perfmodel.model import predict, tp_mode_table
 from muonbench import validate
 from muonbench.schema import RootConfig
@@ -263,6 +263,21 @@ def h200_check() -> str:
     return text
 
 
+def table1_sensitivity(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
+    """Table 1 rows predicted under each GB300 assumption set (`intervals.assumption_sets`, each with its memory-bound
+    fraction refitted on Table 1): the spread the in-sample fit cannot show."""
+    from bench.tools.perfmodel import intervals
+
+    out = []
+    for values in intervals.shipped()["assumption_sets"]["gb300"]:
+        with intervals.assumed("gb300", {k: values[k] for k in ("gemm", "hbm", "eo_loop_ms")}):
+            for row in calibrate.TABLE1:
+                pred = predict(base[row.experiment], "published")
+                out.append({**values, "row": row.label, "predicted_tflops": pred.tflops_per_gpu_model,
+                            "published_tflops": row.model_tflops, "predicted_step_s": pred.step_time_s})  # fmt: skip
+    return out
+
+
 def write_report(out_dir: str) -> str:
     """Compute everything, write the report folder, return the README path."""
     git = record.git_info()  # before this report's own files change the tree
@@ -291,6 +306,7 @@ def write_report(out_dir: str) -> str:
         base["gb300/qwen3_30b_a3b_muon"],
         par={"world_size": 64, "gbs": 1024, "tp": 4, "sequence_parallel": True},
     )
+    from bench.tools.perfmodel import intervals
     from bench.tools.perfmodel.readme import render
 
     text = render(
@@ -307,6 +323,8 @@ def write_report(out_dir: str) -> str:
         layer_steps=layer_steps,
         ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")},
         ns_hosts={p: nscost.ns_data(p).host_ms for p in ("published", "ours")},
+        errors=intervals.shipped(),
+        sensitivity=table1_sensitivity(base),
     )
     (out / "README.md").write_text(text)
     _write_run_json(
@@ -320,6 +338,8 @@ def _write_run_json(
     out_dir: str, files: list[str], *, git: dict[str, Any], ns_sources: dict[str, str]
 ) -> None:
     """The report's provenance. A model, not a measurement: no hardware is read; the measured inputs are named."""
+    from bench.tools.perfmodel import intervals
+
     record.write_json_atomic(
         Path(out_dir) / "run.json",
         {
@@ -332,6 +352,9 @@ def _write_run_json(
                 "ns_cost": ns_sources,
                 "h200_check": {
                     p.name: json.loads(p.read_text())["provenance"] for p in (MEGATRON_RUNS, FLOPS_RUNS)
+                },
+                "prediction_errors": {
+                    p.name: json.loads(p.read_text())["provenance"] for p in (GPU_RUNS, intervals.ERRORS)
                 },
             },
             "files": ["README.md", "results.csv", *files],
