@@ -103,7 +103,7 @@ def build_opt(name: str, model, lr: float, cfg: QualityConfig):
     import optim
 
     algorithm, routing, adamw = optimizer_configs(name, lr, cfg)
-    return optim.build_optimizer(model.named_parameters(), algorithm, naming="hf", routing=routing, adamw=adamw)
+    return optim.build_optimizer(model, algorithm, naming="hf", routing=routing, adamw=adamw)
 
 
 def set_lr(opt, lr: float) -> None:
