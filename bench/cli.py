@@ -83,12 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     entry = getattr(importlib.import_module(sub.module), sub.function)
     sys.argv = [f"muonbench {name}", *rest]  # every entry point reads its arguments from sys.argv (Hydra's too)
-    try:
-        return int(entry() or 0)
-    except SystemExit as exc:  # argparse's --help and usage errors: the same exit code, returned
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        raise
+    from bench import entry as entry_point
+
+    return entry_point.run(entry)  # the one-line errors of `python -m <module>`
 
 
 CLUSTER_USAGE = """\

@@ -68,6 +68,12 @@ def flags_first(argv: list[str]) -> list[str]:
     """`argv` with Hydra's inspection flags (and their values) before the overrides, a bare `--info` after them:
     Hydra's parser takes no override after a flag's value, so `bench.run experiment=X --cfg job` would otherwise be
     an argparse error, and a bare `--info` before an override would take it for its choice."""
+    flags, rest, last = split_flags(argv)
+    return flags + rest + last
+
+
+def split_flags(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(inspection flags with their values, the overrides, a bare trailing `--info`) of `argv`."""
     flags: list[str] = []
     rest: list[str] = []
     last: list[str] = []
@@ -83,7 +89,7 @@ def flags_first(argv: list[str]) -> list[str]:
             next(it)
         else:
             (last if kind == "choice" else flags).append(argv[i])
-    return flags + rest + last
+    return flags, rest, last
 
 
 def with_hydra_defaults(argv: list[str]) -> list[str]:
@@ -314,7 +320,12 @@ def main() -> None:
         print(run_usage())
         return
     if any(a in INSPECT_FLAGS for a in argv):
-        rest = compose.expand_hf(compose.take_config_dirs(argv))  # Hydra's own inspection flags: no job runs
+        try:
+            rest = compose.expand_hf(compose.take_config_dirs(argv))  # Hydra's inspection flags: no job runs
+            compose.check_syntax([a for a in split_flags(rest)[1] if a not in sweep.HYDRA_FLAGS])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
         sys.argv = [sys.argv[0], *flags_first([*with_hydra_defaults(rest), *compose.searchpath_overrides()])]
         schema.register_configs()
         hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
@@ -377,4 +388,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

@@ -51,6 +51,7 @@ def expand(argv: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = [a for a in argv if not a.startswith("-")]
+    muonbench.compose.check_syntax(overrides)
     if not is_multirun(argv):
         return [overrides]
     parsed = OverridesParser.create().parse_overrides(overrides)

@@ -98,6 +98,7 @@ def load(
     overrides = expand_hf(list(overrides or []))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
+    check_syntax(overrides)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         try:
             cfg = compose(config_name=config_name, overrides=[*overrides, *searchpath_overrides()])
@@ -138,7 +139,8 @@ HF_MODEL = "hf"
 
 
 def expand_hf(overrides: list[str]) -> list[str]:
-    """`model=hf:<spec>` -> `model=hf model.source=hf:<spec> model.name=<its name>`: Hydra cannot select a file outside the config tree,
+    """`model=hf:<spec>` -> `model=hf model.source='hf:<spec>' model.name='<its name>'` (quoted: any path a shell
+    can name, any folder name, passes Hydra's grammar as a string): Hydra cannot select a file outside the config tree,
     so the placeholder is composed and `to_typed` fills its fields from <spec> (`_fill_from_hf`). Every entry point
     that hands overrides to Hydra passes them through here first."""
     out = []
@@ -151,10 +153,45 @@ def expand_hf(overrides: list[str]) -> list[str]:
 
             # the name too, so that run folders (hydra.run.dir reads model.name) say which model ran
             spec = value.removeprefix(f"{HF_MODEL}:").strip("'\"")
-            out += [f"{key}={HF_MODEL}", f"model.source={value}", f"model.name={model_name(spec)}"]
+            name = model_name(spec)
+            out += [
+                f"{key}={HF_MODEL}",
+                f"model.source={quoted(f'{HF_MODEL}:{spec}')}",
+                f"model.name={quoted(name)}",
+            ]
         else:
             out.append(item)
     return out
+
+
+def check_syntax(overrides: list[str]) -> None:
+    """Raises ConfigError naming the first override Hydra's grammar cannot parse (one line, not Hydra's trace)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        if item.startswith("-"):
+            raise ConfigError(f"{item}: unknown option here (see --help); overrides are key=value")
+        try:
+            parser.parse_overrides([item])
+        except OverrideParseException as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines()]
+            why = [
+                ln for ln in lines if ln.strip("^ ") and not ln.startswith(("Error parsing", "See ", "Lexer"))
+            ]
+            detail = f" ({why[0].split(' expecting ')[0]})" if why else ""
+            raise ConfigError(
+                f"override {item!r} is not Hydra override syntax{detail}: write key=value, and quote a value "
+                "holding spaces, brackets, commas or non-ASCII characters as key='value'"
+            ) from None
+
+
+def quoted(value: str) -> str:
+    """`value` as a single-quoted Hydra override value: any path a shell can name survives Hydra's grammar."""
+    # Hydra's rule: backslashes are literal except a run of them before a quote (or the closing quote), doubled
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body) + "'"
 
 
 def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
@@ -175,14 +212,17 @@ def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
     try:
         values = model_fields(spec, trust_remote_code=bool(cfg.model.trust_remote_code))
     except HFConfigError as exc:
-        raise ConfigError(f"model=hf:{spec}: {exc}") from exc
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith("model=") else f"model=hf:{spec}: {msg}") from exc
     for key, value in values.items():
         unset = OmegaConf.is_missing(cfg.model, key) or cfg.model[key] == defaults[key]
         if key not in given and (key == "name" or unset):
             cfg.model[key] = value
     m = cfg.model
-    if "num_dense_layers" not in given and values.get("num_experts") and m.num_dense_layers >= m.num_layers:
-        m.num_dense_layers = max(0, m.num_layers - 1)
+    has_moe = values.get("num_experts") and values.get("num_dense_layers", 0) < values["num_layers"]
+    sliced = m.num_layers < values["num_layers"]
+    if "num_dense_layers" not in given and m.num_dense_layers >= m.num_layers:  # all dense stays all dense
+        m.num_dense_layers = max(0, m.num_layers - 1) if has_moe and sliced else m.num_layers
     shared = values.get("moe_shared_expert_intermediate_size", 0)
     if shared and "moe_shared_expert_intermediate_size" not in given:
         m.moe_shared_expert_intermediate_size = shared // values["moe_ffn_hidden_size"] * m.moe_ffn_hidden_size
