@@ -1,7 +1,7 @@
 """The `muonbench` command: one subcommand per entry point, each the same as its `python -m` module.
 
     muonbench run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
-    muonbench run --config-dir ~/my_conf experiment=my_setup      # a user's own experiment files (Hydra searchpath)
+    muonbench run --config-dir ~/my_conf experiment=my_setup      # a user's own config files, shadowing ours
     muonbench collect && muonbench report
     muonbench flops model=kimi_k2 parallelism=pp4_dp64_ep64
     muonbench model hf:path/to/config.json model.num_layers=4 > conf/model/mine.yaml

@@ -326,9 +326,9 @@ def main() -> None:
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
-        sys.argv = [sys.argv[0], *flags_first([*with_hydra_defaults(rest), *compose.searchpath_overrides()])]
+        sys.argv = [sys.argv[0], *flags_first(with_hydra_defaults(rest))]
         schema.register_configs()
-        hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
+        hydra.main(config_path=str(compose.config_dir()), config_name="config", version_base="1.3")(execute)()
         return
     resume = [a.split("=", 1)[1] for a in argv if a.startswith(sweep.RESUME_KEY + "=")]
     try:
@@ -351,9 +351,9 @@ def main() -> None:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    sys.argv = [sys.argv[0], *with_hydra_defaults(overrides), *compose.searchpath_overrides()]
+    sys.argv = [sys.argv[0], *with_hydra_defaults(overrides)]
     schema.register_configs()
-    task = hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)
+    task = hydra.main(config_path=str(compose.config_dir()), config_name="config", version_base="1.3")(execute)
     out_dir = Path(muonbench.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
     try:
         _STATE["lock"] = sweep.hold_out_dir(out_dir)

@@ -7,11 +7,14 @@ typed dataclasses (`OmegaConf.to_object`) and validates the cross-group rules. E
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
 import math
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +28,9 @@ from optim import configs as C
 CONF_DIR = (Path(__file__).parent / "conf").resolve()
 
 USER_CONFIG_DIRS: list[Path] = []
-"""Directories given with `--config-dir` (a user's own experiment files), searched after `CONF_DIR`
-(Hydra's `hydra.searchpath`); set once at the entry point by `take_config_dirs`."""
+"""Directories given with `--config-dir` (a user's own config files, laid out like conf/); a file there takes
+precedence over the shipped file of the same name (`config_dir`). Set by `take_config_dirs`."""
+_MERGED: dict[tuple[Path, ...], Path] = {}
 
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 
@@ -95,13 +99,13 @@ def load(
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
     schema.register_configs()
-    overrides = expand_hf(list(overrides or []))
+    overrides = expand_hf(take_config_dirs(list(overrides or [])))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
     check_syntax(overrides)
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         try:
-            cfg = compose(config_name=config_name, overrides=[*overrides, *searchpath_overrides()])
+            cfg = compose(config_name=config_name, overrides=overrides)
         except (MissingConfigException, ConfigCompositionException) as exc:
             raise ConfigError(_explain_missing(exc)) from exc
     return to_typed(cfg, validate_=validate_, overrides=overrides)
@@ -127,11 +131,25 @@ def take_config_dirs(argv: list[str]) -> list[str]:
     return rest
 
 
-def searchpath_overrides() -> list[str]:
-    """The Hydra override that adds `USER_CONFIG_DIRS` to the config search path (none when there are none)."""
+def config_dir() -> Path:
+    """The config tree Hydra composes: `CONF_DIR`, or with `--config-dir` a merged copy of its YAML files where
+    the user's files replace shipped ones of the same name (the first directory given wins). Hydra's own
+    `hydra.searchpath` would let a shipped file shadow the user's."""
     if not USER_CONFIG_DIRS:
-        return []
-    return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in USER_CONFIG_DIRS) + "]"]
+        return CONF_DIR
+    key = tuple(USER_CONFIG_DIRS)
+    if key not in _MERGED:
+        root = Path(tempfile.mkdtemp(prefix="muonbench_conf_"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        for src in (CONF_DIR, *reversed(key)):
+            for f in src.rglob("*.yaml"):
+                if src != CONF_DIR:
+                    _check_yaml(f)
+                dest = root / f.relative_to(src)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, dest)
+        _MERGED[key] = root
+    return _MERGED[key]
 
 
 HF_MODEL = "hf"
@@ -226,6 +244,21 @@ def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
     shared = values.get("moe_shared_expert_intermediate_size", 0)
     if shared and "moe_shared_expert_intermediate_size" not in given:
         m.moe_shared_expert_intermediate_size = shared // values["moe_ffn_hidden_size"] * m.moe_ffn_hidden_size
+
+
+def _check_yaml(path: Path) -> None:
+    """Raises ConfigError naming the file, line and column of a YAML syntax error (Hydra prints a trace)."""
+    import yaml
+
+    try:
+        yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: YAML syntax error ({problem})") from None
 
 
 def available_options(group: str) -> list[str]:
