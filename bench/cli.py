@@ -45,7 +45,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         module="bench.tools.recommend", summary="recommended Muon settings with their predicted cost"
     ),
     "quality": Subcommand(
-        module="bench.tools.quality.run", summary="time to AdamW's loss for AdamW, Muon, MOP, SOAP-REKLS"
+        module="bench.tools.quality.sweep", summary="time to AdamW's loss for AdamW, Muon, MOP, SOAP-REKLS"
     ),
     "model": Subcommand(
         module="bench.tools.model", summary="conf/model YAML of a Hugging Face config (model=hf:<spec>)"

@@ -63,3 +63,23 @@ def test_every_subcommand_answers_in_one_line(
     (the handling sat in the module's __main__ only)."""
     assert cli.main(argv) == 2
     assert match in _one_line(capsys)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["profile=bogus"], "profile='bogus': must be one of"),
+        (["optimizers=foo"], "optimizers='foo' is not one of"),
+        (["steps=abc"], "steps='abc': must be an int"),
+        (["out=README.md"], "out='README.md': is a file"),
+    ],
+)
+def test_quality_arguments_are_one_line(argv: list[str], match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["quality", *argv]) == 2
+    assert match in _one_line(capsys)
+
+
+@pytest.mark.parametrize(("arg", "match"), [("device=tpu", "device='tpu'"), ("format=xml", "format='xml'")])
+def test_ns_kernels_arguments_are_one_line(arg: str, match: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["ns-kernels", arg]) == 2
+    assert match in _one_line(capsys)
