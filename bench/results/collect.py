@@ -156,10 +156,16 @@ def read_records(run_dirs: list[Path], problems: list[str]) -> list[tuple[Path, 
     out = []
     for d in run_dirs:
         path = d / "run.json"
+        if path.exists() and not path.is_file():  # a directory; a FIFO would block the read
+            problems.append(f"{path}: not a regular file; run skipped")
+            continue
         try:
             rec = record.read_json(path)
         except FileNotFoundError:
             problems.append(f"{path}: missing; run skipped")
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{path}: unreadable ({exc}); run skipped")
             continue
         except json.JSONDecodeError as exc:
             problems.append(
@@ -245,8 +251,13 @@ def collect(
     found: list[str] = []
     rows, steps, recs = [], [], []
     for d, rec in read_records(run_dirs, found):
-        rows.append(run_row(rec))
-        steps.extend(step_rows(rec, d, found))
+        try:
+            row, step = run_row(rec), step_rows(rec, d, found)
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a field of the wrong type
+            found.append(f"{d / 'run.json'}: a field has the wrong type ({type(exc).__name__}: {exc}); run skipped")
+            continue
+        rows.append(row)
+        steps.extend(step)
         recs.append(rec)
     if strict and found:
         raise BrokenRecords("broken run records (--strict):\n  " + "\n  ".join(found))

@@ -265,6 +265,13 @@ def read_steps(run_dir: str | Path, *, problems: list[str] | None = None) -> lis
     path = Path(run_dir) / "steps.jsonl"
     if not path.exists():
         return []
+    if not path.is_file():  # a FIFO or a device would block the read, a directory fail it
+        msg = f"{path}: not a regular file; no step rows"
+        if problems is None:
+            warnings.warn(msg, RecordWarning, stacklevel=2)
+        else:
+            problems.append(msg)
+        return []
     rows = []
     for num, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
         try:
@@ -660,6 +667,8 @@ def find_runs(root: str | Path) -> list[Path]:
 def is_report(folder: Path) -> bool:
     """The folder is a report (its run.json is a report's provenance), not a run; an unreadable run.json counts as
     a run, so the collector names it as broken instead of passing over it."""
+    if not (folder / "run.json").is_file():  # never open a FIFO: the read would block
+        return False
     try:
         data = read_json(folder / "run.json")
     except (OSError, ValueError):
