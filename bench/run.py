@@ -382,7 +382,7 @@ def main() -> None:
         counts = {st: sum(r["status"] == st for r in runs) for st in LAUNCHED_OK}
         head = ", ".join(f"{n} {st}" for st, n in counts.items() if n) or "0 ok"
         tail = "; not ok: " + ", ".join(f"{r['run_dir']} ({r['status']})" for r in bad) if bad else ""
-        print(f"== {len(runs)} runs: {head}{tail}")
+        print(f"== {record.count(len(runs), 'run')}: {head}{tail}")
     if bad:
         sys.exit(1)
 

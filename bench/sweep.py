@@ -262,5 +262,5 @@ def close_dead(out_dir: Path) -> list[str]:
     record.write_json_atomic(latest, data)
     if data.get("sweep_dir") and Path(data["sweep_dir"]).is_dir():
         record.write_json_atomic(Path(data["sweep_dir"]) / "sweep.json", data)
-    print(f"== {who} died while running: recorded killed ({len(closed)} runs closed)", file=sys.stderr)
+    print(f"== {who} died while running: recorded killed ({record.count(len(closed), 'run')} closed)", file=sys.stderr)
     return closed

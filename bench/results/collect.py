@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             if manifest.get("state") in ("running", "interrupted", "killed"):
                 problems.append(
                     f"{args.out_dir / 'LATEST.json'}: its invocation is {manifest['state']} "
-                    f"({len(run_dirs)} runs recorded so far)"
+                    f"({record.count(len(run_dirs), 'run')} recorded so far)"
                 )
         if not run_dirs:
             raise ValueError(f"no run.json under {[str(r) for r in args.runs or []]}")
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     for msg in problems:
         print(f"warning: {msg}", file=sys.stderr)
     print(terminal_table(results))
-    print(f"== {len(results)} runs -> {dest / 'results.csv'}, {dest / 'steps.csv'}, {dest / 'run.json'}")
+    print(f"== {record.count(len(results), 'run')} -> {dest / 'results.csv'}, {dest / 'steps.csv'}, {dest / 'run.json'}")
     return 0
 
 

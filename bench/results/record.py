@@ -128,6 +128,11 @@ PROTOCOL_TEXT = (
 STDERR_TAIL_CHARS = 4000
 
 
+def count(n: int, noun: str) -> str:
+    """`1 run`, `2 runs`: a number with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
