@@ -464,6 +464,38 @@ def check_runnable(root: schema.RootConfig) -> None:
             )
     if eng in ("megatron", "bridge") and opt.name != "adamw" and impl == "ours":
         _check_megatron_ours(root)
+    _check_data(root)
+
+
+DATA_KINDS: dict[str, tuple[str, ...]] = {
+    "hf": ("mock", "text"),
+    "megatron": ("mock", "indexed"),
+    "bridge": ("mock", "indexed"),
+}
+"""Engine -> the `bench.data` kinds it reads (`mock`, `text:<file>`, `indexed:<path prefix>`)."""
+
+
+def _check_data(root: schema.RootConfig) -> None:
+    """`bench.data` is a kind the engine reads and, on a local launch, names files that exist."""
+    spec, eng = root.bench.data, root.engine.name
+    kind, _, arg = spec.partition(":")
+    allowed = DATA_KINDS.get(eng, ("mock",))
+    if kind not in allowed or (kind == "mock") != (spec == "mock") or (kind != "mock" and not arg):
+        forms = ["mock" if k == "mock" else f"{k}:<{'file' if k == 'text' else 'path prefix'}>" for k in allowed]
+        _fail("bench.data", spec, f"the {eng} engine reads {forms}")
+    if root.launcher.name != "local" or kind == "mock":  # a cluster's paths are checked on its nodes
+        return
+    path = Path(arg).expanduser()
+    files = [path] if kind == "text" else [path.with_name(path.name + ext) for ext in (".bin", ".idx")]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        _fail("bench.data", spec, f"no such file: {', '.join(missing)}")
+    if kind == "text" and path.stat().st_size <= root.model.seq_length:
+        size, seq = path.stat().st_size, root.model.seq_length
+        _fail("bench.data", spec, f"the file has {size} bytes, needs > model.seq_length={seq}")
+    if kind == "text" and root.model.vocab_size < 256:
+        vocab = root.model.vocab_size
+        _fail("bench.data", spec, f"byte-level text needs model.vocab_size >= 256, got {vocab}")
 
 
 def _check_megatron_ours(root: schema.RootConfig) -> None:
