@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -26,8 +27,15 @@ def error_line(exc: BaseException) -> str:
     return str(exc)
 
 
+def quiet_dependencies() -> None:
+    """Silence dependency warnings a user cannot act on: torch imports the deprecated `pynvml` shim, which warns
+    on every import (its replacement, nvidia-ml-py, is what it wraps)."""
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated", category=FutureWarning)
+
+
 def run(main: Callable[[], Any]) -> int:
     """Call `main()`; ValueError (config errors included), OSError and Ctrl-C become one line and an exit code."""
+    quiet_dependencies()
     try:
         return int(main() or 0)
     except SystemExit as exc:  # argparse's --help and usage errors, Hydra's exits: the same code, returned

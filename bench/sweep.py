@@ -60,8 +60,8 @@ def expand(argv: list[str]) -> list[list[str]]:
 
 def preflight(jobs: list[list[str]]) -> list[str]:
     """Compose and validate every job, and check that its output directory can be written; one message per
-    failing job (field, value, rule), empty when all pass."""
-    errors = []
+    distinct failure (field, value, rule) with the jobs it hits, empty when all pass."""
+    errors: dict[str, list[str]] = {}
     for job in jobs:
         try:
             cfg = muonbench.load(list(job_key(job)))
@@ -77,9 +77,10 @@ def preflight(jobs: list[list[str]]) -> list[str]:
             launch.check_launchable(cfg)
             check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:
-            label = " ".join(job_key(job)) or "(defaults)"
-            errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))
-    return errors
+            errors.setdefault(str(exc), []).append(" ".join(job_key(job)) or "(defaults)")
+    if len(jobs) == 1:
+        return list(errors)
+    return [f"{msg}  [{'job' if len(ls) == 1 else 'jobs'}: {'; '.join(ls)}]" for msg, ls in errors.items()]
 
 
 def check_out_dir(out_dir: str) -> None:

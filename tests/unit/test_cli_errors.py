@@ -83,3 +83,21 @@ def test_quality_arguments_are_one_line(argv: list[str], match: str, capsys: pyt
 def test_ns_kernels_arguments_are_one_line(arg: str, match: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["ns-kernels", arg]) == 2
     assert match in _one_line(capsys)
+
+
+def test_model_help_names_its_required_argument(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["model", "--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m bench.tools.model hf:<config.json, folder or Hub id>")
+
+
+def test_entry_points_silence_the_pynvml_deprecation() -> None:
+    """Localises torch's `import pynvml` FutureWarning on every model=hf: run and tool help."""
+    import warnings
+
+    from bench import entry
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        entry.run(lambda: warnings.warn("The pynvml package is deprecated. Please install", FutureWarning))
+        entry.run(lambda: warnings.warn("another FutureWarning", FutureWarning))
+    assert [str(w.message) for w in seen] == ["another FutureWarning"]

@@ -31,9 +31,11 @@ def test_preflight_names_each_bad_job():
     tp_rule = "the hf engine is data parallel only (allowed: 1); use engine=megatron for model parallelism"
     assert errors == [
         f"parallelism.tp=2: {tp_rule}  [job: optimizer.lr=0.1 parallelism.tp=2]",
-        "optimizer.lr=-1.0: is not in [0.0, inf]  [job: optimizer.lr=-1 parallelism.tp=1]",
-        "optimizer.lr=-1.0: is not in [0.0, inf]  [job: optimizer.lr=-1 parallelism.tp=2]",
-    ]
+        (
+            "optimizer.lr=-1.0: is not in [0.0, inf]  "
+            "[jobs: optimizer.lr=-1 parallelism.tp=1; optimizer.lr=-1 parallelism.tp=2]"
+        ),
+    ]  # one line per distinct error, not one per job
 
 
 def test_bad_input_is_refused_before_launch_without_traceback_or_run_dir(tmp_path):
