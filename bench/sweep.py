@@ -188,7 +188,12 @@ def resume_plan(path: str) -> tuple[list[str], dict[tuple[str, ...], list[Path]]
     """(the recorded argv of the invocation, job key -> run directories of the runs that need no rerun, in the
     manifest's order: a job repeated in the sweep, e.g. `optimizer=adamw,muon,muon,adamw`, has one per ok run)."""
     manifest = _manifest_path(path)
-    data = record.read_json(manifest)
+    try:
+        data = record.read_json(manifest)
+    except (OSError, ValueError) as exc:  # an empty or torn file, a directory named like one
+        raise ValueError(f"{RESUME_KEY}={path!r}: {manifest} is not a readable manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{RESUME_KEY}={path!r}: {manifest} is not a manifest (a JSON object)")  # noqa: TRY004 - a user error
     if "argv" not in data:
         raise ValueError(
             f"{manifest}: written by an older bench.run without the command's argv; rerun the sweep"

@@ -338,3 +338,12 @@ def test_run_directories_are_named_by_the_optimizer_config_chosen(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     runs = record.read_json(out / "LATEST.json")["runs"]
     assert [Path(r).name for r in runs] == ["0_muon", "1_muon_split_gate_up"]
+
+
+@pytest.mark.parametrize("text", ["", "{torn", "[]"])
+def test_resume_from_an_unreadable_manifest_names_it(tmp_path, text):
+    """Localises `bench.resume=<empty file>` failing with "Expecting value" and no file named."""
+    manifest = tmp_path / "LATEST.json"
+    manifest.write_text(text)
+    with pytest.raises(ValueError, match=rf"bench.resume='{manifest}': {manifest}"):
+        sweep.resume_plan(str(manifest))
