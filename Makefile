@@ -60,7 +60,7 @@ bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo r
 
 bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make bench-hf CONFIG=path/to/config.json [ARGS=...] [OUT_DIR=...]
 	$(call check_args)
-	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/hf_tiny_dp2 model=hf:$(CONFIG) $(OUT_FLAGS) $(ARGS); rc=$$?; \
+	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/hf_tiny_dp2 'model=hf:$(CONFIG)' $(OUT_FLAGS) $(ARGS); rc=$$?; \
 	$(PY) -m bench.results.collect $(REPORT_FLAGS) && $(PY) -m bench.results.report $(REPORT_FLAGS) && exit $$rc
 
 EXAMPLE_REPORT := smoke_cpu_202612

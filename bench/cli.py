@@ -1,7 +1,7 @@
 """The `muonbench` command: one subcommand per entry point, each the same as its `python -m` module.
 
     muonbench run -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
-    muonbench run --config-dir ~/my_conf experiment=my_setup      # a user's own experiment files (Hydra searchpath)
+    muonbench run --config-dir ~/my_conf experiment=my_setup      # a user's own config files, shadowing ours
     muonbench collect && muonbench report
     muonbench flops model=kimi_k2 parallelism=pp4_dp64_ep64
     muonbench model hf:path/to/config.json model.num_layers=4 > conf/model/mine.yaml
@@ -83,12 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     entry = getattr(importlib.import_module(sub.module), sub.function)
     sys.argv = [f"muonbench {name}", *rest]  # every entry point reads its arguments from sys.argv (Hydra's too)
-    try:
-        return int(entry() or 0)
-    except SystemExit as exc:  # argparse's --help and usage errors: the same exit code, returned
-        if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
-        raise
+    from bench import entry as entry_point
+
+    return entry_point.run(entry)  # the one-line errors of `python -m <module>`
 
 
 CLUSTER_USAGE = """\

@@ -68,6 +68,12 @@ def flags_first(argv: list[str]) -> list[str]:
     """`argv` with Hydra's inspection flags (and their values) before the overrides, a bare `--info` after them:
     Hydra's parser takes no override after a flag's value, so `bench.run experiment=X --cfg job` would otherwise be
     an argparse error, and a bare `--info` before an override would take it for its choice."""
+    flags, rest, last = split_flags(argv)
+    return flags + rest + last
+
+
+def split_flags(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(inspection flags with their values, the overrides, a bare trailing `--info`) of `argv`."""
     flags: list[str] = []
     rest: list[str] = []
     last: list[str] = []
@@ -83,7 +89,7 @@ def flags_first(argv: list[str]) -> list[str]:
             next(it)
         else:
             (last if kind == "choice" else flags).append(argv[i])
-    return flags + rest + last
+    return flags, rest, last
 
 
 def with_hydra_defaults(argv: list[str]) -> list[str]:
@@ -314,10 +320,15 @@ def main() -> None:
         print(run_usage())
         return
     if any(a in INSPECT_FLAGS for a in argv):
-        rest = compose.expand_hf(compose.take_config_dirs(argv))  # Hydra's own inspection flags: no job runs
-        sys.argv = [sys.argv[0], *flags_first([*with_hydra_defaults(rest), *compose.searchpath_overrides()])]
+        try:
+            rest = compose.expand_hf(compose.take_config_dirs(argv))  # Hydra's inspection flags: no job runs
+            compose.check_syntax([a for a in split_flags(rest)[1] if a not in sweep.HYDRA_FLAGS])
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
+        sys.argv = [sys.argv[0], *flags_first(with_hydra_defaults(rest))]
         schema.register_configs()
-        hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)()
+        hydra.main(config_path=str(compose.config_dir()), config_name="config", version_base="1.3")(execute)()
         return
     resume = [a.split("=", 1)[1] for a in argv if a.startswith(sweep.RESUME_KEY + "=")]
     try:
@@ -340,9 +351,9 @@ def main() -> None:
         for e in errors:
             print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    sys.argv = [sys.argv[0], *with_hydra_defaults(overrides), *compose.searchpath_overrides()]
+    sys.argv = [sys.argv[0], *with_hydra_defaults(overrides)]
     schema.register_configs()
-    task = hydra.main(config_path=str(muonbench.CONF_DIR), config_name="config", version_base="1.3")(execute)
+    task = hydra.main(config_path=str(compose.config_dir()), config_name="config", version_base="1.3")(execute)
     out_dir = Path(muonbench.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
     try:
         _STATE["lock"] = sweep.hold_out_dir(out_dir)
@@ -371,10 +382,12 @@ def main() -> None:
         counts = {st: sum(r["status"] == st for r in runs) for st in LAUNCHED_OK}
         head = ", ".join(f"{n} {st}" for st, n in counts.items() if n) or "0 ok"
         tail = "; not ok: " + ", ".join(f"{r['run_dir']} ({r['status']})" for r in bad) if bad else ""
-        print(f"== {len(runs)} runs: {head}{tail}")
+        print(f"== {record.count(len(runs), 'run')}: {head}{tail}")
     if bad:
         sys.exit(1)
 
 
 if __name__ == "__main__":
-    main()
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

@@ -51,6 +51,7 @@ def expand(argv: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = [a for a in argv if not a.startswith("-")]
+    muonbench.compose.check_syntax(overrides)
     if not is_multirun(argv):
         return [overrides]
     parsed = OverridesParser.create().parse_overrides(overrides)
@@ -59,8 +60,8 @@ def expand(argv: list[str]) -> list[list[str]]:
 
 def preflight(jobs: list[list[str]]) -> list[str]:
     """Compose and validate every job, and check that its output directory can be written; one message per
-    failing job (field, value, rule), empty when all pass."""
-    errors = []
+    distinct failure (field, value, rule) with the jobs it hits, empty when all pass."""
+    errors: dict[str, list[str]] = {}
     for job in jobs:
         try:
             cfg = muonbench.load(list(job_key(job)))
@@ -76,9 +77,10 @@ def preflight(jobs: list[list[str]]) -> list[str]:
             launch.check_launchable(cfg)
             check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:
-            label = " ".join(job_key(job)) or "(defaults)"
-            errors.append(f"{exc}  [job: {label}]" if len(jobs) > 1 else str(exc))
-    return errors
+            errors.setdefault(str(exc), []).append(" ".join(job_key(job)) or "(defaults)")
+    if len(jobs) == 1:
+        return list(errors)
+    return [f"{msg}  [{'job' if len(ls) == 1 else 'jobs'}: {'; '.join(ls)}]" for msg, ls in errors.items()]
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -186,7 +188,12 @@ def resume_plan(path: str) -> tuple[list[str], dict[tuple[str, ...], list[Path]]
     """(the recorded argv of the invocation, job key -> run directories of the runs that need no rerun, in the
     manifest's order: a job repeated in the sweep, e.g. `optimizer=adamw,muon,muon,adamw`, has one per ok run)."""
     manifest = _manifest_path(path)
-    data = record.read_json(manifest)
+    try:
+        data = record.read_json(manifest)
+    except (OSError, ValueError) as exc:  # an empty or torn file, a directory named like one
+        raise ValueError(f"{RESUME_KEY}={path!r}: {manifest} is not a readable manifest ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{RESUME_KEY}={path!r}: {manifest} is not a manifest (a JSON object)")  # noqa: TRY004 - a user error
     if "argv" not in data:
         raise ValueError(
             f"{manifest}: written by an older bench.run without the command's argv; rerun the sweep"
@@ -261,5 +268,5 @@ def close_dead(out_dir: Path) -> list[str]:
     record.write_json_atomic(latest, data)
     if data.get("sweep_dir") and Path(data["sweep_dir"]).is_dir():
         record.write_json_atomic(Path(data["sweep_dir"]) / "sweep.json", data)
-    print(f"== {who} died while running: recorded killed ({len(closed)} runs closed)", file=sys.stderr)
+    print(f"== {who} died while running: recorded killed ({record.count(len(closed), 'run')} closed)", file=sys.stderr)
     return closed

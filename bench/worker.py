@@ -254,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if len(args) != 1:
         raise SystemExit("usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>")
+    from bench.entry import quiet_dependencies
+
+    quiet_dependencies()
     t0 = time.perf_counter()
     run(Path(args[0]))
     if rank_info().rank == 0:

@@ -38,11 +38,19 @@ def groups_text() -> str:
     return "\n".join(f"  {g:<12} {', '.join(muonbench.available_options(g))}" for g in groups)
 
 
+SYNOPSIS = "[group=option ...] [group.field=value ...]"
+
+
 def usage(
-    prog: str, summary: str, *, tool_options: dict[str, str] | None = None, examples: tuple[str, ...] = ()
+    prog: str,
+    summary: str,
+    *,
+    tool_options: dict[str, str] | None = None,
+    examples: tuple[str, ...] = (),
+    synopsis: str = SYNOPSIS,
 ) -> str:
-    """The help text of a Hydra-style entry point."""
-    lines = [f"usage: python -m {prog} [group=option ...] [group.field=value ...]", "", summary, ""]
+    """The help text of a Hydra-style entry point (`synopsis`: its arguments, required ones first)."""
+    lines = [f"usage: python -m {prog} {synopsis}", "", summary, ""]
     if tool_options:
         lines += ["options of this tool:"]
         lines += [f"  {k:<24} {v}" for k, v in tool_options.items()]
@@ -90,11 +98,12 @@ def usage_help(
     *,
     tool_options: dict[str, str] | None = None,
     examples: tuple[str, ...] = (),
+    synopsis: str = SYNOPSIS,
 ) -> bool:
     """Print `usage(...)` of a Hydra-style tool when `argv` asks for help; True when it did (the caller exits)."""
     if not asks_for_help(argv):
         return False
-    print(usage(prog, summary, tool_options=tool_options, examples=examples))
+    print(usage(prog, summary, tool_options=tool_options, examples=examples, synopsis=synopsis))
     return True
 
 

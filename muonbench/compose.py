@@ -7,11 +7,14 @@ typed dataclasses (`OmegaConf.to_object`) and validates the cross-group rules. E
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
 import math
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -25,8 +28,9 @@ from optim import configs as C
 CONF_DIR = (Path(__file__).parent / "conf").resolve()
 
 USER_CONFIG_DIRS: list[Path] = []
-"""Directories given with `--config-dir` (a user's own experiment files), searched after `CONF_DIR`
-(Hydra's `hydra.searchpath`); set once at the entry point by `take_config_dirs`."""
+"""Directories given with `--config-dir` (a user's own config files, laid out like conf/); a file there takes
+precedence over the shipped file of the same name (`config_dir`). Set by `take_config_dirs`."""
+_MERGED: dict[tuple[Path, ...], Path] = {}
 
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 
@@ -95,12 +99,13 @@ def load(
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
     schema.register_configs()
-    overrides = expand_hf(list(overrides or []))
+    overrides = expand_hf(take_config_dirs(list(overrides or [])))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+    check_syntax(overrides)
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         try:
-            cfg = compose(config_name=config_name, overrides=[*overrides, *searchpath_overrides()])
+            cfg = compose(config_name=config_name, overrides=overrides)
         except (MissingConfigException, ConfigCompositionException) as exc:
             raise ConfigError(_explain_missing(exc)) from exc
     return to_typed(cfg, validate_=validate_, overrides=overrides)
@@ -126,11 +131,25 @@ def take_config_dirs(argv: list[str]) -> list[str]:
     return rest
 
 
-def searchpath_overrides() -> list[str]:
-    """The Hydra override that adds `USER_CONFIG_DIRS` to the config search path (none when there are none)."""
+def config_dir() -> Path:
+    """The config tree Hydra composes: `CONF_DIR`, or with `--config-dir` a merged copy of its YAML files where
+    the user's files replace shipped ones of the same name (the first directory given wins). Hydra's own
+    `hydra.searchpath` would let a shipped file shadow the user's."""
     if not USER_CONFIG_DIRS:
-        return []
-    return ["hydra.searchpath=[" + ",".join(f"'file://{p}'" for p in USER_CONFIG_DIRS) + "]"]
+        return CONF_DIR
+    key = tuple(USER_CONFIG_DIRS)
+    if key not in _MERGED:
+        root = Path(tempfile.mkdtemp(prefix="muonbench_conf_"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        for src in (CONF_DIR, *reversed(key)):
+            for f in src.rglob("*.yaml"):
+                if src != CONF_DIR:
+                    _check_yaml(f)
+                dest = root / f.relative_to(src)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, dest)
+        _MERGED[key] = root
+    return _MERGED[key]
 
 
 HF_MODEL = "hf"
@@ -138,7 +157,8 @@ HF_MODEL = "hf"
 
 
 def expand_hf(overrides: list[str]) -> list[str]:
-    """`model=hf:<spec>` -> `model=hf model.source=hf:<spec> model.name=<its name>`: Hydra cannot select a file outside the config tree,
+    """`model=hf:<spec>` -> `model=hf model.source='hf:<spec>' model.name='<its name>'` (quoted: any path a shell
+    can name, any folder name, passes Hydra's grammar as a string): Hydra cannot select a file outside the config tree,
     so the placeholder is composed and `to_typed` fills its fields from <spec> (`_fill_from_hf`). Every entry point
     that hands overrides to Hydra passes them through here first."""
     out = []
@@ -151,10 +171,45 @@ def expand_hf(overrides: list[str]) -> list[str]:
 
             # the name too, so that run folders (hydra.run.dir reads model.name) say which model ran
             spec = value.removeprefix(f"{HF_MODEL}:").strip("'\"")
-            out += [f"{key}={HF_MODEL}", f"model.source={value}", f"model.name={model_name(spec)}"]
+            name = model_name(spec)
+            out += [
+                f"{key}={HF_MODEL}",
+                f"model.source={quoted(f'{HF_MODEL}:{spec}')}",
+                f"model.name={quoted(name)}",
+            ]
         else:
             out.append(item)
     return out
+
+
+def check_syntax(overrides: list[str]) -> None:
+    """Raises ConfigError naming the first override Hydra's grammar cannot parse (one line, not Hydra's trace)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for item in overrides:
+        if item.startswith("-"):
+            raise ConfigError(f"{item}: unknown option here (see --help); overrides are key=value")
+        try:
+            parser.parse_overrides([item])
+        except OverrideParseException as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines()]
+            why = [
+                ln for ln in lines if ln.strip("^ ") and not ln.startswith(("Error parsing", "See ", "Lexer"))
+            ]
+            detail = f" ({why[0].split(' expecting ')[0]})" if why else ""
+            raise ConfigError(
+                f"override {item!r} is not Hydra override syntax{detail}: write key=value, and quote a value "
+                "holding spaces, brackets, commas or non-ASCII characters as key='value'"
+            ) from None
+
+
+def quoted(value: str) -> str:
+    """`value` as a single-quoted Hydra override value: any path a shell can name survives Hydra's grammar."""
+    # Hydra's rule: backslashes are literal except a run of them before a quote (or the closing quote), doubled
+    body = re.sub(r"(\\*)'", lambda m: m.group(1) * 2 + "\\'", value)
+    return "'" + re.sub(r"(\\+)$", lambda m: m.group(1) * 2, body) + "'"
 
 
 def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
@@ -175,17 +230,35 @@ def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
     try:
         values = model_fields(spec, trust_remote_code=bool(cfg.model.trust_remote_code))
     except HFConfigError as exc:
-        raise ConfigError(f"model=hf:{spec}: {exc}") from exc
+        msg = str(exc)
+        raise ConfigError(msg if msg.startswith("model=") else f"model=hf:{spec}: {msg}") from exc
     for key, value in values.items():
         unset = OmegaConf.is_missing(cfg.model, key) or cfg.model[key] == defaults[key]
         if key not in given and (key == "name" or unset):
             cfg.model[key] = value
     m = cfg.model
-    if "num_dense_layers" not in given and values.get("num_experts") and m.num_dense_layers >= m.num_layers:
-        m.num_dense_layers = max(0, m.num_layers - 1)
+    has_moe = values.get("num_experts") and values.get("num_dense_layers", 0) < values["num_layers"]
+    sliced = m.num_layers < values["num_layers"]
+    if "num_dense_layers" not in given and m.num_dense_layers >= m.num_layers:  # all dense stays all dense
+        m.num_dense_layers = max(0, m.num_layers - 1) if has_moe and sliced else m.num_layers
     shared = values.get("moe_shared_expert_intermediate_size", 0)
     if shared and "moe_shared_expert_intermediate_size" not in given:
         m.moe_shared_expert_intermediate_size = shared // values["moe_ffn_hidden_size"] * m.moe_ffn_hidden_size
+
+
+def _check_yaml(path: Path) -> None:
+    """Raises ConfigError naming the file, line and column of a YAML syntax error (Hydra prints a trace)."""
+    import yaml
+
+    try:
+        yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: YAML syntax error ({problem})") from None
 
 
 def available_options(group: str) -> list[str]:
@@ -391,6 +464,38 @@ def check_runnable(root: schema.RootConfig) -> None:
             )
     if eng in ("megatron", "bridge") and opt.name != "adamw" and impl == "ours":
         _check_megatron_ours(root)
+    _check_data(root)
+
+
+DATA_KINDS: dict[str, tuple[str, ...]] = {
+    "hf": ("mock", "text"),
+    "megatron": ("mock", "indexed"),
+    "bridge": ("mock", "indexed"),
+}
+"""Engine -> the `bench.data` kinds it reads (`mock`, `text:<file>`, `indexed:<path prefix>`)."""
+
+
+def _check_data(root: schema.RootConfig) -> None:
+    """`bench.data` is a kind the engine reads and, on a local launch, names files that exist."""
+    spec, eng = root.bench.data, root.engine.name
+    kind, _, arg = spec.partition(":")
+    allowed = DATA_KINDS.get(eng, ("mock",))
+    if kind not in allowed or (kind == "mock") != (spec == "mock") or (kind != "mock" and not arg):
+        forms = ["mock" if k == "mock" else f"{k}:<{'file' if k == 'text' else 'path prefix'}>" for k in allowed]
+        _fail("bench.data", spec, f"the {eng} engine reads {forms}")
+    if root.launcher.name != "local" or kind == "mock":  # a cluster's paths are checked on its nodes
+        return
+    path = Path(arg).expanduser()
+    files = [path] if kind == "text" else [path.with_name(path.name + ext) for ext in (".bin", ".idx")]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        _fail("bench.data", spec, f"no such file: {', '.join(missing)}")
+    if kind == "text" and path.stat().st_size <= root.model.seq_length:
+        size, seq = path.stat().st_size, root.model.seq_length
+        _fail("bench.data", spec, f"the file has {size} bytes, needs > model.seq_length={seq}")
+    if kind == "text" and root.model.vocab_size < 256:
+        vocab = root.model.vocab_size
+        _fail("bench.data", spec, f"byte-level text needs model.vocab_size >= 256, got {vocab}")
 
 
 def _check_megatron_ours(root: schema.RootConfig) -> None:

@@ -80,8 +80,12 @@ def read(spec: str, *, trust_remote_code: bool = False) -> Any:
     path = resolve(spec)
     try:
         raw = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         _fail("model", f"hf:{spec}", f"{path} is not a readable JSON config: {exc}")
+    if not isinstance(raw, dict):
+        _fail(
+            "model", f"hf:{spec}", f"{path} holds a JSON {type(raw).__name__}, not an object of config fields"
+        )
     model_type = raw.get("model_type")
     if not model_type:
         _fail("model_type", None, f"{path} names no model_type; supported: {sorted(FAMILIES)}")
@@ -101,17 +105,22 @@ def read(spec: str, *, trust_remote_code: bool = False) -> Any:
     # A file path reads that file; remote code is found beside it, so a folder is passed for it.
     source = str(path.parent if trust_remote_code and remote else path)
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
+        cfg = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=True)
     except Exception as exc:
-        raise HFConfigError(f"model=hf:{spec}: transformers cannot read {path}: {exc}") from exc
+        raise HFConfigError(f"transformers cannot read {path}: {exc}") from exc
+    cfg.muonbench_given = frozenset(raw)  # what the file states; `_need` refuses transformers' class defaults
+    return cfg
 
 
 def _check_heads(raw: dict[str, Any]) -> None:
     """The head counts, checked on the raw file so the error names the field (transformers' own check does not)."""
     hidden, heads = raw.get("hidden_size"), raw.get("num_attention_heads")
     for name, value in (("hidden_size", hidden), ("num_attention_heads", heads)):
-        if not isinstance(value, int) or value < 1:
+        if not _is_int(value) or value < 1:
             _fail(name, value, "must be an integer >= 1")
+    groups = raw.get("num_key_value_heads")
+    if groups is not None and (not _is_int(groups) or groups < 1):
+        _fail("num_key_value_heads", groups, "must be an integer >= 1 (or absent: one per attention head)")
     if not raw.get("head_dim") and "kv_lora_rank" not in raw and hidden % heads:
         _fail(
             "num_attention_heads",
@@ -126,22 +135,36 @@ def _check_heads(raw: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------------------------
 # Mapping a transformers config to ModelConfig fields
 # --------------------------------------------------------------------------------------------------------------
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _get(cfg: Any, name: str, default: Any = None) -> Any:
     return getattr(cfg, name, default)
 
 
 def _need(cfg: Any, name: str) -> Any:
+    """A field the file must state: a value transformers' config class filled in is not this model's."""
     value = _get(cfg, name)
-    if value is None:
-        _fail(name, None, f"required for model_type {cfg.model_type!r}")
+    given = _get(cfg, "muonbench_given")
+    if value is None or (given is not None and name not in given):
+        _fail(name, None, f"required for model_type {cfg.model_type!r}: the config.json does not state it")
     return value
+
+
+def _number(name: str, value: Any) -> float:
+    """`value` of field `name` as a float, refused naming the field when it is not a number."""
+    if _is_int(value) or isinstance(value, float):
+        return float(value)
+    _fail(name, value, "must be a number")
+    raise AssertionError  # unreachable: _fail raises
 
 
 def _rope(cfg: Any) -> dict[str, Any]:
     """RoPE base and YaRN scaling (transformers >= 5 keeps them in rope_parameters, older in rope_theta)."""
     params = dict(_get(cfg, "rope_parameters") or _get(cfg, "rope_scaling") or {})
     theta = params.get("rope_theta", _get(cfg, "rope_theta", 10000.0))
-    out: dict[str, Any] = {"rotary_base": float(theta)}
+    out: dict[str, Any] = {"rotary_base": _number("rope_theta", theta)}
     kind = params.get("rope_type", params.get("type", "default"))
     if kind == "yarn":
         out |= {
@@ -159,7 +182,7 @@ def _common(cfg: Any) -> dict[str, Any]:
         _fail("hidden_act", act, "the engines build SwiGLU feed-forward layers; allowed: ['silu']")
     hidden, heads = _need(cfg, "hidden_size"), _need(cfg, "num_attention_heads")
     for name in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
-        if not isinstance(_need(cfg, name), int) or _get(cfg, name) < 1:
+        if not _is_int(_need(cfg, name)) or _get(cfg, name) < 1:
             _fail(name, _get(cfg, name), "must be an integer >= 1")
     out = {
         "family": cfg.model_type,
@@ -169,7 +192,7 @@ def _common(cfg: Any) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         "seq_length": min(SEQ_LENGTH, _get(cfg, "max_position_embeddings") or SEQ_LENGTH),
         "gated_linear_unit": True,
-        "norm_eps": float(_get(cfg, "rms_norm_eps", 1e-6)),
+        "norm_eps": _number("rms_norm_eps", _get(cfg, "rms_norm_eps", 1e-6)),
         "tie_embeddings": bool(_get(cfg, "tie_word_embeddings", False)),
         **_rope(cfg),
     }
@@ -331,7 +354,9 @@ FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
 def model_name(spec: str) -> str:
     """A config name from the spec: `meta-llama/Meta-Llama-3-8B` -> `meta_llama_3_8b`; a path: its folder."""
     path = Path(spec)
-    stem = path.parent.name if path.name == "config.json" or path.suffix == ".json" else path.name
+    stem = (
+        path.parent.name if path.name == "config.json" else path.stem if path.suffix == ".json" else path.name
+    )
     if _HUB_ID.match(spec) and not path.exists():
         stem = spec.split("/", 1)[1]
     return re.sub(r"[^0-9a-z]+", "_", (stem or "hf_model").lower()).strip("_") or "hf_model"

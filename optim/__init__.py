@@ -4,11 +4,11 @@ Public API (resolved lazily, so `import optim.distributed.assignment` or `optim.
 
 - `Muon(params, config=MuonConfig(), *, splits=None)`, `MOP(params, config=MOPConfig(), *, splits=None)`,
   `SOAP(params, config=SOAPConfig())`: torch.optim.Optimizer subclasses.
-- `build_optimizer(named_params, config, *, naming="hf", routing=None, layout=None, adamw=None)
-  -> HybridOptimizer`.
+- `build_optimizer(model_or_named_params, config, *, naming="hf", routing=None, layout=None, adamw=None,
+  model=None) -> HybridOptimizer`.
 - `TPSpec(partition_dim=, group=, mode=)`: a tensor-parallel shard for Muon/MOP (`tp={param: spec}`, `tp_mode_fn`).
 - Configs: MuonConfig, MOPConfig, SOAPConfig, AdamWConfig, RoutingConfig; SplitLayout; NonFiniteError,
-  NonFiniteWarning; `newton_schulz`, `ns_coefficients`.
+  NonFiniteWarning, RoutingWarning; `newton_schulz`, `ns_coefficients`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _EXPORTS = {
     "route_parameters": "optim.routing",
     "SplitLayout": "optim.routing",
     "ParamRoute": "optim.routing",
+    "RoutingWarning": "optim.routing",
     "newton_schulz": "optim.functional.newton_schulz",
     "ns_coefficients": "optim.functional.newton_schulz",
     "MuonConfig": "optim.configs",
@@ -49,6 +50,7 @@ __all__ = [
     "NonFiniteWarning",
     "ParamRoute",
     "RoutingConfig",
+    "RoutingWarning",
     "SOAPConfig",
     "SplitLayout",
     "build_optimizer",

@@ -7,6 +7,7 @@ routed and split is RoutingConfig; the parallel layout is not configured here.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
@@ -50,11 +51,45 @@ def _choice(field: str, value: object, allowed: tuple[object, ...]) -> None:
         raise ConfigFieldError(field, value, f"is not one of {allowed}")
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _int(field: str, value: object) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise ConfigFieldError(field, value, "must be an int")
+
+
+def _bools(cfg: object, *names: str) -> None:
+    """Each named field is a bool (a string "false" would be truthy)."""
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            raise ConfigFieldError(name, value, "must be a bool (True or False)")
+
+
+MAX_CUSTOM_COEFFICIENT = 1e3
+"""Largest |a|, |b|, |c| of a custom Newton-Schulz triple (the shipped sets stay below 30): beyond it the
+iteration overflows in bf16 and the weights turn NaN."""
+
+
+def _check_custom(coefficients: object) -> None:
+    rule = f"must be a list of (a, b, c) triples of finite numbers with |x| <= {MAX_CUSTOM_COEFFICIENT:g}"
+    if not isinstance(coefficients, list | tuple):
+        raise ConfigFieldError("custom_coefficients", coefficients, rule)
+    for i, t in enumerate(coefficients):
+        ok = isinstance(t, list | tuple) and len(t) == 3 and all(_is_number(x) for x in t)
+        if not ok or not all(math.isfinite(x) and abs(x) <= MAX_CUSTOM_COEFFICIENT for x in t):  # type: ignore[union-attr]
+            raise ConfigFieldError(f"custom_coefficients[{i}]", t, rule)
+
+
 def _range(
     field: str, value: float, lo: float, hi: float, *, lo_open: bool = False, hi_open: bool = False
 ) -> None:
-    """`value` within the interval and finite (NaN fails every comparison, so it is rejected by name)."""
+    """`value` a number within the interval and finite (NaN fails every comparison, so it is rejected by name)."""
     lb, rb = "(" if lo_open else "[", ")" if hi_open else "]"
+    if not _is_number(value):
+        raise ConfigFieldError(field, value, f"must be a number in {lb}{lo}, {hi}{rb}")
     if not math.isfinite(value):
         raise ConfigFieldError(field, value, f"is not a finite number in {lb}{lo}, {hi}{rb}")
     bad = value < lo or value > hi or (lo_open and value == lo) or (hi_open and value == hi)
@@ -69,7 +104,9 @@ def _check_common(cfg: MuonConfig | MOPConfig) -> None:
     _choice("weight_decay_method", cfg.weight_decay_method, WEIGHT_DECAY_METHODS)
     _choice("nonfinite_policy", cfg.nonfinite_policy, NONFINITE_POLICIES)
     _choice("ns_precision", cfg.ns_precision, NS_PRECISIONS)
+    _int("num_ns_steps", cfg.num_ns_steps)
     _range("num_ns_steps", cfg.num_ns_steps, 1, 100)
+    _bools(cfg, "nesterov")
     _range("extra_scale_factor", cfg.extra_scale_factor, 0.0, float("inf"), lo_open=True)
 
 
@@ -122,6 +159,10 @@ class MuonConfig:
                 f"custom_coefficients={self.custom_coefficients!r} must be non-empty exactly when "
                 f"coefficient_type='custom' (got coefficient_type={self.coefficient_type!r})"
             )
+        _check_custom(self.custom_coefficients)
+        _bools(self, "use_gram_ns", "fused_step")
+        for i, it in enumerate(self.gram_restart_iterations):
+            _int(f"gram_restart_iterations[{i}]", it)
         _range("eps", self.eps, 0.0, 1.0, lo_open=True)
         bad = [i for i in self.gram_restart_iterations if not 0 < i < self.num_ns_steps]
         if self.use_gram_ns and bad:
@@ -215,10 +256,11 @@ class SOAPConfig:
         _range("eps_eigenvalue", self.eps_eigenvalue, 0.0, 1.0, lo_open=True)
         _range("weight_decay", self.weight_decay, 0.0, float("inf"))
         _choice("weight_decay_method", self.weight_decay_method, WEIGHT_DECAY_METHODS)
-        _range("precondition_frequency", self.precondition_frequency, 1, float("inf"))
-        _range("power_iter_steps", self.power_iter_steps, 1, float("inf"))
-        _range("max_precond_dim", self.max_precond_dim, 1, float("inf"))
+        for name in ("precondition_frequency", "power_iter_steps", "max_precond_dim"):
+            _int(name, getattr(self, name))
+            _range(name, getattr(self, name), 1, float("inf"))
         _choice("nonfinite_policy", self.nonfinite_policy, NONFINITE_POLICIES)
+        _bools(self, "use_eigh", "use_kl_shampoo", "correct_bias", "nesterov")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,6 +286,8 @@ class AdamWConfig:
             _range(f"betas[{i}]", b, 0.0, 1.0, hi_open=True)
         _range("eps", self.eps, 0.0, 1.0, lo_open=True)
         _range("weight_decay", self.weight_decay, 0.0, float("inf"))
+        if self.fused is not None:
+            _bools(self, "fused")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -260,3 +304,6 @@ class RoutingConfig:
     """Fused [gate; up] fc1 (Megatron linear_fc1, HF experts.gate_up_proj): separately (MCore: joint)."""
     no_decay_1d: bool = True
     """AdamW side: no weight decay on 1-D parameters (norms, biases), as MCore's default."""
+
+    def __post_init__(self) -> None:
+        _bools(self, "router_to_matrix", "split_qkv", "split_mla_kv_down", "split_gate_up", "no_decay_1d")

@@ -17,7 +17,7 @@ import torch
 
 from optim.configs import NONFINITE_POLICIES, AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
 from optim.optimizers.base import finite_flags, handle_nonfinite, param_names
-from optim.routing import Naming, ParamRoute, SplitLayout, route_parameters
+from optim.routing import Naming, ParamRoute, SplitLayout, named_parameters, route_parameters
 
 MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
 
@@ -183,30 +183,34 @@ def _adamw(
 
 
 def build_optimizer(
-    named_params: Iterable[tuple[str, torch.Tensor]],
+    named_params: Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor] | torch.nn.Module,
     config: MatrixConfig | AdamWConfig,
     *,
     naming: Naming = "hf",
     routing: RoutingConfig | None = None,
     layout: SplitLayout | None = None,
     adamw: AdamWConfig | None = None,
+    model: torch.nn.Module | None = None,
 ) -> HybridOptimizer:
     """Route `named_params` and build the optimizer.
 
     Args:
-        named_params: e.g. `model.named_parameters()`; parameters without requires_grad are left out.
+        named_params: the model (embeddings and output head found by module type), e.g.
+            `model.named_parameters()`, or plain tensors; parameters without requires_grad are left out.
         config: the matrix optimizer's config, or AdamWConfig for the all-AdamW baseline.
         naming: "hf" (transformers) or "megatron" parameter names.
         routing: routing and split policy.
         layout: model dimensions the requested splits need.
         adamw: config of the AdamW side; default AdamWConfig with the matrix config's lr and weight_decay.
+        model: the model `named_params` belong to (a subset, e.g. one rank's share), to route by module type.
 
     Returns:
         HybridOptimizer with sub-optimizers "matrix" (absent for the baseline or without matrices) and "adamw".
     """
-    named = [(n, p) for n, p in named_params if p.requires_grad]
+    pairs, own = named_parameters(named_params)
+    named = [(n, p) for n, p in pairs if p.requires_grad]
     by_name = dict(named)
-    routes = route_parameters(named, naming=naming, routing=routing, layout=layout)
+    routes = route_parameters(named, naming=naming, routing=routing, layout=layout, model=model or own)
     if isinstance(config, AdamWConfig):
         routes = [replace(r, optimizer="adamw", split=None) for r in routes]
         adamw_cfg, matrix_routes, adamw_routes = config, [], routes

@@ -3,21 +3,28 @@
 Rules (MCore `get_megatron_optimizer` + emerging-optimizers routing, made explicit):
 
 - 2-D hidden matrices and 3-D expert stacks (E, out, in) -> matrix optimizer (Muon / MOP / SOAP).
-- embeddings, the output layer, 1-D parameters (norms, biases) and 2-D "vectors" (a side of 1, e.g. a shared
-  expert gate) -> AdamW; MoE router weight -> matrix optimizer unless RoutingConfig.router_to_matrix is False.
+- embeddings, the output layer, 1-D parameters (norms, biases), 2-D "vectors" (a side of 1, e.g. a shared
+  expert gate) and empty parameters -> AdamW; MoE router weight -> matrix optimizer unless
+  RoutingConfig.router_to_matrix is False.
+- Embeddings and the output layer are found by module type when the model is given (`route_parameters(model)` or
+  `model=`): every `nn.Embedding` / `nn.EmbeddingBag` (a tied head shares its weight), and the model's
+  `get_output_embeddings()` or else any `nn.Linear` with the largest embedding's vocabulary size as outputs. From names alone they are
+  the known names below, a tensor listed twice (tied) and a matrix shaped like a found embedding; a matrix that
+  looks vocabulary-sized but matches none of these is routed `matrix` with a RoutingWarning naming it.
 - Splits (RowSplit, applied to the gradient/momentum, orthogonalized piece by piece, merged back):
   Megatron `linear_qkv` per query group into Q, K, V (split_qkv); MLA kv_down into latent and rope rows
   (split_mla_kv_down; HF `kv_a_proj_with_mqa`); fused [gate; up] fc1 (split_gate_up; Megatron `linear_fc1`,
   HF `experts.gate_up_proj`).
 
-Names are matched by dotted path components (exact tokens), per naming convention: "hf" (transformers
-Qwen3-MoE / DeepSeek-V3) or "megatron" (MCore GPT/MLA/MoE layers, TE or local specs).
+Names are matched by dotted path components (exact tokens), per naming convention: "hf" (transformers: Llama,
+Qwen, DeepSeek-V3, GPT-2, GPT-NeoX, T5, BERT) or "megatron" (MCore GPT/MLA/MoE layers, TE or local specs).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,8 +37,31 @@ Naming = Literal["hf", "megatron"]
 NAMINGS = ("hf", "megatron")
 KINDS = ("matrix", "expert_stack", "router", "embedding", "output", "norm", "bias", "vector", "other")
 
-_EMBEDDING = {"hf": {"embed_tokens"}, "megatron": {"word_embeddings", "position_embeddings"}}
-_OUTPUT = {"hf": {"lm_head"}, "megatron": {"output_layer"}}
+_EMBEDDING = {
+    "hf": {
+        "embed_tokens",
+        "wte",
+        "wpe",
+        "embed_in",
+        "shared",
+        "word_embeddings",
+        "position_embeddings",
+        "token_type_embeddings",
+        "embed_positions",
+        "relative_attention_bias",
+    },
+    "megatron": {"word_embeddings", "position_embeddings"},
+}
+_OUTPUT = {"hf": {"lm_head", "embed_out"}, "megatron": {"output_layer"}}
+_VOCAB_ASPECT = 8
+"""A 2-D parameter whose long side is at least this many times its short side and the longest of all matrices
+looks like a vocabulary table (embedding or output head) when names cannot tell."""
+
+
+class RoutingWarning(UserWarning):
+    """A parameter whose routing could not be told from names and shapes (pass the model to route by type)."""
+
+
 _WEIGHT = re.compile(r"weight\d*")  # TE grouped experts: linear_fc1.weight0 ... weightN
 
 
@@ -82,11 +112,17 @@ def classify(name: str, shape: tuple[int, ...], naming: Naming) -> str:
     """Kind of a parameter from its dotted name and shape (see KINDS)."""
     if naming not in NAMINGS:
         raise ValueError(f"naming={naming!r} is not one of {NAMINGS}")
-    parts = name.split(".")
-    if _EMBEDDING[naming] & set(parts):
+    parts = set(name.split("."))
+    if _EMBEDDING[naming] & parts:
         return "embedding"
-    if _OUTPUT[naming] & set(parts):
+    if _OUTPUT[naming] & parts:
         return "output"
+    return _shape_kind(name, shape, naming)
+
+
+def _shape_kind(name: str, shape: tuple[int, ...], naming: Naming) -> str:
+    """Kind of a parameter that is neither an embedding nor the output layer."""
+    parts = name.split(".")
     if len(shape) == 1:
         return "bias" if parts[-1] == "bias" or parts[-1].endswith("_bias") else "norm"
     if _is_router(parts, naming):
@@ -94,7 +130,7 @@ def classify(name: str, shape: tuple[int, ...], naming: Naming) -> str:
     if len(shape) == 3:
         return "expert_stack"
     if len(shape) == 2:
-        return "vector" if min(shape) == 1 else "matrix"
+        return "vector" if min(shape) == 1 else "matrix" if min(shape) > 1 else "other"
     return "other"
 
 
@@ -143,22 +179,113 @@ def _checked(name: str, rows: int, split: RowSplit) -> RowSplit:
     return split
 
 
+def module_kinds(model: torch.nn.Module) -> dict[int, str]:
+    """id(parameter) -> "embedding" | "output" for a model's embeddings and output head, by module type."""
+    kinds: dict[int, str] = {}
+    vocab = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Embedding | torch.nn.EmbeddingBag):
+            kinds.update({id(p): "embedding" for p in m.parameters(recurse=False)})
+            vocab = max(vocab, m.weight.shape[0])
+    get_output = getattr(model, "get_output_embeddings", None)  # transformers' PreTrainedModel API
+    head = get_output() if callable(get_output) else None
+    heads = [head] if isinstance(head, torch.nn.Module) else []
+    if not heads:  # no declared head: a Linear with the largest embedding's vocabulary as outputs
+        heads = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == vocab]
+    for h in heads:
+        for p in h.parameters(recurse=False):
+            kinds.setdefault(id(p), "output")
+    return kinds
+
+
+def _name_kinds(named: list[tuple[str, torch.Tensor]], naming: Naming) -> dict[int, str]:
+    """id(parameter) -> "embedding" | "output" from names alone: known names, tied tensors, embedding shapes."""
+    kinds: dict[int, str] = {}
+    seen: dict[int, int] = {}
+    for name, p in named:
+        seen[id(p)] = seen.get(id(p), 0) + 1
+        parts = set(name.split("."))
+        if _EMBEDDING[naming] & parts:
+            kinds[id(p)] = "embedding"
+        elif _OUTPUT[naming] & parts:
+            kinds[id(p)] = "output"
+    kinds.update({i: "embedding" for i, n in seen.items() if n > 1 and i not in kinds})
+    shapes = {tuple(p.shape) for _, p in named if kinds.get(id(p)) == "embedding"}
+    last = [p for _, p in named if p.ndim == 2][-1:]  # an untied head shaped like the embedding comes last
+    for p in last:
+        if id(p) not in kinds and (tuple(p.shape) in shapes or tuple(p.shape)[::-1] in shapes):
+            kinds[id(p)] = "output"
+    return kinds
+
+
+def _warn_unknown_vocab(named: list[tuple[str, torch.Tensor]], kinds: Mapping[int, str]) -> None:
+    if any(k == "embedding" for k in kinds.values()):
+        return
+    mats = [(n, p) for n, p in named if p.ndim == 2 and min(p.shape) > 1 and id(p) not in kinds]
+    longest = max((max(p.shape) for _, p in mats), default=0)
+    odd = [
+        f"{n} {tuple(p.shape)}" for n, p in mats if max(p.shape) == longest >= _VOCAB_ASPECT * min(p.shape)
+    ]
+    if odd:
+        warnings.warn(
+            f"cannot tell whether {', '.join(odd)} is an embedding or output head (routed to the matrix "
+            "optimizer); pass the model (route_parameters(model) / build_optimizer(model, ...)) to route "
+            "nn.Embedding and the output layer to AdamW by module type",
+            RoutingWarning,
+            stacklevel=3,
+        )
+
+
+def named_parameters(params: Any) -> tuple[list[tuple[str, torch.Tensor]], torch.nn.Module | None]:
+    """(name, parameter) pairs and the model from a model, (name, parameter) pairs or plain tensors (named by
+    position, "0", "1", ...); refuses anything else naming what it got."""
+    if isinstance(params, torch.nn.Module):
+        return list(params.named_parameters()), params
+    items = list(params)
+    if all(isinstance(x, torch.Tensor) for x in items):
+        return [(str(i), p) for i, p in enumerate(items)], None
+    bad = [x for x in items if not (isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], torch.Tensor))]
+    if bad:
+        raise TypeError(
+            f"parameters must be a model, (name, tensor) pairs or tensors; got {type(bad[0]).__name__} {bad[0]!r:.60}"
+        )
+    return [(str(n), p) for n, p in items], None
+
+
 def route_parameters(
-    named_params: Iterable[tuple[str, torch.Tensor]],
+    named_params: Iterable[tuple[str, torch.Tensor]] | Iterable[torch.Tensor] | torch.nn.Module,
     *,
     naming: Naming = "hf",
     routing: RoutingConfig | None = None,
     layout: SplitLayout | None = None,
+    model: torch.nn.Module | None = None,
 ) -> list[ParamRoute]:
-    """Route every trainable parameter (requires_grad) in order; see the module docstring for the rules."""
+    """Route every trainable parameter (requires_grad) in order; see the module docstring for the rules.
+
+    Args:
+        named_params: a model, its `named_parameters()`, or plain tensors.
+        model: the model the parameters belong to, so embeddings and the output head are found by module type
+            (implied when `named_params` is the model).
+    """
+    if naming not in NAMINGS:
+        raise ValueError(f"naming={naming!r} is not one of {NAMINGS}")
     routing = routing or RoutingConfig()
     layout = layout or SplitLayout()
+    named, own = named_parameters(named_params)
+    model = model or own
+    if model is not None:
+        kinds = module_kinds(model)
+    else:
+        kinds = _name_kinds(named, naming)
+        _warn_unknown_vocab([(n, p) for n, p in named if p.requires_grad], kinds)
     routes = []
-    for name, p in named_params:
-        if not p.requires_grad:
+    done: set[int] = set()
+    for name, p in named:
+        if not p.requires_grad or id(p) in done:
             continue
+        done.add(id(p))
         shape = tuple(p.shape)
-        kind = classify(name, shape, naming)
+        kind = kinds.get(id(p)) or _shape_kind(name, shape, naming)
         to_matrix = kind in ("matrix", "expert_stack") or (kind == "router" and routing.router_to_matrix)
         if to_matrix:
             split = split_for(name, shape, naming, routing, layout)

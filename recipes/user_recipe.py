@@ -79,6 +79,8 @@ def check_recipe(dotted: str) -> tuple[str, str]:
         except ImportError as exc:
             raise ValueError(f"{where}: module {module!r} does not import ({exc})") from None
         found = callable(fn)
+        if found and (inspect.isbuiltin(fn) or inspect.isclass(fn)):
+            raise ValueError(f"{where}: a {type(fn).__name__}, not a function returning a Bridge ConfigContainer")
         if found:
             _check_returns(fn, where)
     if not found:

@@ -154,7 +154,9 @@ class HFEngine(Engine):
         named = list(self.model.named_parameters())
 
         def build(params: Any) -> Any:
-            return build_optimizer(params, algo, naming="hf", routing=routing, layout=layout, adamw=adamw)
+            return build_optimizer(
+                params, algo, naming="hf", routing=routing, layout=layout, adamw=adamw, model=self.model
+            )
 
         distributed = dist_cfg.distributed if isinstance(opt, MatrixOptimizerSchema) else "none"
         if distributed == "none" or world == 1:
@@ -175,7 +177,9 @@ class HFEngine(Engine):
             self.layerwise = LayerWiseDistributedOptimizer(
                 named,
                 build,
-                is_matrix=_matrix_names(route_parameters(named, naming="hf", routing=routing, layout=layout)),
+                is_matrix=_matrix_names(
+                    route_parameters(named, naming="hf", routing=routing, layout=layout, model=self.model)
+                ),
                 dp_group=dist.group.WORLD,
                 config=lw_cfg,
             )

@@ -156,10 +156,16 @@ def read_records(run_dirs: list[Path], problems: list[str]) -> list[tuple[Path, 
     out = []
     for d in run_dirs:
         path = d / "run.json"
+        if path.exists() and not path.is_file():  # a directory; a FIFO would block the read
+            problems.append(f"{path}: not a regular file; run skipped")
+            continue
         try:
             rec = record.read_json(path)
         except FileNotFoundError:
             problems.append(f"{path}: missing; run skipped")
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            problems.append(f"{path}: unreadable ({exc}); run skipped")
             continue
         except json.JSONDecodeError as exc:
             problems.append(
@@ -245,8 +251,13 @@ def collect(
     found: list[str] = []
     rows, steps, recs = [], [], []
     for d, rec in read_records(run_dirs, found):
-        rows.append(run_row(rec))
-        steps.extend(step_rows(rec, d, found))
+        try:
+            row, step = run_row(rec), step_rows(rec, d, found)
+        except (TypeError, AttributeError, ValueError, KeyError) as exc:  # a field of the wrong type
+            found.append(f"{d / 'run.json'}: a field has the wrong type ({type(exc).__name__}: {exc}); run skipped")
+            continue
+        rows.append(row)
+        steps.extend(step)
         recs.append(rec)
     if strict and found:
         raise BrokenRecords("broken run records (--strict):\n  " + "\n  ".join(found))
@@ -326,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             if manifest.get("state") in ("running", "interrupted", "killed"):
                 problems.append(
                     f"{args.out_dir / 'LATEST.json'}: its invocation is {manifest['state']} "
-                    f"({len(run_dirs)} runs recorded so far)"
+                    f"({record.count(len(run_dirs), 'run')} recorded so far)"
                 )
         if not run_dirs:
             raise ValueError(f"no run.json under {[str(r) for r in args.runs or []]}")
@@ -359,9 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     for msg in problems:
         print(f"warning: {msg}", file=sys.stderr)
     print(terminal_table(results))
-    print(f"== {len(results)} runs -> {dest / 'results.csv'}, {dest / 'steps.csv'}, {dest / 'run.json'}")
+    print(f"== {record.count(len(results), 'run')} -> {dest / 'results.csv'}, {dest / 'steps.csv'}, {dest / 'run.json'}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

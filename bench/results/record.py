@@ -128,6 +128,11 @@ PROTOCOL_TEXT = (
 STDERR_TAIL_CHARS = 4000
 
 
+def count(n: int, noun: str) -> str:
+    """`1 run`, `2 runs`: a number with its noun in the right number."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -264,6 +269,13 @@ def read_steps(run_dir: str | Path, *, problems: list[str] | None = None) -> lis
     warned as a `RecordWarning`."""
     path = Path(run_dir) / "steps.jsonl"
     if not path.exists():
+        return []
+    if not path.is_file():  # a FIFO or a device would block the read, a directory fail it
+        msg = f"{path}: not a regular file; no step rows"
+        if problems is None:
+            warnings.warn(msg, RecordWarning, stacklevel=2)
+        else:
+            problems.append(msg)
         return []
     rows = []
     for num, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
@@ -660,6 +672,8 @@ def find_runs(root: str | Path) -> list[Path]:
 def is_report(folder: Path) -> bool:
     """The folder is a report (its run.json is a report's provenance), not a run; an unreadable run.json counts as
     a run, so the collector names it as broken instead of passing over it."""
+    if not (folder / "run.json").is_file():  # never open a FIFO: the read would block
+        return False
     try:
         data = read_json(folder / "run.json")
     except (OSError, ValueError):

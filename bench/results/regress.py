@@ -8,7 +8,8 @@ A run matches a golden row by (config_hash, hardware_name, gpu_name); `config_ha
 optimizer-step time and peak memory are worse when higher, model TFLOP/s per GPU when lower. A relative change
 beyond the tolerance (default 5%) in the bad direction is a regression; in the good direction a suspicious gain
 (too good to be true needs a look). After Megatron-Bridge `scripts/performance/utils/evaluate.py`. No torch import.
-Exit 0: nothing flagged (or --warn-only); 1: something flagged; 2: a file or a column is missing, or bless refused.
+Exit 0: nothing flagged (or --warn-only); 1: something flagged, a run with a golden row failed, or a compared run
+has no metric value at all; 2: a file, a column or an argument is bad, or bless refused.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import math
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench import entry
+from bench.entry import ArgParser
 from bench.results import record
 
 KEY: tuple[str, ...] = ("config_hash", "hardware_name", "gpu_name")
@@ -73,6 +76,10 @@ class Comparison:
     """(results row, golden row) of every run with at least one flagged metric."""
     no_golden: list[Row]
     failed: list[Row]
+    failed_golden: list[Row] = field(default_factory=list)
+    """Failed rows that have a golden row: a run that used to work and now does not."""
+    blank: list[str] = field(default_factory=list)
+    """run_ids compared whose every metric is missing (nothing was checked)."""
 
 
 def read_rows(path: Path, needed: tuple[str, ...]) -> list[Row]:
@@ -124,15 +131,19 @@ def compare(
     by_key = {key_of(g): g for g in golden}
     out = Comparison(checks=[], flagged=[], no_golden=[], failed=[])
     for row in results:
+        gold = by_key.get(key_of(row))
         if row["status"] != "ok":
             out.failed.append(row)
+            if gold is not None:
+                out.failed_golden.append(row)
             continue
-        gold = by_key.get(key_of(row))
         if gold is None:
             out.no_golden.append(row)
             continue
         checks = [check_metric(row["run_id"], m, gold[m], row[m], tolerance, min_delta_s) for m in METRICS]
         out.checks.extend(checks)
+        if all(c.verdict == "n/a" for c in checks):
+            out.blank.append(row["run_id"])
         if any(c.verdict in FLAGS for c in checks):
             out.flagged.append((row, gold))
     return out
@@ -183,7 +194,11 @@ def render(cmp: Comparison, *, results_path: Path, golden_path: Path, tolerance:
         ]
     if cmp.failed:
         lines += ["", "### failed runs (status != ok, not compared)"]
-        lines += [f"- {r['run_id']}: status {r['status']}" for r in cmp.failed]
+        covered = {id(r) for r in cmp.failed_golden}
+        lines += [
+            f"- {r['run_id']}: status {r['status']}{' (**has a golden row**)' if id(r) in covered else ''}"
+            for r in cmp.failed
+        ]
     num_compared = len({c.run_id for c in cmp.checks})
     counts = f"{len(cmp.flagged)} flagged, {len(cmp.no_golden)} without golden row, {len(cmp.failed)} failed"
     lines += ["", f"== {num_compared} compared, {counts}"]
@@ -238,20 +253,37 @@ def write_csv_atomic(path: Path, rows: list[Row]) -> None:
         raise
 
 
+def failures(cmp: Comparison) -> list[str]:
+    """Why a comparison fails whatever the tolerance: failed runs with a golden row, runs with no metric value."""
+    out = [f"{r['run_id']} ended {r['status']} but has a golden row" for r in cmp.failed_golden]
+    return out + [f"{run_id}: every metric is blank (nothing compared)" for run_id in cmp.blank]
+
+
+def _fraction(text: str) -> float:
+    """argparse type of --tolerance / --min-delta-s: a finite number >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
+    return v
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: `compare` or `bless`; returns the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m bench.results.regress", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog="python -m bench.results.regress", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     cp = sub.add_parser("compare", help="compare results.csv with golden rows")
     bp = sub.add_parser("bless", help="add ok rows of results.csv to a golden file")
     for p in (cp, bp):
         p.add_argument("--results", type=Path, required=True, help="reports/<name>/results.csv")
         p.add_argument("--golden", type=Path, required=True, help="reports/golden/<file>.csv")
-    cp.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance (default 0.05)")
+    cp.add_argument("--tolerance", type=_fraction, default=0.05, help="relative tolerance (default 0.05)")
     cp.add_argument("--warn-only", action="store_true", help="print flagged rows but exit 0")
     cp.add_argument(
         "--min-delta-s",
-        type=float,
+        type=_fraction,
         default=0.02,
         help="time metrics that moved by less than this many seconds are not flagged (default 0.02)",
     )
@@ -259,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "bless":
-            for note in bless(args.results, args.golden, run_ids=args.runs):
+            try:
+                notes = bless(args.results, args.golden, run_ids=args.runs)
+            except OSError as exc:
+                raise RegressError(f"{args.golden}: cannot write ({exc.strerror or exc})") from None
+            for note in notes:
                 print(f"bless {note}")
             print(f"== golden rows -> {args.golden}")
             return 0
@@ -277,8 +313,10 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    return 1 if cmp.flagged and not args.warn_only else 0
+    for why in failures(cmp):
+        print(f"error: {why}", file=sys.stderr)
+    return 1 if failures(cmp) or (cmp.flagged and not args.warn_only) else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(entry.run(main))

@@ -325,8 +325,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ValueError as exc:  # user and config errors (config.ConfigError is one): one line, exit 2
-        print(f"bench.tools.balance: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

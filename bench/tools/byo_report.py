@@ -169,4 +169,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

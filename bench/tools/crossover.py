@@ -13,7 +13,6 @@ Writes `results.csv` (one row per steady step), `summary.json` and `crossover.pn
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -21,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.entry import ArgParser
 from bench.results.record import first_step
 
 RESAMPLES = 2000
@@ -29,25 +29,34 @@ FIELDS = ("step_s", "fwd_bwd_s", "optim_s")
 
 def load_runs(root: Path) -> list[dict[str, Any]]:
     """The `ok` runs under root in start order: optimizer, start time, load average, first step and steady steps."""
+    if not root.is_dir():
+        raise ValueError(f"{root}: not a folder of run folders")
     runs = []
-    for rj in sorted(root.glob("*/run.json")):
-        rec = json.loads(rj.read_text())
-        if rec.get("status") != "ok":
-            continue
-        warm = int(rec["config"]["bench"]["warmup_steps"])
-        steps = [json.loads(line) for line in (rj.parent / "steps.jsonl").read_text().splitlines() if line.strip()]
-        runs.append(
-            {
-                "run_id": rec["run_id"],
-                "optimizer": rec["config"]["optimizer"]["name"],
-                "start_time": rec["start_time"],
-                "load_avg_1m": (rec.get("hardware") or {}).get("load_avg_1m"),
-                **first_step(steps),
-                "peak_mem_bytes": (rec.get("summary") or {}).get("peak_mem_bytes"),
-                "steady": [s for s in steps[warm:] if s.get("step_s") is not None],
-            }
-        )
+    for rj in sorted(root.rglob("run.json")):  # run folders directly under root or a level or more down
+        try:
+            run = _ok_run(rj)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{rj}: not a readable run record ({type(exc).__name__}: {exc})") from None
+        if run is not None:
+            runs.append(run)
     return sorted(runs, key=lambda r: r["start_time"])
+
+
+def _ok_run(rj: Path) -> dict[str, Any] | None:
+    rec = json.loads(rj.read_text())
+    if rec.get("status") != "ok":
+        return None
+    warm = int(rec["config"]["bench"]["warmup_steps"])
+    steps = [json.loads(line) for line in (rj.parent / "steps.jsonl").read_text().splitlines() if line.strip()]
+    return {
+        "run_id": rec["run_id"],
+        "optimizer": rec["config"]["optimizer"]["name"],
+        "start_time": rec["start_time"],
+        "load_avg_1m": (rec.get("hardware") or {}).get("load_avg_1m"),
+        **first_step(steps),
+        "peak_mem_bytes": (rec.get("summary") or {}).get("peak_mem_bytes"),
+        "steady": [s for s in steps[warm:] if s.get("step_s") is not None],
+    }
 
 
 def _median(runs: list[dict[str, Any]], field: str) -> float:
@@ -148,16 +157,15 @@ def write(runs: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.tools.crossover", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog="python -m bench.tools.crossover", description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="folder of run folders (run.json + steps.jsonl)")
     ap.add_argument("--baseline", default="adamw", help="the optimizer in the denominator of the step time")
     ap.add_argument("--out", type=Path, default=None, help="where to write results.csv/summary.json/png")
     args = ap.parse_args(argv)
-    runs = load_runs(args.runs)
-    if not runs:
-        print(f"error: no ok run under {args.runs}", file=sys.stderr)
-        return 2
     try:
+        runs = load_runs(args.runs)
+        if not runs:
+            raise ValueError(f"no ok run under {args.runs}")
         summary = summarize(runs, args.baseline)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -179,4 +187,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

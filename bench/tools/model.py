@@ -60,9 +60,14 @@ def main(argv: list[str] | None = None) -> int:
             "hf:path/to/config.json",
             "hf:Qwen/Qwen3-8B model.num_layers=4",
         ),
+        synopsis="hf:<config.json, folder or Hub id> [model.<field>=value ...]",
     ):
         return 0 if args else 2
     spec, rest = args[0], args[1:]
+    extra = [a for a in rest if a.startswith("hf:")]
+    if extra:
+        print(f"error: {extra[0]!r}: give one hf:<spec> first, then model.<field>= overrides", file=sys.stderr)
+        return 2
     if not spec.startswith("hf:"):
         print(f"error: {spec!r}: the first argument is hf:<config.json, folder or Hub id>", file=sys.stderr)
         return 2
@@ -76,4 +81,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

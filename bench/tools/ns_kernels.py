@@ -438,4 +438,6 @@ def plot(rows: list[dict[str, Any]], path: Path, ceiling: float | None) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

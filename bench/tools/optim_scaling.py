@@ -424,4 +424,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

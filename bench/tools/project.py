@@ -147,4 +147,6 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bench import entry
+
+    raise SystemExit(entry.run(main))

@@ -154,10 +154,15 @@ def finite_flags(tensors: Iterable[torch.Tensor]) -> list[bool]:
 
 
 def handle_nonfinite(
-    events: list[tuple[str, int, str]], policy: str, log: list[tuple[str, int, str]]
+    events: list[tuple[str, int, str]],
+    policy: str,
+    log: list[tuple[str, int, str]],
+    *,
+    state: str = "state kept",
 ) -> int:
     """Raise or warn about (name, step, kind) events; appends them to `log` either way. Returns the number of
-    parameter updates skipped (each event, under "skip"), which the optimizers add to `num_skipped_updates`."""
+    parameter updates skipped (each event, under "skip"), which the optimizers add to `num_skipped_updates`.
+    `state`: what became of the parameter's optimizer state, for the warning."""
     if not events:
         return 0
     log.extend(events)
@@ -165,7 +170,7 @@ def handle_nonfinite(
         raise NonFiniteError(events)
     for name, step, kind in events:
         warnings.warn(
-            f"non-finite {kind} in {name} at step {step}: update skipped, state kept",
+            f"non-finite {kind} in {name} at step {step}: update skipped, {state}",
             NonFiniteWarning,
             stacklevel=3,
         )

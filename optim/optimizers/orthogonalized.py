@@ -85,8 +85,8 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
         self.splits: dict[int, RowSplit] = {id(p): s for p, s in (splits or {}).items()}
         self.nonfinite_events: list[tuple[str, int, str]] = []
         """Every (parameter name, step, "grad" | "momentum" | "tp_peer") whose update was skipped or raised."""
-        self.num_skipped_updates = 0
-        """Parameter updates skipped for a NaN/Inf (nonfinite_policy="skip"), over this optimizer's life."""
+        # A dict item, not an int attribute: torch.compile traces an item update, not a setattr on the optimizer
+        self._counts = {"skipped_updates": 0}
         defaults = {"lr": config.lr, "momentum": config.momentum, "weight_decay": config.weight_decay}
         super().__init__(params, defaults)  # checks each group (`add_param_group`)
         self.sharding = TPSharding(self.param_groups, dict(tp), self.splits, tp_mode_fn) if tp else None
@@ -144,8 +144,14 @@ class OrthogonalizedOptimizer(torch.optim.Optimizer):
             return float(self.config.extra_scale_factor)
         return shape_scale(rows, cols, self.config.scale_mode) * float(self.config.extra_scale_factor)
 
+    @property
+    def num_skipped_updates(self) -> int:
+        """Parameter updates skipped for a NaN/Inf (nonfinite_policy="skip"), over this optimizer's life."""
+        return self._counts["skipped_updates"]
+
     def _report_nonfinite(self, events: list[tuple[str, int, str]]) -> None:
-        self.num_skipped_updates += handle_nonfinite(events, self.config.nonfinite_policy, self.nonfinite_events)
+        skipped = handle_nonfinite(events, self.config.nonfinite_policy, self.nonfinite_events)
+        self._counts["skipped_updates"] += skipped
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]

@@ -13,8 +13,9 @@ Per parameter and step t (1-based), on fp32 copies, batched over the experts of 
 Sides longer than max_precond_dim keep the identity basis. Deliberate differences from EO: 3-D expert stacks are
 handled (batched eigh/QR), refreshes can be amortised (EO refreshes every step), projections use matmul instead
 of tensordot (equal up to rounding), fused matrices are not split. Non-finite gradients are caught before any
-state changes (skip or raise); a non-finite update from finite gradients (e.g. eigh breakdown) is never
-applied to the weights and is reported as kind "update".
+state changes (skip or raise); a non-finite update from finite gradients (e.g. an eigh breakdown after a huge
+gradient overflowed L or R) is never applied to the weights, is reported as kind "update", and resets that
+parameter's state (factors, bases, moments, step), so later steps recover. State is fp32, fp64 for fp64 parameters.
 """
 
 from __future__ import annotations
@@ -78,13 +79,14 @@ class SOAP(torch.optim.Optimizer):
         if not st:
             cap = self.config.max_precond_dim
             lead = p.shape[:-2]
+            dtype = torch.float64 if p.dtype == torch.float64 else torch.float32  # fp32 at least, fp64 kept
             st["step"] = 0
-            st["exp_avg"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
-            st["exp_avg_sq"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            st["exp_avg"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
+            st["exp_avg_sq"] = torch.zeros(p.shape, dtype=dtype, device=p.device)
             for side, k in (("L", p.size(-2)), ("R", p.size(-1))):
                 if k <= cap:
-                    st[side] = torch.zeros(*lead, k, k, dtype=torch.float32, device=p.device)
-                    st[f"Q_{side}"] = torch.eye(k, device=p.device).expand(*lead, k, k).clone()
+                    st[side] = torch.zeros(*lead, k, k, dtype=dtype, device=p.device)
+                    st[f"Q_{side}"] = torch.eye(k, dtype=dtype, device=p.device).expand(*lead, k, k).clone()
         return st
 
     @torch.no_grad()
@@ -110,14 +112,23 @@ class SOAP(torch.optim.Optimizer):
             st = self._init_state(p)
             st["step"] += 1
             if ok:
-                updates.append((p, group, self._direction(p, group, st)))
+                try:
+                    u = self._direction(p, group, st)
+                except torch.linalg.LinAlgError:  # eigh of a factor that overflowed: a breakdown, kind "update"
+                    u = torch.full_like(p, float("nan"))
+                updates.append((p, group, u))
         upd_ok = finite_flags(u for _, _, u in updates)
         late = [
             (names[id(p)], self.state[p]["step"], "update")
             for (p, _, _), ok in zip(updates, upd_ok)
             if not ok
         ]
-        self.num_skipped_updates += handle_nonfinite(late, cfg.nonfinite_policy, self.nonfinite_events)
+        for (p, _, _), ok in zip(updates, upd_ok, strict=True):
+            if not ok:  # the factors and moments hold the breakdown's inf / NaN: the next step starts afresh
+                self.state[p].clear()
+        self.num_skipped_updates += handle_nonfinite(
+            late, cfg.nonfinite_policy, self.nonfinite_events, state="preconditioner reset"
+        )
         for (p, group, u), ok in zip(updates, upd_ok, strict=True):
             if not ok:
                 continue
@@ -133,9 +144,10 @@ class SOAP(torch.optim.Optimizer):
         """Steps 1-3 of the module doc up to the rotated-back Adam direction (state updated in place)."""
         cfg = self.config
         t = st["step"]  # already incremented: 1-based
-        g = p.grad.float().reshape(-1, *p.shape[-2:])  # type: ignore[union-attr]
+        dtype = st["exp_avg"].dtype
+        g = p.grad.to(dtype).reshape(-1, *p.shape[-2:])  # type: ignore[union-attr]
         if cfg.weight_decay_method == "l2" and group["weight_decay"] != 0:
-            g = g + group["weight_decay"] * p.float().reshape_as(g)
+            g = g + group["weight_decay"] * p.to(dtype).reshape_as(g)
 
         def b3(name: str) -> torch.Tensor | None:
             x = st.get(name)

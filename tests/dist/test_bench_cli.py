@@ -135,7 +135,7 @@ def test_kill_9_of_a_live_bench_run_is_closed_by_the_next_one(tmp_path):
 
     res = _cli("bench.run", *args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"== bench.run (pid {proc.pid} on " in res.stderr and "recorded killed (1 runs closed)" in res.stderr
+    assert f"== bench.run (pid {proc.pid} on " in res.stderr and "recorded killed (1 run closed)" in res.stderr
     dead = json.loads(run_json[0].read_text())
     assert dead["status"] == "killed" and dead["end_time"]
     assert f"bench.run (pid {proc.pid} on " in dead["error"]["message"]

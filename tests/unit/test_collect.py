@@ -178,3 +178,38 @@ def test_an_earlier_report_is_not_a_run_and_the_report_lists_what_was_left_out(r
     for broken in (b, c):
         assert f"- {broken / 'run.json'}:" in section
     assert section.count("unreadable JSON") == 2 and section.count("run skipped") == 2
+
+
+def test_wrong_types_a_directory_and_a_fifo_are_skipped_alone_and_named(runs, tmp_path, capsys):
+    """Localises one run.json with a wrong type aborting the whole collect naming no file, a run.json that is a
+    directory failing with a traceback, and a steps.jsonl that is a FIFO blocking the collect forever."""
+    import json
+    import os
+
+    _, dirs = runs
+    a, b, c = _copy_runs(dirs, tmp_path / "runs")
+    rec = json.loads((a / "run.json").read_text())
+    (a / "run.json").write_text(json.dumps(rec | {"config": "not a mapping"}))
+    (c / "run.json").unlink()
+    (c / "run.json").mkdir()
+    (b / "steps.jsonl").unlink()
+    os.mkfifo(b / "steps.jsonl")
+    problems: list[str] = []
+    results, steps = collect.collect([a, b, c], tmp_path / "out", problems=problems)
+    assert list(results["run_id"]) == ["1_muon"] and len(steps) == 0
+    assert any(p.startswith(f"{a / 'run.json'}: a field has the wrong type") for p in problems)
+    assert f"{c / 'run.json'}: not a regular file; run skipped" in problems
+    assert f"{b / 'steps.jsonl'}: not a regular file; no step rows" in problems
+
+
+def test_an_unwritable_report_folder_is_one_line(runs, tmp_path, capsys):
+    """Localises `collect --reports <a file>/x` ending in a traceback."""
+    from bench import entry
+
+    _, dirs = runs
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    argv = ["--runs", str(dirs[0]), "--reports", str(blocker / "x"), "--name", "n"]
+    assert entry.run(lambda: collect.main(argv)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(blocker) in err

@@ -43,3 +43,24 @@ def test_wrong_baseline_is_a_one_line_error(tmp_path, capsys):
     assert crossover.main([str(RUNS), "--baseline", "sgd", "--out", str(tmp_path)]) == 2
     assert "--baseline='sgd': need exactly two optimizers" in capsys.readouterr().err
     assert crossover.main([str(tmp_path / "empty")]) == 2
+
+
+@pytest.mark.parametrize("damage", ["[]", "{not json", '{"status": "ok"}', None])
+def test_a_corrupted_run_folder_names_its_file(tmp_path, capsys, damage):
+    """Localises a traceback (AttributeError, JSONDecodeError, KeyError, a missing steps.jsonl) on one bad record."""
+    runs = tmp_path / "runs"
+    shutil.copytree(RUNS, runs)
+    bad = min(runs.glob("*/run.json"))
+    if damage is None:
+        (bad.parent / "steps.jsonl").unlink()
+    else:
+        bad.write_text(damage)
+    assert crossover.main([str(runs), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {bad}: not a readable run record") and err.count("\n") == 1
+
+
+def test_ok_runs_one_level_down_are_found(tmp_path):
+    """Localises "no ok run" for a sweep folder whose run folders sit under one more folder."""
+    shutil.copytree(RUNS, tmp_path / "sweep" / "runs")
+    assert crossover.main([str(tmp_path / "sweep"), "--out", str(tmp_path)]) == 0

@@ -310,8 +310,8 @@ def test_run_folders_carry_the_model_name() -> None:
     spec = str(FIXTURES / "llama3_8b")
     assert expand_hf([f"model=hf:{spec}", "optimizer=muon"]) == [
         "model=hf",
-        f"model.source=hf:{spec}",
-        "model.name=llama3_8b",
+        f"model.source='hf:{spec}'",
+        "model.name='llama3_8b'",
         "optimizer=muon",
     ]
     assert hf("llama3_8b").model.name == "llama3_8b"

@@ -204,6 +204,10 @@ def test_recipe_path_checked_before_launch() -> None:
         load_recipe("builtins.dict")
     with pytest.raises(ValueError, match=r"not callable"):
         load_recipe("math.pi")
+    # a builtin or a class is no recipe function, whether Bridge imports here or not
+    for dotted, kind in (("os.getcwd", "builtin_function_or_method"), ("collections.OrderedDict", "type")):
+        with pytest.raises(ValueError, match=rf"engine.recipe='{dotted}': a {kind}, not a function"):
+            check_recipe(dotted)
 
 
 def test_engine_recipe_cli_path(hub, tmp_path) -> None:
@@ -255,5 +259,5 @@ def test_recipe_return_type_checked_before_launch(tmp_path, monkeypatch) -> None
         check_recipe("my_recipes.annotated")
     with pytest.raises(ValueError, match=r"engine.recipe='my_recipes.bare' returned: builtins.int, not a Bridge"):
         check_recipe("my_recipes.bare")
-    with pytest.raises(ValueError, match=r"engine.recipe='builtins.dict' returned: builtins.dict, not a Bridge"):
+    with pytest.raises(ValueError, match=r"engine.recipe='builtins.dict': a type, not a function"):
         check_recipe("builtins.dict")

@@ -157,3 +157,9 @@ def test_git_info_env_override_for_copies_without_git(tmp_path, monkeypatch):
     assert record.git_info(tmp_path)["dirty"] is True
     monkeypatch.setenv("MUONBENCH_GIT_DIRTY", "0")
     assert record.git_info(tmp_path)["dirty"] is False
+
+
+def test_counts_say_one_run_not_one_runs():
+    from bench.results.record import count
+
+    assert (count(1, "run"), count(0, "run"), count(2, "run")) == ("1 run", "0 runs", "2 runs")

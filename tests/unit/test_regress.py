@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import entry
 from bench.results import regress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -126,10 +127,36 @@ def test_a_comparison_of_zero_rows_fails_loudly(tmp_path, golden, capsys, extra)
 
 def test_failed_rows_listed_not_compared(tmp_path, golden, capsys):
     """Localises a check that compares the empty metrics of a crashed run (or drops it silently)."""
-    failed = _row("oom", status="oom") | {"step_s_median": "", "model_tflops_per_gpu": ""}
+    failed = _row("oom", status="oom", config_hash="bbbb") | {"step_s_median": "", "model_tflops_per_gpu": ""}
     assert _compare(tmp_path, golden, [_row("now"), failed]) == 0
     out = capsys.readouterr().out
     assert "- oom: status oom" in out and "| oom |" not in out
+
+
+@pytest.mark.parametrize("extra", [(), ("--warn-only",)])
+def test_a_failed_run_with_a_golden_row_fails(tmp_path, golden, capsys, extra):
+    """Localises `regress compare` exiting 0 when a workload that has a golden row now ends `error`."""
+    failed = _row("err", status="error") | {"step_s_median": "", "model_tflops_per_gpu": ""}
+    assert _compare(tmp_path, golden, [_row("now"), failed], *extra) == 1
+    captured = capsys.readouterr()
+    assert "- err: status error (**has a golden row**)" in captured.out
+    assert captured.err == "error: err ended error but has a golden row\n"
+
+
+def test_a_run_with_every_metric_blank_fails(tmp_path, golden, capsys):
+    """Localises a run whose four verdicts are all `n/a` counting as compared and passing."""
+    blank = _row("now") | dict.fromkeys(regress.METRICS, "")
+    assert _compare(tmp_path, golden, [blank]) == 1
+    assert capsys.readouterr().err == "error: now: every metric is blank (nothing compared)\n"
+
+
+@pytest.mark.parametrize("value", ["nan", "-0.05", "inf", "abc"])
+@pytest.mark.parametrize("flag", ["--tolerance", "--min-delta-s"])
+def test_bad_tolerance_is_refused_in_one_line(tmp_path, golden, capsys, flag, value):
+    """Localises `--tolerance nan` passing a 3x slowdown and a negative tolerance flagging everything."""
+    assert entry.run(lambda: _compare(tmp_path, golden, [_row("now", step=6.0)], f"{flag}={value}")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag}: {value!r}" in err
 
 
 def test_missing_column_exits_2_naming_it(tmp_path, golden, capsys):
@@ -207,3 +234,13 @@ def test_small_time_changes_below_the_floor_are_noise(tmp_path, capsys):
     assert "| now | optim_s_median | 0.1 | 0.115 | +15.00 | ok |" in capsys.readouterr().out
     assert _compare(tmp_path, gold, now, "--min-delta-s", "0") == 1
     assert "**regression**" in capsys.readouterr().out
+
+
+def test_bless_into_an_unwritable_place_is_one_line(tmp_path, capsys):
+    """Localises `regress bless --golden <file>/x.csv` ending in a NotADirectoryError traceback."""
+    results = _write(tmp_path / "results.csv", [_row("base")])
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code = regress.main(["bless", "--results", str(results), "--golden", str(blocker / "x.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: {blocker / 'x.csv'}: cannot write") and err.count("\n") == 1

@@ -259,3 +259,40 @@ def test_a_dry_run_and_an_all_failed_sweep_say_what_happened(tmp_path, capsys):
     text = (dest / "report.md").read_text()
     assert text.count(report.NONE_OK) == 2  # breakdown and loss: no table of headers alone
     assert "|---|---|---|---|---|---|---|---|---|---|---|\n\n" not in text
+
+
+def test_suspect_records_are_flagged_and_give_no_ratio(rendered):
+    """Localises a negative "other" optimizer time, a -inf ratio from a negative/infinite record and 100k step
+    records against bench.steps=3 passing unflagged."""
+    _, dest, _ = rendered
+    results, steps = pd.read_csv(dest / "results.csv"), pd.read_csv(dest / "steps.csv")
+    assert report.suspect_records(results.to_dict("records"), steps) == []  # the fixture's runs are sound
+    bad = results.copy()
+    muon = bad["run_id"] == "1_muon"
+    bad.loc[muon, "model_tflops_per_gpu"] = float("-inf")
+    bad.loc[muon, "ns_s_median"] = 1.0  # longer than the whole optimizer step
+    bad.loc[bad["run_id"] == "0_adamw", "steps"] = 100_000
+    flagged = report.suspect_records(bad.to_dict("records"), steps)
+    assert len(flagged) == 2 and flagged[0].startswith("0_adamw: ") and "for bench.steps=100000" in flagged[0]
+    assert "model_tflops_per_gpu=-inf" in flagged[1] and "negative other" in flagged[1]
+    text = report.render(bad, steps, dest / "bad", "bad")
+    assert "## Suspect records" in text and "model-only ratio n/a" in text
+
+
+def test_an_interrupted_report_leaves_the_old_one_whole(rendered, tmp_path, monkeypatch):
+    """Localises Ctrl-C during the plots leaving new plots beside the old report.md."""
+    import shutil
+
+    _, dest, _ = rendered
+    copy = tmp_path / "r"
+    shutil.copytree(dest, copy)
+    before = {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()}
+
+    def interrupt(fig, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report.plots, "save", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        report.render(pd.read_csv(copy / "results.csv"), pd.read_csv(copy / "steps.csv"), copy, "r")
+    assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before
+    assert not list(copy.glob(".report.*"))  # the temporary folder is gone too

@@ -31,9 +31,11 @@ def test_preflight_names_each_bad_job():
     tp_rule = "the hf engine is data parallel only (allowed: 1); use engine=megatron for model parallelism"
     assert errors == [
         f"parallelism.tp=2: {tp_rule}  [job: optimizer.lr=0.1 parallelism.tp=2]",
-        "optimizer.lr=-1.0: is not in [0.0, inf]  [job: optimizer.lr=-1 parallelism.tp=1]",
-        "optimizer.lr=-1.0: is not in [0.0, inf]  [job: optimizer.lr=-1 parallelism.tp=2]",
-    ]
+        (
+            "optimizer.lr=-1.0: is not in [0.0, inf]  "
+            "[jobs: optimizer.lr=-1 parallelism.tp=1; optimizer.lr=-1 parallelism.tp=2]"
+        ),
+    ]  # one line per distinct error, not one per job
 
 
 def test_bad_input_is_refused_before_launch_without_traceback_or_run_dir(tmp_path):
@@ -336,3 +338,12 @@ def test_run_directories_are_named_by_the_optimizer_config_chosen(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     runs = record.read_json(out / "LATEST.json")["runs"]
     assert [Path(r).name for r in runs] == ["0_muon", "1_muon_split_gate_up"]
+
+
+@pytest.mark.parametrize("text", ["", "{torn", "[]"])
+def test_resume_from_an_unreadable_manifest_names_it(tmp_path, text):
+    """Localises `bench.resume=<empty file>` failing with "Expecting value" and no file named."""
+    manifest = tmp_path / "LATEST.json"
+    manifest.write_text(text)
+    with pytest.raises(ValueError, match=rf"bench.resume='{manifest}': {manifest}"):
+        sweep.resume_plan(str(manifest))

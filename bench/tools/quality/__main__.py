@@ -1,3 +1,4 @@
+from bench import entry
 from bench.tools.quality.sweep import main
 
-raise SystemExit(main())
+raise SystemExit(entry.run(main))

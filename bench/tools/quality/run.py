@@ -124,9 +124,7 @@ def build_opt(name: str, model, hp: Hparams, cfg: QualityConfig):
     import optim
 
     algorithm, routing, adamw = optimizer_configs(name, hp, cfg)
-    opt = optim.build_optimizer(
-        model.named_parameters(), algorithm, naming="hf", routing=routing, adamw=adamw
-    )
+    opt = optim.build_optimizer(model, algorithm, naming="hf", routing=routing, adamw=adamw)
     for g in opt.param_groups:
         g["peak_lr"] = g["lr"]
     return opt

@@ -54,7 +54,9 @@ def load_trials(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def check_resume(cfg: QualityConfig, out: Path) -> None:
-    """Refuse an output directory whose trials were computed with other trial-defining keys."""
+    """Refuse an output directory whose trials were computed with other trial-defining keys, or a file."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={str(out)!r}: is a file; give a directory")
     path = out / "meta.json"
     if not path.exists():
         return
