@@ -18,6 +18,7 @@ import contextlib
 import os
 import shlex
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,7 @@ def launch_run(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> tup
         slurm.check_bridge_plan(cfg, run_dir)
     ex = executor(cfg, run_dir, nproc=nproc, nodes=nodes)
     local = cfg.launcher.name == "local"
-    with open(run_dir / "launch.log", "a") as log, contextlib.redirect_stdout(log):
+    with open(run_dir / "launch.log", "a") as log, contextlib.redirect_stdout(log), _root_logging_kept():
         exp = run.Experiment(
             slurm.job_name(cfg), executor=ex, base_dir=str(run_dir / "nemo_run"), log_level="WARN",
             enable_goodbye_message=False,
@@ -135,6 +136,22 @@ def launch_run(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> tup
     state = exp.status(return_dict=True) or {}  # after the block, which waits for a local run to end
     ok = all(str(t.get("status", "")).endswith("SUCCEEDED") for t in state.values()) and bool(state)
     return exp._id, 0 if ok else 1
+
+
+@contextlib.contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """The root logger's handlers and level as they were: a NeMo-Run `Experiment` replaces them (`basicConfig` with
+    force), which would leave this process's logging (Hydra's, for the next job of a sweep) writing through
+    NeMo-Run's console."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def submitted_line(exp_id: str, run_dir: Path) -> str:
