@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import record
+from muonbench.cli_help import command
 
 KEY: tuple[str, ...] = ("config_hash", "hardware_name", "gpu_name")
 """Columns that identify the workload on a machine."""
@@ -240,7 +241,7 @@ def write_csv_atomic(path: Path, rows: list[Row]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: `compare` or `bless`; returns the exit status."""
-    ap = argparse.ArgumentParser(prog="python -m bench.results.regress", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=command("bench.results.regress"), description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     cp = sub.add_parser("compare", help="compare results.csv with golden rows")
     bp = sub.add_parser("bless", help="add ok rows of results.csv to a golden file")

@@ -22,6 +22,7 @@ from typing import Any
 
 from bench.results import plots, record
 from bench.results.collect import GROUP_COLUMNS, default_report_dir
+from muonbench.cli_help import command
 
 PLOTS = ("tflops.png", "step_breakdown.png", "step_time.png", "loss.png")
 BASELINE = "adamw"
@@ -595,7 +596,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
-    ap = argparse.ArgumentParser(prog="python -m bench.results.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=command("bench.results.report"), description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--dir",
         type=Path,
@@ -616,19 +617,19 @@ def main(argv: list[str] | None = None) -> int:
             collected = sorted(args.reports.glob("*/results.csv"), key=lambda p: p.stat().st_mtime)
             if not collected:
                 raise ValueError(
-                    f"no --name and no {args.reports}/*/results.csv; run `python -m bench.results.collect` first"
+                    f"no --name and no {args.reports}/*/results.csv; run `{command('bench.results.collect')}` first"
                 )
             dest = collected[-1].parent
         else:
             manifest = args.out_dir / "LATEST.json"
             if not manifest.exists():
                 raise ValueError(
-                    f"{manifest} does not exist: run `python -m bench.run` first, or pass --dir/--name"
+                    f"{manifest} does not exist: run `{command('bench.run')}` first, or pass --dir/--name"
                 )
             dest = default_report_dir(record.read_json(manifest))
         if not (dest / "results.csv").exists():
             raise ValueError(
-                f"{dest / 'results.csv'} does not exist; run `python -m bench.results.collect` first"
+                f"{dest / 'results.csv'} does not exist; run `{command('bench.results.collect')}` first"
             )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
