@@ -241,3 +241,30 @@ def test_make_bench_hf_reports_from_the_folder_it_writes(tmp_path: Path) -> None
     assert f"bench.out_dir={tmp_path / 'o'}" in ok.stdout and ok.stdout.count(f"--out-dir {tmp_path / 'o'}") == 2
     bad = dry(f"ARGS=optimizer.lr=0.01 bench.out_dir={tmp_path / 'o'}")
     assert bad.returncode != 0 and "pass OUT_DIR=DIR instead" in bad.stderr and "bench.run" not in bad.stdout
+
+
+@pytest.mark.parametrize("target", ["bench-hf", "bench"])
+def test_make_bench_reports_nothing_when_bench_run_refused(target: str, tmp_path: Path) -> None:
+    """Localises `make bench-hf` with a config bench.run refuses (and a second `make bench` whose out_dir another
+    sweep holds) going on to collect and report: an older sweep's report was printed, or written into the
+    sweep that holds the folder. bench.run exits 2 and make stops there."""
+    import fcntl
+    import hashlib
+
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    venv, out = tmp_path / "venv", tmp_path / "runs"
+    pins = b"".join((ROOT / p).read_bytes() for p in ("pyproject.toml", "tests/requirements-bridge.txt"))
+    venv.mkdir()
+    (venv / f".installed-{hashlib.sha256(pins).hexdigest()[:16]}").touch()  # the install is up to date
+    out.mkdir()
+    args = ["make", "-s", target, f"VENV={venv}", f"PY={sys.executable}", f"OUT_DIR={out}"]
+    with open(out / ".bench_run.lock", "a+") as lock:
+        if target == "bench-hf":
+            args.append(f"CONFIG={tmp_path / 'missing.json'}")
+        else:  # another sweep holds the folder
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "error: " in res.stderr and "LATEST.json" not in res.stderr, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".bench_run.lock"]
