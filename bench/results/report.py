@@ -304,6 +304,26 @@ def table1(rows: list[dict[str, Any]]) -> str:
     return _md_table(header, body)
 
 
+REMAINDERS = {
+    "other_optim_s_median": ("optim_s", ("ns_s", "adamw_s", "clip_s")),
+    "rest_s_median": ("step_s", ("fwd_bwd_s", "comm_s", "optim_s")),
+}
+"""What a step's timed parts leave of their whole: name -> (whole, parts), read from steps.csv."""
+
+
+def add_remainders(rows: list[dict[str, Any]], steps: Any) -> None:
+    """Each row gets, per `REMAINDERS`, the median over its steady steps of the whole less its parts, step by step:
+    the difference of medians taken apart is not a median of anything and went negative (-4.11 ms)."""
+    for r in rows:
+        s = steps[(steps["run_id"] == r["run_id"]) & ~steps["warmup"].astype(bool)] if len(steps) else steps
+        for name, (whole, parts) in REMAINDERS.items():
+            if not len(s) or s[whole].isna().all():
+                r[name] = None
+                continue
+            rest = s[whole] - s[list(parts)].fillna(0.0).sum(axis=1)
+            r[name] = float(rest.median())
+
+
 def breakdown(rows: list[dict[str, Any]]) -> str:
     header = [
         "optimizer",
@@ -322,10 +342,9 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r["status"] != "ok":
             continue
-        opt, ns, adam, clip = (
-            _num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median", "clip_s_median")
+        ns, adam, clip, other = (
+            _num(r.get(k)) for k in ("ns_s_median", "adamw_s_median", "clip_s_median", "other_optim_s_median")
         )
-        other = None if opt is None else opt - (ns or 0.0) - (adam or 0.0) - (clip or 0.0)
         body.append(
             [
                 _label(r),
@@ -345,7 +364,8 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
         return NONE_OK
     return _md_table(header, body) + (
         "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
-        "exactly). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
+        "exactly; \"other\" is the median of what each step's optimizer step leaves after its NS, AdamW part and "
+        "clipping). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
         "forward+backward and optimizer step exclude the communication inside them. NS FLOPs per GPU are those of "
         "the busiest rank (the layer-wise optimizer splits the matrices over the ranks; a replicated one runs all "
         "of them on every rank)."
@@ -417,6 +437,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
 
     matplotlib.use("Agg")
     rows = results.to_dict("records")
+    add_remainders(rows, steps)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["optimizer"]] = counts.get(r["optimizer"], 0) + 1
