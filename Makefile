@@ -51,17 +51,23 @@ test-gpu: $(STAMP) ## Run the GPU tests (needs CUDA)
 # OUT_DIR=DIR puts a sweep's records and report under DIR (bench.out_dir): the report then reads the same folder.
 OUT_FLAGS = $(if $(OUT_DIR),bench.out_dir=$(OUT_DIR))
 REPORT_FLAGS = $(if $(OUT_DIR),--out-dir $(OUT_DIR))
+comma := ,
 check_args = $(if $(findstring bench.out_dir=,$(ARGS)),$(error ARGS sets bench.out_dir, which the report step would not read: pass OUT_DIR=DIR instead))
+
+# bench.run, then the report of its sweep; exit 2 is bench.run refusing to start (a config error, or bench.out_dir
+# held by another sweep): nothing of this invocation to collect, and an earlier sweep's folder is left alone.
+define run_and_report
+$(PY) -m bench.run $(1); rc=$$?; if [ $$rc -eq 2 ]; then exit 2; fi; \
+$(PY) -m bench.results.collect $(REPORT_FLAGS) && $(PY) -m bench.results.report $(REPORT_FLAGS) && exit $$rc
+endef
 
 SMOKE := -m optimizer=adamw,muon experiment=cpu/qwen3_moe_tiny_dp2
 bench: $(STAMP) ## Main job: AdamW vs Muon on the tiny Qwen3-MoE proxy, 2 gloo ranks, records + report in runs/<sweep>/report/ [OUT_DIR=...]
-	$(PY) -m bench.run $(SMOKE) $(OUT_FLAGS); rc=$$?; \
-	$(PY) -m bench.results.collect $(REPORT_FLAGS) && $(PY) -m bench.results.report $(REPORT_FLAGS) && exit $$rc
+	$(call run_and_report,$(SMOKE) $(OUT_FLAGS))
 
 bench-hf: $(STAMP) ## AdamW vs Muon on a tiny CPU slice of your model: make bench-hf CONFIG=path/to/config.json [ARGS=...] [OUT_DIR=...]
 	$(call check_args)
-	$(PY) -m bench.run -m optimizer=adamw,muon experiment=cpu/hf_tiny_dp2 'model=hf:$(CONFIG)' $(OUT_FLAGS) $(ARGS); rc=$$?; \
-	$(PY) -m bench.results.collect $(REPORT_FLAGS) && $(PY) -m bench.results.report $(REPORT_FLAGS) && exit $$rc
+	$(call run_and_report,-m optimizer=adamw$(comma)muon experiment=cpu/hf_tiny_dp2 'model=hf:$(CONFIG)' $(OUT_FLAGS) $(ARGS))
 
 EXAMPLE_REPORT := smoke_cpu_202612
 bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (only after a complete make bench)
@@ -116,8 +122,9 @@ regress: $(STAMP) ## Compare a report with golden rows (+-5%): make regress NAME
 
 EXPERIMENT ?= gb300/kimi_k2_muon
 VIA ?= nemo_run
+# DRY_RUN (1/true/yes or 0/false/no) reaches `muonbench cluster` in the environment, which reads it.
 bench-cluster: $(STAMP) ## Slurm job of a published setup through NeMo-Run: EXPERIMENT=gb300/kimi_k2_muon [DRY_RUN=1] [VIA=sbatch] [ARGS="launcher.partition=P launcher.account=A"]
-	$(PY) -m bench.cli cluster experiment=$(EXPERIMENT) launcher.via=$(VIA) $(if $(DRY_RUN),launcher.dry_run=true) $(ARGS)
+	$(PY) -m bench.cli cluster experiment=$(EXPERIMENT) launcher.via=$(VIA) $(ARGS)
 
 # GB300 nodes (the gb300 experiments) are aarch64; H100 / H200 nodes are x86-64: PLATFORM=linux/amd64.
 PLATFORM ?= linux/arm64

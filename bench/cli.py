@@ -12,10 +12,14 @@ subcommand runs (a login node lists and launches without torch; the tools load n
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from muonbench import cli_help
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,29 +67,45 @@ SUBCOMMANDS: dict[str, Subcommand] = {
 """Subcommand -> entry point; `make help` lists the same entry points as make targets."""
 
 
-def usage() -> str:
-    lines = ["usage: muonbench <subcommand> [args ...]   (muonbench <subcommand> --help for its options)", ""]
-    lines += ["subcommands:", *(f"  {name:<12} {sub.summary}" for name, sub in SUBCOMMANDS.items())]
-    return "\n".join(lines)
+def parser() -> argparse.ArgumentParser:
+    """`muonbench <subcommand>`: argparse lists, checks and helps the subcommand; its arguments go to the entry
+    point unparsed (each has its own parser, Hydra's included)."""
+    ap = argparse.ArgumentParser(
+        prog="muonbench",
+        description="Muon, MOP and SOAP-REKLS against AdamW: runs, reports and tools.",
+        epilog="muonbench <subcommand> --help prints that entry point's own options.",
+    )
+    subs = ap.add_subparsers(dest="subcommand", metavar="<subcommand>", title="subcommands", required=True)
+    for name, sub in SUBCOMMANDS.items():
+        subs.add_parser(name, help=sub.summary.replace("%", "%%"), add_help=False)
+    return ap
+
+
+def entry(name: str) -> Callable[[], int | None]:
+    """The function a subcommand runs (imported now: a login node imports only what it runs)."""
+    sub = SUBCOMMANDS[name]
+    return getattr(importlib.import_module(sub.module), sub.function)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help", "help"):
-        print(usage())
-        return 0 if args else 2
-    name, rest = args[0], args[1:]
-    sub = SUBCOMMANDS.get(name)
-    if sub is None:
-        print(
-            f"error: muonbench {name!r}: no such subcommand; available: {', '.join(SUBCOMMANDS)}", file=sys.stderr
-        )
-        return 2
-    entry = getattr(importlib.import_module(sub.module), sub.function)
-    sys.argv = [f"muonbench {name}", *rest]  # every entry point reads its arguments from sys.argv (Hydra's too)
+    ap = parser()
+    if args[:1] in (["-h"], ["--help"], ["help"]):
+        ap.print_help()
+        return 0
+    try:
+        name = ap.parse_args(args[:1]).subcommand
+    except SystemExit as exc:  # no or an unknown subcommand: argparse's usage line, exit 2
+        return exc.code if isinstance(exc.code, int) else 2
+    run = entry(name)
+    sys.argv = [f"muonbench {name}", *args[1:]]  # every entry point reads its arguments from sys.argv (Hydra's too)
+    cli_help.COMMANDS.update({sub.module: f"muonbench {n}" for n, sub in SUBCOMMANDS.items() if sub.function == "main"})
     from bench import entry as entry_point
 
-    return entry_point.run(entry)  # the one-line errors of `python -m <module>`
+    try:
+        return entry_point.run(run)  # the one-line errors of `python -m <module>`
+    finally:
+        cli_help.COMMANDS.clear()
 
 
 CLUSTER_USAGE = """\
@@ -98,6 +118,19 @@ usage: muonbench cluster [bench.run overrides ...]       (make bench-cluster; do
 
 A run with launcher.via=nemo_run (bench.cluster): NeMo-Run's SlurmExecutor (LocalExecutor for launcher=local) and
 one Experiment per run; any bench.run override applies (launcher.qos=Q launcher.segment=16 ...)."""
+
+
+DRY_RUN_VALUES = {"1": True, "true": True, "yes": True, "on": True, "": False, "0": False, "false": False,
+                  "no": False, "off": False}  # fmt: skip
+"""`DRY_RUN=` of `muonbench cluster` (and `make bench-cluster`), case-insensitive: print the job or submit it."""
+
+
+def dry_run_env() -> bool:
+    """Whether `DRY_RUN` asks for a dry run; ValueError naming it for a value that is neither."""
+    value = os.environ.get("DRY_RUN", "")
+    if value.strip().lower() not in DRY_RUN_VALUES:
+        raise ValueError(f"DRY_RUN={value!r}: allowed {sorted(k for k in DRY_RUN_VALUES if k)} (or unset)")
+    return DRY_RUN_VALUES[value.strip().lower()]
 
 
 def cluster() -> int:
@@ -119,7 +152,11 @@ def cluster() -> int:
             return 2
     given = {a.split("=", 1)[0] for a in args}
     via = [] if "launcher.via" in given else ["launcher.via=nemo_run"]
-    dry = os.environ.get("DRY_RUN") not in (None, "", "0") and "launcher.dry_run" not in given
+    try:
+        dry = dry_run_env() and "launcher.dry_run" not in given
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     sweep = [a for a in args if a in ("-m", "--multirun")]  # Hydra takes its flags before the overrides only
     rest = [a for a in args if a not in sweep]
     sys.argv = [sys.argv[0], *sweep, *via, *(["launcher.dry_run=true"] if dry else []), *rest]

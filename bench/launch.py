@@ -355,14 +355,10 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
-    """Write `<run_dir>/job.sbatch` (text from `bench.slurm.write_sbatch`); submit unless dry_run or no sbatch."""
-    try:
-        from bench.slurm import write_sbatch
-    except ImportError as exc:
-        raise ValueError(
-            "launcher=slurm needs bench.slurm.write_sbatch(cfg, run_dir, command) (recipes area), "
-            f"which is not available in this checkout: {exc}"
-        ) from exc
+    """Write `<run_dir>/job.sbatch` (text from `bench.slurm.write_sbatch`); submit unless dry_run or no sbatch.
+    A job sbatch refuses is a ValueError with sbatch's own message (the run's record is closed `error`)."""
+    from bench.slurm import write_sbatch
+
     run_dir = Path(run_dir)
     text = write_sbatch(cfg, run_dir, worker_argv(run_dir))
     script = run_dir / "job.sbatch"
@@ -374,24 +370,26 @@ def run_slurm(cfg: RootConfig, run_dir: str | Path) -> LaunchResult:
         print(f"# not submitted ({why}); script: {script}", file=sys.stderr)
         return LaunchResult(command=["sbatch", str(script)], returncode=None, submitted=False)
     res = subprocess.run([sbatch, str(script)], capture_output=True, text=True, check=False)
-    print(res.stdout.strip() or res.stderr.strip())
-    return LaunchResult(
-        command=[sbatch, str(script)],
-        returncode=res.returncode,
-        stderr_tail=res.stderr[-STDERR_TAIL_CHARS:],
-        submitted=res.returncode == 0,
-    )
+    if res.returncode != 0:
+        said = "; ".join(line for line in (res.stderr or res.stdout).splitlines() if line.strip())
+        raise ValueError(f"sbatch failed (exit {res.returncode}): {said}")
+    print(res.stdout.strip())
+    return LaunchResult(command=[sbatch, str(script)], returncode=0, submitted=True)
 
 
 def check_launchable(cfg: RootConfig) -> None:
-    """The layout, the engine and (local launcher) the device: checked for every job before any run directory is
-    written, and again by `launch`."""
+    """The layout, the engine, the device (local launcher) or every value of the job script (slurm): checked for
+    every job before any run directory is written, and again by `launch`."""
     from bench.engines import check_engine_present
 
     check_layout(cfg)
     check_engine_present(cfg.engine.name)
     if cfg.launcher.name == "local":
         check_device(cfg)
+    else:  # every value the job script takes, with the run directories' root for the run directory
+        from bench.slurm import check_job
+
+        check_job(cfg, Path(cfg.bench.out_dir).resolve())
     memory.check(cfg)
 
 

@@ -38,6 +38,7 @@ from bench import launch, sweep
 from bench.results import record
 from bench.results.record import Status
 from muonbench import compose, schema
+from muonbench.cli_help import command
 
 HYDRA_DEFAULTS = {
     "hydra.run.dir": "${bench.out_dir}/${now:%Y%m%d_%H%M%S}_${model.name}_${hydra:runtime.choices.optimizer}",
@@ -370,7 +371,7 @@ def main() -> None:
     except KeyboardInterrupt:
         manifest.finish("interrupted")
         print(
-            f"== interrupted; resume with: python -m bench.run {sweep.RESUME_KEY}={out_dir / 'LATEST.json'}"
+            f"== interrupted; resume with: {command('bench.run')} {sweep.RESUME_KEY}={out_dir / 'LATEST.json'}"
         )
         sys.exit(130)
     finally:

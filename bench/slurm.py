@@ -7,24 +7,37 @@ node; then one task that collects the run and writes the report (`bench.results.
 exists when the job ends without anyone waiting on the login node. For engine=bridge the recipe plan is built first
 (`check_bridge_plan`): an unsupported combination or an unknown Bridge field fails before the job is queued.
 
-Nothing from the config reaches the shell unquoted: values on command lines go through `shlex.quote`; `#SBATCH`
-values (read by sbatch, where quoting does not protect a newline) must match a strict character set, and env var
-names must be identifiers, else ValueError naming the field. No torch import: this runs on a login node.
+The job runs the image's stack: our packages (`CODE_PACKAGES`) are copied into the run directory (`copy_code`) and
+the container starts there; nothing else of this machine's Python (a venv's site-packages) is mounted.
+
+Both job writers (this sbatch script and NeMo-Run's, `bench.cluster`) take their values from the functions here, one
+quoting layer: a value on a command line is one shell word (`shell_word`); an `#SBATCH` value (read by sbatch, where
+quoting does not protect a newline) and a path a writer puts in a shell line unquoted (the run directory: NeMo-Run's
+job folders) must match a strict character set; env var names must be identifiers; else ValueError naming the field
+(`check_job`, before anything is written). No torch import: this runs on a login node.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.results import collect, record, report
 from muonbench.schema import RootConfig
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+CODE_ROOT = Path(__file__).resolve().parent.parent
+"""The folder this process imports `bench` from: a checkout, or a venv's site-packages for an installed wheel."""
+CODE_PACKAGES = ("bench", "optim", "muonbench", "recipes", "experiments")
+"""What a job imports from us (`experiments`: the probes, where the checkout has them); everything else, torch and
+Megatron included, comes from the image."""
+CODE_DIR = "code"
+"""Folder of the run directory that holds the job's copy of `CODE_PACKAGES` (its working directory)."""
 RDZV_PORT = 29500
 
 ENV_DOCS: dict[str, str] = {
@@ -62,6 +75,22 @@ def _sbatch_value(field: str, value: str) -> str:
     return value
 
 
+def shell_word(value: str) -> str:
+    """`value` as one word of a shell command line (what both job writers put after an option)."""
+    return shlex.quote(str(value))
+
+
+def run_path(run_dir: Path) -> Path:
+    """The run directory, which both writers name in shell lines they do not quote (`#SBATCH --output`, NeMo-Run's
+    job folders) and in pyxis mounts (comma separated): the #SBATCH character set without a comma."""
+    if "," in str(run_dir) or not _SBATCH_SAFE.fullmatch(str(run_dir)):
+        raise ValueError(
+            f"bench.out_dir={str(run_dir)!r}: a cluster run directory may only contain letters, digits and "
+            "_.:@%+/=- (the job script names it unquoted)"
+        )
+    return run_dir
+
+
 def job_name(cfg: RootConfig) -> str:
     base = cfg.experiment_name or f"{cfg.model.name}_{cfg.optimizer.name}"
     return "muonbench-" + re.sub(r"[^A-Za-z0-9_.-]", "_", base)
@@ -72,8 +101,7 @@ def sbatch_header(cfg: RootConfig, run_dir: Path) -> list[str]:
     la, par = cfg.launcher, cfg.parallelism
     nodes = la.nodes or par.nodes
     gpus = la.nproc_per_node or par.gpus_per_node
-    if not TIME.fullmatch(la.time_limit):
-        raise ValueError(f"launcher.time_limit={la.time_limit!r}: use [D-]HH:MM:SS")
+    check_job(cfg, run_dir)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name(cfg)}",
@@ -82,7 +110,7 @@ def sbatch_header(cfg: RootConfig, run_dir: Path) -> list[str]:
         f"#SBATCH --gpus-per-node={int(gpus)}",
         f"#SBATCH --time={la.time_limit}",
         "#SBATCH --exclusive",
-        f"#SBATCH --output={_sbatch_value('bench.out_dir', str(run_dir))}/slurm-%j.out",
+        f"#SBATCH --output={run_path(run_dir)}/slurm-%j.out",
     ]
     lines += [f"#SBATCH --{name}={value}" for name, value in site_options(cfg).items()]
     return lines
@@ -133,7 +161,7 @@ def env_lines(env: dict[str, str]) -> list[str]:
     for name, value in env.items():
         check_env_name(name)
         lines.append(f"# {ENV_DOCS.get(name, 'set in launcher.env')}")
-        lines.append(f"export {name}={shlex.quote(str(value))}")
+        lines.append(f"export {name}={shell_word(value)}")
     return lines
 
 
@@ -153,21 +181,52 @@ def container_image(cfg: RootConfig) -> str:
 
 
 def container_mounts(cfg: RootConfig, run_dir: Path) -> list[str]:
-    """This checkout and the run directories' root at the same paths, then `launcher.container_mounts`."""
-    out_root = _out_root(cfg, run_dir)
-    mounts = [f"{REPO_ROOT}:{REPO_ROOT}"]
-    if not out_root.is_relative_to(REPO_ROOT):
-        mounts.append(f"{out_root}:{out_root}")
-    return mounts + [m for m in cfg.launcher.container_mounts.split(",") if m]
+    """The run directories' root at its own path (it holds the run's copy of our code), then
+    `launcher.container_mounts`; nothing of this machine's Python."""
+    out_root = run_path(_out_root(cfg, run_dir))
+    return [f"{out_root}:{out_root}", *(m for m in cfg.launcher.container_mounts.split(",") if m)]
+
+
+def code_files() -> Iterator[tuple[Path, Path]]:
+    """(source, path relative to the copy) of every file of `CODE_PACKAGES` under `CODE_ROOT`, links followed (a
+    checkout's `muonbench/conf`), bytecode left out."""
+    for name in CODE_PACKAGES:
+        for folder, dirs, files in os.walk(CODE_ROOT / name, followlinks=True):
+            dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+            for file in sorted(files):
+                yield Path(folder) / file, Path(folder, file).relative_to(CODE_ROOT)
+
+
+def copy_code(dest: Path) -> Path:
+    """Copy our packages into `dest` (the job's working directory): a queued job runs the code of its submission,
+    and imports nothing else from this machine."""
+    for src, rel in code_files():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+    return dest
 
 
 def container_args(cfg: RootConfig, run_dir: Path) -> list[str]:
-    """pyxis flags: the image, this checkout and the run directory mounted at the same paths, workdir the repo."""
+    """pyxis flags: the image, the run directories' root mounted at its own path, workdir the run's code copy."""
     return [
-        f"--container-image={shlex.quote(container_image(cfg))}",
-        f"--container-mounts={shlex.quote(','.join(container_mounts(cfg, run_dir)))}",
-        f"--container-workdir={shlex.quote(str(REPO_ROOT))}",
+        f"--container-image={shell_word(container_image(cfg))}",
+        f"--container-mounts={shell_word(','.join(container_mounts(cfg, run_dir)))}",
+        f"--container-workdir={shell_word(str(run_dir / CODE_DIR))}",
     ]
+
+
+def check_job(cfg: RootConfig, run_dir: Path) -> None:
+    """Every value a job script of launcher=slurm takes from the config, checked before anything is written: the
+    time limit, site options, srun options, env names, the image and the run directory's path."""
+    if not TIME.fullmatch(cfg.launcher.time_limit):
+        raise ValueError(f"launcher.time_limit={cfg.launcher.time_limit!r}: use [D-]HH:MM:SS")
+    site_options(cfg)
+    srun_args(cfg)
+    for name in cfg.launcher.env:
+        check_env_name(name)
+    container_image(cfg)
+    run_path(run_dir)
+    container_mounts(cfg, run_dir)
 
 
 def check_bridge_plan(cfg: RootConfig, run_dir: Path) -> None:
@@ -196,9 +255,11 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
     """
     run_dir = Path(run_dir).resolve()
     la, par = cfg.launcher, cfg.parallelism
+    check_job(cfg, run_dir)
     if cfg.engine.name == "bridge":
         check_bridge_plan(cfg, run_dir)
     gpus = la.nproc_per_node or par.gpus_per_node
+    copy_code(run_dir / CODE_DIR)
     container = " ".join(container_args(cfg, run_dir))
     torchrun = [
         "python",
@@ -210,9 +271,7 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
         '--rdzv_endpoint="$MASTER_ADDR:$MASTER_PORT"',
         '--rdzv_id="$SLURM_JOB_ID"',
     ]
-    report_args = " ".join(
-        shlex.quote(a) for a in ("report", str(_out_root(cfg, run_dir)), cfg.bench.report_name)
-    )
+    report_args = " ".join(shell_word(a) for a in ("report", str(_out_root(cfg, run_dir)), cfg.bench.report_name))
     lines = [
         *sbatch_header(cfg, run_dir),
         "",
@@ -225,10 +284,10 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
         "export MASTER_ADDR MASTER_PORT",
         "",
         f"# {int(la.nodes or par.nodes)} nodes x {int(gpus)} GPUs = world size {par.world_size}: one torchrun per node.",
-        " ".join(["srun --ntasks-per-node=1 --kill-on-bad-exit=1", *map(shlex.quote, srun_args(cfg)), container])
+        " ".join(["srun --ntasks-per-node=1 --kill-on-bad-exit=1", *map(shell_word, srun_args(cfg)), container])
         + " \\",
         f"  {' '.join(torchrun)} \\",
-        f"  {' '.join(shlex.quote(str(a)) for a in command)}",
+        f"  {' '.join(shell_word(a) for a in command)}",
         "status=$?",
         "",
         "# Collect every run of this report (e.g. the AdamW and the Muon job) and write the report, whatever the status.",

@@ -21,6 +21,16 @@ MAIN_FIELDS: dict[str, tuple[type, tuple[str, ...]]] = {
 """Fields shown under "main fields" (group -> schema, field names); `--cfg job` prints every field."""
 
 
+COMMANDS: dict[str, str] = {}
+"""Entry-point module -> the command that runs it, while the `muonbench` command runs one (bench/cli.py fills it:
+`bench.run` -> `muonbench run`); empty under `python -m`, where help and hints name `python -m <module>`."""
+
+
+def command(module: str) -> str:
+    """How the user names the entry point `module` in this process: `muonbench run` or `python -m bench.run`."""
+    return COMMANDS.get(module, f"python -m {module}")
+
+
 def _defaults(cls: type, names: tuple[str, ...]) -> list[str]:
     out = []
     for f in fields(cls):
@@ -50,7 +60,7 @@ def usage(
     synopsis: str = SYNOPSIS,
 ) -> str:
     """The help text of a Hydra-style entry point (`synopsis`: its arguments, required ones first)."""
-    lines = [f"usage: python -m {prog} {synopsis}", "", summary, ""]
+    lines = [f"usage: {command(prog)} {synopsis}", "", summary, ""]
     if tool_options:
         lines += ["options of this tool:"]
         lines += [f"  {k:<24} {v}" for k, v in tool_options.items()]
@@ -61,10 +71,10 @@ def usage(
         lines += [f"  {group}.{{{', '.join(_defaults(cls, names))}}}"]
     lines += [
         "",
-        "Every field is typed (muonbench/schema.py); print a composed config with: python -m bench.run ... --cfg job",
+        f"Every field is typed (muonbench/schema.py); print a composed config with: {command('bench.run')} ... --cfg job",
     ]
     if examples:
-        lines += ["", "examples:", *(f"  python -m {prog} {e}" for e in examples)]
+        lines += ["", "examples:", *(f"  {command(prog)} {e}" for e in examples)]
     return "\n".join(lines)
 
 

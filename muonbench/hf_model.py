@@ -61,7 +61,7 @@ def resolve(spec: str) -> Path:
         "model",
         f"hf:{spec}",
         f"no config.json of {spec} in the local Hugging Face cache ({constants.HF_HUB_CACHE}); nothing is "
-        f"downloaded here. Fetch the one file with `huggingface-cli download {spec} config.json` "
+        f"downloaded here. Fetch the one file with `hf download {spec} config.json` "
         "(or pass a path to a config.json)",
     )
     raise AssertionError  # unreachable: _fail raises

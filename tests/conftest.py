@@ -39,6 +39,16 @@ class XdistGroups:
 def pytest_configure(config: pytest.Config) -> None:
     if importlib.util.find_spec("_pytest.nodeid") is not None:
         config.pluginmanager.register(XdistGroups(), "muonbench-xdist-groups")
+    if importlib.util.find_spec("absl") is not None:
+        # absl's handler (made on import, attached to no logger) keeps the sys.stderr of its import, which under
+        # pytest is a capture buffer, and closes it when any later logging.config call (Hydra's, in-process)
+        # shuts all handlers down unless it is the current sys.stderr: a later test's capture then fails. The
+        # interpreter's own stream is one absl never closes.
+        import sys
+
+        from absl import logging as absl_logging
+
+        absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

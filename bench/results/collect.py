@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import record
+from muonbench.cli_help import command
 
 CONFIG_COLUMNS: dict[str, str] = {
     "experiment": "experiment_name",
@@ -137,7 +138,7 @@ def latest_runs(out_dir: Path) -> tuple[list[Path], dict[str, Any]]:
     """Run directories and manifest of the latest `bench.run` invocation."""
     manifest = out_dir / "LATEST.json"
     if not manifest.exists():
-        raise ValueError(f"{manifest} does not exist: run `python -m bench.run` first, or pass --runs DIR")
+        raise ValueError(f"{manifest} does not exist: run `{command('bench.run')}` first, or pass --runs DIR")
     data = record.read_json(manifest)
     return [Path(p) for p in data["runs"]], data
 
@@ -301,13 +302,13 @@ def check_command(manifest: dict[str, Any], expected: str, path: Path) -> None:
     ran = [a for a in manifest.get("argv") or [] if not a.startswith("bench.resume=")]
     if ran != shlex.split(expected) or manifest.get("state") != "complete":
         raise ValueError(
-            f"{path}: the latest invocation ({manifest.get('state')}) ran `python -m bench.run {shlex.join(ran)}`; "
-            f"this report is made only from a complete `python -m bench.run {expected}`"
+            f"{path}: the latest invocation ({manifest.get('state')}) ran `{command('bench.run')} {shlex.join(ran)}`; "
+            f"this report is made only from a complete `{command('bench.run')} {expected}`"
         )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.results.collect", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=command("bench.results.collect"), description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--runs", nargs="*", type=Path, help="run directories or roots to search (default: latest invocation)"
     )
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--expect-command",
         metavar="ARGS",
-        help="refuse unless the latest invocation completed exactly `python -m bench.run ARGS` (make bench-example)",
+        help=f"refuse unless the latest invocation completed exactly `{command('bench.run')} ARGS` (make bench-example)",
     )
     args = ap.parse_args(argv)
     problems: list[str] = []

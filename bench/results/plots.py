@@ -81,26 +81,14 @@ BREAKDOWN_PARTS = (
 )
 
 
-def _fit(whole: float, parts: list[float]) -> list[float]:
-    """`parts` scaled down to add up to `whole` where they add up to more; as they are otherwise."""
-    total = sum(parts)
-    return [p * whole / total for p in parts] if total > whole else parts
-
-
 def breakdown_figure(rows: list[dict[str, Any]], label: Callable[[dict[str, Any]], str]) -> Any:
-    """Stacked medians of the step's parts (ms) per run, each bar as tall as the run's median step; the legend sits
-    right of the axes, clear of the bars."""
-    parts: dict[str, list[float]] = {k: [] for k in BREAKDOWN_PARTS}
-    keys = ("step_s_median", "fwd_bwd_s_median", "comm_s_median", "optim_s_median", "ns_s_median")
-    for r in rows:
-        step, fb, comm, opt, ns = (max(_num(r.get(k)) or 0.0, 0.0) for k in keys)
-        adam, clip = (max(_num(r.get(k)) or 0.0, 0.0) for k in ("adamw_s_median", "clip_s_median"))
-        # each part is its own median, so the parts may add up to more than their whole: they are scaled down to
-        # it (never drawn past it), and the whole is drawn at the median step
-        top = _fit(step, [fb, comm, opt])
-        inner = _fit(top[2], [ns, adam, clip])
-        for k, v in zip(parts, (top[0], top[1], *inner, top[2] - sum(inner), step - sum(top))):
-            parts[k].append(v * 1e3)
+    """Stacked medians of the step's parts (ms) per run: each measured part as measured, the optimizer's and the
+    step's remainders as the median of each step's own (`bench.results.report.add_remainders`), none scaled to
+    fit (a negative remainder, parts timed to overlap their whole, is drawn as 0); the legend sits right of the
+    axes, clear of the bars."""
+    keys = ("fwd_bwd_s_median", "comm_s_median", "ns_s_median", "adamw_s_median", "clip_s_median",
+            "other_optim_s_median", "rest_s_median")  # fmt: skip
+    parts = {k: [max(_num(r.get(key)) or 0.0, 0.0) * 1e3 for r in rows] for k, key in zip(BREAKDOWN_PARTS, keys)}
     fig, ax = _figure()
     bottom = [0.0] * len(rows)
     names = [label(r) for r in rows]

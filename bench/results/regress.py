@@ -26,6 +26,7 @@ from pathlib import Path
 from bench import entry
 from bench.entry import ArgParser
 from bench.results import record
+from muonbench.cli_help import command
 
 KEY: tuple[str, ...] = ("config_hash", "hardware_name", "gpu_name")
 """Columns that identify the workload on a machine."""
@@ -272,7 +273,7 @@ def _fraction(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: `compare` or `bless`; returns the exit status."""
-    ap = ArgParser(prog="python -m bench.results.regress", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog=command("bench.results.regress"), description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     cp = sub.add_parser("compare", help="compare results.csv with golden rows")
     bp = sub.add_parser("bless", help="add ok rows of results.csv to a golden file")

@@ -25,6 +25,7 @@ from typing import Any
 
 from bench.results import plots, record
 from bench.results.collect import GROUP_COLUMNS, default_report_dir
+from muonbench.cli_help import command
 
 PLOTS = ("tflops.png", "step_breakdown.png", "step_time.png", "loss.png")
 BASELINE = "adamw"
@@ -350,6 +351,26 @@ def table1(rows: list[dict[str, Any]]) -> str:
     return _md_table(header, body)
 
 
+REMAINDERS = {
+    "other_optim_s_median": ("optim_s", ("ns_s", "adamw_s", "clip_s")),
+    "rest_s_median": ("step_s", ("fwd_bwd_s", "comm_s", "optim_s")),
+}
+"""What a step's timed parts leave of their whole: name -> (whole, parts), read from steps.csv."""
+
+
+def add_remainders(rows: list[dict[str, Any]], steps: Any) -> None:
+    """Each row gets, per `REMAINDERS`, the median over its steady steps of the whole less its parts, step by step:
+    the difference of medians taken apart is not a median of anything and went negative (-4.11 ms)."""
+    for r in rows:
+        s = steps[(steps["run_id"] == r["run_id"]) & ~steps["warmup"].astype(bool)] if len(steps) else steps
+        for name, (whole, parts) in REMAINDERS.items():
+            if not len(s) or s[whole].isna().all():
+                r[name] = None
+                continue
+            rest = s[whole] - s[list(parts)].fillna(0.0).sum(axis=1)
+            r[name] = float(rest.median())
+
+
 def breakdown(rows: list[dict[str, Any]]) -> str:
     header = [
         "optimizer",
@@ -368,10 +389,9 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if r["status"] != "ok":
             continue
-        opt, ns, adam, clip = (
-            _num(r.get(k)) for k in ("optim_s_median", "ns_s_median", "adamw_s_median", "clip_s_median")
+        ns, adam, clip, other = (
+            _num(r.get(k)) for k in ("ns_s_median", "adamw_s_median", "clip_s_median", "other_optim_s_median")
         )
-        other = None if opt is None else opt - (ns or 0.0) - (adam or 0.0) - (clip or 0.0)
         body.append(
             [
                 _label(r),
@@ -391,7 +411,8 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
         return NONE_OK
     return _md_table(header, body) + (
         "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
-        "exactly). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
+        "exactly; \"other\" is the median of what each step's optimizer step leaves after its NS, AdamW part and "
+        "clipping). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
         "forward+backward and optimizer step exclude the communication inside them. NS FLOPs per GPU are those of "
         "the busiest rank (the layer-wise optimizer splits the matrices over the ranks; a replicated one runs all "
         "of them on every rank)."
@@ -463,6 +484,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
 
     matplotlib.use("Agg")
     rows = results.to_dict("records")
+    add_remainders(rows, steps)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["optimizer"]] = counts.get(r["optimizer"], 0) + 1
@@ -656,7 +678,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
-    ap = argparse.ArgumentParser(prog="python -m bench.results.report", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=command("bench.results.report"), description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--dir",
         type=Path,
@@ -677,19 +699,19 @@ def main(argv: list[str] | None = None) -> int:
             collected = sorted(args.reports.glob("*/results.csv"), key=lambda p: p.stat().st_mtime)
             if not collected:
                 raise ValueError(
-                    f"no --name and no {args.reports}/*/results.csv; run `python -m bench.results.collect` first"
+                    f"no --name and no {args.reports}/*/results.csv; run `{command('bench.results.collect')}` first"
                 )
             dest = collected[-1].parent
         else:
             manifest = args.out_dir / "LATEST.json"
             if not manifest.exists():
                 raise ValueError(
-                    f"{manifest} does not exist: run `python -m bench.run` first, or pass --dir/--name"
+                    f"{manifest} does not exist: run `{command('bench.run')}` first, or pass --dir/--name"
                 )
             dest = default_report_dir(record.read_json(manifest))
         if not (dest / "results.csv").exists():
             raise ValueError(
-                f"{dest / 'results.csv'} does not exist; run `python -m bench.results.collect` first"
+                f"{dest / 'results.csv'} does not exist; run `{command('bench.results.collect')}` first"
             )
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

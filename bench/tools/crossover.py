@@ -22,6 +22,7 @@ from typing import Any
 
 from bench.entry import ArgParser
 from bench.results.record import first_step
+from muonbench.cli_help import command
 
 RESAMPLES = 2000
 FIELDS = ("step_s", "fwd_bwd_s", "optim_s")
@@ -157,7 +158,7 @@ def write(runs: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgParser(prog="python -m bench.tools.crossover", description=__doc__.split("\n\n")[0])
+    ap = ArgParser(prog=command("bench.tools.crossover"), description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path, help="folder of run folders (run.json + steps.jsonl)")
     ap.add_argument("--baseline", default="adamw", help="the optimizer in the denominator of the step time")
     ap.add_argument("--out", type=Path, default=None, help="where to write results.csv/summary.json/png")

@@ -17,6 +17,15 @@ import sys
 from typing import Any
 
 CLI_KEYS = ("profile", "format", "report")
+DEFAULT_ENGINE = "megatron"
+"""The engine `project` and `recommend` price unless the overrides choose one (an `engine=` or an `experiment=`,
+which names its own): the one the performance model is calibrated on and that runs model parallelism."""
+
+
+def with_default_engine(overrides: list[str]) -> list[str]:
+    """`overrides`, led by `engine=DEFAULT_ENGINE` unless they choose an engine or an experiment."""
+    chosen = {a.split("=", 1)[0].lstrip("+~") for a in overrides} & {"engine", "experiment"}
+    return overrides if chosen else [f"engine={DEFAULT_ENGINE}", *overrides]
 
 
 def split_args(argv: list[str], keys: tuple[str, ...] = CLI_KEYS) -> tuple[dict[str, str], list[str]]:
@@ -43,7 +52,7 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     from bench.tools.perfmodel.model import predict, tp_mode_table
     from muonbench import load
 
-    cfg = load(overrides)
+    cfg = load(with_default_engine(overrides))
     pred = predict(cfg, profile)
     out = pred.as_dict()
     out["config"] = {

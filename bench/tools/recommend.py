@@ -9,7 +9,7 @@ With `quality=` (a quality report folder or its summary.json) it also prints the
 measurement's tokens per parameter), naming the measurement and horizon it rests on.
 
 Everything except the CLI-only keys `out`, `format`, `numerics`, `quality` and `horizon_tokens` is a Hydra override composed by `muonbench.load`
-(the optimizer is Muon; `engine` defaults to megatron, the engine that runs model parallelism). The search prices
+(the optimizer is Muon; the engine defaults as `project`'s, `project.DEFAULT_ENGINE`). The search prices
 with `bench.tools.perfmodel` (profile `ours`, NS precision and Gram-NS as configured) every option the product has:
 the TP Newton-Schulz mode (where TP or expert-TP > 1), the layer-wise assignment, split QKV and split gate / up
 (jointly), then NS overlap, NS precision, Gram-NS and the coefficient set with its step count (one at a time from
@@ -25,7 +25,7 @@ Prints the set with one reason per choice, the predicted step time and Muon/Adam
 over Muon's: the ratio of model TFLOP/s per GPU), the optimizer step and Newton-Schulz seconds per GPU, the memory of
 weights, gradients and optimizer state per GPU, and writes `scaling.csv` / `scaling.png` (the ratio over
 data-parallel sizes 8 to 1024) and `recommendation.json` into `out` (default
-runs/recommend/<model>_<parallelism>_<hardware>).
+runs/recommend/<model>_<parallelism>_<hardware>_<engine>).
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ MEASURED = {
 
 
 def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    """CLI-only keys (out, format, numerics) and the Hydra overrides; optimizer=muon and engine=megatron unless
-    given."""
+    """CLI-only keys (out, format, numerics) and the Hydra overrides; optimizer=muon unless given, the engine as
+    `project.with_default_engine`."""
     cli, overrides = project.split_args(argv, CLI_KEYS)
     if cli.get("numerics", "keep") not in NUMERICS:
         raise ValueError(f"numerics={cli['numerics']!r}: allowed {list(NUMERICS)}")
@@ -87,9 +87,7 @@ def split_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
             raise ValueError(f"optimizer={value!r}: the recommendation is for Muon; allowed ['muon']")
     if not any(a.startswith("optimizer=") for a in overrides):
         overrides.insert(0, "optimizer=muon")
-    if not any(a.startswith("engine=") for a in overrides):
-        overrides.insert(0, "engine=megatron")
-    return cli, overrides
+    return cli, project.with_default_engine(overrides)
 
 
 def settings_of(root: RootConfig) -> dict[str, Any]:
@@ -150,8 +148,8 @@ def options(root: RootConfig, *, allow_numerics: bool) -> dict[str, tuple[Any, .
 
     sharded = par.tp > 1 or (model.num_experts > 0 and par.etp > 1)
     out = {
-        "tp_mode": first("tp_mode", TP_MODE_CHOICES if sharded else ()),
-        "assignment": first("assignment", tuple(Strategy)),
+        "tp_mode": first("tp_mode", tuple(map(str, TP_MODE_CHOICES)) if sharded else ()),
+        "assignment": first("assignment", tuple(s.value for s in Strategy)),
         "split_qkv": first("split_qkv", (True, False) if model.attention == "gqa" and allow_numerics else ()),
         "split_gate_up": first("split_gate_up", (False, True) if model.gated_linear_unit else ()),
         "ns_overlap": first("ns_overlap", (False, True) if root.engine.name == "megatron" else ()),
@@ -249,7 +247,7 @@ class Search:
 def _fmt(row: dict[str, Any], best: dict[str, Any] | None = None) -> str:
     """A priced row: its step time and NS seconds, or against `best` the difference; or why it cannot run."""
     if not row["runnable"]:
-        return f"not runnable ({row['why_not'][:100]})"
+        return f"not runnable ({row['why_not']})"
     if best is None:
         return f"step {row['step_time_s']:.4f} s, NS {row['ns_s']:.4f} s/GPU"
     return f"step {row['step_time_s'] - best['step_time_s']:+.4f} s, NS {row['ns_s'] - best['ns_s']:+.4f} s"
@@ -538,6 +536,12 @@ def quality_milestone(res: dict[str, Any], overrides: list[str], cli: dict[str, 
     )
 
 
+def default_out(config: dict[str, Any]) -> Path:
+    """Where a recommendation is written without `out=`: one folder per model, layout, hardware and engine."""
+    c = config
+    return Path("runs", "recommend", f"{c['model']}_{c['parallelism']}_{c['hardware']}_{c['engine']}")
+
+
 def format_text(res: dict[str, Any], written: list[Path]) -> str:
     c = res["config"]
     (mlo, mhi), (alo, ahi) = res["muon_step_s_interval"], res["adamw_step_s_interval"]
@@ -592,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
         "Recommended Muon settings for a model, layout and hardware, with their predicted cost.",
         tool_options={
             "out=DIR": "where scaling.csv, scaling.png and recommendation.json go "
-            "(default runs/recommend/<model>_<parallelism>_<hardware>)",
+            "(default runs/recommend/<model>_<parallelism>_<hardware>_<engine>)",
             "format=text|json": "output format (default text)",
             "numerics=keep|allow": "keep the configured NS precision, Gram-NS, coefficient set and "
             "steps (default), or search them too (they change the update)",
@@ -610,8 +614,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # user and config errors: one line, no traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    c = res["config"]
-    out = Path(cli.get("out") or f"runs/recommend/{c['model']}_{c['parallelism']}_{c['hardware']}")
+    out = Path(cli.get("out") or default_out(res["config"]))
     written = write_outputs(out, res)
     text = json.dumps(res, indent=1, default=str) if cli.get("format") == "json" else format_text(res, written)
     print(text)

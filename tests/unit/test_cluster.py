@@ -79,6 +79,24 @@ def test_cluster_command_selects_nemo_run_and_the_dry_run(monkeypatch: pytest.Mo
     assert cli.main(["cluster", "status"]) == 2
 
 
+@pytest.mark.parametrize(("value", "dry"), [("1", True), ("yes", True), ("TRUE", True), ("0", False),
+                                             ("false", False), ("no", False), ("", False)])  # fmt: skip
+def test_dry_run_env_says_yes_or_no(value: str, dry: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Localises `DRY_RUN=false` (or `no`) printing the script instead of submitting: only a yes is a dry run."""
+    seen: list[list[str]] = []
+    monkeypatch.setattr("bench.run.main", lambda: seen.append(list(__import__("sys").argv[1:])))
+    monkeypatch.setenv("DRY_RUN", value)
+    assert cli.main(["cluster", KIMI]) == 0
+    assert ("launcher.dry_run=true" in seen[0]) is dry
+
+
+def test_dry_run_env_other_values_refused(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr("bench.run.main", lambda: pytest.fail("nothing may start"))
+    monkeypatch.setenv("DRY_RUN", "maybe")
+    assert cli.main(["cluster", KIMI]) == 2
+    assert capsys.readouterr().err.startswith("error: DRY_RUN='maybe': allowed [")
+
+
 needs_nemo_run = pytest.mark.skipif(importlib.util.find_spec("nemo_run") is None, reason="needs the nemo-run extra")
 
 

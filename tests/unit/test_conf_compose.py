@@ -153,3 +153,15 @@ def test_muon_split_gate_up_option_is_muon_with_the_split() -> None:
     long = load(["optimizer=muon", "optimizer.split_gate_up=true"])
     assert short.optimizer.split_gate_up and short == long
     assert config_hash(short) == config_hash(long) != config_hash(load(["optimizer=muon"]))
+
+
+@pytest.mark.parametrize("experiment", ["cpu/qwen3_moe_tiny_dp2", "cpu/hf_tiny_dp2"])
+@pytest.mark.parametrize("steps", [(30, 5), (4, 1)])
+def test_cpu_smoke_lr_warmup_fits_its_steps(experiment: str, steps: tuple[int, int]) -> None:
+    """Localises the CPU smoke warming the LR up over 2000 steps in a 4 to 30 step run: the LR stayed near 0 and
+    AdamW and Muon ended at the same loss (6.242074 vs 6.242078), so the loss plot compared nothing."""
+    import muonbench
+
+    hf = [f"model=hf:{Path(__file__).parent / 'fixtures' / 'hf_configs' / 'qwen3_8b'}"] if "hf_" in experiment else []
+    root = muonbench.load([f"experiment={experiment}", *hf, f"bench.steps={steps[0]}", f"bench.warmup_steps={steps[1]}"])
+    assert root.optimizer.lr_warmup_steps == root.bench.warmup_steps < root.bench.steps

@@ -214,7 +214,7 @@ def test_hub_id_not_cached_says_how_to_fetch(tmp_path: Path, monkeypatch: pytest
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ConfigError, match=r"huggingface-cli download someone/unseen-model config\.json"):
+    with pytest.raises(ConfigError, match=r"`hf download someone/unseen-model config\.json`"):
         muonbench.load(["model=hf:someone/unseen-model"])
 
 

@@ -108,9 +108,9 @@ def test_installed_command_runs_the_cpu_proxy_from_anywhere(wheel: Path, tmp_pat
     assert Path(bench_file).is_relative_to(venv) and Path(conf_dir).is_relative_to(venv), where
     muonbench = str(venv / "bin" / "muonbench")
     assert "ns-kernels" in sh(muonbench, "--help").stdout
-    for name in ("model", "crossover"):  # the tools' own help, through the console script
+    for name in ("model", "crossover"):  # the tools' own help, through the console script, naming it
         res = sh(muonbench, name, "--help")
-        assert res.returncode == 0 and f"usage: python -m bench.tools.{name}" in res.stdout, res.stdout + res.stderr
+        assert res.returncode == 0 and f"usage: muonbench {name}" in res.stdout, res.stdout + res.stderr
     run = sh(muonbench, "run", "-m", "--config-dir", "my_conf", "experiment=mine/tiny", "optimizer=adamw,muon")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 runs: 2 ok" in run.stdout, run.stdout
@@ -158,13 +158,35 @@ def test_cli_lists_every_entry_point_and_rejects_an_unknown_one(capsys: pytest.C
     listed = capsys.readouterr().out
     assert all(f"  {name} " in listed for name in cli.SUBCOMMANDS)
     assert cli.main(["fly"]) == 2
-    assert "no such subcommand" in capsys.readouterr().err
-    assert cli.main(["flops", "--help"]) == 0
-    assert "usage:" in capsys.readouterr().out
-    for name in ("model", "crossover"):
-        assert cli.main([name, "--help"]) == 0
-        assert f"usage: python -m bench.tools.{name}" in capsys.readouterr().out
+    assert "invalid choice: 'fly'" in capsys.readouterr().err
+    assert cli.main([]) == 2
+    assert "usage: muonbench" in capsys.readouterr().err
     assert cli.main(["crossover", "--no-such-flag"]) == 2
+
+
+def test_every_subcommand_resolves_to_a_callable_entry_point() -> None:
+    """Localises a table entry naming a module without its function (`muonbench quality` ran
+    `bench.tools.quality.run.main`, which does not exist): every entry imports and is callable."""
+    for name in cli.SUBCOMMANDS:
+        assert callable(cli.entry(name)), name
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [(["run"], "usage: muonbench run "), (["flops"], "usage: muonbench flops "), (["model"], "usage: muonbench model "),
+     (["crossover"], "usage: muonbench crossover"), (["collect"], "usage: muonbench collect"),
+     (["report"], "usage: muonbench report")],
+)  # fmt: skip
+def test_help_names_the_command_as_invoked(argv: list[str], shown: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Localises `muonbench run --help` (and its hints) saying `python -m bench.run`: under `muonbench` the help
+    names `muonbench <subcommand>`, under `python -m` the module."""
+    from muonbench import cli_help
+
+    assert cli.main([*argv, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert shown in out and "python -m bench" not in out, out
+    assert cli_help.command("bench.run") == "python -m bench.run"  # outside the muonbench command
+    assert cli_help.run_usage().startswith("usage: python -m bench.run ")
 
 
 def test_model_and_crossover_subcommands_run_their_tools(
@@ -219,3 +241,30 @@ def test_make_bench_hf_reports_from_the_folder_it_writes(tmp_path: Path) -> None
     assert f"bench.out_dir={tmp_path / 'o'}" in ok.stdout and ok.stdout.count(f"--out-dir {tmp_path / 'o'}") == 2
     bad = dry(f"ARGS=optimizer.lr=0.01 bench.out_dir={tmp_path / 'o'}")
     assert bad.returncode != 0 and "pass OUT_DIR=DIR instead" in bad.stderr and "bench.run" not in bad.stdout
+
+
+@pytest.mark.parametrize("target", ["bench-hf", "bench"])
+def test_make_bench_reports_nothing_when_bench_run_refused(target: str, tmp_path: Path) -> None:
+    """Localises `make bench-hf` with a config bench.run refuses (and a second `make bench` whose out_dir another
+    sweep holds) going on to collect and report: an older sweep's report was printed, or written into the
+    sweep that holds the folder. bench.run exits 2 and make stops there."""
+    import fcntl
+    import hashlib
+
+    if shutil.which("make") is None:
+        pytest.skip("no make here")
+    venv, out = tmp_path / "venv", tmp_path / "runs"
+    pins = b"".join((ROOT / p).read_bytes() for p in ("pyproject.toml", "tests/requirements-bridge.txt"))
+    venv.mkdir()
+    (venv / f".installed-{hashlib.sha256(pins).hexdigest()[:16]}").touch()  # the install is up to date
+    out.mkdir()
+    args = ["make", "-s", target, f"VENV={venv}", f"PY={sys.executable}", f"OUT_DIR={out}"]
+    with open(out / ".bench_run.lock", "a+") as lock:
+        if target == "bench-hf":
+            args.append(f"CONFIG={tmp_path / 'missing.json'}")
+        else:  # another sweep holds the folder
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        res = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "error: " in res.stderr and "LATEST.json" not in res.stderr, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".bench_run.lock"]

@@ -129,6 +129,29 @@ def test_tp_modes_the_layerwise_optimizer_cannot_run_are_refused_and_not_picked(
             assert c["why_not"].startswith(f"parallelism.distribution.tp_mode={c['tp_mode']!r}: the layer-wise")
     assert found["distribution"]["tp_mode"] == "blockwise"
     assert "duplicated: not runnable" in found["reasons"]["tp_mode"]
+    # the values as the config names them, the reason whole (no enum reprs, nothing cut at 100 characters)
+    assert all(type(c["tp_mode"]) is str and type(c["assignment"]) is str for c in cands)
+    assert "<" not in found["reasons"]["tp_mode"] and "allowed: ['blockwise']" in found["reasons"]["tp_mode"]
+
+
+def test_project_and_recommend_default_to_the_same_engine_and_keep_an_experiments() -> None:
+    """Localises `project` pricing engine=hf (the config's default) where `recommend` priced megatron, and
+    `recommend` overriding the engine an experiment names."""
+    import muonbench
+    from bench.tools import project
+
+    def recommend_engine(overrides: list[str]) -> str:
+        return muonbench.load(rec.split_args(overrides)[1]).engine.name
+
+    assert project.project(CASES["qwen3"])["config"]["engine"] == recommend_engine(CASES["qwen3"]) == "megatron"
+    bridge = "experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu"
+    assert project.project([bridge])["config"]["engine"] == recommend_engine([bridge]) == "bridge"
+
+
+def test_output_folder_is_keyed_by_engine() -> None:
+    """Localises the bridge recommendation overwriting the megatron one in the same folder."""
+    config = {"model": "m", "parallelism": "p", "hardware": "h"}
+    assert rec.default_out(config | {"engine": "bridge"}) != rec.default_out(config | {"engine": "megatron"})
 
 
 @pytest.fixture(scope="module")
