@@ -1,30 +1,31 @@
 """Crossover comparison of two optimizers from run records: step, forward-backward and optimizer-step medians and the
-model-only ratio with a bootstrap interval.
+model-only ratio with its 95% interval (`bench.results.intervals`).
 
     python -m bench.tools.crossover RUNS_DIR [--baseline adamw] [--out DIR]
 
 RUNS_DIR holds one folder per run (`run.json` + `steps.jsonl`, as `bench.run` writes them), all of one workload, run
 one after another on one host in crossover order (A B B A A B ...). Only runs that ended `ok` count; steady steps are
 those the run's protocol did not mark as warm-up. The ratio is baseline step time over variant step time (the
-variant's model TF/s over the baseline's: both do the same model FLOPs); its interval resamples runs within each arm
-and steady steps within each run (2000 resamples, fixed seed), so the spread between runs is in it.
+variant's model TF/s over the baseline's: both do the same model FLOPs); its interval is Student's t on the runs'
+median log step times, so the spread between runs is in it (docs/compare.md). `muonbench compare` runs such a
+sequence itself until the interval is as narrow as asked.
 Writes `results.csv` (one row per steady step), `summary.json` and `crossover.png` to --out.
 """
 
 from __future__ import annotations
 
 import json
-import random
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from bench.entry import ArgParser
+from bench.results import intervals
 from bench.results.record import first_step
 from muonbench.cli_help import command
 
-RESAMPLES = 2000
 FIELDS = ("step_s", "fwd_bwd_s", "optim_s")
 
 
@@ -61,24 +62,21 @@ def _ok_run(rj: Path) -> dict[str, Any] | None:
 
 
 def _median(runs: list[dict[str, Any]], field: str) -> float:
-    return statistics.median(s[field] for r in runs for s in r["steady"])
+    return float(np.median([s[field] for r in runs for s in r["steady"]]))
 
 
 def _iqr(runs: list[dict[str, Any]], field: str) -> float:
-    q = statistics.quantiles([s[field] for r in runs for s in r["steady"]], n=4, method="inclusive")
-    return q[2] - q[0]
+    q1, q3 = np.percentile([s[field] for r in runs for s in r["steady"]], [25, 75])
+    return float(q3 - q1)
 
 
-def bootstrap_ratio(base: list[dict[str, Any]], var: list[dict[str, Any]], field: str = "step_s") -> tuple[float, float]:
-    """95% interval of median(base) / median(var) of `field`, resampling runs, then steady steps within each run."""
-    rng = random.Random(0)
+def interval(base: list[dict[str, Any]], var: list[dict[str, Any]], field: str = "step_s") -> tuple[float, float]:
+    """95% interval of the baseline / variant ratio of `field` from the runs' statistics (t on run medians,
+    `intervals.compare`: the spread between runs is in it); (nan, nan) with fewer than two runs in an arm."""
+    def stat(runs: list[dict[str, Any]]) -> list[float]:
+        return [intervals.run_statistic([s[field] for s in r["steady"]]) for r in runs]
 
-    def resample(runs: list[dict[str, Any]]) -> list[float]:
-        picked = [rng.choice(runs) for _ in runs]
-        return [rng.choice(r["steady"])[field] for r in picked for _ in r["steady"]]
-
-    ratios = sorted(statistics.median(resample(base)) / statistics.median(resample(var)) for _ in range(RESAMPLES))
-    return ratios[int(0.025 * RESAMPLES)], ratios[int(0.975 * RESAMPLES) - 1]
+    return intervals.compare(stat(base), stat(var)).ci95
 
 
 def pair_ratios(runs: list[dict[str, Any]], baseline: str) -> list[float]:
@@ -115,9 +113,9 @@ def summarize(runs: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
         out[f"{n}_first_optim_s"] = [r["first_optim_s"] for r in a]
         out[f"{n}_peak_mem_bytes"] = max(r["peak_mem_bytes"] or 0 for r in a)
     out["ratio_model_only"] = out[f"{baseline}_step_s_median"] / out[f"{variant}_step_s_median"]
-    out["ratio_model_only_ci95"] = bootstrap_ratio(arms[baseline], arms[variant])
+    out["ratio_model_only_ci95"] = interval(arms[baseline], arms[variant])
     out["fwd_bwd_ratio"] = out[f"{baseline}_fwd_bwd_s_median"] / out[f"{variant}_fwd_bwd_s_median"]
-    out["fwd_bwd_ratio_ci95"] = bootstrap_ratio(arms[baseline], arms[variant], "fwd_bwd_s")
+    out["fwd_bwd_ratio_ci95"] = interval(arms[baseline], arms[variant], "fwd_bwd_s")
     out["pair_ratios"] = pair_ratios(runs, baseline)
     out["optimizer_step_only_ratio"] = (out[f"{baseline}_fwd_bwd_s_median"] + out[f"{baseline}_optim_s_median"]) / (
         out[f"{baseline}_fwd_bwd_s_median"] + out[f"{variant}_optim_s_median"]
