@@ -17,7 +17,7 @@ UV_VERSION := $(shell sed -n 's/^ *"uv==\(.*\)",*$$/\1/p' pyproject.toml)
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench compare bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -73,6 +73,9 @@ EXAMPLE_REPORT := smoke_cpu_202612
 bench-example: $(STAMP) ## Rewrite the committed example reports/smoke_cpu_202612/ from the latest sweep (only after a complete make bench)
 	$(PY) -m bench.results.collect --name $(EXAMPLE_REPORT) --expect-command "$(SMOKE)" && \
 	$(PY) -m bench.results.report --name $(EXAMPLE_REPORT)
+
+compare: $(STAMP) ## A variant optimizer's cost against a baseline to +-0.5% (muonbench compare): ARGS="experiment=... [--variant muon]"
+	$(PY) -m bench.tools.compare $(ARGS)
 
 bench-bridge: $(STAMP) ## Megatron-Bridge's pretrain loop on one GPU: AdamW, ours (Muon), Megatron's Muon on the FLOP-matched Qwen3 slice
 	$(PY) -m bench.run -m experiment=h200/qwen3_30b_a3b_slice_flops_bridge_1gpu optimizer=adamw,muon,muon_megatron $(ARGS)

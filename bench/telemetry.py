@@ -1,8 +1,9 @@
 """GPU telemetry per step, from NVML: SM and memory clocks, power, temperature and clock-lowering reasons.
 
 A thread samples the run's GPU every `interval_s` (0.1 s: one core's 1% at most; NVML calls release the GIL);
-`step()` returns the mean clocks and power, the highest temperature and the union of the reasons seen since the last
-call, so a slow step can be told from a throttled one (`docs/compare.md`). Without NVML (`import pynvml`, from
+`step()` returns the mean clocks and power, the highest temperature and the union of the clock-event reasons seen
+since the last call (`throttled` when a thermal or hardware slowdown was among them), so a slow step can be told from
+a throttled one (`docs/compare.md`). Without NVML (`import pynvml`, from
 nvidia-ml-py) or without a GPU, `open_for` returns None and the steps carry no telemetry.
 """
 
@@ -11,12 +12,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from bench.results.intervals import CLOCK_LOWERING_BITS
+from bench.results.intervals import throttled
 
 KEYS = ("sm_mhz", "mem_mhz", "power_w", "temp_c", "throttle_reasons", "throttled")
 """The steps.jsonl fields this module fills (record.OPTIONAL_KEYS lists them)."""
-
-_LOWERING_MASK = sum(CLOCK_LOWERING_BITS)
 
 
 class Sampler:
@@ -69,7 +68,7 @@ class Sampler:
             "power_w": sum(s[2] for s in samples) / k,
             "temp_c": max(s[3] for s in samples),
             "throttle_reasons": float(reasons),
-            "throttled": float(bool(reasons & _LOWERING_MASK)),
+            "throttled": float(throttled(reasons)),
         }
 
     def close(self) -> None:

@@ -27,15 +27,20 @@ from scipy import stats
 
 CONFIDENCE = 0.95
 
-CLOCK_LOWERING_BITS = {
-    0x4: "sw_power_cap",
+THROTTLE_BITS = {
     0x8: "hw_slowdown",
     0x20: "sw_thermal",
     0x40: "hw_thermal",
     0x80: "hw_power_brake",
 }
-"""NVML clock-event reasons that lower the SM clock under load (nvml.h `nvmlClocksEventReason*`); a step during
-which any of them was set is flagged `throttled`."""
+"""NVML clock-event reasons (nvml.h `nvmlClocksEventReason*`) that flag a step `throttled`: thermal and hardware
+slowdowns. The software power cap (0x4) is left out: a Hopper GPU at full load sits at its power cap nearly all the
+time, and what it costs shows in the SM clock each step records (docs/compare.md#telemetry)."""
+
+
+def throttled(reasons: float | None) -> bool:
+    """Whether a step's clock-event reason bits hold a thermal or hardware slowdown (`THROTTLE_BITS`)."""
+    return bool(int(reasons or 0) & sum(THROTTLE_BITS))
 
 
 def crossover_arm(index: int) -> str:

@@ -101,7 +101,7 @@ OPTIONAL_KEYS = (
 """Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`; the bridge engine's
 `bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time; `skipped_updates`: parameter updates our
 optimizers skipped in the step under `nonfinite_policy=skip`, max over ranks; on a GPU with NVML the step's mean SM
-and memory clocks, mean power, highest temperature, clock-event reasons and whether one of them lowered the clock,
+and memory clocks, mean power, highest temperature, clock-event reasons and whether a thermal or hardware slowdown was among them,
 `bench.telemetry`, max over ranks); the probes of `bench.probes` add their own
 (`bench.probes.keys`). `bench.results.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (

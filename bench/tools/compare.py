@@ -271,7 +271,7 @@ def analyze(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
                 "steady_steps": len(r["steady"]),
                 "step_s_median": float(np.median([s["step_s"] for s in r["steady"]])),
                 "fwd_bwd_s_median": float(np.median([s["fwd_bwd_s"] for s in r["steady"]])),
-                "throttled_steps": sum(1 for s in r["steady"] if s.get("throttled")),
+                "throttled_steps": sum(1 for s in r["steady"] if intervals.throttled(s.get("throttle_reasons"))),
                 "sm_mhz_median": _median([r], "sm_mhz"),
                 "alloc_retries": r["steps"][-1].get("alloc_retries"),
             }
@@ -313,19 +313,21 @@ def plot(runs: list[dict[str, Any]], summary: dict[str, Any], path: Path) -> Non
         clk = [s.get("sm_mhz") for s in r["steps"]]
         if any(c is not None for c in clk):
             axes[1].plot(xs, [math.nan if c is None else c for c in clk], ".", color=colors[r["arm"]])
-        thr = [x for x, s in zip(xs, r["steps"], strict=True) if s.get("throttled")]
+        thr = [x for x, s in zip(xs, r["steps"], strict=True) if intervals.throttled(s.get("throttle_reasons"))]
         for x in thr:
             axes[0].axvline(x, color="tab:red", alpha=0.2)
         x0 += len(r["steps"]) + 2
+    steady = [s["step_s"] for r in runs for s in r["steady"]]
+    axes[0].set_ylim(0.97 * min(steady), 1.03 * max(steady))  # warm-up steps above it are off the scale
     lo, hi = summary["cost_ci95"]
     axes[0].set_title(
         f"{summary['model']} ({summary['engine']}): {summary['variant']} (blue) vs {summary['baseline']} (grey); "
         f"cost {100 * summary['cost']:+.2f}% [{100 * lo:+.2f}, {100 * hi:+.2f}]",
         fontsize=10,
     )
-    axes[0].set_ylabel("step time (s); x = warm-up")
+    axes[0].set_ylabel("step time (s)\nx = warm-up (may be off scale)")
     axes[1].set_ylabel("SM clock (MHz)")
-    axes[1].set_xlabel("steps of each run, runs in the order they ran (red: a clock-lowering reason set)")
+    axes[1].set_xlabel("steps of each run, runs in the order they ran (red: a thermal or hardware slowdown)")
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -166,3 +166,25 @@ def test_aa_end_to_end_on_gloo(tmp_path) -> None:
     assert (out / "compare.png").stat().st_size > 0
     assert compare.main(argv) in (0, 1)
     assert len(json.loads((out / "compare.json").read_text())["runs"]) == 4
+
+
+def test_precision_report_recomputes_from_its_runs(tmp_path) -> None:
+    """The committed precision report: each case re-analysed from its run records gives the committed summary, the
+    megatron cases reach +-0.005 with 20+ steady steps, and the A/A interval holds 1."""
+    import shutil
+
+    from bench.tools import precision_report
+
+    src = Path(__file__).resolve().parents[2] / "reports" / "precision_h200_202612"
+    committed = {c["case"]: c for c in json.loads((src / "summary.json").read_text())["cases"]}
+    shutil.copytree(src, tmp_path / "r")
+    cases = {c["case"]: c for c in precision_report.build(tmp_path / "r")}
+    assert cases.keys() == committed.keys()
+    for name, c in cases.items():
+        assert c["ratio"] == pytest.approx(committed[name]["ratio"], rel=1e-12)
+        assert c["ci95"] == pytest.approx(committed[name]["ci95"], rel=1e-12)
+        assert set(precision_report.CASE_KEYS) <= c.keys()
+    for name in ("moe_megatron", "aa_megatron"):
+        assert cases[name]["half_width"] <= 0.005 and cases[name]["steady_steps_per_run"] >= 20
+    assert cases["aa_megatron"]["ci95"][0] <= 1 <= cases["aa_megatron"]["ci95"][1]
+    assert (tmp_path / "r" / "README.md").read_text() == (src / "README.md").read_text()
