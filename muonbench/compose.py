@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from muonbench import schema
-from muonbench.hf_export import HF_FAMILIES
+from muonbench.families import FAMILIES
 from muonbench.pipeline import parse_pipeline_layout
 from optim import configs as C
 
@@ -37,7 +37,6 @@ CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 # The optimizer's choice sets are `optim.configs`' own; listed here so the error names the config path.
 ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.layers": ("auto", "te", "local"),
-    "model.family": HF_FAMILIES,
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),
     "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
@@ -219,7 +218,8 @@ def _fill_from_hf(cfg: Any, overrides: list[str]) -> None:
     leading dense layers keeps one MoE layer; shared experts keep their count at the slice's expert width."""
     from omegaconf import OmegaConf
 
-    from muonbench.hf_model import HFConfigError, model_fields
+    from muonbench.families import model_fields
+    from muonbench.hf_model import HFConfigError
 
     source = str(cfg.model.source)
     if not source.startswith(f"{HF_MODEL}:"):
@@ -551,10 +551,6 @@ def _check_finite(node: Any, path: str) -> None:
         _fail(path, node, "must be a finite number")
 
 
-MOE_FAMILIES = ("qwen3_moe", "deepseek_v3")
-"""Model families whose builders make mixture-of-experts layers (`model.num_experts` >= 1)."""
-
-
 def _check_model_sizes(m: schema.ModelConfig) -> None:
     """Sizes that no builder can make (0 or negative), checked before the divisibility rules use them."""
     for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
@@ -565,7 +561,9 @@ def _check_model_sizes(m: schema.ModelConfig) -> None:
     for name in ("num_dense_layers", "num_experts", "moe_shared_expert_intermediate_size", "mtp_num_layers"):
         if getattr(m, name) < 0:
             _fail(f"model.{name}", getattr(m, name), "must be >= 0")
-    if m.family in MOE_FAMILIES and m.num_experts < 1:
+    if m.family not in FAMILIES:
+        _fail("model.family", m.family, f"must be one of {list(FAMILIES)}")
+    if FAMILIES[m.family].moe and m.num_experts < 1:
         _fail("model.num_experts", m.num_experts, f"must be >= 1: model.family={m.family!r} is a mixture of experts")
     if m.num_experts and m.num_dense_layers < m.num_layers and m.moe_ffn_hidden_size < 1:
         _fail("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "must be >= 1 for the MoE layers")

@@ -1,9 +1,9 @@
 """Our `ModelConfig` as a Hugging Face `config.json`: the inverse of `muonbench.hf_model`, built only here.
 
-`config_json(model)` returns the plain dict of the family's transformers config (legacy `rope_theta` /
-`rope_scaling` keys, which transformers 4 and 5 both read). The hf engine builds its model from it
-(`bench.models.hf_build`, vocabulary padded the way Megatron pads it), and the Bridge recipes write it into an
-offline Hub cache (`recipes.hf_config`, adding the published values `ModelConfig` does not hold).
+`muonbench.families.config_json(model)` returns the plain dict of the family's transformers config: `common` plus
+the family's exporter below (legacy `rope_theta` / `rope_scaling` keys, which transformers 4 and 5 both read). The
+hf engine builds its model from it (`bench.models.hf_build`, vocabulary padded the way Megatron pads it), and the
+Bridge recipes write it into an offline Hub cache (`recipes.hf_config`, adding the published values `ModelConfig` does not hold).
 """
 
 from __future__ import annotations
@@ -12,31 +12,17 @@ from typing import Any
 
 from muonbench.schema import ModelConfig
 
-ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "olmoe": "OlmoeForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-}
-"""transformers model_type (our `model.family`) -> its causal-LM class name."""
-
-HF_FAMILIES: tuple[str, ...] = tuple(ARCHITECTURES)
-"""`model.family` values `config_json` builds."""
-
 
 def _require(field: str, value: Any, allowed: list[Any], why: str) -> None:
     if value not in allowed:
         raise ValueError(f"model.{field}={value!r}: {why}; allowed: {allowed}")
 
 
-def _common(model: ModelConfig, vocab_size: int) -> dict[str, Any]:
+def common(model: ModelConfig, architecture: str, vocab_size: int) -> dict[str, Any]:
+    """The keys every family's config shares; `architecture` is the family's causal-LM class."""
     common: dict[str, Any] = {
         "model_type": model.family,
-        "architectures": [ARCHITECTURES[model.family]],
+        "architectures": [architecture],
         "vocab_size": vocab_size,
         "hidden_size": model.hidden_size,
         "num_hidden_layers": model.num_layers,
@@ -73,7 +59,19 @@ def _gqa(model: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _routed(model: ModelConfig) -> dict[str, Any]:
+def dense(model: ModelConfig) -> dict[str, Any]:
+    """Llama, Mistral, Qwen3: GQA, no biases."""
+    _require("num_experts", model.num_experts, [0], f"{model.family} is dense")
+    return {**_gqa(model), "mlp_bias": False, "sliding_window": None}
+
+
+def qwen2(model: ModelConfig) -> dict[str, Any]:
+    """Qwen2: GQA with q/k/v biases."""
+    _require("num_experts", model.num_experts, [0], f"{model.family} is dense")
+    return {**_gqa(model), "attention_bias": True, "use_sliding_window": False}
+
+
+def routed(model: ModelConfig) -> dict[str, Any]:
     """Mixtral and OLMoE: every layer routed, no shared expert."""
     _require(
         "num_dense_layers", model.num_dense_layers, [0], f"transformers' {model.family} has no dense layers"
@@ -90,7 +88,7 @@ def _routed(model: ModelConfig) -> dict[str, Any]:
     return {**shapes, "num_experts": model.num_experts, "norm_topk_prob": not model.moe_router_pre_softmax}
 
 
-def _qwen3_moe(model: ModelConfig) -> dict[str, Any]:
+def qwen3_moe(model: ModelConfig) -> dict[str, Any]:
     _require(
         "moe_router_score_function",
         model.moe_router_score_function,
@@ -117,7 +115,7 @@ def _qwen3_moe(model: ModelConfig) -> dict[str, Any]:
     }
 
 
-def _deepseek_v3(model: ModelConfig) -> dict[str, Any]:
+def deepseek_v3(model: ModelConfig) -> dict[str, Any]:
     _require(
         "moe_router_score_function",
         model.moe_router_score_function,
@@ -152,29 +150,3 @@ def _deepseek_v3(model: ModelConfig) -> dict[str, Any]:
         "routed_scaling_factor": model.moe_router_topk_scaling_factor,
         "rope_interleave": True,
     }
-
-
-def config_json(model: ModelConfig, *, vocab_size: int | None = None) -> dict[str, Any]:
-    """The `config.json` contents of `model` (transformers' config of `model.family`).
-
-    Args:
-        model: the model.
-        vocab_size: the vocabulary to write; None: `model.vocab_size` (unpadded, as the published configs).
-
-    Raises:
-        ValueError: a family outside `HF_FAMILIES`, or a value its transformers config cannot express.
-    """
-    _require("family", model.family, list(HF_FAMILIES), "no transformers config is built for it")
-    common = _common(model, model.vocab_size if vocab_size is None else vocab_size)
-    match model.family:
-        case "llama" | "mistral" | "qwen3" | "qwen2":
-            _require("num_experts", model.num_experts, [0], f"{model.family} is dense")
-            if model.family == "qwen2":
-                return {**common, **_gqa(model), "attention_bias": True, "use_sliding_window": False}
-            return {**common, **_gqa(model), "mlp_bias": False, "sliding_window": None}
-        case "mixtral" | "olmoe":
-            return {**common, **_routed(model)}
-        case "qwen3_moe":
-            return {**common, **_qwen3_moe(model)}
-        case _:
-            return {**common, **_deepseek_v3(model)}

@@ -2,7 +2,7 @@
 
 `<spec>` is a path to a `config.json`, a folder holding one, or a Hub id found in the local Hugging Face cache
 (offline: nothing is downloaded). The file is read with transformers' `AutoConfig`, without remote code unless
-`model.trust_remote_code=true`, and mapped to the `ModelConfig` fields of its family (`FAMILIES`). Every field the
+`model.trust_remote_code=true`, and mapped to the `ModelConfig` fields of its family (the readers below, listed in `muonbench.families`). Every field the
 mapping cannot represent, or that our engines and the Megatron FLOP formula do not cover, is refused naming the
 field (`HFConfigError`), before anything is built or launched.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,8 @@ def resolve(spec: str) -> Path:
     raise AssertionError  # unreachable: _fail raises
 
 
-def read(spec: str, *, trust_remote_code: bool = False) -> Any:
-    """The transformers config of `spec` (`AutoConfig`, local files only).
+def read(spec: str, *, supported: Collection[str], trust_remote_code: bool = False) -> Any:
+    """The transformers config of `spec` (`AutoConfig`, local files only), of a model_type in `supported`.
 
     Raises:
         HFConfigError: unreadable, or a model type transformers does not know that needs remote code while
@@ -88,19 +88,19 @@ def read(spec: str, *, trust_remote_code: bool = False) -> Any:
         )
     model_type = raw.get("model_type")
     if not model_type:
-        _fail("model_type", None, f"{path} names no model_type; supported: {sorted(FAMILIES)}")
+        _fail("model_type", None, f"{path} names no model_type; supported: {sorted(supported)}")
     remote = "AutoConfig" in raw.get("auto_map", {})
     if model_type not in CONFIG_MAPPING and remote and not trust_remote_code:
         _fail(
             "model_type",
             model_type,
             f"{path}: its config class is remote code (auto_map); pass model.trust_remote_code=true to run it "
-            f"(supported without it: {sorted(FAMILIES)})",
+            f"(supported without it: {sorted(supported)})",
         )
     if model_type not in CONFIG_MAPPING and not remote:
-        _fail("model_type", model_type, f"unknown to transformers; supported: {sorted(FAMILIES)}")
-    if model_type not in FAMILIES:
-        _fail("model_type", model_type, f"not supported; supported: {sorted(FAMILIES)}")
+        _fail("model_type", model_type, f"unknown to transformers; supported: {sorted(supported)}")
+    if model_type not in supported:
+        _fail("model_type", model_type, f"not supported; supported: {sorted(supported)}")
     _check_heads(raw)
     # A file path reads that file; remote code is found beside it, so a folder is passed for it.
     source = str(path.parent if trust_remote_code and remote else path)
@@ -133,7 +133,7 @@ def _check_heads(raw: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Mapping a transformers config to ModelConfig fields
+# Mapping a transformers config to ModelConfig fields: one reader per family (muonbench.families)
 # --------------------------------------------------------------------------------------------------------------
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -245,11 +245,11 @@ def _experts(cfg: Any, *, num: str, ffn: str) -> dict[str, Any]:
     }
 
 
-def _llama(cfg: Any) -> dict[str, Any]:
+def llama(cfg: Any) -> dict[str, Any]:
     return {**_common(cfg), **_gqa(cfg, qk_layernorm=False), "ffn_hidden_size": _need(cfg, "intermediate_size")}
 
 
-def _qwen2(cfg: Any) -> dict[str, Any]:
+def qwen2(cfg: Any) -> dict[str, Any]:
     # transformers' Qwen2 attention always has q/k/v biases (and no output bias).
     return {
         **_common(cfg),
@@ -258,11 +258,11 @@ def _qwen2(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _qwen3(cfg: Any) -> dict[str, Any]:
+def qwen3(cfg: Any) -> dict[str, Any]:
     return {**_common(cfg), **_gqa(cfg, qk_layernorm=True), "ffn_hidden_size": _need(cfg, "intermediate_size")}
 
 
-def _qwen3_moe(cfg: Any) -> dict[str, Any]:
+def qwen3_moe(cfg: Any) -> dict[str, Any]:
     n = cfg.num_hidden_layers
     dense = sorted(_get(cfg, "mlp_only_layers") or [])
     if dense != list(range(len(dense))):
@@ -280,7 +280,7 @@ def _qwen3_moe(cfg: Any) -> dict[str, Any]:
     return out
 
 
-def _mixtral(cfg: Any) -> dict[str, Any]:
+def mixtral(cfg: Any) -> dict[str, Any]:
     return {
         **_common(cfg),
         **_gqa(cfg, qk_layernorm=False),
@@ -289,7 +289,7 @@ def _mixtral(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _olmoe(cfg: Any) -> dict[str, Any]:
+def olmoe(cfg: Any) -> dict[str, Any]:
     if _get(cfg, "clip_qkv") is not None:
         _fail("clip_qkv", cfg.clip_qkv, "QKV clipping is not built; allowed: null")
     return {
@@ -300,7 +300,7 @@ def _olmoe(cfg: Any) -> dict[str, Any]:
     }
 
 
-def _deepseek_v3(cfg: Any) -> dict[str, Any]:
+def deepseek_v3(cfg: Any) -> dict[str, Any]:
     score = _get(cfg, "scoring_func", "sigmoid")
     if score not in ("sigmoid", "softmax"):
         _fail("scoring_func", score, "allowed: ['sigmoid', 'softmax']")
@@ -337,20 +337,6 @@ def _deepseek_v3(cfg: Any) -> dict[str, Any]:
     }
 
 
-FAMILIES: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "llama": _llama,
-    "mistral": _llama,
-    "qwen2": _qwen2,
-    "qwen3": _qwen3,
-    "qwen3_moe": _qwen3_moe,
-    "mixtral": _mixtral,
-    "olmoe": _olmoe,
-    "deepseek_v3": _deepseek_v3,
-    "kimi_k2": _deepseek_v3,
-}
-"""transformers model_type -> mapping to ModelConfig fields (Kimi K2's config is DeepSeek-V3's, from remote code)."""
-
-
 def model_name(spec: str) -> str:
     """A config name from the spec: `meta-llama/Meta-Llama-3-8B` -> `meta_llama_3_8b`; a path: its folder."""
     path = Path(spec)
@@ -360,14 +346,3 @@ def model_name(spec: str) -> str:
     if _HUB_ID.match(spec) and not path.exists():
         stem = spec.split("/", 1)[1]
     return re.sub(r"[^0-9a-z]+", "_", (stem or "hf_model").lower()).strip("_") or "hf_model"
-
-
-def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """The `ModelConfig` fields of `spec` (name and source included), ready to fill the model group.
-
-    Raises:
-        HFConfigError: naming the field when the config cannot be read or represented.
-    """
-    cfg = read(spec, trust_remote_code=trust_remote_code)
-    out = FAMILIES[cfg.model_type](cfg)
-    return {"name": model_name(spec), **out, "source": f"hf:{spec}", "trust_remote_code": trust_remote_code}

@@ -15,19 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from muonbench.families import FAMILIES
 from muonbench.schema import ModelConfig
-
-BRIDGED_FAMILIES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "olmoe": "OlmoeForCausalLM",
-    "deepseek_v3": "DeepseekV3ForCausalLM",
-}
-"""`ModelConfig.family` -> the Hugging Face architecture Megatron-Bridge 0.6.2 registers a bridge for (a test reads
-Bridge's source for each). Mixtral has none in that release: it runs through the hf and megatron engines."""
 
 PROVIDERS: dict[str, str] = {
     "gqa": "megatron.bridge.models.gpt_provider:GPTModelProvider",
@@ -46,10 +35,11 @@ def hf_spec(model: ModelConfig) -> str:
 
 def check_bridged(model: ModelConfig) -> None:
     """Raise ValueError (naming `model`, its family and the bridged ones) unless Bridge has a bridge for it."""
-    if model.family not in BRIDGED_FAMILIES:
+    bridged = [name for name, fam in FAMILIES.items() if fam.bridged]
+    if model.family not in bridged:
         raise ValueError(
             f"model.family={model.family!r} ({model.source or model.name}): Megatron-Bridge 0.6.2 has no bridge for "
-            f"it (engine=bridge); allowed {sorted(BRIDGED_FAMILIES)}. Use engine=megatron or engine=hf"
+            f"it (engine=bridge); allowed {sorted(bridged)}. Use engine=megatron or engine=hf"
         )
 
 
@@ -67,7 +57,7 @@ def provider_of(model: ModelConfig) -> Any:
     check_bridged(model)
     from megatron.bridge.models.conversion.auto_bridge import AutoBridge
 
-    from muonbench.hf_model import read
+    from muonbench.families import read
 
     provider = AutoBridge.from_hf_config(read(spec, trust_remote_code=model.trust_remote_code)).to_megatron_provider(
         load_weights=False

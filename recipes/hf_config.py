@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muonbench.hf_export import config_json
+from muonbench.families import config_json
 from muonbench.schema import ModelConfig
 
 
@@ -68,7 +68,7 @@ PUBLISHED = {"qwen3_moe": _qwen3_moe, "deepseek_v3": _kimi_k2}
 
 def hf_config(model: ModelConfig) -> dict[str, Any]:
     """The `config.json` contents of `model` in the form its Bridge recipe reads: `muonbench.hf_export`'s
-    `config_json` (unpadded vocabulary: Bridge pads it) with the published values (`PUBLISHED`).
+    `muonbench.families.config_json` (unpadded vocabulary: Bridge pads it) with the published values (`PUBLISHED`).
 
     Raises:
         ValueError: no Bridge recipe reads a Hub config for `model.family`.

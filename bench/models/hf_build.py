@@ -1,7 +1,7 @@
 """Build a transformers causal LM of any supported family (`model.family`, transformers' model_type) from our
 `ModelConfig`, through `AutoModelForCausalLM.from_config`.
 
-The config is `muonbench.hf_export.config_json` (the one `ModelConfig` -> Hugging Face builder) with the
+The config is `muonbench.families.config_json` (the one `ModelConfig` -> Hugging Face builder) with the
 vocabulary padded the way Megatron pads it (`bench.flops.padded_vocab_size`), so the FLOPs formula matches the
 built model. The model gets a tiny random init (transformers' own `_init_weights`, std 0.02) under a fixed seed,
 so two runs with the same seed start from the same weights.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.flops import padded_vocab_size
-from muonbench.hf_export import config_json
+from muonbench.families import config_json
 from muonbench.schema import ModelConfig
 
 

@@ -289,9 +289,8 @@ def test_tiny_slice_experiment_keeps_the_layer_types() -> None:
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_written_config_reads_back_to_the_same_model(name: str, tmp_path: Path) -> None:
-    """`hf_export.config_json` is the inverse of the reader: a field it drops or misnames shows up here."""
-    from muonbench.hf_export import config_json
-    from muonbench.hf_model import model_fields
+    """`families.config_json` is the inverse of the reader: a field it drops or misnames shows up here."""
+    from muonbench.families import config_json, model_fields
 
     read = model_fields(str(FIXTURES / name))
     model = muonbench.schema.ModelConfig(**read)
@@ -325,8 +324,7 @@ def test_a_tiny_slice_config_has_no_token_id_outside_its_vocabulary(name: str) -
     import transformers
 
     from bench.tools.recommend_checks import slice_of
-    from muonbench.hf_export import config_json
-    from muonbench.hf_model import model_fields
+    from muonbench.families import config_json, model_fields
 
     tiny = slice_of(muonbench.schema.ModelConfig(**model_fields(str(FIXTURES / name))))
     cfg = transformers.AutoConfig.for_model(**config_json(tiny))

@@ -108,7 +108,7 @@ def test_no_bridge_refused_before_launch(tmp_path: Path) -> None:
 
 def test_bridged_families_are_registered_in_bridge_source() -> None:
     """Each family we route through AutoBridge names an architecture Bridge's source registers a bridge for."""
-    from recipes.autobridge import BRIDGED_FAMILIES
+    from muonbench.families import FAMILIES
     from recipes.fields import bridge_version
 
     if bridge_version() is None:
@@ -117,6 +117,6 @@ def test_bridged_families_are_registered_in_bridge_source() -> None:
 
     root = Path(str(metadata.distribution("megatron-bridge").locate_file("megatron/bridge/models")))
     source = "\n".join(p.read_text(encoding="utf-8") for p in root.rglob("*_bridge.py"))
-    for family, arch in BRIDGED_FAMILIES.items():
-        assert f"source={arch}" in source or f'source="{arch}"' in source, family
-    assert "MixtralForCausalLM" not in source
+    for family, fam in FAMILIES.items():
+        registered = f"source={fam.architecture}" in source or f'source="{fam.architecture}"' in source
+        assert registered == fam.bridged, family

@@ -1,0 +1,104 @@
+"""Model families: the one table of what the product knows about each transformers `model_type`.
+
+A family is one entry: its Hugging Face causal-LM class, the reader that maps its `config.json` to `ModelConfig`
+fields (`muonbench.hf_model`), the exporter that writes `ModelConfig` back as its `config.json` (`muonbench.hf_export`),
+whether Megatron-Bridge has a bridge for it and whether its layers are mixtures of experts. `model.family`,
+`model=hf:<spec>`, the hf engine's model, the Bridge recipes and the config checks all read this table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from muonbench import hf_export, hf_model
+from muonbench.schema import ModelConfig
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Family:
+    """One transformers model family."""
+
+    architecture: str
+    """Its causal-LM class (`config.json` `architectures`), the key of Megatron-Bridge's bridge registry."""
+    read: Callable[[Any], dict[str, Any]]
+    """A transformers config of the family -> `ModelConfig` fields (`model=hf:<spec>`)."""
+    export: Callable[[ModelConfig], dict[str, Any]]
+    """`ModelConfig` -> the family's own `config.json` keys (beside `hf_export.common`)."""
+    moe: bool
+    """Its builders make mixture-of-experts layers (`model.num_experts` >= 1)."""
+    bridged: bool
+    """Megatron-Bridge 0.6.2 registers a bridge for `architecture` (engine=bridge; a test reads Bridge's source)."""
+    aliases: tuple[str, ...] = ()
+    """Further model_types read as this family (their configs are this family's, from remote code)."""
+
+
+FAMILIES: dict[str, Family] = {
+    "llama": Family(architecture="LlamaForCausalLM", read=hf_model.llama, export=hf_export.dense, moe=False,
+                    bridged=True),
+    "mistral": Family(architecture="MistralForCausalLM", read=hf_model.llama, export=hf_export.dense, moe=False,
+                      bridged=True),
+    "qwen2": Family(architecture="Qwen2ForCausalLM", read=hf_model.qwen2, export=hf_export.qwen2, moe=False,
+                    bridged=True),
+    "qwen3": Family(architecture="Qwen3ForCausalLM", read=hf_model.qwen3, export=hf_export.dense, moe=False,
+                    bridged=True),
+    "qwen3_moe": Family(architecture="Qwen3MoeForCausalLM", read=hf_model.qwen3_moe, export=hf_export.qwen3_moe,
+                        moe=True, bridged=True),
+    # Megatron-Bridge 0.6.2 has no Mixtral bridge: it runs through the hf and megatron engines
+    "mixtral": Family(architecture="MixtralForCausalLM", read=hf_model.mixtral, export=hf_export.routed, moe=True,
+                      bridged=False),
+    "olmoe": Family(architecture="OlmoeForCausalLM", read=hf_model.olmoe, export=hf_export.routed, moe=True,
+                    bridged=True),
+    "deepseek_v3": Family(architecture="DeepseekV3ForCausalLM", read=hf_model.deepseek_v3,
+                          export=hf_export.deepseek_v3, moe=True, bridged=True, aliases=("kimi_k2",)),
+}  # fmt: skip
+"""`model.family` (the transformers model_type) -> its entry."""
+
+
+def model_types() -> dict[str, str]:
+    """Every model_type `model=hf:<spec>` reads -> the family it is read as (Kimi K2 -> deepseek_v3)."""
+    return {t: name for name, fam in FAMILIES.items() for t in (name, *fam.aliases)}
+
+
+def family(name: str) -> Family:
+    """The entry of `model.family`; ValueError naming the value and the families."""
+    if name not in FAMILIES:
+        raise ValueError(f"model.family={name!r}: no such model family; allowed: {list(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def read(spec: str, *, trust_remote_code: bool = False) -> Any:
+    """The transformers config of `spec`, of a model_type in the table (`hf_model.read`)."""
+    return hf_model.read(spec, supported=model_types(), trust_remote_code=trust_remote_code)
+
+
+def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The `ModelConfig` fields of `spec` (name and source included), ready to fill the model group.
+
+    Raises:
+        HFConfigError: naming the field when the config cannot be read or represented.
+    """
+    cfg = read(spec, trust_remote_code=trust_remote_code)
+    out = FAMILIES[model_types()[cfg.model_type]].read(cfg)
+    return {
+        "name": hf_model.model_name(spec),
+        **out,
+        "source": f"hf:{spec}",
+        "trust_remote_code": trust_remote_code,
+    }
+
+
+def config_json(model: ModelConfig, *, vocab_size: int | None = None) -> dict[str, Any]:
+    """The `config.json` contents of `model` (transformers' config of `model.family`).
+
+    Args:
+        model: the model.
+        vocab_size: the vocabulary to write; None: `model.vocab_size` (unpadded, as the published configs).
+
+    Raises:
+        ValueError: a family outside the table, or a value its transformers config cannot express.
+    """
+    fam = family(model.family)
+    vocab = model.vocab_size if vocab_size is None else vocab_size
+    return {**hf_export.common(model, fam.architecture, vocab), **fam.export(model)}
