@@ -39,7 +39,6 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "engine.layers": ("auto", "te", "local"),
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),
-    "optimizer.name": tuple(schema.OPTIMIZER_SCHEMAS),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
     "optimizer.lr_decay": ("cosine", "linear", "constant"),
     "parallelism.distribution.tp_mode": C.TP_MODE_CHOICES,
@@ -336,11 +335,11 @@ def _apply_optimizer_overrides(cfg: Any) -> None:
     overrides = OmegaConf.to_container(cfg.bench.optimizer_overrides, resolve=True)
     for name, values in overrides.items():
         path = f"bench.optimizer_overrides.{name}"
-        if name not in schema.OPTIMIZER_SCHEMAS:
-            _fail(path, values, f"no such optimizer; allowed: {list(schema.OPTIMIZER_SCHEMAS)}")
+        if name not in schema.optimizer_schemas():
+            _fail(path, values, f"no such optimizer; allowed: {list(schema.optimizer_schemas())}")
         if not isinstance(values, dict):
             _fail(path, values, "must map fields of that optimizer to values")
-        names = {f.name for f in fields(schema.OPTIMIZER_SCHEMAS[name])} - {"name"}
+        names = {f.name for f in fields(schema.optimizer_schemas()[name])} - {"name"}
         for key in values:
             if key not in names:
                 raise ConfigError(
@@ -366,9 +365,9 @@ def config_from_dict(d: dict[str, Any]) -> schema.RootConfig:
     parts: dict[str, Any] = {group: cls(**d[group]) for group, cls in schema.SCHEMAS.items()}
     parts["parallelism"].distribution = schema.DistributionConfig(**d["parallelism"]["distribution"])
     opt = d["optimizer"]
-    if opt.get("name") not in schema.OPTIMIZER_SCHEMAS:
-        raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.OPTIMIZER_SCHEMAS)}")
-    parts["optimizer"] = schema.OPTIMIZER_SCHEMAS[opt["name"]](**opt)
+    if opt.get("name") not in schema.optimizer_schemas():
+        raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.optimizer_schemas())}")
+    parts["optimizer"] = schema.optimizer_schemas()[opt["name"]](**opt)
     parts["bench"] = schema.BenchConfig(**d.get("bench", {}))
     return schema.RootConfig(**parts, experiment_name=d.get("experiment_name", ""))
 
@@ -407,7 +406,7 @@ def _check_optimizer(opt: Any) -> None:
     try:
         schema.algorithm_config(opt)
     except C.ConfigFieldError as exc:
-        names = _ADAMW_TO_SCHEMA if opt.name not in schema.ALGORITHMS else {}
+        names = {} if isinstance(opt, schema.MatrixOptimizerSchema) else _ADAMW_TO_SCHEMA
         _fail(f"optimizer.{names.get(exc.field, exc.field)}", exc.value, exc.rule)
     except ValueError as exc:
         raise ConfigError(f"optimizer: {exc}") from exc
@@ -579,6 +578,8 @@ def validate(root: schema.RootConfig) -> None:
     """Cross-group rules. Each error names the field, the value and the rule it breaks."""
     _check_allowed(root)
     _check_bench(root.bench)
+    if root.optimizer.name not in schema.optimizer_schemas():
+        _fail("optimizer.name", root.optimizer.name, f"must be one of {list(schema.optimizer_schemas())}")
     _check_finite(root, "")
     _check_optimizer(root.optimizer)
     opt = root.optimizer

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, make_dataclass
 from types import UnionType
-from typing import Any, Literal, Optional, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING
 
-from optim.configs import AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim import registry
+from optim.configs import AdamWConfig, RoutingConfig
 
 # The optimizer schemas are generated from `optim`'s config dataclasses, so their defaults are `optim`'s
 # (emerging-optimizers 0.3.0); the YAML files of conf/optimizer/ state the recipe values that differ.
@@ -178,7 +179,7 @@ class OptimizerSchemaBase:
     non-matrix parameters (named as Megatron-core's OptimizerConfig names them) and who implements the step."""
 
     name: str = MISSING
-    """adamw | muon | mop | soap_rekls."""
+    """A registered optimizer (`optim.registry.OPTIMIZERS`): adamw | muon | mop | soap_rekls."""
     lr: float = _ADAMW.lr
     weight_decay: float = _ADAMW.weight_decay
     min_lr: float = 3e-5
@@ -203,6 +204,9 @@ class AdamWSchema(OptimizerSchemaBase):
 @dataclass
 class MatrixOptimizerSchema(OptimizerSchemaBase):
     """Base of the matrix optimizers; `optim.configs.RoutingConfig`'s fields are added with the algorithm's."""
+
+    ALGORITHM: ClassVar[type]
+    """The `optim` config class whose fields the generated schema has (the registry entry's `config`)."""
 
 
 @dataclass
@@ -254,17 +258,39 @@ def _matrix_schema(name: str, algorithm: type, base: type = MatrixOptimizerSchem
         f"{algorithm.__name__.removesuffix('Config')}Schema",
         [("name", str, field(default=name)), *_schema_fields(algorithm, RoutingConfig)],
         bases=(base,),
-        namespace={"__doc__": f"`optimizer={name}`: {algorithm.__name__}'s and RoutingConfig's fields."},
+        namespace={
+            "__doc__": f"`optimizer={name}`: {algorithm.__name__}'s and RoutingConfig's fields.",
+            "ALGORITHM": algorithm,
+        },
     )
     cls.__module__ = __name__
     return cls
 
 
-ALGORITHMS: dict[str, type] = {"muon": MuonConfig, "mop": MOPConfig, "soap_rekls": SOAPConfig}
-"""optimizer.name -> the `optim` config class whose fields the schema has (AdamW: `adamw_config`)."""
-MuonSchema = _matrix_schema("muon", MuonConfig, MuonRunSchema)
-MOPSchema = _matrix_schema("mop", MOPConfig)
-SOAPSchema = _matrix_schema("soap_rekls", SOAPConfig)
+RUN_FIELDS: dict[str, type] = {"muon": MuonRunSchema}
+"""optimizer.name -> a schema base with the engine-side fields it has beside its algorithm's (Muon: ns_overlap)."""
+OPTIMIZER_SCHEMAS: dict[str, type] = {"adamw": AdamWSchema}
+"""optimizer.name -> its Hydra schema, generated from the registry entry's config (`optimizer_schemas`)."""
+
+
+def optimizer_schemas() -> dict[str, type]:
+    """Every registered optimizer's schema (`optim.registry.OPTIMIZERS`; matrix optimizers generated from their
+    config class, once)."""
+    for name in set(OPTIMIZER_SCHEMAS) - set(registry.OPTIMIZERS):
+        del OPTIMIZER_SCHEMAS[name]
+    for name, entry in registry.OPTIMIZERS.items():
+        have = OPTIMIZER_SCHEMAS.get(name)
+        if entry.matrix and (have is None or have.ALGORITHM is not entry.config):
+            OPTIMIZER_SCHEMAS[name] = _matrix_schema(
+                name, entry.config, RUN_FIELDS.get(name, MatrixOptimizerSchema)
+            )
+    return OPTIMIZER_SCHEMAS
+
+
+optimizer_schemas()
+MuonSchema = OPTIMIZER_SCHEMAS["muon"]
+MOPSchema = OPTIMIZER_SCHEMAS["mop"]
+SOAPSchema = OPTIMIZER_SCHEMAS["soap_rekls"]
 
 
 def adamw_config(opt: OptimizerSchemaBase) -> AdamWConfig:
@@ -274,11 +300,11 @@ def adamw_config(opt: OptimizerSchemaBase) -> AdamWConfig:
     )
 
 
-def algorithm_config(opt: OptimizerSchemaBase) -> AdamWConfig | MuonConfig | MOPConfig | SOAPConfig:
+def algorithm_config(opt: OptimizerSchemaBase) -> Any:
     """The `optim` config of `opt`'s algorithm, field for field (its `__post_init__` checks the values)."""
-    if opt.name not in ALGORITHMS:
+    if not isinstance(opt, MatrixOptimizerSchema):
         return adamw_config(opt)
-    cls = ALGORITHMS[opt.name]
+    cls = type(opt).ALGORITHM
     return cls(**{f.name: _freeze(getattr(opt, f.name)) for f in fields(cls)})
 
 
@@ -475,12 +501,6 @@ SCHEMAS: dict[str, type] = {
     "engine": EngineConfig,
     "launcher": LauncherConfig,
 }
-OPTIMIZER_SCHEMAS: dict[str, type] = {
-    "adamw": AdamWSchema,
-    "muon": MuonSchema,
-    "mop": MOPSchema,
-    "soap_rekls": SOAPSchema,
-}
 
 
 RENAMED_OPTIMIZER_FIELDS = {
@@ -509,5 +529,5 @@ def register_configs() -> None:
     cs.store(name="base_config", node=RootConfig)
     for group, schema in SCHEMAS.items():
         cs.store(group=group, name=f"base_{group}", node=schema)
-    for name, schema in OPTIMIZER_SCHEMAS.items():
+    for name, schema in optimizer_schemas().items():
         cs.store(group="optimizer", name=f"base_{name}", node=schema)

@@ -1,9 +1,9 @@
 """One optimizer object over a model: the matrix optimizer for hidden matrices, torch AdamW for the rest.
 
-`build_optimizer` routes named parameters (optim.routing), builds Muon / MOP / SOAP with the splits and a
-torch.optim.AdamW (fused on CUDA) with decay and no-decay groups, and wraps them in HybridOptimizer, which is a
-torch.optim.Optimizer whose `param_groups` are the sub-optimizers' own group dicts (LR schedulers work), with one
-step(), zero_grad(), state_dict() and load_state_dict().
+`build_optimizer` routes named parameters (optim.routing), builds the registered matrix optimizer
+(`optim.registry`) with the splits and a torch.optim.AdamW (fused on CUDA) with decay and no-decay groups, and
+wraps them in HybridOptimizer, which is a torch.optim.Optimizer whose `param_groups` are the sub-optimizers' own
+group dicts (LR schedulers work), with one step(), zero_grad(), state_dict() and load_state_dict().
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
-from optim.configs import NONFINITE_POLICIES, AdamWConfig, MOPConfig, MuonConfig, RoutingConfig, SOAPConfig
+from optim.configs import NONFINITE_POLICIES, AdamWConfig, RoutingConfig
 from optim.optimizers.base import finite_flags, handle_nonfinite, param_names
+from optim.registry import build_matrix
 from optim.routing import Naming, ParamRoute, SplitLayout, named_parameters, route_parameters
 
-MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
+MatrixConfig = Any
+"""The config of a registered matrix optimizer (`optim.registry.OPTIMIZERS`)."""
 
 
 class HybridOptimizer(torch.optim.Optimizer):
@@ -146,24 +148,6 @@ class HybridOptimizer(torch.optim.Optimizer):
         return out
 
 
-def _matrix_optimizer(
-    config: MatrixConfig, named: list[tuple[str, torch.Tensor]], splits: dict[torch.Tensor, Any]
-) -> torch.optim.Optimizer:
-    from optim.optimizers.mop import MOP
-    from optim.optimizers.muon import Muon
-    from optim.optimizers.soap import SOAP
-
-    match config:
-        case MuonConfig():
-            return Muon(named, config, splits=splits)
-        case MOPConfig():
-            return MOP(named, config, splits=splits)
-        case SOAPConfig():
-            return SOAP(named, config)
-        case _:
-            raise NotImplementedError(f"no matrix optimizer for {type(config).__name__}")
-
-
 def _adamw(
     config: AdamWConfig, decay: list[tuple[str, torch.Tensor]], no_decay: list[tuple[str, torch.Tensor]]
 ) -> torch.optim.AdamW:
@@ -222,8 +206,8 @@ def build_optimizer(
     if matrix_routes:
         assert not isinstance(config, AdamWConfig)
         splits = {by_name[r.name]: r.split for r in matrix_routes if r.split is not None}
-        optimizers["matrix"] = _matrix_optimizer(
-            config, [(r.name, by_name[r.name]) for r in matrix_routes], splits
+        optimizers["matrix"] = build_matrix(
+            [(r.name, by_name[r.name]) for r in matrix_routes], config, splits=splits
         )
     if adamw_routes:
         decay = [(r.name, by_name[r.name]) for r in adamw_routes if r.decay]

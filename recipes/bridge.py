@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 from typing import Any
 
-from muonbench.schema import OPTIMIZER_SCHEMAS, DistributionConfig, RootConfig, optim_configs
+from muonbench.schema import DistributionConfig, RootConfig, optim_configs, optimizer_schemas
 from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, build_plan
 
 REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
@@ -134,7 +134,7 @@ def _ours_optimizer_class() -> type:
             del config_overrides, use_gloo_process_groups, pg_collection
             from optim.megatron import build_ours
 
-            opt = OPTIMIZER_SCHEMAS[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)
+            opt = optimizer_schemas()[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)
             distribution = DistributionConfig(**self.muonbench_distribution)
             algo, routing, adamw = optim_configs(opt)
             chunks = model_chunks if isinstance(model_chunks, list) else [model_chunks]

@@ -22,7 +22,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from muonbench.schema import OPTIMIZER_SCHEMAS, DistributionConfig, OptimizerSchemaBase, PrecisionConfig
+from muonbench.schema import DistributionConfig, OptimizerSchemaBase, PrecisionConfig, optimizer_schemas
 from recipes.user_recipe import require_container
 
 
@@ -49,10 +49,10 @@ def optimizer_and_distribution(
         raise ConfigError(
             f"optimizer fields {sorted(fields)}: pass them with an optimizer name, not with a schema object"
         )
-    elif not isinstance(optimizer, tuple(OPTIMIZER_SCHEMAS.values())):
+    elif not isinstance(optimizer, tuple(optimizer_schemas().values())):
         raise ConfigError(
             f"optimizer={optimizer!r}: a conf/optimizer option name or a schema of "
-            f"{sorted(OPTIMIZER_SCHEMAS)}"
+            f"{sorted(optimizer_schemas())}"
         )
     if isinstance(distribution, DistributionConfig):
         distribution = dataclasses.asdict(distribution)

@@ -19,16 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from muonbench.schema import (
-    AdamWSchema,
-    DistributionConfig,
-    MatrixOptimizerSchema,
-    MOPSchema,
-    MuonSchema,
-    PrecisionConfig,
-    SOAPSchema,
-    optim_configs,
-)
+from muonbench.schema import DistributionConfig, MatrixOptimizerSchema, PrecisionConfig, optim_configs
+from optim import registry
 from optim.configs import ConfigFieldError
 from recipes.models import Sections
 
@@ -96,41 +88,18 @@ def _mcore(fn: Any, *args: Any) -> Any:
         raise ValueError(f"{path}.{exc.field}={exc.value!r}: {exc.rule}") from exc
 
 
-def _megatron_muon(opt: MuonSchema, dist: DistributionConfig) -> dict[str, Any]:
-    """Megatron-core's Muon: the `muon_*` fields from the adapter the megatron engine uses as well."""
-    from optim.megatron.config import megatron_muon_fields
-
+def _megatron(opt: Any, dist: DistributionConfig) -> dict[str, Any]:
+    """Megatron-Core's own implementation of `opt` (the registry's `to_megatron`: the same adapter the megatron
+    engine uses), on the layer-wise distributed optimizer when `dist.distributed` is layerwise."""
+    entry = registry.spec(opt.name)
+    if not entry.to_megatron:
+        _fail("implementation", opt.implementation, f"{entry.no_megatron}; use ours")
+    algo, routing, adamw = optim_configs(opt)
+    section = _mcore(registry.load(entry.to_megatron), algo, routing, adamw, dist.tp_mode)
     _megatron_distribution_checks(dist)
-    algo, routing, _ = optim_configs(opt)
-    fields = _mcore(megatron_muon_fields, algo, routing, dist.tp_mode)
-    optimizer = "dist_muon" if dist.distributed == "layerwise" else "muon"
-    return {"optimizer": optimizer, **fields, "muon_scalar_optimizer": "adam"}
-
-
-def _megatron_soap(opt: SOAPSchema, dist: DistributionConfig) -> dict[str, Any]:
-    from optim.megatron.config import check_megatron_routing
-
-    if opt.use_eigh:
-        _fail(
-            "use_eigh",
-            True,
-            "Megatron-Core's SOAP has no eigh-every-step (REKLS) switch; use implementation=ours",
-        )
-    if (list(opt.betas), opt.eps) != ([opt.adam_beta1, opt.adam_beta2], opt.adam_eps):
-        _fail(
-            "betas",
-            opt.betas,
-            "Megatron-Core's SOAP takes its betas and eps from adam_beta1, adam_beta2 and adam_eps; set them equal "
-            "or use implementation=ours",
-        )
-    _mcore(check_megatron_routing, optim_configs(opt)[1])
-    _megatron_distribution_checks(dist)
-    return {
-        "optimizer": "dist_soap" if dist.distributed == "layerwise" else "soap",
-        "soap_shampoo_beta": opt.shampoo_beta,
-        "soap_precondition_frequency": opt.precondition_frequency,
-        "soap_use_kl_shampoo": opt.use_kl_shampoo,
-    }
+    if dist.distributed == "layerwise":
+        section["optimizer"] = f"dist_{section['optimizer']}"
+    return section
 
 
 def _algorithm(opt: Any, dist: DistributionConfig) -> tuple[dict[str, Any], str, bool]:
@@ -144,31 +113,16 @@ def _algorithm(opt: Any, dist: DistributionConfig) -> tuple[dict[str, Any], str,
             True,
             "engine=megatron only: Megatron-Bridge's training loop has no hook to start it",
         )
-    match opt:
-        case AdamWSchema():
-            if impl == "ours":
-                _fail(
-                    "implementation",
-                    impl,
-                    "AdamW runs as Megatron's distributed fused Adam (torch or megatron)",
-                )
-            return {"optimizer": "adam"}, "megatron", True
-        case _ if impl == "ours":
-            # Scalar AdamW and the schedule; the adapter replaces the matrix part (replicated, all-reduced grads).
-            return {"optimizer": "adam"}, "ours", False
-        case MuonSchema():
-            return _megatron_muon(opt, dist), "megatron", False
-        case SOAPSchema():
-            return _megatron_soap(opt, dist), "megatron", False
-        case MOPSchema():
+    if not registry.spec(opt.name).matrix:
+        if impl == "ours":
             _fail(
-                "implementation",
-                impl,
-                "Megatron-Core's generic emerging-optimizer path passes betas, which EO's MOP rejects; use ours",
+                "implementation", impl, "AdamW runs as Megatron's distributed fused Adam (torch or megatron)"
             )
-        case _:
-            raise NotImplementedError(type(opt).__name__)
-    raise AssertionError("unreachable")
+        return {"optimizer": "adam"}, "megatron", True
+    if impl == "ours":
+        # Scalar AdamW and the schedule; the adapter replaces the matrix part (replicated, all-reduced grads).
+        return {"optimizer": "adam"}, "ours", False
+    return _megatron(opt, dist), "megatron", False
 
 
 def ab_knobs(

@@ -599,23 +599,25 @@ def ns_flops_enumerated(config: dict[str, Any]) -> float | None:
     """NS FLOPs of one step with every matrix orthogonalized once (`bench.flops` enumeration, plain convention);
     None for optimizers without Newton-Schulz. Compare with the per-GPU count measured from the calls."""
     from bench import flops
+    from muonbench.schema import optim_configs
+    from optim.registry import OPTIMIZERS
 
-    opt = config.get("optimizer") or {}
-    uses_ns = opt.get("name") == "muon" or (
-        opt.get("name") == "mop" and opt.get("polar_method") == "polar_express"
-    )
-    if not uses_ns:
+    entry = OPTIMIZERS.get((config.get("optimizer") or {}).get("name", ""))
+    if entry is None or not entry.matrix:
         return None
     root = config_from_dict(config)
-    o = root.optimizer
+    algo, routing, _ = optim_configs(root.optimizer)
+    ns_steps = entry.ns_steps(algo)
+    if not ns_steps:
+        return None
     mats = flops.enumerate_ns_matrices(
         root.model,
-        split_qkv=o.split_qkv,
-        split_mla_kv_down=o.split_mla_kv_down,
-        split_gate_up=o.split_gate_up,
-        router_to_matrix=o.router_to_matrix,
+        split_qkv=routing.split_qkv,
+        split_mla_kv_down=routing.split_mla_kv_down,
+        split_gate_up=routing.split_gate_up,
+        router_to_matrix=routing.router_to_matrix,
     )
-    return float(flops.ns_flops_per_step(mats, o.num_ns_steps, "plain"))
+    return float(flops.ns_flops_per_step(mats, ns_steps, "plain"))
 
 
 def finalize(

@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _summary_from(root: Any) -> dict[str, Any]:
     """NS options from the optimizer group; optimizers without them (AdamW) get MCore's Muon defaults."""
-    from muonbench.schema import MatrixOptimizerSchema, MOPSchema, MuonSchema
+    from muonbench.schema import MatrixOptimizerSchema, algorithm_config
+    from optim.registry import spec
 
     opt, dist = root.optimizer, root.parallelism.distribution
     opts: dict[str, Any] = {}
@@ -198,8 +199,9 @@ def _summary_from(root: Any) -> dict[str, Any]:
             distributed=dist.distributed,
             tp_mode=dist.tp_mode,
         )
-    if isinstance(opt, MuonSchema | MOPSchema):
-        opts["num_ns_steps"] = opt.num_ns_steps
+    ns_steps = spec(opt.name).ns_steps(algorithm_config(opt))
+    if ns_steps:
+        opts["num_ns_steps"] = ns_steps
     return summary(root.model, root.parallelism, **opts)
 
 

@@ -14,7 +14,6 @@ from optim.functional.split import RowSplit
 from optim.megatron import multi_tensor
 from optim.megatron.config import (
     MatrixConfig,
-    _matrix_optimizer,
     _model_parallel_group,
     megatron_group,
     megatron_optimizer_config,
@@ -22,6 +21,7 @@ from optim.megatron.config import (
 )
 from optim.megatron.layerwise import MegatronLayerWise
 from optim.megatron.routing import ParamRoute, classify, tp_specs
+from optim.registry import build_matrix
 
 
 def fuse_torch_adam(optimizer: Any) -> int:
@@ -178,7 +178,7 @@ def build_ours(
         group = megatron_group(
             mat_params, mat_names, lr=matrix.lr, weight_decay=matrix.weight_decay, wd_mult=1.0
         )
-        inner = _matrix_optimizer([group], matrix, splits, tp, tp_mode_fn)
+        inner = build_matrix([group], matrix, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
         parts.append(_wrap_mixed_precision(inner, config, Float16OptimizerWithFloat16Params, FP32Optimizer))
         _retarget_splits(inner, mat_params)
         if hasattr(inner, "assume_finite_grads") and _in_main_grad_norm(mat_params):

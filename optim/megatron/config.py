@@ -1,5 +1,5 @@
 """Megatron configs and process groups: `OptimizerConfig`, DDP config and param groups from ours, version
-differences handled once; also our matrix optimizer class for a matrix config."""
+differences handled once; the `OptimizerConfig` sections of Megatron's own Muon and SOAP (`optim.registry`)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,10 @@ from typing import Any
 
 import torch
 
-from optim.configs import (
-    AdamWConfig,
-    ConfigFieldError,
-    MOPConfig,
-    MuonConfig,
-    RoutingConfig,
-    SOAPConfig,
-    TPMode,
-)
-from optim.functional.split import RowSplit
+from optim.configs import AdamWConfig, ConfigFieldError, MuonConfig, RoutingConfig, SOAPConfig, TPMode
 
-MatrixConfig = MuonConfig | MOPConfig | SOAPConfig
+MatrixConfig = Any
+"""The config of a registered matrix optimizer (`optim.registry.OPTIMIZERS`)."""
 IMPLEMENTATIONS = ("ours", "megatron")
 TP_MODES: tuple[str, ...] = (TPMode.BLOCKWISE, TPMode.DUPLICATED, TPMode.DISTRIBUTED)
 """The TP modes of Megatron-core's TensorParallelMuon (no Gram variant)."""
@@ -93,6 +85,41 @@ def megatron_muon_fields(muon: MuonConfig, routing: RoutingConfig, tp_mode: str)
         "muon_num_ns_steps": muon.num_ns_steps,
         "muon_tp_mode": tp_mode,
         "muon_split_qkv": routing.split_qkv,
+    }
+
+
+def megatron_muon_section(
+    muon: MuonConfig, routing: RoutingConfig, adamw: AdamWConfig, tp_mode: str
+) -> dict[str, Any]:
+    """Megatron-Core's Muon as `OptimizerConfig` fields (`optim.registry`'s `to_megatron` of muon): the `muon_*`
+    fields, the scalar parameters on Adam."""
+    return {
+        "optimizer": "muon",
+        **megatron_muon_fields(muon, routing, tp_mode),
+        "muon_scalar_optimizer": "adam",
+    }
+
+
+def megatron_soap_section(
+    soap: SOAPConfig, routing: RoutingConfig, adamw: AdamWConfig, tp_mode: str
+) -> dict[str, Any]:
+    """Megatron-Core's SOAP as `OptimizerConfig` fields (`optim.registry`'s `to_megatron` of soap_rekls).
+    ConfigFieldError names a setting it cannot follow: it has no eigh-every-step (REKLS) switch and takes its
+    betas and eps from Adam's."""
+    _unsupported((("use_eigh", True, soap.use_eigh, "has no eigh-every-step (REKLS) switch"),))
+    if (tuple(soap.betas), soap.eps) != (tuple(adamw.betas), adamw.eps):
+        raise ConfigFieldError(
+            "betas",
+            soap.betas,
+            "is not available in Megatron-Core, whose SOAP takes its betas and eps from adam_beta1, adam_beta2 "
+            "and adam_eps; set them equal or use implementation=ours",
+        )
+    check_megatron_routing(routing)
+    return {
+        "optimizer": "soap",
+        "soap_shampoo_beta": soap.shampoo_beta,
+        "soap_precondition_frequency": soap.precondition_frequency,
+        "soap_use_kl_shampoo": soap.use_kl_shampoo,
     }
 
 
@@ -198,27 +225,3 @@ def _model_parallel_group() -> Any:
     from megatron.core import parallel_state as ps
 
     return ps.get_model_parallel_group()
-
-
-def _matrix_optimizer(
-    groups: list[dict[str, Any]],
-    cfg: MatrixConfig,
-    splits: dict[torch.Tensor, RowSplit],
-    tp: dict[torch.Tensor, Any] | None = None,
-    tp_mode_fn: Any = None,
-) -> Any:
-    if isinstance(cfg, MuonConfig):
-        from optim.optimizers.muon import Muon
-
-        return Muon(groups, cfg, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
-    if isinstance(cfg, MOPConfig):
-        from optim.optimizers.mop import MOP
-
-        return MOP(groups, cfg, splits=splits, tp=tp, tp_mode_fn=tp_mode_fn)
-    if isinstance(cfg, SOAPConfig):
-        if tp:
-            raise ValueError("tp_mode other than 'blockwise' at TP > 1: SOAP has no tensor-parallel mode")
-        from optim.optimizers.soap import SOAP
-
-        return SOAP(groups, cfg)
-    raise NotImplementedError(f"no matrix optimizer for config class {type(cfg).__name__}")

@@ -9,8 +9,9 @@ import torch
 
 from optim.configs import AdamWConfig
 from optim.functional.split import RowSplit
-from optim.megatron.config import MatrixConfig, _matrix_optimizer, megatron_group, process_groups
+from optim.megatron.config import MatrixConfig, megatron_group, process_groups
 from optim.megatron.routing import ParamRoute
+from optim.registry import build_matrix
 
 
 class MegatronLayerWise:
@@ -149,7 +150,7 @@ def _owned_optimizer(
             weight_decay=matrix.weight_decay,
             wd_mult=1.0,
         )
-        opts["matrix"] = _matrix_optimizer([group], matrix, splits)
+        opts["matrix"] = build_matrix([group], matrix, splits=splits)
     if rest:
         decay = [(n, t) for n, t in rest if routes[n].weight_decay]
         no_decay = [(n, t) for n, t in rest if not routes[n].weight_decay]

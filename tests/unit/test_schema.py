@@ -197,8 +197,10 @@ def test_optimizer_schema_fields_are_the_optim_config_fields() -> None:
     from muonbench import schema
     from optim.configs import RoutingConfig
 
-    for name, algo in schema.ALGORITHMS.items():
-        have = {f.name for f in fields(schema.OPTIMIZER_SCHEMAS[name])}
+    for name, opt_schema in schema.optimizer_schemas().items():
+        if name == "adamw":
+            continue
+        algo, have = opt_schema.ALGORITHM, {f.name for f in fields(opt_schema)}
         assert {f.name for f in fields(algo)} | {f.name for f in fields(RoutingConfig)} <= have, name
     overrides = ["gram_restart_iterations=[3]", "use_gram_ns=true", "weight_decay_method=independent"]
     root = load(["optimizer=muon", "optimizer.split_mla_kv_down=true", *(f"optimizer.{o}" for o in overrides)])

@@ -51,7 +51,7 @@ def _typed(cfg: dict[str, Any]) -> Any:
         return cls(**{k: v for k, v in d.items() if k in names})
 
     cfg = schema.lift_record(cfg)
-    opt_cls = schema.OPTIMIZER_SCHEMAS[cfg["optimizer"]["name"]]
+    opt_cls = schema.optimizer_schemas()[cfg["optimizer"]["name"]]
     parallelism = build(schema.ParallelismConfig, cfg["parallelism"])
     parallelism.distribution = build(schema.DistributionConfig, cfg["parallelism"]["distribution"])
     return schema.RootConfig(
