@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from bench import cluster, memory
 from bench.results.record import STDERR_TAIL_CHARS
+from muonbench import engines
 from muonbench.compose import config_from_dict
 from muonbench.schema import RootConfig
 
@@ -317,7 +318,7 @@ def needs_prewarm(cfg: RootConfig) -> bool:
     return (
         cfg.bench.prewarm
         and cfg.launcher.name == "local"
-        and cfg.engine.name == "megatron"
+        and engines.spec(cfg.engine.name).prewarm
         and cfg.engine.device == "cuda"
         and runs_our_kernels(cfg)
     )

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import flops
+from muonbench import engines
 from muonbench.schema import RootConfig
 
 GiB = 2**30
@@ -68,7 +69,7 @@ def estimate(cfg: RootConfig) -> dict[str, float]:
     p, m = cfg.parallelism, cfg.model
     dense, expert = param_counts(cfg)
     local = dense / (p.tp * p.pp) + expert / (p.ep * p.etp * p.pp)
-    weight_bytes = 4 if cfg.engine.name == "hf" else 2
+    weight_bytes = engines.spec(cfg.engine.name).param_bytes
     state_bytes = 8 if cfg.optimizer.name == "adamw" else 4
     parts = {
         "weights": local * weight_bytes,

@@ -30,6 +30,7 @@ from typing import Any
 import muonbench
 from bench import launch
 from bench.results import record
+from muonbench import engines
 
 RESUME_KEY = "bench.resume"
 HYDRA_FLAGS = ("-m", "--multirun")
@@ -66,14 +67,7 @@ def preflight(jobs: list[list[str]]) -> list[str]:
         try:
             cfg = muonbench.load(list(job_key(job)))
             muonbench.check_runnable(cfg)
-            if cfg.engine.recipe:
-                from recipes.user_recipe import check_recipe
-
-                check_recipe(cfg.engine.recipe)
-            if cfg.engine.name == "bridge":  # the recipe, the model's bridge and every override: plain data
-                from recipes.overrides import build_plan
-
-                build_plan(cfg)
+            engines.preflight(cfg)
             launch.check_launchable(cfg)
             check_out_dir(cfg.bench.out_dir)
         except ValueError as exc:

@@ -19,7 +19,8 @@ from dataclasses import asdict, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
-from muonbench import schema
+from muonbench import engines, schema
+from muonbench.errors import ConfigError, fail
 from muonbench.families import FAMILIES
 from muonbench.pipeline import parse_pipeline_layout
 from optim import configs as C
@@ -36,7 +37,6 @@ CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 
 # The optimizer's choice sets are `optim.configs`' own; listed here so the error names the config path.
 ALLOWED: dict[str, tuple[str | int, ...]] = {
-    "engine.layers": ("auto", "te", "local"),
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
@@ -53,12 +53,6 @@ ALLOWED: dict[str, tuple[str | int, ...]] = {
     "optimizer.polar_method": C.POLAR_METHODS,
     "optimizer.weight_decay_method": C.WEIGHT_DECAY_METHODS,
     "precision.name": ("bf16", "fp8_mx"),
-    "engine.name": ("hf", "megatron", "bridge"),
-    "engine.device": ("cpu", "cuda"),
-    "engine.backend": ("gloo", "nccl"),
-    "engine.ab_mode": ("published", "fair"),
-    "engine.empty_unused_memory_level": (0, 1, 2),
-    "engine.moe_router_dtype": ("fp32", "fp64", "none"),
     "launcher.name": ("local", "slurm"),
     "launcher.via": ("sbatch", "nemo_run"),
     "bench.logger": ("none", "tensorboard", "wandb", "mlflow"),
@@ -68,24 +62,7 @@ LOGGER_EXTRAS: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb",
 """`bench.logger` sink -> the Python package it needs, installed by the pyproject extra of the same name."""
 
 
-MEGATRON_MODEL_OPTIONS = (
-    "moe_permute_fusion",
-    "apply_rope_fusion",
-    "moe_router_fusion",
-    "moe_router_dtype",
-    "grad_reduce_in_fp32",
-)
-"""`engine.*` options that set a Megatron-Core model or DDP field of the megatron engine; other engines keep the
-default."""
-_ENGINE_DEFAULTS = {f.name: f.default for f in fields(schema.EngineConfig)}
-
-
-class ConfigError(ValueError):
-    """A user or config error: names the field, the value and the rule."""
-
-
-def _fail(field: str, value: Any, rule: str) -> None:
-    raise ConfigError(f"{field}={value!r}: {rule}")
+_fail = fail
 
 
 def load(
@@ -269,6 +246,7 @@ def available_options(group: str) -> list[str]:
 
 _MISSING_CONFIG = re.compile(r"Could not find '([^']+)'")
 _UNKNOWN_KEY = re.compile(r"Could not override '([^']+)'.*?Key '([^']+)' not in '(\w+)'", re.DOTALL)
+_APPEND = re.compile(r"use \+(\S+?)=(\S*)")
 
 
 def _explain_missing(exc: Exception) -> str:
@@ -279,7 +257,15 @@ def _explain_missing(exc: Exception) -> str:
     if cause is not None and str(cause) not in msg:
         msg = f"{msg}\n{cause}"
     unknown = _UNKNOWN_KEY.search(msg)
-    cls = getattr(schema, unknown.group(3), None) if unknown else None
+    owners = engines.owner_of(unknown.group(2)) if unknown and unknown.group(1).startswith("engine.") else []
+    if unknown and owners:
+        value = m.group(2) if (m := _APPEND.search(msg)) else "?"
+        return (
+            f"{unknown.group(1)}={value}: only engine={'|'.join(owners)} has it "
+            f"(this engine's config is {unknown.group(3)})"
+        )
+    by_name = {e.config.__name__: e.config for e in engines.ENGINES.values()}
+    cls = (getattr(schema, unknown.group(3), None) or by_name.get(unknown.group(3))) if unknown else None
     if unknown and cls is not None:
         names = sorted(f.name for f in fields(cls))
         return f"{unknown.group(1)}: no such field in {unknown.group(3)}; its fields: {', '.join(names)}"
@@ -368,6 +354,7 @@ def config_from_dict(d: dict[str, Any]) -> schema.RootConfig:
     if opt.get("name") not in schema.optimizer_schemas():
         raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.optimizer_schemas())}")
     parts["optimizer"] = schema.optimizer_schemas()[opt["name"]](**opt)
+    parts["engine"] = engines.spec(d["engine"]["name"]).config(**d["engine"])
     parts["bench"] = schema.BenchConfig(**d.get("bench", {}))
     return schema.RootConfig(**parts, experiment_name=d.get("experiment_name", ""))
 
@@ -417,68 +404,23 @@ def _check_optimizer(opt: Any) -> None:
 
 
 def check_runnable(root: schema.RootConfig) -> None:
-    """What the configured engine can run, checked by `bench.run` before anything is launched (the engines raise the
-    same inside a rank). Not part of `validate`: the analysis tools (`bench.flops`, `balance`, `project`) compose
-    layouts that no local engine runs."""
-    eng, par, opt = root.engine.name, root.parallelism, root.optimizer
-    impl = opt.implementation
-    if root.engine.recipe and eng != "bridge":
-        _fail("engine.recipe", root.engine.recipe, f"a Bridge recipe runs under engine=bridge (engine={eng!r})")
+    """What the configured engine can run (`muonbench.engines`: the engine's own `check`), checked by `bench.run`
+    before anything is launched (the engines raise the same inside a rank). Not part of `validate`: the analysis
+    tools (`bench.flops`, `balance`, `project`) compose layouts that no local engine runs."""
     if root.launcher.via == "nemo_run" and importlib.util.find_spec("nemo_run") is None:
         _fail("launcher.via", "nemo_run", "needs the nemo-run extra: pip install 'muonbench[nemo-run]'")
     extra = LOGGER_EXTRAS.get(root.bench.logger)  # a cluster job's image is checked on its nodes, not here
     if extra and root.launcher.name == "local" and importlib.util.find_spec(extra) is None:
         _fail("bench.logger", root.bench.logger, f"needs the {extra} extra: pip install 'muonbench[{extra}]'")
-    if eng == "hf":
-        for knob in ("tp", "pp", "cp", "ep", "etp"):
-            if getattr(par, knob) != 1:
-                _fail(
-                    f"parallelism.{knob}",
-                    getattr(par, knob),
-                    "the hf engine is data parallel only (allowed: 1); "
-                    "use engine=megatron for model parallelism",
-                )
-        if root.precision.name != "bf16":
-            _fail("precision.name", root.precision.name, "the hf engine has no FP8 path; allowed: ['bf16']")
-        allowed = ("torch",) if opt.name == "adamw" else ("ours",)
-        if impl not in allowed:
-            _fail(
-                "optimizer.implementation",
-                impl,
-                f"the hf engine runs {opt.name} as {list(allowed)} "
-                "(Megatron's built-in Muon, optimizer=muon_megatron, runs under engine=megatron)",
-            )
-        if getattr(opt, "ns_overlap", False):
-            _fail(
-                "optimizer.ns_overlap", True, "engine=megatron only (its hooks live in Megatron's backward)"
-            )
-    elif eng == "megatron" and opt.name != "adamw":
-        if impl not in ("ours", "megatron"):
-            _fail("optimizer.implementation", impl, "the megatron engine runs ['ours', 'megatron']")
-        if impl == "megatron" and opt.name != "muon":
-            _fail(
-                "optimizer.implementation",
-                impl,
-                f"only muon is built into Megatron (optimizer.name={opt.name!r})",
-            )
-    if eng in ("megatron", "bridge") and opt.name != "adamw" and impl == "ours":
-        _check_megatron_ours(root)
+    engines.spec(root.engine.name).check(root)
     _check_data(root)
-
-
-DATA_KINDS: dict[str, tuple[str, ...]] = {
-    "hf": ("mock", "text"),
-    "megatron": ("mock", "indexed"),
-    "bridge": ("mock", "indexed"),
-}
-"""Engine -> the `bench.data` kinds it reads (`mock`, `text:<file>`, `indexed:<path prefix>`)."""
 
 
 def _check_data(root: schema.RootConfig) -> None:
     """`bench.data` is a kind the engine reads and, on a local launch, names files that exist."""
     spec, eng = root.bench.data, root.engine.name
     kind, _, arg = spec.partition(":")
-    allowed = DATA_KINDS.get(eng, ("mock",))
+    allowed = engines.spec(eng).data
     if kind not in allowed or (kind == "mock") != (spec == "mock") or (kind != "mock" and not arg):
         forms = ["mock" if k == "mock" else f"{k}:<{'file' if k == 'text' else 'path prefix'}>" for k in allowed]
         _fail("bench.data", spec, f"the {eng} engine reads {forms}")
@@ -495,30 +437,6 @@ def _check_data(root: schema.RootConfig) -> None:
     if kind == "text" and root.model.vocab_size < 256:
         vocab = root.model.vocab_size
         _fail("bench.data", spec, f"byte-level text needs model.vocab_size >= 256, got {vocab}")
-
-
-def _check_megatron_ours(root: schema.RootConfig) -> None:
-    """What `optim.megatron.build_ours` and its NS overlap refuse inside a rank, checked before launch."""
-    par, dist = root.parallelism, root.parallelism.distribution
-    sharded = par.tp > 1 or (root.model.num_experts > 0 and par.etp > 1)
-    if sharded and dist.tp_mode != "blockwise" and dist.distributed == "layerwise" and par.dp * par.cp > 1:
-        _fail(
-            "parallelism.distribution.tp_mode",
-            dist.tp_mode,
-            f"the layer-wise optimizer at DP x CP = {par.dp * par.cp} > 1 with TP = {par.tp}, expert TP = "
-            f"{par.etp} orthogonalizes each TP shard alone; allowed: ['blockwise'] "
-            "(or parallelism.distribution.distributed=none)",
-        )
-    if getattr(root.optimizer, "ns_overlap", False) and root.engine.name == "megatron":
-        if par.pp != 1:
-            _fail("optimizer.ns_overlap", True, f"needs PP = 1 (parallelism.pp={par.pp})")
-        if par.dp * par.cp != 1:
-            _fail(
-                "optimizer.ns_overlap",
-                True,
-                f"needs DP x CP = 1 (DP x CP = {par.dp * par.cp}): at DP > 1 the gradients are reduced after "
-                "the backward, so they are not final at its hooks",
-            )
 
 
 def _check_bench(b: schema.BenchConfig) -> None:
@@ -675,42 +593,14 @@ def validate(root: schema.RootConfig) -> None:
                 _fail(f"model.{name}", getattr(m, name), "MLA needs it >= 1")
     if m.num_dense_layers > m.num_layers:
         _fail("model.num_dense_layers", m.num_dense_layers, f"must be <= num_layers={m.num_layers}")
-    if root.engine.requires_gpu and root.engine.device != "cuda":
+    engines.validate(root.engine)
+    if root.bench.probes and not engines.spec(root.engine.name).probes:
         _fail(
-            "engine.device",
-            root.engine.device,
-            f"engine {root.engine.name!r} runs on GPUs only (device=cuda)",
+            "bench.probes",
+            root.bench.probes,
+            f"only engine={'|'.join(n for n, e in engines.ENGINES.items() if e.probes)} runs probes "
+            f"(engine.name={root.engine.name!r})",
         )
-    if root.engine.device == "cuda" and root.engine.backend != "nccl":
-        _fail("engine.backend", root.engine.backend, "device=cuda uses the nccl backend")
-    if root.engine.name != "megatron":
-        if root.engine.manual_gc:
-            _fail(
-                "engine.manual_gc",
-                True,
-                f"only the megatron engine has it (engine.name={root.engine.name!r})",
-            )
-        if root.engine.empty_unused_memory_level:
-            _fail(
-                "engine.empty_unused_memory_level",
-                root.engine.empty_unused_memory_level,
-                f"only the megatron engine has it (engine.name={root.engine.name!r})",
-            )
-        for name in MEGATRON_MODEL_OPTIONS:
-            value, default = getattr(root.engine, name), _ENGINE_DEFAULTS[name]
-            if value != default:
-                _fail(
-                    f"engine.{name}",
-                    value,
-                    f"only the megatron engine has it (engine.name={root.engine.name!r}; allowed here: "
-                    f"{default!r}; Megatron-Bridge's recipe sets its own)",
-                )
-        if root.bench.probes:
-            _fail(
-                "bench.probes",
-                root.bench.probes,
-                f"only the megatron engine runs probes (engine.name={root.engine.name!r})",
-            )
     probes = sorted(p.parent.name for p in (CONF_DIR.parent / "experiments").glob("*/probe.py"))
     for spec in root.bench.probes:
         if spec.partition(":")[0].strip() not in probes:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal, Optional, Union, get_args, get_origin
 
 from omegaconf import MISSING
 
+from muonbench import engines
 from optim import registry
 from optim.configs import AdamWConfig, RoutingConfig
 
@@ -322,7 +323,7 @@ def optim_configs(opt: OptimizerSchemaBase) -> tuple[Any, RoutingConfig | None, 
 
 
 # --------------------------------------------------------------------------------------------------------------
-# hardware, precision, engine, launcher, bench protocol
+# hardware, precision, launcher, bench protocol (the engine group: muonbench.engines)
 # --------------------------------------------------------------------------------------------------------------
 @dataclass
 class HardwareConfig:
@@ -356,52 +357,6 @@ class PrecisionConfig:
     fp8_recipe: str = ""
     """'' | mxfp8."""
     fp8_param_gather: bool = False
-
-
-@dataclass
-class EngineConfig:
-    name: str = MISSING
-    """hf | megatron | bridge."""
-    device: str = "cpu"
-    """cpu | cuda."""
-    backend: str = "gloo"
-    """torch.distributed backend: gloo | nccl."""
-    requires_gpu: bool = False
-    compile: bool = False
-    ab_mode: str = "published"
-    """bridge: `published` (MB's A/B: AdamW with distributed optimizer, param-gather overlap and MXFP8 gather; Muon
-    without) or `fair` (the same param-gather and FP8 settings for every optimizer)."""
-    recipe: str = ""
-    """bridge: a Megatron-Bridge recipe function by dotted path (`megatron.bridge.recipes.llama.
-    llama3_8b_pretrain_config`) used instead of the model family's recipe; `model` still sets the shapes and the
-    run's layout, precision, optimizer and benchmark settings are applied on top (docs/bridge_recipes.md)."""
-    empty_unused_memory_level: int = 0
-    """megatron: as Megatron-LM's `--empty-unused-memory-level`: 1 = `torch.cuda.empty_cache()` after the optimizer
-    step, 2 = also after forward-backward (both inside the timed step)."""
-    manual_gc: bool = False
-    """megatron: Python's threshold GC off during steps, a young-generation collection at the start of each step
-    (inside the timed step) and `gc.freeze()` after setup, as Megatron-LM's `--manual-gc`: a full collection over a
-    model's millions of objects in the middle of a host-synchronising MoE forward stalls the GPU."""
-    layers: str = "auto"
-    """megatron: layer implementation: auto (Transformer Engine's layer specs where TE imports, else local) | te |
-    local (Megatron-Core's local layers with SDPA attention and grouped-GEMM experts)."""
-    moe_permute_fusion: bool = False
-    """megatron: Transformer Engine's fused MoE token permute / unpermute (Megatron-Core `moe_permute_fusion`, on
-    in Megatron-Bridge's Qwen3 recipe); needs Transformer Engine to import, with TE or local layers."""
-    apply_rope_fusion: bool = False
-    """megatron: Transformer Engine's fused rotary embedding (Megatron-Core `apply_rope_fusion`, on in
-    Megatron-Bridge's benchmark settings); needs Transformer Engine to import, with TE or local layers."""
-    moe_router_fusion: bool = False
-    """megatron: Transformer Engine's fused router top-k with its score function and aux-loss scores (Megatron-Core
-    `moe_router_fusion`, on in Megatron-Bridge's benchmark settings); needs Transformer Engine to import, with TE
-    or local layers."""
-    moe_router_dtype: str = "fp32"
-    """megatron: precision of the router's logits, scores and aux loss (Megatron-Core `moe_router_dtype`): fp32 |
-    fp64 | none (the activations' dtype, bf16 here; Megatron-Core's None, as Megatron-Bridge's Qwen3 recipe)."""
-    grad_reduce_in_fp32: bool = True
-    """megatron: fp32 main-grad buffer, into which every micro-batch's weight gradients are added and which DDP
-    reduces (Megatron-Core DDP `grad_reduce_in_fp32`); false keeps it in the parameters' bf16, as Megatron-Bridge's
-    bf16 preset does."""
 
 
 @dataclass
@@ -487,7 +442,8 @@ class RootConfig:
     optimizer: Any = MISSING
     hardware: HardwareConfig = MISSING
     precision: PrecisionConfig = MISSING
-    engine: EngineConfig = MISSING
+    engine: Any = MISSING
+    """The selected engine's own config (`muonbench.engines.ENGINES`; a tagged union on `engine.name`)."""
     launcher: LauncherConfig = MISSING
     bench: BenchConfig = field(default_factory=BenchConfig)
     experiment_name: str = ""
@@ -498,7 +454,6 @@ SCHEMAS: dict[str, type] = {
     "parallelism": ParallelismConfig,
     "hardware": HardwareConfig,
     "precision": PrecisionConfig,
-    "engine": EngineConfig,
     "launcher": LauncherConfig,
 }
 
@@ -513,16 +468,23 @@ RENAMED_OPTIMIZER_FIELDS = {
 def lift_record(config: dict[str, Any]) -> dict[str, Any]:
     """A resolved config dict (run.json) in today's field names (a copy; `config` is not changed): records written
     while the optimizer schema held the distribution fields have them moved to `parallelism.distribution`, and
-    renamed optimizer fields take their new names."""
+    renamed optimizer fields take their new names, and the engine keeps its own config's fields (records of the
+    one flat engine config held every engine's)."""
     names = {f.name for f in fields(DistributionConfig)}
     opt = {RENAMED_OPTIMIZER_FIELDS.get(k, k): v for k, v in (config.get("optimizer") or {}).items()}
     par = dict(config.get("parallelism") or {})
     dist = {**{k: opt.pop(k) for k in list(opt) if k in names}, **(par.get("distribution") or {})}
-    return {**config, "optimizer": opt, "parallelism": {**par, "distribution": dist}}
+    out = {**config, "optimizer": opt, "parallelism": {**par, "distribution": dist}}
+    engine = config.get("engine") or {}
+    if engine.get("name") in engines.ENGINES:
+        own = {f.name for f in fields(engines.ENGINES[engine["name"]].config)}
+        out["engine"] = {k: v for k, v in engine.items() if k in own}
+    return out
 
 
 def register_configs() -> None:
-    """Register every schema in Hydra's ConfigStore as `<group>/base_<group>` (optimizers: `base_<name>`)."""
+    """Register every schema in Hydra's ConfigStore as `<group>/base_<group>` (optimizers and engines:
+    `base_<name>`)."""
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
@@ -531,3 +493,5 @@ def register_configs() -> None:
         cs.store(group=group, name=f"base_{group}", node=schema)
     for name, schema in optimizer_schemas().items():
         cs.store(group="optimizer", name=f"base_{name}", node=schema)
+    for name, entry in engines.ENGINES.items():
+        cs.store(group="engine", name=f"base_{name}", node=entry.config)

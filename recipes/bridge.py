@@ -19,7 +19,7 @@ import importlib.util
 from typing import Any
 
 from muonbench.schema import DistributionConfig, RootConfig, optim_configs, optimizer_schemas
-from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, build_plan
+from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, bridge_engine, build_plan
 
 REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
 CHECKED_BRIDGE_VERSION = "0.6.2"
@@ -240,7 +240,7 @@ def make_config_container(
 
     from recipes.hf_config import offline_hub
 
-    if not root.engine.recipe and not plan.model_arg:  # a user's recipe reads its own Hub config (node's cache)
+    if not bridge_engine(root).recipe and not plan.model_arg:  # a user's recipe reads its own Hub config (node's cache)
         plan.metadata["hf_offline"] = offline_hub(
             root.model, hf_dir or tempfile.mkdtemp(prefix="muonbench_hf_")
         )
@@ -254,11 +254,11 @@ def make_config_container(
             f"megatron-core {need}; installed {megatron.core.__version__}. Use ab_mode=published or build the image "
             "with a newer Megatron-Core (Dockerfile ARG MCORE_VERSION)."
         )
-    if root.engine.recipe:
+    if bridge_engine(root).recipe:
         from recipes.user_recipe import load_recipe
 
-        cfg = load_recipe(root.engine.recipe)
-        plan.metadata["user_recipe"] = root.engine.recipe
+        cfg = load_recipe(bridge_engine(root).recipe)
+        plan.metadata["user_recipe"] = bridge_engine(root).recipe
     elif plan.model_arg:
         cfg = _import(plan.base_recipe)(root.model)
         plan.metadata["hf_config"] = root.model.source

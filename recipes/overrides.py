@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from muonbench.engines import BridgeEngineConfig
 from muonbench.schema import (
     BenchConfig,
     HardwareConfig,
@@ -222,9 +223,15 @@ def user_recipe(dotted: str, model: ModelConfig) -> ModelRecipe:
     )
 
 
+def bridge_engine(root: RootConfig) -> BridgeEngineConfig:
+    """The Bridge settings of `root`: its engine's under engine=bridge, the bridge engine's defaults for a plan of a
+    config that runs on another engine (`python -m recipes`, the recipe comparisons)."""
+    return root.engine if isinstance(root.engine, BridgeEngineConfig) else BridgeEngineConfig()
+
+
 def ab_mode_of(root: RootConfig) -> str:
     """The A/B mode a config asks for (`engine.ab_mode`)."""
-    return root.engine.ab_mode
+    return bridge_engine(root).ab_mode
 
 
 def build_plan(root: RootConfig, *, ab_mode: str | None = None, log_dir: str = "") -> BridgePlan:
@@ -233,8 +240,8 @@ def build_plan(root: RootConfig, *, ab_mode: str | None = None, log_dir: str = "
     ab_mode = ab_mode or ab_mode_of(root)
     if ab_mode not in AB_MODES:
         raise ValueError(f"ab_mode={ab_mode!r}: allowed {list(AB_MODES)}")
-    if root.engine.recipe:
-        recipe = user_recipe(root.engine.recipe, root.model)
+    if bridge_engine(root).recipe:
+        recipe = user_recipe(bridge_engine(root).recipe, root.model)
         sections = {"model": shape_fields(root.model), "dataset": {"seq_length": root.model.seq_length}}
     else:
         recipe = model_recipe(root.model)
@@ -286,3 +293,13 @@ def unknown_fields(plan: BridgePlan) -> list[str]:
         known = dataclass_fields(*plan.section_class(section))
         bad += [f"{section}.{name}" for name in values if name not in known]
     return bad
+
+
+def preflight(root: RootConfig) -> None:
+    """`bench.run`'s preflight of engine=bridge (`muonbench.engines`): the user's recipe (`engine.recipe`), the
+    model's bridge and every override, as plain data; ValueError naming the field."""
+    if root.engine.recipe:
+        from recipes.user_recipe import check_recipe
+
+        check_recipe(root.engine.recipe)
+    build_plan(root)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import resource
-import sys
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -115,8 +114,6 @@ class HFEngine(Engine):
                 f"parallelism.world_size={par.world_size} but {rank.world_size} processes were started"
             )
         self.rank, self.cfg = rank, cfg
-        if eng.compile and rank.rank == 0:
-            print("warning: engine.compile=true has no effect in the hf engine (eager mode)", file=sys.stderr)
         if eng.device == "cuda":
             if not torch.cuda.is_available():
                 raise ValueError("engine.device=cuda but this machine has no CUDA GPU; use engine.device=cpu")

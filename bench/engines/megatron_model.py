@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.flops import padded_vocab_size
-from muonbench.schema import EngineConfig, ModelConfig, ParallelismConfig, RootConfig
+from muonbench.engines import MegatronEngineConfig
+from muonbench.schema import ModelConfig, ParallelismConfig, RootConfig
 
 
 def te_available() -> bool:
@@ -81,7 +82,7 @@ FUSION_OPTIONS = ("moe_permute_fusion", "apply_rope_fusion", "moe_router_fusion"
 """`engine.*` options that turn on a Transformer Engine kernel of the same-named TransformerConfig field."""
 
 
-def check_fusions(engine: EngineConfig) -> None:
+def check_fusions(engine: MegatronEngineConfig) -> None:
     """Raise a ValueError naming the option when one of `FUSION_OPTIONS` is on and Transformer Engine (whose kernel
     it runs, with TE or local layers alike) does not import here."""
     for name in FUSION_OPTIONS:

@@ -40,6 +40,7 @@ from typing import Any
 
 from bench.tools import project
 from bench.tools.quality import milestone
+from muonbench import engines
 from muonbench.schema import RootConfig
 from optim.configs import NS_PRECISIONS, TP_MODE_CHOICES
 from optim.distributed.assignment import Strategy
@@ -123,13 +124,7 @@ def runnable(root: RootConfig) -> str | None:
 
             tp_mode = root.parallelism.distribution.tp_mode
             megatron_muon_fields(algo, routing, "blockwise" if tp_mode == "auto" else tp_mode)
-        if root.engine.name == "bridge":  # as bench.run's preflight (bench.sweep.preflight)
-            from recipes.overrides import build_plan
-            from recipes.user_recipe import check_recipe
-
-            if root.engine.recipe:
-                check_recipe(root.engine.recipe)
-            build_plan(root)
+        engines.preflight(root)  # as bench.run's preflight (bench.sweep.preflight)
     except ValueError as exc:
         return str(exc)
     return None

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from muonbench import CONF_DIR, load, schema
+from muonbench import CONF_DIR, engines, load, schema
 
 GROUPS = ("model", "parallelism", "optimizer", "hardware", "precision", "engine", "launcher")
 # Options that only validate next to a matching model (experts divisible by EP, layers matching the layout).
@@ -15,7 +15,11 @@ PARTNERS: dict[str, list[str]] = {
     "parallelism/pp4_dp64_ep64": ["model=kimi_k2"],
     "parallelism/dp8_ep8": ["model=qwen3_30b_a3b"],
 }
-OPTION_SCHEMA = {**schema.SCHEMAS, **{f"optimizer/{k}": v for k, v in schema.OPTIMIZER_SCHEMAS.items()}}
+OPTION_SCHEMA = {
+    **schema.SCHEMAS,
+    **{f"optimizer/{k}": v for k, v in schema.optimizer_schemas().items()},
+    **{f"engine/{k}": e.config for k, e in engines.ENGINES.items()},
+}
 
 
 def _options(group: str) -> list[str]:
@@ -66,7 +70,7 @@ def test_group_option_composes_typed(group: str, option: str) -> None:
     """Each option composes with the rest of the defaults, validates, and is typed by its group's schema."""
     root = load([f"{group}={option}", *PARTNERS.get(f"{group}/{option}", [])])
     node = getattr(root, group)
-    expected = OPTION_SCHEMA.get(group) or OPTION_SCHEMA[f"optimizer/{node.name}"]
+    expected = OPTION_SCHEMA.get(group) or OPTION_SCHEMA[f"{group}/{node.name}"]
     assert isinstance(node, expected), (group, option, type(node))
     if group != "optimizer":
         assert node.name == option

@@ -52,7 +52,9 @@ def test_unknown_or_absent_engine_is_named(monkeypatch):
 
     with pytest.raises(ValueError, match=r"available: \['bridge', 'hf', 'megatron'\]"):
         engines.check_engine_present("jax")
-    monkeypatch.setitem(engines.ENGINES, "ghost", ("bench.engines.ghost", "GhostEngine"))
+    from muonbench.engines import ENGINES, EngineSpec, HFEngineConfig
+
+    monkeypatch.setitem(ENGINES, "ghost", EngineSpec(config=HFEngineConfig, engine="bench.engines.ghost:GhostEngine"))
     with pytest.raises(ValueError, match="bench.engines.ghost is not in this checkout"):
         engines.check_engine_present("ghost")
 

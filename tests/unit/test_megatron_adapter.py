@@ -180,7 +180,7 @@ def test_fusion_options_need_transformer_engine() -> None:
     """A fusion option on a machine without TE fails at setup naming the option, not deep in Megatron-Core."""
     if mm.te_available():
         pytest.skip("Transformer Engine imports here")
-    from muonbench.schema import EngineConfig
+    from muonbench.engines import MegatronEngineConfig as EngineConfig
 
     mm.check_fusions(EngineConfig(name="megatron"))
     with pytest.raises(ValueError, match=r"engine.moe_permute_fusion=True: .*allowed without it: False"):

@@ -44,7 +44,7 @@ def _typed(cfg: dict[str, Any]) -> Any:
     """RootConfig from a run record's resolved config dict (unknown keys dropped)."""
     from dataclasses import fields
 
-    from muonbench import schema
+    from muonbench import engines, schema
 
     def build(cls: type, d: dict[str, Any]) -> Any:
         names = {f.name for f in fields(cls)}
@@ -60,7 +60,7 @@ def _typed(cfg: dict[str, Any]) -> Any:
         optimizer=build(opt_cls, cfg["optimizer"]),
         hardware=build(schema.HardwareConfig, cfg["hardware"]),
         precision=build(schema.PrecisionConfig, cfg["precision"]),
-        engine=build(schema.EngineConfig, cfg["engine"]),
+        engine=build(engines.spec(cfg["engine"]["name"]).config, cfg["engine"]),
         launcher=build(schema.LauncherConfig, cfg["launcher"]),
         experiment_name=cfg.get("experiment_name", ""),
     )
