@@ -16,18 +16,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Protocol
 
+from bench import metrics
 from bench.results import record
 from muonbench.compose import LOGGER_EXTRAS
-
-SCALARS: dict[str, str] = {
-    "loss": "lm loss",
-    "step_s": "iteration-time",
-    "model_tflops_per_gpu": "throughput/tflops/device",
-    "ns_tflops_per_gpu": "throughput/ns_tflops/device",
-    "optim_s": "optimizer-time",
-    "peak_mem_bytes": "mem-max-allocated-bytes",
-}
-"""Our step field -> the scalar name in every sink (seconds and bytes, as Bridge and Megatron log them)."""
 
 
 class Sink(Protocol):
@@ -45,7 +36,7 @@ def scalars(row: dict[str, Any], *, model_flops_per_step: float | None, world_si
         ns_flops=row.get("ns_flops") or 0.0,
     )
     values = {**row, "model_tflops_per_gpu": model_tf, "ns_tflops_per_gpu": ns_tf}
-    return {name: float(values[key]) for key, name in SCALARS.items() if values.get(key) is not None}
+    return {name: float(values[key]) for key, name in metrics.sink_names().items() if values.get(key) is not None}
 
 
 class _TensorBoard:

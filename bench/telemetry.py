@@ -12,10 +12,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from bench import metrics
 from bench.results.intervals import throttled
 
-KEYS = ("sm_mhz", "mem_mhz", "power_w", "temp_c", "throttle_reasons", "throttled")
-"""The steps.jsonl fields this module fills (record.OPTIONAL_KEYS lists them)."""
+KEYS = metrics.of("telemetry")
+"""The steps.jsonl fields this module fills (their entries in `bench.metrics`)."""
 
 
 class Sampler:

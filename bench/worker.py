@@ -17,13 +17,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import flops, probes, sinks, telemetry
+from bench import flops, metrics, probes, sinks, telemetry
 from bench.engines import RankInfo, StepMetrics, engine_class
 from bench.results import record
 from muonbench.compose import config_from_dict
-
-_FIELD_KEYS = ("step_s", "fwd_bwd_s", "optim_s", "ns_s", "comm_s", "peak_mem_bytes", "ns_flops")
-_EXTRA_KEYS = ("cpu_s", "adamw_s", "clip_s", "grad_norm", "alloc_retries")
 
 
 def rank_info() -> RankInfo:
@@ -37,7 +34,7 @@ def rank_info() -> RankInfo:
 
 
 def reduce_metrics(
-    m: StepMetrics, rank: RankInfo, device: Any, optional: tuple[str, ...] = record.OPTIONAL_KEYS
+    m: StepMetrics, rank: RankInfo, device: Any, optional: tuple[str, ...] | None = None
 ) -> dict[str, Any]:
     """Times, memory, NS FLOPs, grad norm: max over ranks; loss: mean over the ranks that report one (with pipeline
     parallelism only the last stage has one), NaN when any rank's loss is NaN or Inf. Unmeasured (None) values stay
@@ -47,7 +44,9 @@ def reduce_metrics(
     import torch
     import torch.distributed as dist
 
-    values = {k: getattr(m, k) for k in _FIELD_KEYS} | {k: m.extra.get(k) for k in _EXTRA_KEYS}
+    optional = metrics.optional_keys() if optional is None else optional
+    extra = [k for k in metrics.step_keys() if metrics.METRICS[k].origin == "extra"]
+    values = {k: getattr(m, k) for k in metrics.of("field")} | {k: m.extra.get(k) for k in extra}
     values |= {k: m.extra[k] for k in optional if k in m.extra}  # same keys on every rank (same config)
     has_loss = m.loss is not None and math.isfinite(m.loss)
     bad_loss = m.loss is not None and not has_loss
@@ -155,7 +154,7 @@ def run(run_dir: Path) -> None:
     sinks.prepare(cfg.bench.logger)
     engine = engine_class(cfg.engine.name)()
     engine.run_dir = str(run_dir)
-    optional = (*record.OPTIONAL_KEYS, *probes.keys(cfg.bench.probes))
+    optional = (*metrics.optional_keys(), *probes.keys(cfg.bench.probes))
     log = record.StepLog(run_dir, extra_keys=optional) if rank.rank == 0 else None
     sink = None
     sampler = None
@@ -191,14 +190,14 @@ def run(run_dir: Path) -> None:
         divergence = None
         skipped_before = engine.skipped_updates()
         for i in range(cfg.bench.steps):
-            metrics = engine.step()
+            measured = engine.step()
             if sampler is not None:
-                metrics.extra.update(sampler.step())
+                measured.extra.update(sampler.step())
             if skipped_before is not None:  # this step's skipped updates (the optimizers count cumulatively)
                 skipped_now = engine.skipped_updates() or 0
-                metrics.extra["skipped_updates"] = skipped_now - skipped_before
+                measured.extra["skipped_updates"] = skipped_now - skipped_before
                 skipped_before = skipped_now
-            row = reduce_metrics(metrics, rank, engine.device, optional)
+            row = reduce_metrics(measured, rank, engine.device, optional)
             if log is not None:
                 log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
             if rank.rank == 0 and (sink is not None or bar is not None):
@@ -206,7 +205,7 @@ def run(run_dir: Path) -> None:
                 if sink is not None:
                     sink.log(scalars, i)
                 if bar is not None:
-                    tf = scalars.get(sinks.SCALARS["model_tflops_per_gpu"])
+                    tf = scalars.get(metrics.METRICS["model_tflops_per_gpu"].sink)
                     bar.set_postfix(
                         loss=f"{row['loss']:.3f}",
                         step_ms=f"{row['step_s'] * 1e3:.0f}",

@@ -50,7 +50,7 @@ class StepMetrics:
     ns_flops: float = 0.0
     """FLOPs of the Newton-Schulz calls this rank executed in this step (plain convention)."""
     extra: dict[str, float] = field(default_factory=dict)
-    """Engine-specific numbers (e.g. `cpu_s`, `adamw_s`, `grad_norm`)."""
+    """Further per-step numbers by name (e.g. `cpu_s`, `adamw_s`, `grad_norm`): each an entry of `bench.metrics`."""
 
 
 class Engine(ABC):

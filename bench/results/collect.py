@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from bench import metrics
 from bench.results import record
 from muonbench.cli_help import command
 
@@ -268,7 +269,7 @@ def collect(
     else:
         problems.extend(found)
     results = pd.DataFrame(rows)
-    step_df = pd.DataFrame(steps, columns=["run_id", "optimizer", *record.STEP_KEYS])
+    step_df = pd.DataFrame(steps, columns=["run_id", "optimizer", *metrics.step_keys()])
     dest.mkdir(parents=True, exist_ok=True)
     results.to_csv(dest / "results.csv", index=False)
     step_df.to_csv(dest / "steps.csv", index=False)

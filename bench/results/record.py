@@ -3,7 +3,7 @@
 `run.json` (schema `RUN_SCHEMA`): resolved config and its hash, status (a `Status` value, docs/run_status.md) with
 the error type and stderr tail, git SHA and dirty flag, package versions (read from metadata, nothing imported), hardware,
 command lines, start/end time, the measurement protocol and the summary metrics. `steps.jsonl`: one JSON object per
-optimizer step with the fixed key vocabulary `STEP_KEYS`. Every write is atomic (temp file + `os.replace`), so a reader
+optimizer step with the fixed key vocabulary of `bench.metrics` (`step_keys`). Every write is atomic (temp file + `os.replace`), so a reader
 never sees half a record, and a failed run still leaves a complete `run.json`.
 
 No torch import: collectors and reports read records on machines without torch.
@@ -29,6 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench import metrics
 from muonbench.compose import config_from_dict
 
 RUN_SCHEMA = "muonbench.run/1"
@@ -66,44 +67,6 @@ class Status(StrEnum):
 STATUSES = tuple(Status)
 NOT_FAILED = (Status.OK, Status.SUBMITTED, Status.WRITTEN)
 """Statuses of a run that did not fail (a resumed sweep reruns every other one)."""
-STEP_KEYS = (
-    "step",
-    "warmup",
-    "step_s",
-    "fwd_bwd_s",
-    "optim_s",
-    "ns_s",
-    "comm_s",
-    "tokens",
-    "loss",
-    "peak_mem_bytes",
-    "ns_flops",
-    "cpu_s",
-    "adamw_s",
-    "clip_s",
-    "grad_norm",
-    "alloc_retries",
-)
-"""Fixed vocabulary of a steps.jsonl line (`None` where a value was not measurable)."""
-OPTIONAL_KEYS = (
-    "ns_overlap_s",
-    "spec_used",
-    "spec_discarded",
-    "bridge_tflops_per_gpu",
-    "skipped_updates",
-    "sm_mhz",
-    "mem_mhz",
-    "power_w",
-    "temp_c",
-    "throttle_reasons",
-    "throttled",
-)
-"""Fields of a steps.jsonl line written only when measured (`optimizer.ns_overlap`; the bridge engine's
-`bridge_tflops_per_gpu`, Bridge's own FLOP count over our step time; `skipped_updates`: parameter updates our
-optimizers skipped in the step under `nonfinite_policy=skip`, max over ranks; on a GPU with NVML the step's mean SM
-and memory clocks, mean power, highest temperature, clock-event reasons and whether a thermal or hardware slowdown was among them,
-`bench.telemetry`, max over ranks); the probes of `bench.probes` add their own
-(`bench.probes.keys`). `bench.results.collect` keeps to `STEP_KEYS`."""
 VERSION_PACKAGES = (
     "torch",
     "megatron-core",
@@ -239,15 +202,15 @@ class StepLog:
     step, and a failed write (a full disk) leaves the lines before it intact, with no torn line after them."""
 
     def __init__(self, run_dir: str | Path, *, extra_keys: tuple[str, ...] = ()) -> None:
-        self.optional = (*OPTIONAL_KEYS, *extra_keys)
+        self.optional = (*metrics.optional_keys(), *extra_keys)
         self.path = Path(run_dir) / "steps.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def write(self, row: dict[str, Any]) -> None:
-        unknown = set(row) - set(STEP_KEYS) - set(self.optional)
+        unknown = set(row) - set(metrics.step_keys()) - set(self.optional)
         assert not unknown, f"steps.jsonl keys outside the vocabulary: {sorted(unknown)}"
-        line = {k: row.get(k) for k in STEP_KEYS} | {
+        line = {k: row.get(k) for k in metrics.step_keys()} | {
             k: row[k] for k in self.optional if row.get(k) is not None
         }
         write_all(self._fd, (json.dumps(line) + "\n").encode(), self.path)
@@ -500,13 +463,7 @@ def summarize(
         "step_s_p75": p75,
         "step_s_iqr": p75 - p25,
         "step_s_mean": statistics.fmean(times),
-        "fwd_bwd_s_median": _median(steady, "fwd_bwd_s"),
-        "optim_s_median": _median(steady, "optim_s"),
-        "ns_s_median": _median(steady, "ns_s"),
-        "adamw_s_median": _median(steady, "adamw_s"),
-        "clip_s_median": _median(steady, "clip_s"),
-        "comm_s_median": _median(steady, "comm_s"),
-        "cpu_s_median": _median(steady, "cpu_s"),
+        **{f"{k}_median": _median(steady, k) for k in metrics.medians()},
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / med,
         "tokens_per_s_per_gpu": tokens / med / world_size,

@@ -23,20 +23,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench import entry
+from bench import entry, metrics
 from bench.entry import ArgParser
 from bench.results import record
 from muonbench.cli_help import command
 
 KEY: tuple[str, ...] = ("config_hash", "hardware_name", "gpu_name")
 """Columns that identify the workload on a machine."""
-METRICS: dict[str, bool] = {
-    "step_s_median": True,
-    "model_tflops_per_gpu": False,
-    "optim_s_median": True,
-    "peak_mem_bytes": True,
-}
-"""Compared metric -> True when a higher value is worse."""
+METRICS: dict[str, bool] = metrics.regressed()
+"""Compared summary column -> True when a higher value is worse (`bench.metrics`)."""
 PROVENANCE: tuple[str, ...] = ("run_id", "experiment", "model", "optimizer", "implementation")
 RUN_INFO: tuple[str, ...] = ("git_sha", "start_time", "command")
 GOLDEN_COLUMNS: tuple[str, ...] = (*KEY, *PROVENANCE, *METRICS, *RUN_INFO, "source", "blessed_at")

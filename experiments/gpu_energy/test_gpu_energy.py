@@ -130,18 +130,18 @@ def test_meter_without_pynvml_names_the_setting(monkeypatch: pytest.MonkeyPatch)
 def test_step_log_keeps_diagnostics_only_when_measured(tmp_path) -> None:
     import json
 
-    from bench import probes
+    from bench import metrics, probes
     from bench.results import record
 
     log = record.StepLog(tmp_path, extra_keys=probes.keys(["gpu_energy", "microbatch_times"]))
-    base = {k: None for k in record.STEP_KEYS} | {"step": 0}
+    base = {k: None for k in metrics.step_keys()} | {"step": 0}
     log.write(base)
     log.write(base | {"step": 1, "energy_fwd_bwd_j": 13800.5, "mb_first_ms": 260.0})
     with pytest.raises(AssertionError, match="outside the vocabulary"):
         log.write(base | {"temp_c_end_optim": 55.0})
     log.close()
     rows = [json.loads(x) for x in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert set(rows[0]) == set(record.STEP_KEYS)
+    assert set(rows[0]) == set(metrics.step_keys())
     assert rows[1]["energy_fwd_bwd_j"] == 13800.5 and rows[1]["mb_first_ms"] == 260.0
     assert "watts_optim" not in rows[1]
 

@@ -10,7 +10,7 @@ import pytest
 from test_record_fixtures import NS_FLOPS, STEP_S, WARMUP, make_run
 
 import muonbench
-from bench import flops
+from bench import flops, metrics
 from bench.results import record
 
 
@@ -34,7 +34,7 @@ def test_steplog_rejects_keys_outside_vocabulary_and_reader_drops_torn_line(tmp_
         f.write('{"step": 1, "step_')
     with pytest.warns(record.RecordWarning, match=r"steps.jsonl:2: skipped"):
         rows = record.read_steps(tmp_path)
-    assert len(rows) == 1 and set(rows[0]) == set(record.STEP_KEYS) and rows[0]["loss"] is None
+    assert len(rows) == 1 and set(rows[0]) == set(metrics.step_keys()) and rows[0]["loss"] is None
 
 
 def test_bad_steps_line_skips_only_itself_and_is_named(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import sinks, worker
+from bench import metrics, sinks, worker
 from bench.results import record
 from muonbench import compose, load
 from recipes.overrides import logger_fields
@@ -41,7 +41,7 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
         sink.log(sinks.scalars({**ROW, "loss": 6.0 - step}, model_flops_per_step=8e12, world_size=2), step)
     sink.close()
     acc = EventAccumulator(str(sinks.tensorboard_dir(tmp_path))).Reload()
-    assert set(acc.Tags()["scalars"]) == set(sinks.SCALARS.values())
+    assert set(acc.Tags()["scalars"]) == set(metrics.sink_names().values())
     assert [(e.step, e.value) for e in acc.Scalars("lm loss")] == [(0, 6.0), (1, 5.0), (2, 4.0)]
     assert [e.value for e in acc.Scalars("throughput/tflops/device")] == [8.0] * 3
 
@@ -74,7 +74,7 @@ def tiny_run(run_dir: Path, logger: str) -> list[dict[str, float]]:
 
 def expected(steps: list[dict[str, float]], name: str) -> list[tuple[int, float]]:
     """(step, value) of one sink scalar over a run's steps.jsonl rows."""
-    key = next(k for k, v in sinks.SCALARS.items() if v == name)
+    key = next(k for k, v in metrics.sink_names().items() if v == name)
     return [(int(s["step"]), float(s[key])) for s in steps]
 
 
@@ -134,7 +134,7 @@ def test_mlflow_file_store_holds_every_step(tmp_path: Path, monkeypatch: pytest.
     assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "mlflow_run" and run.info.status == "FINISHED"
-    assert set(run.data.metrics) == {n.replace(" ", "_") for n in sinks.SCALARS.values()}
+    assert set(run.data.metrics) == {n.replace(" ", "_") for n in metrics.sink_names().values()}
     for name in ("lm loss", "iteration-time", "optimizer-time"):
         got = client.get_metric_history(run.info.run_id, name.replace(" ", "_"))
         assert sorted((m.step, m.value) for m in got) == expected(steps, name), name
