@@ -118,6 +118,7 @@ def _validate_bridge(engine: Any) -> None:
 
 def _check_hf(root: Any) -> None:
     par, opt = root.parallelism, root.optimizer
+    check_family_bias(root)
     for knob in ("tp", "pp", "cp", "ep", "etp"):
         if getattr(par, knob) != 1:
             fail(
@@ -164,11 +165,30 @@ def _check_megatron(root: Any) -> None:
                 f"needs DP x CP = 1 (DP x CP = {par.dp * par.cp}): at DP > 1 the gradients are reduced after "
                 "the backward, so they are not final at its hooks",
             )
+    check_adapter_overlap(root)
 
 
 def _check_bridge(root: Any) -> None:
+    check_family_bias(root)
     if registry.spec(root.optimizer.name).matrix and root.optimizer.implementation == "ours":
         check_layerwise_ours(root)
+        check_adapter_overlap(root)
+
+
+def check_family_bias(root: Any) -> None:
+    """`model.qkv_bias` on an engine that builds the family's attention (hf: transformers' class; bridge: the
+    family's recipe or AutoBridge): the value must be the family's, or it would be dropped."""
+    from muonbench.families import FAMILIES
+
+    m = root.model
+    built = FAMILIES[m.family].qkv_bias
+    if m.qkv_bias != built:
+        fail(
+            "model.qkv_bias",
+            m.qkv_bias,
+            f"the {root.engine.name} engine builds {m.family}'s attention, which has "
+            f"{'' if built else 'no '}q/k/v biases; allowed: [{built}] (engine=megatron builds either)",
+        )
 
 
 def check_layerwise_ours(root: Any) -> None:
@@ -183,6 +203,22 @@ def check_layerwise_ours(root: Any) -> None:
             f"{par.etp} orthogonalizes each TP shard alone; allowed: ['blockwise'] "
             "(or parallelism.distribution.distributed=none)",
         )
+
+
+def check_adapter_overlap(root: Any) -> None:
+    """The overlap switches the Megatron adapter's layer-wise optimizer cannot follow (`MegatronLayerWise`)."""
+    par, dist = root.parallelism, root.parallelism.distribution
+    if dist.distributed != "layerwise" or par.dp * par.cp == 1:
+        return
+    for name in ("overlap_param_gather", "overlap_grad_reduce"):
+        if getattr(dist, name):
+            fail(
+                f"parallelism.distribution.{name}",
+                True,
+                f"the {root.engine.name} engine's layer-wise optimizer (optimizer.implementation=ours) steps fp32 "
+                "master copies after the backward and gathers them at the step; allowed: [False] "
+                "(engine=hf overlaps both)",
+            )
 
 
 def _nothing(arg: Any) -> None:

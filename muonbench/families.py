@@ -30,6 +30,9 @@ class Family:
     """Its builders make mixture-of-experts layers (`model.num_experts` >= 1)."""
     bridged: bool
     """Megatron-Bridge 0.6.2 registers a bridge for `architecture` (engine=bridge; a test reads Bridge's source)."""
+    qkv_bias: bool = False
+    """Its transformers attention has biases on the query, key and value projections (Qwen2): the hf engine and
+    Bridge build the family's, so `model.qkv_bias` must equal it there."""
     aliases: tuple[str, ...] = ()
     """Further model_types read as this family (their configs are this family's, from remote code)."""
 
@@ -40,7 +43,7 @@ FAMILIES: dict[str, Family] = {
     "mistral": Family(architecture="MistralForCausalLM", read=hf_model.llama, export=hf_export.dense, moe=False,
                       bridged=True),
     "qwen2": Family(architecture="Qwen2ForCausalLM", read=hf_model.qwen2, export=hf_export.qwen2, moe=False,
-                    bridged=True),
+                    bridged=True, qkv_bias=True),
     "qwen3": Family(architecture="Qwen3ForCausalLM", read=hf_model.qwen3, export=hf_export.dense, moe=False,
                     bridged=True),
     "qwen3_moe": Family(architecture="Qwen3MoeForCausalLM", read=hf_model.qwen3_moe, export=hf_export.qwen3_moe,

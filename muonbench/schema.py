@@ -121,13 +121,33 @@ class DistributionConfig:
     """round_robin | ping_pong_numel | lpt_cost."""
     grad_sync: str = "reduce_scatter"
     """reduce_scatter (ours, owner-aligned buckets) | all_reduce (published path)."""
-    overlap_param_gather: bool = True
+    overlap_param_gather: bool = False
+    """Leave the parameter all-gather in flight after the step and complete it in forward pre-hooks (the hf
+    engine; the Megatron adapter gathers its fp32 masters at the step and refuses True at DP x CP > 1)."""
     overlap_grad_reduce: bool = False
     """Start each bucket's gradient reduce-scatter during backward (the hf engine then cannot time it apart)."""
     bucket_numel: int = 40_000_000
     """Elements per gradient/parameter bucket of the layer-wise optimizer."""
     collective: str = "auto"
     """auto | padded (one all_gather_into_tensor) | per_owner (one broadcast per owner): how all_gatherv moves."""
+
+
+LAYERWISE_FIELDS: dict[str, str] = {
+    "assignment": "strategy",
+    "grad_sync": "grad_sync",
+    "collective": "collective",
+    "overlap_param_gather": "overlap_param_gather",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "bucket_numel": "bucket_numel",
+}
+"""`parallelism.distribution` field -> the `optim.distributed.layerwise.LayerWiseConfig` field it sets (the rest,
+`tp_mode` and `distributed`, choose the optimizer, not its layer-wise config)."""
+
+
+def layerwise_fields(dist: DistributionConfig) -> dict[str, Any]:
+    """The `LayerWiseConfig` keywords of `dist`, the one mapping every engine that runs the layer-wise optimizer
+    uses (each adds its `max_grad_norm`)."""
+    return {ours: getattr(dist, name) for name, ours in LAYERWISE_FIELDS.items()}
 
 
 @dataclass

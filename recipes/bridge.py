@@ -18,7 +18,13 @@ import importlib
 import importlib.util
 from typing import Any
 
-from muonbench.schema import DistributionConfig, RootConfig, optim_configs, optimizer_schemas
+from muonbench.schema import (
+    DistributionConfig,
+    RootConfig,
+    layerwise_fields,
+    optim_configs,
+    optimizer_schemas,
+)
 from recipes.overrides import FAIR_MIN_MCORE, BridgePlan, ab_mode_of, bridge_engine, build_plan
 
 REQUIRED_MODULES = ("megatron.bridge", "megatron.core", "transformer_engine")
@@ -132,6 +138,7 @@ def _ours_optimizer_class() -> type:
             pg_collection: Any = None,
         ) -> Any:
             del config_overrides, use_gloo_process_groups, pg_collection
+            from optim.distributed.layerwise import LayerWiseConfig
             from optim.megatron import build_ours
 
             opt = optimizer_schemas()[self.muonbench_optimizer["name"]](**self.muonbench_optimizer)
@@ -146,6 +153,7 @@ def _ours_optimizer_class() -> type:
                 clip_grad=self.clip_grad,
                 tp_mode=distribution.tp_mode,
                 layerwise=distribution.distributed == "layerwise",
+                layerwise_config=LayerWiseConfig(**layerwise_fields(distribution)),
                 bf16=self.bf16,  # set from the mixed-precision config by Bridge's runtime config update
             )
             decay_to_min_lr(optimizer, self.min_lr)

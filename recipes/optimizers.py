@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from muonbench.schema import DistributionConfig, MatrixOptimizerSchema, PrecisionConfig, optim_configs
+from muonbench.schema import (
+    LAYERWISE_FIELDS,
+    DistributionConfig,
+    MatrixOptimizerSchema,
+    PrecisionConfig,
+    optim_configs,
+)
 from optim import registry
 from optim.configs import ConfigFieldError
 from recipes.models import Sections
@@ -201,10 +207,6 @@ def apply_optimizer(
     }
 
 
-OURS_LAYERWISE = {"grad_sync": "reduce_scatter", "assignment": "lpt_cost"}
-"""What `optim.megatron.MegatronLayerWise` does (LayerWiseConfig defaults; the adapter does not read the schema's)."""
-
-
 def _ours_distribution(sections: Sections, dist: DistributionConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """(what our adapter applies, `parallelism.distribution` fields it does not read) for
     `optimizer.implementation=ours`.
@@ -216,9 +218,9 @@ def _ours_distribution(sections: Sections, dist: DistributionConfig) -> tuple[di
     if dist.distributed == "layerwise":
         sections.setdefault("ddp", {})["overlap_grad_reduce"] = False
         sections.setdefault("comm_overlap", {})["overlap_grad_reduce"] = False
-        applied = {"distributed": "layerwise", **OURS_LAYERWISE}
-    else:
-        applied = {"distributed": "none", "grad_sync": "all_reduce", "assignment": None}
+        # the adapter builds its LayerWiseConfig from these (`layerwise_fields`, `recipes.bridge`)
+        return {"distributed": "layerwise", **{k: getattr(dist, k) for k in LAYERWISE_FIELDS}}, {}
+    applied = {"distributed": "none", "grad_sync": "all_reduce", "assignment": None}
     differs = {
         k: getattr(dist, k) for k in ("grad_sync", "assignment") if applied[k] not in (None, getattr(dist, k))
     }

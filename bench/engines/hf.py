@@ -28,7 +28,7 @@ from bench.flops import padded_vocab_size
 from bench.models.hf_build import build_model
 from bench.timing import PhaseTimer, ns_flops_plain
 from muonbench.compose import check_runnable
-from muonbench.schema import MatrixOptimizerSchema, RootConfig, optim_configs
+from muonbench.schema import MatrixOptimizerSchema, RootConfig, layerwise_fields, optim_configs
 
 
 def _matrix_names(routes: Any) -> Any:
@@ -160,17 +160,8 @@ class HFEngine(Engine):
             self.inner = build(named)
             self.distribution = "replicated: every rank steps every parameter after one gradient all-reduce"
         else:
-            from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
+            from optim.distributed.layerwise import LayerWiseDistributedOptimizer
 
-            lw_cfg = LayerWiseConfig(
-                strategy=dist_cfg.assignment,
-                grad_sync=dist_cfg.grad_sync,
-                overlap_param_gather=dist_cfg.overlap_param_gather,
-                overlap_grad_reduce=dist_cfg.overlap_grad_reduce,
-                bucket_numel=dist_cfg.bucket_numel,
-                collective=dist_cfg.collective,
-                max_grad_norm=opt.clip_grad,
-            )
             self.layerwise = LayerWiseDistributedOptimizer(
                 named,
                 build,
@@ -178,7 +169,7 @@ class HFEngine(Engine):
                     route_parameters(named, naming="hf", routing=routing, layout=layout, model=self.model)
                 ),
                 dp_group=dist.group.WORLD,
-                config=lw_cfg,
+                config=layerwise_config(self.cfg),
             )
             if dist_cfg.overlap_param_gather:
                 self.layerwise.register_forward_hooks(self.model)
@@ -321,3 +312,13 @@ class HFEngine(Engine):
             self.__dict__.pop(name, None)
         if self.cuda:
             torch.cuda.empty_cache()
+
+
+def layerwise_config(cfg: RootConfig) -> Any:
+    """The layer-wise optimizer's config: every `parallelism.distribution` field it has
+    (`muonbench.schema.layerwise_fields`) and the optimizer's clipping."""
+    from optim.distributed.layerwise import LayerWiseConfig
+
+    return LayerWiseConfig(
+        **layerwise_fields(cfg.parallelism.distribution), max_grad_norm=cfg.optimizer.clip_grad
+    )

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.timing import ns_flops_plain
-from muonbench.schema import RootConfig, optim_configs
+from muonbench.schema import RootConfig, layerwise_fields, optim_configs
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
     "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
@@ -113,10 +113,19 @@ def build(cfg: RootConfig, model_chunks: list[Any], timer: Any) -> BuiltOptimize
         tp_mode=tp_mode,
         tp_mode_fn=tp_mode_fn(cfg) if tp_mode == "auto" else None,
         layerwise=cfg.parallelism.distribution.distributed == "layerwise",
+        layerwise_config=layerwise_config(cfg),
     )
     num_ns_steps = getattr(matrix, "num_ns_steps", 0)
     _time_ours(opt, timer, num_ns_steps)
     return BuiltOptimizer(optimizer=opt, kind=kind, num_ns_steps=num_ns_steps, routes=routes)
+
+
+def layerwise_config(cfg: RootConfig) -> Any:
+    """The layer-wise optimizer's config: every `parallelism.distribution` field it has
+    (`muonbench.schema.layerwise_fields`); `build_ours` adds the clipping."""
+    from optim.distributed.layerwise import LayerWiseConfig
+
+    return LayerWiseConfig(**layerwise_fields(cfg.parallelism.distribution))
 
 
 def tp_mode_fn(cfg: RootConfig) -> Any:

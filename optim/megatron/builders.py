@@ -128,6 +128,7 @@ def build_ours(
     tp_mode: str = "blockwise",
     tp_mode_fn: Any = None,
     layerwise: bool = True,
+    layerwise_config: Any = None,
     bf16: bool = True,
 ) -> tuple[Any, list[ParamRoute]]:
     """Our matrix optimizer + fused AdamW inside Megatron's mixed-precision wrappers, chained; returns the routes.
@@ -138,7 +139,8 @@ def build_ours(
     `tensor_model_parallel` / `partition_dim` attributes, the expert-TP group for expert weights). With DP x CP > 1
     and `layerwise`, the layer-wise distributed optimizer (`MegatronLayerWise`) owns whole matrices per rank and
     replaces DDP's gradient all-reduce by its reduce-scatter (blockwise only at TP > 1); without `layerwise`
-    every rank steps everything (replicated). `bf16`: the model's parameters are bf16 (Megatron's Float16 wrapper
+    every rank steps everything (replicated); `layerwise_config` is the layer-wise optimizer's `LayerWiseConfig`
+    (None: its defaults; its overlap switches are refused, `MegatronLayerWise`). `bf16`: the model's parameters are bf16 (Megatron's Float16 wrapper
     keeps fp32 masters); False: fp32 parameters stepped in place (Megatron's FP32Optimizer).
     """
     from megatron.core.optimizer import Float16OptimizerWithFloat16Params, FP32Optimizer
@@ -154,7 +156,10 @@ def build_ours(
             "tp_mode='blockwise' or optimizer.distributed='replicated'"
         )
     if layerwise and dp_group.size() > 1:
-        return MegatronLayerWise.build(model_chunks, routed, matrix, adamw, clip_grad=clip_grad), [
+        built = MegatronLayerWise.build(
+            model_chunks, routed, matrix, adamw, clip_grad=clip_grad, config=layerwise_config
+        )
+        return built, [
             r for _, r in routed
         ]
     mat_params: list[torch.Tensor] = []

@@ -3,6 +3,7 @@ Megatron DDP's gradient sync it replaces."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -35,9 +36,17 @@ class MegatronLayerWise:
         dp_group: Any,
         expert_dp_group: Any,
         clip_grad: float,
+        config: Any = None,
     ) -> None:
         from optim.distributed.layerwise import LayerWiseConfig, LayerWiseDistributedOptimizer
 
+        config = LayerWiseConfig() if config is None else config
+        for name in ("overlap_param_gather", "overlap_grad_reduce"):
+            if getattr(config, name):
+                raise ValueError(
+                    f"{name}=True: the Megatron adapter's layer-wise optimizer steps fp32 master copies after "
+                    "the backward and gathers them at the step (no hooks on the model); allowed: False"
+                )
         self.names = [n for n, _ in named]
         self.model_params = [p for _, p in named]
         self.masters = [torch.nn.Parameter(p.detach().float().clone()) for p in self.model_params]
@@ -48,7 +57,7 @@ class MegatronLayerWise:
             dp_group=dp_group,
             expert_dp_group=expert_dp_group,
             is_expert=is_expert,
-            config=LayerWiseConfig(max_grad_norm=clip_grad),
+            config=dataclasses.replace(config, max_grad_norm=clip_grad),
         )
 
     @classmethod
@@ -60,8 +69,10 @@ class MegatronLayerWise:
         adamw: AdamWConfig,
         *,
         clip_grad: float,
+        config: Any = None,
     ) -> MegatronLayerWise:
-        """From Megatron chunks and their routes; disables DDP's gradient sync on the chunks."""
+        """From Megatron chunks and their routes; disables DDP's gradient sync on the chunks. `config`: the
+        `LayerWiseConfig` (assignment, gradient sync, collective, bucket size; None = its defaults)."""
         routes = {r.name: r for _, r in routed}
 
         def factory(owned: list[tuple[str, torch.Tensor]]) -> torch.optim.Optimizer:
@@ -77,6 +88,7 @@ class MegatronLayerWise:
             dp_group=groups["dp_cp"],
             expert_dp_group=groups["expt_dp"],
             clip_grad=clip_grad,
+            config=config,
         )
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from muonbench import CONF_DIR, load
+from muonbench.schema import LAYERWISE_FIELDS
 from recipes import fields as F
 from recipes.models import MODEL_RECIPES
 from recipes.overrides import PRECISION_PRESETS, SECTION_CLASSES, build_plan, unknown_fields
@@ -343,16 +344,14 @@ def test_ours_goes_through_the_adapter_without_param_gather() -> None:
     assert plan.overrides["ddp"]["overlap_grad_reduce"] is False
     assert plan.overrides["comm_overlap"]["overlap_grad_reduce"] is False
     meta = plan.metadata["optimizer"]
-    assert meta["ours_distribution"] == {
-        "distributed": "layerwise",
-        "grad_sync": "reduce_scatter",
-        "assignment": "lpt_cost",
-    }
+    dist = _load("experiment=gb300/kimi_k2_muon", "optimizer=muon").parallelism.distribution
+    assert meta["ours_distribution"] == {"distributed": "layerwise", **{k: getattr(dist, k) for k in LAYERWISE_FIELDS}}
     assert meta["not_applied"] == {}
     other = _plan(
         "experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.assignment=round_robin"
     )
-    assert other.metadata["optimizer"]["not_applied"] == {"assignment": "round_robin"}
+    assert other.metadata["optimizer"]["not_applied"] == {}  # the adapter takes every distribution field
+    assert other.metadata["optimizer"]["ours_distribution"]["assignment"] == "round_robin"
     replicated = _plan(
         "experiment=gb300/kimi_k2_muon", "optimizer=muon", "parallelism.distribution.distributed=none"
     )
@@ -486,12 +485,3 @@ def test_cli_prints_plan_and_checks_fields(capsys: pytest.CaptureFixture[str]) -
     assert "every override is a known field" in out.err
     assert main(["experiment=gb300/kimi_k2_muon", "optimizer=mop", "optimizer.implementation=megatron"]) == 2
     assert main(["experiment=gb300/kimi_k2_muon", "--ab-mode", "best"]) == 2
-
-
-def test_ours_layerwise_metadata_is_what_the_adapter_builds() -> None:
-    """`recipes.optimizers.OURS_LAYERWISE` (recorded as applied) restates the defaults MegatronLayerWise runs with."""
-    from optim.distributed.layerwise import LayerWiseConfig
-    from recipes.optimizers import OURS_LAYERWISE
-
-    cfg = LayerWiseConfig()
-    assert OURS_LAYERWISE == {"grad_sync": cfg.grad_sync.value, "assignment": cfg.strategy.value}
