@@ -138,6 +138,64 @@ def _record_ns_plan(run_dir: Path) -> None:
         record.update_run_json(run_dir, ns_plan=plans)
 
 
+def _progress_bar(cfg: Any) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(
+        total=cfg.bench.steps,
+        desc=f"{cfg.optimizer.name}",
+        unit="step",
+        file=sys.stderr,
+        dynamic_ncols=True,
+        ascii=True,
+        mininterval=0.5,
+    )
+
+
+def _steps(
+    cfg: Any,
+    engine: Any,
+    rank: RankInfo,
+    optional: tuple[str, ...],
+    *,
+    model_flops: float | None,
+    sampler: Any,
+    log: Any,
+    sink: Any,
+    bar: Any,
+) -> dict[str, Any] | None:
+    """The timed steps: each measured, reduced over ranks, logged (rank 0) and shown; the divergence record of a
+    non-finite loss (all ranks stop there), else None."""
+    skipped_before = engine.skipped_updates()
+    for i in range(cfg.bench.steps):
+        measured = engine.step()
+        if sampler is not None:
+            measured.extra.update(sampler.step())
+        if skipped_before is not None:  # this step's skipped updates (the optimizers count cumulatively)
+            skipped_now = engine.skipped_updates() or 0
+            measured.extra["skipped_updates"] = skipped_now - skipped_before
+            skipped_before = skipped_now
+        row = reduce_metrics(measured, rank, engine.device, optional)
+        if log is not None:
+            log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
+        if rank.rank == 0 and (sink is not None or bar is not None):
+            scalars = sinks.scalars(row, model_flops_per_step=model_flops, world_size=rank.world_size)
+            if sink is not None:
+                sink.log(scalars, i)
+            if bar is not None:
+                tf = scalars.get(metrics.METRICS["model_tflops_per_gpu"].sink)
+                bar.set_postfix(
+                    loss=f"{row['loss']:.3f}",
+                    step_ms=f"{row['step_s'] * 1e3:.0f}",
+                    tflops=f"{tf:.3g}" if tf is not None else "n/a",
+                    refresh=False,
+                )
+                bar.update(1)
+        if not math.isfinite(row["loss"]):  # the same reduced loss on every rank: all stop here
+            return {"step": i, "loss": str(row["loss"]), "reason": "non-finite loss"}
+    return None
+
+
 def run(run_dir: Path) -> None:
     """Run the benchmark of `run_dir` on this rank."""
     import torch.distributed as dist
@@ -174,48 +232,10 @@ def run(run_dir: Path) -> None:
             record.update_run_json(
                 run_dir, worker={**_torch_facts(), "timer": engine.timer, "engine": engine.describe()}
             )
-        bar = None
-        if rank.rank == 0 and cfg.bench.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(
-                total=cfg.bench.steps,
-                desc=f"{cfg.optimizer.name}",
-                unit="step",
-                file=sys.stderr,
-                dynamic_ncols=True,
-                ascii=True,
-                mininterval=0.5,
-            )
-        divergence = None
-        skipped_before = engine.skipped_updates()
-        for i in range(cfg.bench.steps):
-            measured = engine.step()
-            if sampler is not None:
-                measured.extra.update(sampler.step())
-            if skipped_before is not None:  # this step's skipped updates (the optimizers count cumulatively)
-                skipped_now = engine.skipped_updates() or 0
-                measured.extra["skipped_updates"] = skipped_now - skipped_before
-                skipped_before = skipped_now
-            row = reduce_metrics(measured, rank, engine.device, optional)
-            if log is not None:
-                log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
-            if rank.rank == 0 and (sink is not None or bar is not None):
-                scalars = sinks.scalars(row, model_flops_per_step=model_flops, world_size=rank.world_size)
-                if sink is not None:
-                    sink.log(scalars, i)
-                if bar is not None:
-                    tf = scalars.get(metrics.METRICS["model_tflops_per_gpu"].sink)
-                    bar.set_postfix(
-                        loss=f"{row['loss']:.3f}",
-                        step_ms=f"{row['step_s'] * 1e3:.0f}",
-                        tflops=f"{tf:.3g}" if tf is not None else "n/a",
-                        refresh=False,
-                    )
-                    bar.update(1)
-            if not math.isfinite(row["loss"]):  # the same reduced loss on every rank: all stop here
-                divergence = {"step": i, "loss": str(row["loss"]), "reason": "non-finite loss"}
-                break
+        bar = _progress_bar(cfg) if rank.rank == 0 and cfg.bench.progress else None
+        divergence = _steps(
+            cfg, engine, rank, optional, model_flops=model_flops, sampler=sampler, log=log, sink=sink, bar=bar
+        )
         if bar is not None:
             bar.close()
         if log is not None:

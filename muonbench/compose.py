@@ -492,23 +492,8 @@ def _check_model_sizes(m: schema.ModelConfig) -> None:
         _fail("model.qk_pos_emb_head_dim", m.qk_pos_emb_head_dim, "must be even (rotary embeddings rotate pairs)")
 
 
-def validate(root: schema.RootConfig) -> None:
-    """Cross-group rules. Each error names the field, the value and the rule it breaks."""
-    _check_allowed(root)
-    _check_bench(root.bench)
-    if root.optimizer.name not in schema.optimizer_schemas():
-        _fail("optimizer.name", root.optimizer.name, f"must be one of {list(schema.optimizer_schemas())}")
-    _check_finite(root, "")
-    _check_optimizer(root.optimizer)
-    opt = root.optimizer
-    if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":
-        _fail(
-            "optimizer.ns_precision",
-            "fp16",
-            f"only implementation='ours' iterates in fp16 (optimizer.implementation={opt.implementation!r})",
-        )
-    m, p = root.model, root.parallelism
-    _check_model_sizes(m)
+def _check_parallelism(p: schema.ParallelismConfig) -> None:
+    """The layout's own rules: sizes, world size = TP x PP x DP x CP over whole nodes, virtual stages."""
     for name in ("world_size", "tp", "pp", "vp", "cp", "ep", "etp", "mbs", "gbs"):
         if getattr(p, name) < 1:
             _fail(f"parallelism.{name}", getattr(p, name), "must be >= 1")
@@ -526,58 +511,60 @@ def validate(root: schema.RootConfig) -> None:
             p.nodes,
             f"nodes x gpus_per_node must equal world_size: {p.nodes} x {p.gpus_per_node} != {p.world_size}",
         )
-    dp = p.dp
-    if m.num_experts:
-        if m.num_experts % p.ep:
-            _fail("parallelism.ep", p.ep, f"model.num_experts={m.num_experts} must be divisible by EP")
-        if (dp * p.tp * p.cp) % (p.ep * p.etp):
-            _fail(
-                "parallelism.ep",
-                p.ep,
-                f"EP x ETP ({p.ep}x{p.etp}) must divide DP x TP x CP = {dp}x{p.tp}x{p.cp} = {dp * p.tp * p.cp}",
-            )
-        if m.moe_router_topk < 1 or m.moe_router_topk > m.num_experts:
-            _fail("model.moe_router_topk", m.moe_router_topk, f"must be in [1, num_experts={m.num_experts}]")
-    elif p.ep != 1:
-        _fail("parallelism.ep", p.ep, "expert parallelism needs a MoE model (model.num_experts > 0)")
     if p.vp > 1 and p.pp == 1:
         _fail("parallelism.vp", p.vp, "virtual pipeline stages need pp > 1")
-    if p.pipeline_layout:
-        try:
-            chunks = parse_pipeline_layout(p.pipeline_layout)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        if len(chunks) != p.pp * p.vp:
+
+
+def _check_experts(m: schema.ModelConfig, p: schema.ParallelismConfig) -> None:
+    """Expert parallelism against the model's experts."""
+    if not m.num_experts:
+        if p.ep != 1:
+            _fail("parallelism.ep", p.ep, "expert parallelism needs a MoE model (model.num_experts > 0)")
+        return
+    if m.num_experts % p.ep:
+        _fail("parallelism.ep", p.ep, f"model.num_experts={m.num_experts} must be divisible by EP")
+    if (p.dp * p.tp * p.cp) % (p.ep * p.etp):
+        _fail(
+            "parallelism.ep",
+            p.ep,
+            f"EP x ETP ({p.ep}x{p.etp}) must divide DP x TP x CP = {p.dp}x{p.tp}x{p.cp} = {p.dp * p.tp * p.cp}",
+        )
+    if m.moe_router_topk < 1 or m.moe_router_topk > m.num_experts:
+        _fail("model.moe_router_topk", m.moe_router_topk, f"must be in [1, num_experts={m.num_experts}]")
+
+
+def _check_pipeline(m: schema.ModelConfig, p: schema.ParallelismConfig) -> None:
+    """The pipeline stages hold the model's layers: an explicit layout, or an even split."""
+    if not p.pipeline_layout:
+        if m.num_layers % (p.pp * p.vp):
             _fail(
-                "parallelism.pipeline_layout",
-                p.pipeline_layout,
-                f"has {len(chunks)} stages; must have PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp}",
+                "model.num_layers",
+                m.num_layers,
+                f"layers must be divisible by PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp} "
+                "(or give parallelism.pipeline_layout)",
             )
-        held = sum(c.count("t") for c in chunks)
-        if held != m.num_layers:
-            _fail(
-                "parallelism.pipeline_layout",
-                p.pipeline_layout,
-                f"holds {held} decoder layers; model.num_layers={m.num_layers}",
-            )
-    elif m.num_layers % (p.pp * p.vp):
+        return
+    try:
+        chunks = parse_pipeline_layout(p.pipeline_layout)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if len(chunks) != p.pp * p.vp:
         _fail(
-            "model.num_layers",
-            m.num_layers,
-            f"layers must be divisible by PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp} (or give parallelism.pipeline_layout)",
+            "parallelism.pipeline_layout",
+            p.pipeline_layout,
+            f"has {len(chunks)} stages; must have PP x VP = {p.pp}x{p.vp} = {p.pp * p.vp}",
         )
-    if p.gbs % (p.mbs * dp):
+    held = sum(c.count("t") for c in chunks)
+    if held != m.num_layers:
         _fail(
-            "parallelism.gbs",
-            p.gbs,
-            f"global batch must be divisible by MBS x DP = {p.mbs}x{dp} = {p.mbs * dp}",
+            "parallelism.pipeline_layout",
+            p.pipeline_layout,
+            f"holds {held} decoder layers; model.num_layers={m.num_layers}",
         )
-    if m.num_attention_heads % p.tp:
-        _fail(
-            "parallelism.tp",
-            p.tp,
-            f"model.num_attention_heads={m.num_attention_heads} must be divisible by TP",
-        )
+
+
+def _check_attention(m: schema.ModelConfig) -> None:
+    """The head shapes GQA or MLA needs; dense layers within the model."""
     if m.attention == "gqa":
         if m.num_query_groups < 1 or m.num_attention_heads % m.num_query_groups:
             _fail(
@@ -593,7 +580,10 @@ def validate(root: schema.RootConfig) -> None:
                 _fail(f"model.{name}", getattr(m, name), "MLA needs it >= 1")
     if m.num_dense_layers > m.num_layers:
         _fail("model.num_dense_layers", m.num_dense_layers, f"must be <= num_layers={m.num_layers}")
-    engines.validate(root.engine)
+
+
+def _check_probes(root: schema.RootConfig) -> None:
+    """`bench.probes` name existing probes, on an engine that runs them."""
     if root.bench.probes and not engines.spec(root.engine.name).probes:
         _fail(
             "bench.probes",
@@ -605,3 +595,41 @@ def validate(root: schema.RootConfig) -> None:
     for spec in root.bench.probes:
         if spec.partition(":")[0].strip() not in probes:
             _fail("bench.probes", spec, f"no such probe; allowed: {probes}")
+
+
+def validate(root: schema.RootConfig) -> None:
+    """The rules of each group, then the rules that span groups. Each error names the field, the value and the
+    rule it breaks."""
+    _check_allowed(root)
+    _check_bench(root.bench)
+    if root.optimizer.name not in schema.optimizer_schemas():
+        _fail("optimizer.name", root.optimizer.name, f"must be one of {list(schema.optimizer_schemas())}")
+    _check_finite(root, "")
+    _check_optimizer(root.optimizer)
+    opt = root.optimizer
+    if getattr(opt, "ns_precision", "bf16") == "fp16" and opt.implementation != "ours":
+        _fail(
+            "optimizer.ns_precision",
+            "fp16",
+            f"only implementation='ours' iterates in fp16 (optimizer.implementation={opt.implementation!r})",
+        )
+    m, p = root.model, root.parallelism
+    _check_model_sizes(m)
+    _check_parallelism(p)
+    _check_experts(m, p)
+    _check_pipeline(m, p)
+    if p.gbs % (p.mbs * p.dp):
+        _fail(
+            "parallelism.gbs",
+            p.gbs,
+            f"global batch must be divisible by MBS x DP = {p.mbs}x{p.dp} = {p.mbs * p.dp}",
+        )
+    if m.num_attention_heads % p.tp:
+        _fail(
+            "parallelism.tp",
+            p.tp,
+            f"model.num_attention_heads={m.num_attention_heads} must be divisible by TP",
+        )
+    _check_attention(m)
+    engines.validate(root.engine)
+    _check_probes(root)

@@ -181,6 +181,30 @@ class FusedStep:
             self._buckets = (key, out)
         return out
 
+    def _screen(
+        self, params: list[torch.Tensor], every: list[_FusedBucket], grads: dict[int, list[torch.Tensor]]
+    ) -> set[int]:
+        """Ids of `params` with a NaN/Inf gradient (one launch per bucket, one host sync), reported to the
+        optimizer's non-finite policy (which raises under `raise`)."""
+        from optim.kernels import fused_step as fs
+
+        flags = torch.zeros(sum(len(b.params) for b in every), dtype=torch.int32, device=params[0].device)
+        at = 0
+        for b in every:
+            fs.nonfinite(grads[id(b)], checked=True, out=flags[at : at + len(b.params)])
+            at += len(b.params)
+        bad = flags.tolist()  # one host sync
+        ordered = [p for b in every for p in b.params]
+        skipped = {id(p) for p, f in zip(ordered, bad, strict=True) if f}
+        events = []
+        if skipped:
+            names = param_names(self.opt.param_groups)  # only events need names
+            events = [
+                (names[id(p)], self.opt.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
+            ]
+        self.opt._report_nonfinite(events)
+        return skipped
+
     def step(self, params: list[torch.Tensor]) -> None:
         """Step `params` (`params()`; confirmed speculative results used where still valid) with the fused kernels of `optim.kernels.fused_step`, one bucket per (group, shape):
 
@@ -208,7 +232,6 @@ class FusedStep:
         expert stacks) pack, orthogonalize and update on a side stream, beside the large buckets' memory-bound
         packs; the current stream waits for the side stream's packs before the momentum screen and for all of its
         work before the step returns. Results do not depend on the order or the stream."""
-        from optim.kernels import fused_step as fs
 
         spec = self.speculation.take()
         grads_known_finite, self.grads_known_finite = self.grads_known_finite, False
@@ -219,23 +242,7 @@ class FusedStep:
         every = self._buckets_of(params, set())
         # every parameter of the fused path has a gradient (`params`)
         grads: dict[int, list[torch.Tensor]] = {id(b): [p.grad for p in b.params] for b in every}  # type: ignore[misc]
-        skipped: set[int] = set()
-        if not grads_known_finite:
-            flags = torch.zeros(sum(len(b.params) for b in every), dtype=torch.int32, device=params[0].device)
-            at = 0
-            for b in every:
-                fs.nonfinite(grads[id(b)], checked=True, out=flags[at : at + len(b.params)])
-                at += len(b.params)
-            bad = flags.tolist()  # one host sync
-            ordered = [p for b in every for p in b.params]
-            skipped = {id(p) for p, f in zip(ordered, bad, strict=True) if f}
-        events = []
-        if skipped:
-            names = param_names(self.opt.param_groups)  # only events need names
-            events = [
-                (names[id(p)], self.opt.state[p].get("step", 0) + 1, "grad") for p in params if id(p) in skipped
-            ]
-        self.opt._report_nonfinite(events)
+        skipped = set() if grads_known_finite else self._screen(params, every, grads)
         usable = self.speculation.usable(params, skipped, spec)
         done = {id(p) for sp in usable for p in sp.params}
         buckets = (

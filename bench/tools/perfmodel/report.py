@@ -75,6 +75,11 @@ def _row(study: str, x: Any, cfg: RootConfig, profile: str, **extra: Any) -> dic
 
 def sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
     """DP, EP, TP (duplicated / distributed / auto), NS steps and assignment sweeps on GB300."""
+    return [*_layout_sweeps(base), *_optimizer_sweeps(base)]
+
+
+def _layout_sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
+    """The DP, EP and TP sweeps."""
     rows: list[dict[str, Any]] = []
     qa, qm = base["gb300/qwen3_30b_a3b_adamw"], base["gb300/qwen3_30b_a3b_muon"]
     ka, km = base["gb300/kimi_k2_adamw"], base["gb300/kimi_k2_muon"]
@@ -102,6 +107,14 @@ def sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
                 rows.append(
                     _row("tp", tp, _variant(m_cfg, par=par, dist={"tp_mode": mode}), "ours", setup=name)
                 )
+    return rows
+
+
+def _optimizer_sweeps(base: dict[str, RootConfig]) -> list[dict[str, Any]]:
+    """The NS-steps and assignment sweeps, with their AdamW references."""
+    rows: list[dict[str, Any]] = []
+    qa, qm = base["gb300/qwen3_30b_a3b_adamw"], base["gb300/qwen3_30b_a3b_muon"]
+    ka, km = base["gb300/kimi_k2_adamw"], base["gb300/kimi_k2_muon"]
     for k in (3, 4, 5, 6, 8, 10):
         for name, cfg in (("qwen3_30b_a3b", qm), ("kimi_k2", km)):
             for prof in ("published", "ours"):
