@@ -76,7 +76,7 @@ class ModelConfig:
     rotary_base: float = 10000.0
     tie_embeddings: bool = False
     moe_aux_loss_coeff: float = 1e-3
-    # Router and rope details the HF / Megatron builders need, and proxy info.
+    # Router and rope details the HF / Megatron builders need.
     moe_router_score_function: str = "softmax"
     """`softmax` (Qwen3) or `sigmoid` (Kimi K2 / DeepSeek-V3)."""
     moe_router_topk_scaling_factor: float = 1.0
@@ -92,8 +92,6 @@ class ModelConfig:
     """YaRN original context (Kimi K2: 4096); 0 when rope_scaling_factor == 1."""
     mtp_num_layers: int = 0
     """Multi-token-prediction layers (both published models: 0)."""
-    proxy_of: str = ""
-    """For a proxy or slice: the full model whose architecture it keeps (e.g. `qwen3_30b_a3b`); '' for a real model."""
     source: str = ""
     """`hf:<spec>` when the fields were read from a Hugging Face config (`model=hf:<spec>`); '' for conf/model."""
     trust_remote_code: bool = False
@@ -364,8 +362,6 @@ class HardwareConfig:
     """Scale-out bandwidth per GPU (GB/s)."""
     network_latency_us: float = 0.0
     nvlink_latency_us: float = 0.0
-    measured_matmul_tflops: float = 0.0
-    """Measured bf16 GEMM ceiling where we have one (0 = none)."""
     source: str = MISSING
 
 
@@ -495,6 +491,10 @@ def lift_record(config: dict[str, Any]) -> dict[str, Any]:
     par = dict(config.get("parallelism") or {})
     dist = {**{k: opt.pop(k) for k in list(opt) if k in names}, **(par.get("distribution") or {})}
     out = {**config, "optimizer": opt, "parallelism": {**par, "distribution": dist}}
+    for group, cls in SCHEMAS.items():  # fields deleted since (model.proxy_of, hardware.measured_matmul_tflops)
+        if isinstance(out.get(group), dict):
+            own = {f.name for f in fields(cls)}
+            out[group] = {k: v for k, v in out[group].items() if k in own}
     engine = config.get("engine") or {}
     if engine.get("name") in engines.ENGINES:
         own = {f.name for f in fields(engines.ENGINES[engine["name"]].config)}

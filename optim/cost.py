@@ -19,7 +19,10 @@ Imports nothing but the standard library.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from optim.configs import TP_MODES
 
@@ -30,9 +33,13 @@ FORMULAS: dict[str, str] = {
     "gram": "3*s*m^2*n + (4*k - 3*s)*m^3, s = 1 + restarts (k=5, restart after step 2: 6*m^2*n + 14*m^3)",
 }
 
-GEMM_CEILING_FRACTION = 701.0 / 989.0
+GEMM_CEILINGS: dict[str, dict[str, Any]] = json.loads(Path(__file__).with_name("gemm_ceilings.json").read_text())
+"""Measured dense bf16 GEMM ceilings by GPU, with their datasheet peaks and sources (`optim/gemm_ceilings.json`)."""
+GEMM_CEILING_TFLOPS: float = GEMM_CEILINGS["nvidia_h200"]["bf16_tflops"]
+"""Our measured H200 dense bf16 GEMM ceiling (TF/s; docs/references.md#h200-baseline)."""
+GEMM_CEILING_FRACTION = GEMM_CEILING_TFLOPS / GEMM_CEILINGS["nvidia_h200"]["datasheet_bf16_tflops"]
 """Achievable fraction of the dense bf16 datasheet peak: our measured H200 bf16 GEMM ceiling over the datasheet
-peak (docs/references.md#h200-baseline)."""
+peak."""
 HALF_EFF_DIM = 600.0
 """Short side at which one NS call reaches half the GEMM ceiling (fitted to docs/references.md#h200-baseline)."""
 LINK_EFFICIENCY = 0.9

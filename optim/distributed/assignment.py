@@ -57,8 +57,8 @@ class CostModel:
 
     fixed_ms: float = 0.3
     """Per batched NS call (per distinct shape on a rank)."""
-    peak_tflops: float = 701.0
-    """Dense bf16 GEMM ceiling (measured H200, docs/references.md#h200-baseline)."""
+    peak_tflops: float = cost.GEMM_CEILING_TFLOPS
+    """Dense bf16 GEMM ceiling (measured H200, `optim.cost.GEMM_CEILING_TFLOPS`)."""
     half_eff_dim: float = 600.0
     """Short side at which the batched call reaches half of `peak_tflops`."""
     num_ns_steps: int = 5

@@ -83,6 +83,7 @@ from optim.kernels.ns_batched import (
     plain_iterations,
     plain_until_last,
 )
+from optim.kernels.tiles import TILE_NAMES
 
 # Version of what the plan measures, offers and picks; part of every cache key. 5: five rounds before candidates
 # are dropped, and a candidate is dropped on its fastest call, not its median. 4: `pick` prefers QuACK's default
@@ -114,11 +115,6 @@ BUDGET_MS_PER_CANDIDATE = 60.0
 # (docs/ns_kernels_h200.md#plan-min-rounds).
 MIN_ROUNDS = 5
 KEEP_WITHIN = 0.10
-# Names of the Triton tile configs (optim.kernels.sym_triton.TILE_CONFIGS; kept here so no Triton import is needed).
-TILE_NAMES = (
-    "t128", "t128s4", "t128w4", "t64", "tma128", "tma128s5", "tma256", "tma128w4", "tma128k128",
-    "tma128o", "tma128w4o", "tma128wso", "tma128g8", "tma256g4", "ptma128", "ptma256", "ptma128o",
-)  # fmt: skip
 # Product backends of QuACK (`optim.kernels.sym_quack.QuackOps`): symmetric products only, or every product.
 QUACK_BACKENDS = ("quack_sym", "quack_all")
 # A candidate must agree with the cuBLAS path to this relative Frobenius distance (bf16 rounding differences).

@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from optim.kernels._sym_triton_tiles import _epilogue_masked, _lower_tile, _store_tile, _tile_dot, _tile_of
+from optim.kernels.tiles import TILE_SPECS
 
 
 @triton.jit
@@ -200,33 +201,8 @@ class TileConfig:
             )
 
 
-TILE_CONFIGS: dict[str, TileConfig] = {
-    "t128": TileConfig(block=128, block_k=64, num_warps=8, num_stages=3),
-    "t128s4": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4),
-    "t128w4": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4),
-    "t64": TileConfig(block=64, block_k=64, num_warps=4, num_stages=4),
-    "tma128": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True),
-    "tma128s5": TileConfig(block=128, block_k=64, num_warps=8, num_stages=5, tma=True),
-    "tma256": TileConfig(block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True),
-    "tma128w4": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4, tma=True),
-    "tma128k128": TileConfig(block=128, block_k=128, num_warps=8, num_stages=3, tma=True),
-    "tma128o": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True, tma_out=True),
-    "tma128w4o": TileConfig(block=128, block_k=64, num_warps=4, num_stages=4, tma=True, tma_out=True),
-    "tma128wso": TileConfig(
-        block=128, block_k=64, num_warps=8, num_stages=3, tma=True, tma_out=True, warp_specialize=True
-    ),
-    "tma128g8": TileConfig(block=128, block_k=64, num_warps=8, num_stages=4, tma=True, group=8),
-    "tma256g4": TileConfig(block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True, group=4),
-    "ptma128": TileConfig(
-        block=128, block_k=64, num_warps=8, num_stages=4, tma=True, group=8, persistent=True
-    ),
-    "ptma256": TileConfig(
-        block=128, block_n=256, block_k=64, num_warps=8, num_stages=3, tma=True, group=4, persistent=True
-    ),
-    "ptma128o": TileConfig(
-        block=128, block_k=64, num_warps=8, num_stages=4, tma=True, tma_out=True, group=8, persistent=True
-    ),
-}
+TILE_CONFIGS: dict[str, TileConfig] = {name: TileConfig(**fields) for name, fields in TILE_SPECS.items()}
+"""The tile configs of `optim/kernels/sym_tiles.json`, by name (read once: `optim.kernels.tiles`)."""
 # Pointer-kernel config used when a TMA config meets an input the descriptors cannot address.
 _TMA_FALLBACK = "t128"
 

@@ -131,10 +131,10 @@ def test_slice_keeps_per_layer_shapes() -> None:
     """Slices change only the stated fields of the full model."""
     full, sl = load(["model=qwen3_30b_a3b"]).model, load(["model=qwen3_30b_a3b_slice"]).model
     changed = {k for k in schema.ModelConfig.__dataclass_fields__ if getattr(full, k) != getattr(sl, k)}
-    assert changed == {"name", "num_layers", "proxy_of"}
+    assert changed == {"name", "num_layers"}
     full, sl = load(["model=kimi_k2"]).model, load(["model=kimi_k2_slice"]).model
     changed = {k for k in schema.ModelConfig.__dataclass_fields__ if getattr(full, k) != getattr(sl, k)}
-    assert changed == {"name", "num_layers", "num_experts", "moe_router_topk", "proxy_of"}
+    assert changed == {"name", "num_layers", "num_experts", "moe_router_topk"}
     assert (sl.num_layers, sl.num_dense_layers, sl.num_experts) == (16, 1, 384 // 64)
 
 
@@ -145,7 +145,6 @@ def test_hardware_rows_carry_sources() -> None:
         assert hw.source.strip()
         if option != "cpu":
             assert hw.peak_bf16_tflops > 0 and hw.peak_fp8_tflops >= 2 * hw.peak_bf16_tflops * 0.99
-    assert load(["hardware=h200"]).hardware.measured_matmul_tflops == 701.0
 
 
 def test_muon_split_gate_up_option_is_muon_with_the_split() -> None:

@@ -24,10 +24,9 @@ class Sourced:
 # --------------------------------------------------------------------------------------------------------------
 # Our H200 measurements (docs/references.md#h200-baseline)
 # --------------------------------------------------------------------------------------------------------------
-H200_PEAK_BF16_TFLOPS = 989.0  # datasheet dense bf16 (conf/hardware/h200.yaml)
+H200_PEAK_BF16_TFLOPS: float = cost.GEMM_CEILINGS["nvidia_h200"]["datasheet_bf16_tflops"]
 H200_GEMM_CEILING_TFLOPS = Sourced(
-    value=701.0,
-    source="our H200 bf16 GEMM 8192^3, torch 2.11.0+cu130 (docs/references.md#h200-baseline; 714 in a repeat)",
+    value=cost.GEMM_CEILINGS["nvidia_h200"]["bf16_tflops"], source=cost.GEMM_CEILINGS["nvidia_h200"]["source"]
 )
 HBM_EFFICIENCY = Sourced(
     value=0.72,
@@ -146,7 +145,8 @@ class HardwareEfficiency:
 
 _H200_BF16 = Sourced(
     value=H200_GEMM_CEILING_TFLOPS.value / H200_PEAK_BF16_TFLOPS,
-    source="our H200 GEMM ceiling 701 / 989 TF/s datasheet (docs/references.md#h200-baseline)",
+    source=f"our H200 GEMM ceiling {H200_GEMM_CEILING_TFLOPS.value:g} / {H200_PEAK_BF16_TFLOPS:g} TF/s datasheet "
+    "(docs/references.md#h200-baseline)",
 )
 _X86_HOST = Sourced(
     value=0.755,
@@ -159,7 +159,10 @@ _GRACE_HOST = Sourced(
     source="no GB300 (Grace) host measurement: the lowest EO NS call we measured anywhere (isolated call on the "
     "H200 host, NS_CALL_HOST_MS); Table 1's Qwen3 Muon row needs <= ~0.21 ms per matrix on that node",
 )
-_GEMM_FRACTION_ASSUMED = "no measurement on this GPU: our H200 bf16 GEMM ceiling fraction 701/989 assumed"
+_GEMM_FRACTION_ASSUMED = (
+    f"no measurement on this GPU: our H200 bf16 GEMM ceiling fraction "
+    f"{H200_GEMM_CEILING_TFLOPS.value:g}/{H200_PEAK_BF16_TFLOPS:g} assumed"
+)
 
 # The GB300 row's one fitted value is `hbm`: the bandwidth that the training step's memory-bound kernels achieve.
 # Both published GB300 runs spend more time in them than in GEMMs (Qwen3-30B-A3B's small hidden and expert widths

@@ -239,8 +239,10 @@ def render(
             f"kernels, `constants.GB300_HBM_FIT` = {C.GB300_HBM_FIT} (minimax fit over the four rows gives "
             f"{fit:.4f}, worst |error| {100 * worst:.2f}%). Every other constant is a datasheet value, our H200 "
             "measurement or a cited public number (list below). GEMM rates keep our measured H200 ceiling "
-            "fraction (701/989 = 0.709) for bf16 and MXFP8 alike. The H200 row has its own one fitted value (same "
-            "kind, for the TE-free single-GPU engine; see Single-H200 checks); B200 and H100 borrow these fits."
+            f"fraction ({C.H200_GEMM_CEILING_TFLOPS.value:g}/{C.H200_PEAK_BF16_TFLOPS:g} = "
+            f"{C.H200_GEMM_CEILING_TFLOPS.value / C.H200_PEAK_BF16_TFLOPS:.3f}) for bf16 and MXFP8 alike. The H200 "
+            "row has its own one fitted value (same kind, for the TE-free single-GPU engine; see Single-H200 "
+            "checks); B200 and H100 borrow these fits."
         ),
         "",
         *_uncertainty(errors, sensitivity),
@@ -389,14 +391,16 @@ def render(
                 for r in layer_steps
             ],
         )
+        ceiling = C.H200_GEMM_CEILING_TFLOPS.value
         lines += [
             "",
             (
                 "Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO loop "
                 "(Qwen3 layer: 260 small matrices) is dominated by the host: the same code measured 0.49 and 0.755 "
                 "ms per matrix in two H200 measurements (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
-                "over-predicted by ~17%: the H200 row's GEMM ceiling is 701 TF/s (H200 measurements) while the kernel run "
-                "measured 782 TF/s, and its times are scaled by 782/701 = 1.12 before use."
+                f"over-predicted by ~17%: the H200 row's GEMM ceiling is {ceiling:g} TF/s (H200 measurements) while the "
+                f"kernel run measured 782 TF/s, and its times are scaled by 782/{ceiling:g} = {782 / ceiling:.2f} before "
+                "use."
             ),
         ]
     else:
