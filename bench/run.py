@@ -37,7 +37,7 @@ import muonbench
 from bench import launch, sweep
 from bench.results import record
 from bench.results.record import Status
-from muonbench import compose, schema
+from muonbench import compose
 from muonbench.cli_help import command
 
 HYDRA_DEFAULTS = {
@@ -328,7 +328,7 @@ def main() -> None:
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
         sys.argv = [sys.argv[0], *flags_first(with_hydra_defaults(rest))]
-        schema.register_configs()
+        compose.register_configs()
         hydra.main(config_path=str(compose.config_dir()), config_name="config", version_base="1.3")(execute)()
         return
     resume = [a.split("=", 1)[1] for a in argv if a.startswith(sweep.RESUME_KEY + "=")]
@@ -353,7 +353,7 @@ def main() -> None:
             print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [sys.argv[0], *with_hydra_defaults(overrides)]
-    schema.register_configs()
+    compose.register_configs()
     task = hydra.main(config_path=str(compose.config_dir()), config_name="config", version_base="1.3")(execute)
     out_dir = Path(muonbench.load(list(sweep.job_key(jobs[0]))).bench.out_dir).resolve()
     try:

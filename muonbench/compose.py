@@ -65,6 +65,21 @@ LOGGER_EXTRAS: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb",
 _fail = fail
 
 
+def register_configs() -> None:
+    """Register every schema in Hydra's ConfigStore as `<group>/base_<group>` (optimizers and engines:
+    `base_<name>`, from their registries)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=schema.RootConfig)
+    for group, cls in schema.SCHEMAS.items():
+        cs.store(group=group, name=f"base_{group}", node=cls)
+    for name, cls in schema.optimizer_schemas().items():
+        cs.store(group="optimizer", name=f"base_{name}", node=cls)
+    for name, entry in engines.ENGINES.items():
+        cs.store(group="engine", name=f"base_{name}", node=entry.config)
+
+
 def load(
     overrides: list[str] | None = None, *, config_name: str = "config", validate_: bool = True
 ) -> schema.RootConfig:
@@ -73,7 +88,7 @@ def load(
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import ConfigCompositionException, MissingConfigException
 
-    schema.register_configs()
+    register_configs()
     overrides = expand_hf(take_config_dirs(list(overrides or [])))
     if GlobalHydra.instance().is_initialized():
         GlobalHydra.instance().clear()
@@ -354,7 +369,8 @@ def config_from_dict(d: dict[str, Any]) -> schema.RootConfig:
     if opt.get("name") not in schema.optimizer_schemas():
         raise ValueError(f"optimizer.name={opt.get('name')!r}: allowed {sorted(schema.optimizer_schemas())}")
     parts["optimizer"] = schema.optimizer_schemas()[opt["name"]](**opt)
-    parts["engine"] = engines.spec(d["engine"]["name"]).config(**d["engine"])
+    engine = engines.spec(d["engine"]["name"]).config  # records of the flat engine config held every engine's
+    parts["engine"] = engine(**{f.name: d["engine"][f.name] for f in fields(engine) if f.name in d["engine"]})
     parts["bench"] = schema.BenchConfig(**d.get("bench", {}))
     return schema.RootConfig(**parts, experiment_name=d.get("experiment_name", ""))
 

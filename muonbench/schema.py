@@ -15,7 +15,6 @@ from typing import Any, ClassVar, Literal, Optional, Union, get_args, get_origin
 
 from omegaconf import MISSING
 
-from muonbench import engines
 from optim import registry
 from optim.configs import AdamWConfig, RoutingConfig
 
@@ -484,8 +483,8 @@ RENAMED_OPTIMIZER_FIELDS = {
 def lift_record(config: dict[str, Any]) -> dict[str, Any]:
     """A resolved config dict (run.json) in today's field names (a copy; `config` is not changed): records written
     while the optimizer schema held the distribution fields have them moved to `parallelism.distribution`, and
-    renamed optimizer fields take their new names, and the engine keeps its own config's fields (records of the
-    one flat engine config held every engine's)."""
+    renamed optimizer fields take their new names, and fields deleted since are dropped (the engine's:
+    `compose.config_from_dict`)."""
     names = {f.name for f in fields(DistributionConfig)}
     opt = {RENAMED_OPTIMIZER_FIELDS.get(k, k): v for k, v in (config.get("optimizer") or {}).items()}
     par = dict(config.get("parallelism") or {})
@@ -495,23 +494,4 @@ def lift_record(config: dict[str, Any]) -> dict[str, Any]:
         if isinstance(out.get(group), dict):
             own = {f.name for f in fields(cls)}
             out[group] = {k: v for k, v in out[group].items() if k in own}
-    engine = config.get("engine") or {}
-    if engine.get("name") in engines.ENGINES:
-        own = {f.name for f in fields(engines.ENGINES[engine["name"]].config)}
-        out["engine"] = {k: v for k, v in engine.items() if k in own}
     return out
-
-
-def register_configs() -> None:
-    """Register every schema in Hydra's ConfigStore as `<group>/base_<group>` (optimizers and engines:
-    `base_<name>`)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="base_config", node=RootConfig)
-    for group, schema in SCHEMAS.items():
-        cs.store(group=group, name=f"base_{group}", node=schema)
-    for name, schema in optimizer_schemas().items():
-        cs.store(group="optimizer", name=f"base_{name}", node=schema)
-    for name, entry in engines.ENGINES.items():
-        cs.store(group="engine", name=f"base_{name}", node=entry.config)
