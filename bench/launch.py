@@ -32,6 +32,7 @@ from bench.results.record import STDERR_TAIL_CHARS
 from muonbench import engines
 from muonbench.compose import config_from_dict
 from muonbench.schema import RootConfig
+from optim import registry
 
 WORKER_MODULE = "bench.worker"
 
@@ -310,7 +311,7 @@ PREWARM_BENCH: dict[str, Any] = {
 
 def runs_our_kernels(cfg: RootConfig) -> bool:
     """Our implementation of a matrix optimizer (Triton kernels, NS plan), not AdamW or Megatron's built-in."""
-    return cfg.optimizer.name != "adamw" and getattr(cfg.optimizer, "implementation", "ours") == "ours"
+    return registry.spec(cfg.optimizer.name).matrix and cfg.optimizer.implementation == "ours"
 
 
 def needs_prewarm(cfg: RootConfig) -> bool:

@@ -31,6 +31,7 @@ from typing import Any
 from bench import flops
 from muonbench import engines
 from muonbench.schema import RootConfig
+from optim import registry
 
 GiB = 2**30
 FIT = Path(__file__).resolve().parent / "tools" / "perfmodel" / "data" / "memory_fit.json"
@@ -70,7 +71,7 @@ def estimate(cfg: RootConfig) -> dict[str, float]:
     dense, expert = param_counts(cfg)
     local = dense / (p.tp * p.pp) + expert / (p.ep * p.etp * p.pp)
     weight_bytes = engines.spec(cfg.engine.name).param_bytes
-    state_bytes = 8 if cfg.optimizer.name == "adamw" else 4
+    state_bytes = 4 if registry.spec(cfg.optimizer.name).matrix else 8
     parts = {
         "weights": local * weight_bytes,
         "gradients": local * weight_bytes,

@@ -21,6 +21,7 @@ from bench import probes
 from bench.engines.base import Engine, RankInfo, StepMetrics, count_skipped_updates
 from bench.timing import PhaseTimer, phase_range
 from muonbench.schema import RootConfig
+from optim import registry
 
 
 def _init_distributed(rank: RankInfo, backend: str) -> bool:
@@ -357,7 +358,7 @@ def ddp_config(cfg: RootConfig) -> Any:
 
 def _ours_layerwise(cfg: RootConfig) -> bool:
     return (
-        cfg.optimizer.name != "adamw"
+        registry.spec(cfg.optimizer.name).matrix
         and cfg.optimizer.implementation == "ours"
         and (cfg.parallelism.distribution.distributed == "layerwise")
     )

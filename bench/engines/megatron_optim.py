@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.timing import ns_flops_plain
 from muonbench.schema import RootConfig, layerwise_fields, optim_configs
+from optim import registry
 
 DISTRIBUTED_OPTIMIZER_NOTE = (
     "adamw: Megatron DistributedOptimizer (reduce-scatter grads, all-gather params); matrix optimizers: gradients "
@@ -49,7 +50,7 @@ class BuiltOptimizer:
 def implementation(cfg: RootConfig) -> str:
     """adamw | ours | megatron, validated against what the engine can build."""
     opt = cfg.optimizer
-    if opt.name == "adamw":
+    if not registry.spec(opt.name).matrix:
         return "adamw"
     if opt.implementation not in ("ours", "megatron"):
         raise ValueError(
