@@ -478,6 +478,46 @@ def _left_out(dest: Path) -> list[str]:
     return [str(m) for m in (prov.get("skipped_records") or [])] if isinstance(prov, dict) else []
 
 
+def _pooled_parts(rows: list[dict[str, Any]]) -> list[str]:
+    """The report's pooled ratios: per measurement batch, and across batches of one configuration."""
+    parts: list[str] = []
+    pooled = pooled_call_ratios(rows)
+    if pooled:
+        parts += [
+            (
+                "Pooled per measurement batch (same clean commit; mean model TFLOP/s of a configuration's runs over the "
+                "mean of the call's AdamW runs):"
+            ),
+            "\n".join(
+                f"- {x['git_sha']}: **{x['optimizer']}: {fmt(x['model_only_ratio'], '.3f')}** x AdamW "
+                f"({x['runs']} run(s) vs {x['baseline_runs']} AdamW: {x['baseline']})"
+                for x in pooled
+            ),
+        ]
+    across = pooled_across_calls(rows)
+    if across:
+        parts += [
+            (
+                "Pooled across measurement batches (one configuration hash, clean commits; each run's model-only ratio "
+                "against the mean of its own call's AdamW runs; mean, standard deviation, standard error):"
+            ),
+            "\n".join(
+                f"- {x['optimizer']} (config {x['config_hash']}): **{fmt(x['mean'], '.4f')}** x AdamW, sd "
+                f"{fmt(x['sd'], '.4f')}, s.e. {fmt(x['se'], '.4f')} ({record.count(len(x['runs']), 'run')} in {len(x['calls'])} "
+                f"calls {', '.join(x['calls'])}: {', '.join(x['runs'])})"
+                + (
+                    f"; against the AdamW runs of the same call on the same GPU ({x['same_gpu_runs']} of the runs "
+                    f"have some): **{fmt(x['same_gpu_mean'], '.4f')}**, sd {fmt(x['same_gpu_sd'], '.4f')}, s.e. "
+                    f"{fmt(x['same_gpu_se'], '.4f')}"
+                    if "same_gpu_mean" in x
+                    else ""
+                )
+                for x in across
+            ),
+        ]
+    return parts
+
+
 def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     """Write report.md and the plots into `dest`; returns the markdown."""
     import matplotlib
@@ -547,40 +587,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
             ),
             "\n".join(lines),
         ]
-    pooled = pooled_call_ratios(rows)
-    if pooled:
-        parts += [
-            (
-                "Pooled per measurement batch (same clean commit; mean model TFLOP/s of a configuration's runs over the "
-                "mean of the call's AdamW runs):"
-            ),
-            "\n".join(
-                f"- {x['git_sha']}: **{x['optimizer']}: {fmt(x['model_only_ratio'], '.3f')}** x AdamW "
-                f"({x['runs']} run(s) vs {x['baseline_runs']} AdamW: {x['baseline']})"
-                for x in pooled
-            ),
-        ]
-    across = pooled_across_calls(rows)
-    if across:
-        parts += [
-            (
-                "Pooled across measurement batches (one configuration hash, clean commits; each run's model-only ratio "
-                "against the mean of its own call's AdamW runs; mean, standard deviation, standard error):"
-            ),
-            "\n".join(
-                f"- {x['optimizer']} (config {x['config_hash']}): **{fmt(x['mean'], '.4f')}** x AdamW, sd "
-                f"{fmt(x['sd'], '.4f')}, s.e. {fmt(x['se'], '.4f')} ({record.count(len(x['runs']), 'run')} in {len(x['calls'])} "
-                f"calls {', '.join(x['calls'])}: {', '.join(x['runs'])})"
-                + (
-                    f"; against the AdamW runs of the same call on the same GPU ({x['same_gpu_runs']} of the runs "
-                    f"have some): **{fmt(x['same_gpu_mean'], '.4f')}**, sd {fmt(x['same_gpu_sd'], '.4f')}, s.e. "
-                    f"{fmt(x['same_gpu_se'], '.4f')}"
-                    if "same_gpu_mean" in x
-                    else ""
-                )
-                for x in across
-            ),
-        ]
+    parts += _pooled_parts(rows)
     parts += [
         "## Optimizer step breakdown",
         breakdown(rows),
