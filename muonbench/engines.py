@@ -255,7 +255,11 @@ class EngineSpec:
 
 ENGINES: dict[str, EngineSpec] = {
     "hf": EngineSpec(
-        config=HFEngineConfig, engine="bench.engines.hf:HFEngine", check=_check_hf, param_bytes=4
+        config=HFEngineConfig,
+        engine="bench.engines.hf:HFEngine",
+        check=_check_hf,
+        data=("mock", "text"),
+        param_bytes=4,
     ),
     "megatron": EngineSpec(
         config=MegatronEngineConfig,
