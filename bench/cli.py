@@ -19,6 +19,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bench import entry as entry_point
 from muonbench import cli_help
 
 
@@ -100,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     run = entry(name)
     sys.argv = [f"muonbench {name}", *args[1:]]  # every entry point reads its arguments from sys.argv (Hydra's too)
     cli_help.COMMANDS.update({sub.module: f"muonbench {n}" for n, sub in SUBCOMMANDS.items() if sub.function == "main"})
-    from bench import entry as entry_point
-
     try:
         return entry_point.run(run)  # the one-line errors of `python -m <module>`
     finally:

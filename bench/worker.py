@@ -19,6 +19,7 @@ from typing import Any
 
 from bench import flops, metrics, probes, sinks, telemetry
 from bench.engines import RankInfo, StepMetrics, engine_class
+from bench.entry import quiet_dependencies
 from bench.results import record
 from muonbench.compose import config_from_dict
 
@@ -273,8 +274,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if len(args) != 1:
         raise SystemExit("usage: torchrun --nproc_per_node=N -m bench.worker <run_dir>")
-    from bench.entry import quiet_dependencies
-
     quiet_dependencies()
     t0 = time.perf_counter()
     run(Path(args[0]))

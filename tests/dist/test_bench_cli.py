@@ -35,10 +35,10 @@ def _cli(module: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]
     )
 
 
-def test_failing_rank_leaves_an_error_record(tmp_path):
-    """A worker exception (missing data file) under torchrun: status error with the exception and stderr tail.
-
-    One rank keeps it cheap; the 2-rank path is checked on `make bench`'s run (test_readme_commands)."""
+def test_a_missing_data_file_is_refused_before_launch(tmp_path):
+    """A missing data file used to fail inside the worker; it is now one line before anything launches, naming the
+    field, and no record is written. A worker-side failure is recorded `error` in
+    test_disk_full_mid_run_is_recorded_error_naming_enospc (and a killed rank in tests/dist/test_rank_killed.py)."""
     out = tmp_path / "runs"
     res = _cli(
         "bench.run",
@@ -49,11 +49,11 @@ def test_failing_rank_leaves_an_error_record(tmp_path):
         f"bench.out_dir={out}",
         cwd=tmp_path,
     )
-    assert res.returncode == 1
-    (path,) = out.rglob("run.json")
-    rec = json.loads(path.read_text())
-    assert rec["status"] == "error" and rec["error"]["type"] == "FileNotFoundError"
-    assert rec["error"]["stderr_tail"] and rec["error"]["returncode"] != 0 and rec["end_time"]
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "error: bench.data='text:/nonexistent/corpus.txt': no such file: /nonexistent/corpus.txt"
+    ]
+    assert not list(out.rglob("run.json"))
 
 
 def test_sigterm_closes_the_record_as_interrupted_and_resume_reruns_it(tmp_path):

@@ -30,6 +30,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make test": (NOT_A_RUN, "the test suite that runs this test"),
     "make bench": (CPU_RUN, ""),
     "make bench-hf CONFIG=tests/unit/fixtures/hf_configs/llama3_8b/config.json": (CPU_RUN, ""),
+    "make compare ARGS=\"experiment=h200/qwen3_moe_short_megatron_1gpu\"": (
+        GPU_OR_CLUSTER,
+        "the megatron engine on one GPU, runs until +-0.5% (about 10 minutes); tests/unit/test_compare.py runs the "
+        "same command A/A on 2 gloo ranks",
+    ),
     "make help": (CPU_RUN, ""),
     "source .venv/bin/activate": (SETUP, "puts the suite's Python on PATH for the python -m commands after it"),
     "python -m bench.run optimizer=muon optimizer.num_ns_steps=6 optimizer.coefficient_type=polar_express": (

@@ -87,7 +87,7 @@ def test_ns_kernels_arguments_are_one_line(arg: str, match: str, capsys: pytest.
 
 def test_model_help_names_its_required_argument(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["model", "--help"]) == 0
-    assert capsys.readouterr().out.startswith("usage: python -m bench.tools.model hf:<config.json, folder or Hub id>")
+    assert capsys.readouterr().out.startswith("usage: muonbench model hf:<config.json, folder or Hub id>")
 
 
 def test_entry_points_silence_the_pynvml_deprecation() -> None:

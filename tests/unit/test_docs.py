@@ -238,8 +238,8 @@ def layout_mismatches(readme: str, root: Path) -> list[str]:
 
 
 def test_readme_layout_matches_the_tree():
-    """Every folder, file and module the README's layout section names exists."""
-    assert layout_mismatches((REPO / "README.md").read_text(), REPO) == []
+    """Every folder, file and module the layout page (docs/layout.md) names exists."""
+    assert layout_mismatches((REPO / "docs" / "layout.md").read_text(), REPO) == []
 
 
 def test_layout_check_sees_a_missing_name(tmp_path: Path):

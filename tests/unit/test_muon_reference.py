@@ -4,7 +4,9 @@ recomposed into the reference step plus fused / TP parts (tests/unit/data/muon_r
 Covers the multi-tensor step (two groups, tall and wide matrices, a split fused matrix, a 3-D expert stack, a bf16
 parameter, Nesterov, a NaN gradient skipped), the fused step's torch reference on CPU, single-process TP shards in
 every mode, and MOP (SVD and Polar Express). The saved values were bitwise equal to the recomposed step's on the
-machine that saved them; the tolerance only admits another CPU's BLAS rounding. Regenerate (only for an intended
+machine that saved them; the tolerance admits another CPU's BLAS rounding, which five Newton-Schulz iterations
+amplify (up to 3e-5 relative seen between two x86 CPUs), and nothing larger: a changed scale, coefficient or skip rule
+moves the weights by 1e-3 or more. Regenerate (only for an intended
 change of the math): `python -m tests.unit.test_muon_reference --write`.
 """
 
@@ -109,7 +111,7 @@ def test_steps_equal_the_saved_reference(name: str, monkeypatch: pytest.MonkeyPa
     got = _fused_case(monkeypatch) if name == "muon_fused" else CASES[name]()
     for i, (g, s) in enumerate(zip(got, saved, strict=True)):
         torch.testing.assert_close(
-            torch.tensor(g), torch.tensor(s), rtol=1e-6, atol=1e-7, msg=lambda m, i=i: f"{i}: {m}"
+            torch.tensor(g), torch.tensor(s), rtol=1e-4, atol=1e-5, msg=lambda m, i=i: f"{i}: {m}"
         )
 
 

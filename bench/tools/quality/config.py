@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.tools.quality.tuning import DIMS
 from optim.configs import NS_PRECISIONS, POLAR_METHODS
+
+DIMS = ("lr", "adamw_lr", "warmup_frac", "weight_decay", "beta2")
+"""Every tunable dimension, in the order a trial id names them."""
 
 OPTIMIZERS = ("adamw", "muon", "muon_split_gate_up", "mop", "soap_rekls")
 """`optimizer=` names of conf/optimizer/ the bench sweeps."""

@@ -21,13 +21,10 @@ each optimizer cost is read, never assumed. Pure Python: the planner runs where 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.tools.quality.config import QualityConfig
+from bench.tools.quality.config import DIMS, QualityConfig, base_optimizer
 
-DIMS = ("lr", "adamw_lr", "warmup_frac", "weight_decay", "beta2")
-"""Every tunable dimension, in the order a trial id names them."""
 LR_DIMS = ("lr", "adamw_lr")
 """Dimensions extended past a grid edge (log-spaced learning rates)."""
 ADAMW_DIMS = ("lr", "warmup_frac", "weight_decay", "beta2")
@@ -58,7 +55,6 @@ def _round(x: float) -> float:
 
 
 def is_adamw(name: str) -> bool:
-    from bench.tools.quality.config import base_optimizer
 
     return base_optimizer(name) == "adamw"
 
