@@ -61,7 +61,11 @@ METRICS: dict[str, StepMetric] = {
                                  always=True, sink="mem-max-allocated-bytes", regress=True),
     "ns_flops": StepMetric(doc="FLOPs of the Newton-Schulz calls a rank executed (plain convention).",
                            origin="field", always=True),
-    "cpu_s": StepMetric(doc="CPU time of the step (s, hf engine).", always=True, summary="median"),
+    "cpu_s": StepMetric(
+        doc="CPU time of the step (s; hf engine: the process; bridge: the thread running its loop).",
+        always=True,
+        summary="median",
+    ),
     "adamw_s": StepMetric(doc="The AdamW side of the optimizer step (s).", always=True, summary="median"),
     "clip_s": StepMetric(doc="Gradient clipping (s).", always=True, summary="median"),
     "grad_norm": StepMetric(doc="Global gradient norm before clipping.", always=True),

@@ -94,6 +94,7 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
     class StepChannel(Callback):
         def __init__(self) -> None:
             self.t0 = 0.0
+            self.cpu0 = 0.0
             self.opt_s = 0.0
             self.timer = PhaseTimer(cuda=True)
             self.bridge_flops = 0.0
@@ -134,10 +135,12 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
             self.opt_s = 0.0
             self.timer.reset()
             self.t0 = time.perf_counter()
+            self.cpu0 = time.thread_time()  # host time of the thread that runs Bridge's loop and launches its kernels
 
         def on_train_step_end(self, context: Any) -> None:
             torch.cuda.synchronize(device)
             step_s = time.perf_counter() - self.t0
+            cpu_s = time.thread_time() - self.cpu0
             phases = self.timer.collect()
             losses = context.loss_dict or {}
             loss = losses.get("lm loss")
@@ -146,6 +149,7 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
                     "step",
                     {
                         "step_s": step_s,
+                        "cpu_s": cpu_s,
                         "optim_s": self.opt_s,
                         "ns_s": phases.get("ns"),
                         "ns_flops": float(self.timer.counters.get("ns_flops", 0.0)),
@@ -250,6 +254,7 @@ class BridgeEngine(Engine):
                 for k, v in (
                     ("grad_norm", row["grad_norm"]),
                     ("skipped", row["skipped"]),
+                    ("cpu_s", row.get("cpu_s")),
                     ("alloc_retries", _alloc_retries()),
                     (
                         "bridge_tflops_per_gpu",

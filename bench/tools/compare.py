@@ -273,6 +273,8 @@ def analyze(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
                 "fwd_bwd_s_median": float(np.median([s["fwd_bwd_s"] for s in r["steady"]])),
                 "throttled_steps": sum(1 for s in r["steady"] if intervals.throttled(s.get("throttle_reasons"))),
                 "sm_mhz_median": _median([r], "sm_mhz"),
+                "power_w_median": _median([r], "power_w"),
+                "cpu_s_median": _median([r], "cpu_s"),
                 "alloc_retries": r["steps"][-1].get("alloc_retries"),
             }
             for r in runs
