@@ -353,6 +353,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     except ValueError as exc:  # the config's own errors (muonbench.ConfigError and kin): one line naming the field
         raise CompareError(str(exc)) from exc
     out = args.out or Path(fresh["out_dir"]) / "compare" / f"{fresh['workload']}_{args.baseline}_vs_{args.variant}"
+    if args.analyze and not _state_path(out).exists():
+        raise CompareError(f"--analyze: {out} holds no comparison (no compare.json)")
     state = open_state(out, fresh)
     t_start = time.time()
     budget_s = args.budget_min * 60

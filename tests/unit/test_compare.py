@@ -98,6 +98,7 @@ def test_verdicts_follow_the_interval() -> None:
         (["--min-pairs", "1"], "--min-pairs"),
         (["--bogus"], "--bogus"),
         (["model.num_layers"], "key=value"),
+        (["--analyze"], "--analyze"),
     ],
 )
 def test_bad_input_is_one_line_and_launches_nothing(argv, names, tmp_path, capsys) -> None:
