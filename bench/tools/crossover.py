@@ -121,7 +121,7 @@ def summarize(runs: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
         out[f"{baseline}_fwd_bwd_s_median"] + out[f"{variant}_optim_s_median"]
     )
     out["no_interval"] = {
-        "optimizer_step_only_ratio": "an estimate from the medians (the baseline's forward-backward plus each optimizer step)"
+        "optimizer_step_only_ratio": "an estimate from medians, the baseline's forward-backward plus each optimizer step"
     }
     return out
 

@@ -90,7 +90,7 @@ def bridge_h200(report: Path) -> dict[str, Any]:
         "adamw_optim_s_range": _range(adamw.optim_s_median),
         "builtin_over_ours_optim_ratio": float(builtin.optim_s_median.median() / ours.optim_s_median.median()),
         "no_interval": {
-            "builtin_over_ours_optim_ratio": "one run each, medians of 3 steady steps (batch 1)",
+            "builtin_over_ours_optim_ratio": "one run each, medians of 3 steady steps, batch 1",
         },
         "runs_used": list(ours.run_id) + list(builtin.run_id) + list(adamw.run_id),
         "whole_step": [],
@@ -111,7 +111,7 @@ def bridge_h200(report: Path) -> dict[str, Any]:
         "engine_tflops_range": _range(eng.model_tflops_per_gpu),
         "bridge_tflops_range": _range(br.model_tflops_per_gpu),
         "no_interval": {
-            "ratio": (f"2 runs each in order E B E B (not a crossover); single runs {eng.model_tflops_per_gpu.min():.1f}-"
+            "ratio": (f"2 runs each in order E B E B, not a crossover; single runs {eng.model_tflops_per_gpu.min():.1f}-"
                       f"{eng.model_tflops_per_gpu.max():.1f} (engine) and {br.model_tflops_per_gpu.min():.1f}-"
                       f"{br.model_tflops_per_gpu.max():.1f} (Bridge) model TF/s")
         },
