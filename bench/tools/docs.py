@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-QUOTE = re.compile(r"<!-- gen (?P<report>[\w.-]+):(?P<key>\S+) (?P<fmt>\S+) -->(?P<text>.*?)<!-- /gen -->", re.S)
+QUOTE = re.compile(r"<!-- gen (?P<report>[\w.-]+):(?P<key>\S+) (?P<fmt>\S+) -->(?P<text>.*?)<!-- /gen -->", re.DOTALL)
 
 
 def doc_files(repo: Path = REPO) -> list[Path]:
