@@ -131,6 +131,8 @@ def render(summary: Any, key: str, fmt: str) -> str:
         leaf, parent = key.rsplit(".", 1)[-1], chain[-1]
         ci = interval_of(parent, leaf)
         head = f"{value:.{nd}f}"
+        if ci is not None and not all(x == x for x in ci):  # nan: the tool had fewer than two runs per arm
+            return f"{head} (no interval: fewer than two runs per arm; {protocol(chain)})"
         if ci is not None:
             return f"{head} (95% interval {ci[0]:.{nd}f}-{ci[1]:.{nd}f}; {protocol(chain)})"
         spread = no_interval_of(parent, leaf)
