@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -131,7 +132,7 @@ def render(summary: Any, key: str, fmt: str) -> str:
         leaf, parent = key.rsplit(".", 1)[-1], chain[-1]
         ci = interval_of(parent, leaf)
         head = f"{value:.{nd}f}"
-        if ci is not None and not all(x == x for x in ci):  # nan: the tool had fewer than two runs per arm
+        if ci is not None and not all(math.isfinite(x) for x in ci):  # nan: the tool had fewer than two runs per arm
             return f"{head} (no interval: fewer than two runs per arm; {protocol(chain)})"
         if ci is not None:
             return f"{head} (95% interval {ci[0]:.{nd}f}-{ci[1]:.{nd}f}; {protocol(chain)})"
