@@ -17,7 +17,7 @@ UV_VERSION := $(shell sed -n 's/^ *"uv==\(.*\)",*$$/\1/p' pyproject.toml)
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench compare bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench compare bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu docs lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -149,6 +149,9 @@ $(DEV_STAMP): $(STAMP)
 	touch $(DEV_STAMP)
 
 LINT_PATHS := optim muonbench bench recipes experiments tests
+docs: $(STAMP) ## Rewrite the numbers README.md and docs/ quote from the reports' summary.json files
+	$(PY) -m bench.tools.docs
+
 lint: $(STAMP) ## ruff lint (make test runs it first)
 	$(PY) -m ruff check $(LINT_PATHS)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -299,8 +300,26 @@ def git_info(repo: str | Path | None = None) -> dict[str, Any]:
     return {"sha": sha, "dirty": None if status is None else bool(status)}
 
 
+def host_identity() -> dict[str, str | None]:
+    """Which machine ran, beyond its hostname: a hash of /etc/machine-id (stable across boots, not the id itself) and
+    the boot id (one per boot), so that "same host" claims are checkable from the records."""
+
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text().strip() or None
+        except OSError:
+            return None
+
+    mid = read("/etc/machine-id")
+    return {
+        "machine_id_sha256": hashlib.sha256(mid.encode()).hexdigest()[:16] if mid else None,
+        "boot_id": read("/proc/sys/kernel/random/boot_id"),
+    }
+
+
 def hardware_info() -> dict[str, Any]:
-    """CPU model and count; GPU name, count and driver from `nvidia-smi` when present (torch is not imported)."""
+    """CPU model and count; GPU name, count, driver, UUIDs and serials from `nvidia-smi` when present (torch is not
+    imported); the host's identity (`host_identity`)."""
     cpu_model = platform.processor() or None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -317,12 +336,15 @@ def hardware_info() -> dict[str, Any]:
         "gpu_count": 0,
         "driver": None,
         "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "gpu_uuids": [],
+        "gpu_serials": [],
+        **host_identity(),
     }
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
             res = subprocess.run(
-                [smi, "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                [smi, "--query-gpu=name,driver_version,uuid,serial", "--format=csv,noheader"],
                 capture_output=True,
                 text=True,
                 timeout=20,
@@ -330,7 +352,9 @@ def hardware_info() -> dict[str, Any]:
             )
             rows = [r.split(", ") for r in res.stdout.strip().splitlines() if r.strip()]
             if res.returncode == 0 and rows:
-                info.update(gpu_name=rows[0][0], gpu_count=len(rows), driver=rows[0][-1])
+                info.update(gpu_name=rows[0][0], gpu_count=len(rows), driver=rows[0][1],
+                            gpu_uuids=[r[2] for r in rows if len(r) > 2],
+                            gpu_serials=[r[3] for r in rows if len(r) > 3 and r[3] not in ("[N/A]", "N/A")])
         except (OSError, subprocess.TimeoutExpired):
             pass
     return info

@@ -195,12 +195,14 @@ def plans_in_use() -> dict[str, dict[str, object]]:
     """Plan key -> {method, times_ms, rejected, plan_s, ...} of every NS problem this process has planned (the entries
     its dispatches run, with every candidate's measured time, the seconds planning it took the process that planned
     it, the candidates of a prior); empty when nothing was orthogonalized on the GPU. For a run record: which body ran each
-    shape, e.g. whether QuACK's products were chosen, and what planning cost the first step."""
+    shape and on which backend (`backend`: QuACK, Triton or cuBLAS), and what planning cost the first step."""
     if _PLANNER is None:
         return {}
+    from optim.kernels.plan import backend_of
+
     keep = ("method", "times_ms", "rejected", "fallback", "prior", "plan_s")
     return {
-        key: {f: entry[f] for f in keep if f in entry}
+        key: {f: entry[f] for f in keep if f in entry} | {"backend": backend_of(str(entry.get("method", "")))}
         for key, entry in _PLANNER.choices.items()
         if key in _PLANNER.complete
     }

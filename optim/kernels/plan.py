@@ -169,6 +169,19 @@ def plain_flops(batch: int, m: int, n: int, num_ns_steps: int) -> float:
     return batch * cost.ns_flops(m, n, num_ns_steps)
 
 
+def backend_of(method: str) -> str:
+    """Which library runs a candidate's products: "cuBLAS" (`*_torch`), "Triton" (`*_sym_<tile>`), "QuACK"
+    (`*_quack_all*`) or "QuACK+cuBLAS" (`*_quack_sym`: QuACK's symmetric products, cuBLAS's general one)."""
+    backend = method.removesuffix("+graph").split("_", 1)[-1]
+    if backend == "torch":
+        return "cuBLAS"
+    if backend == "quack_sym":
+        return "QuACK+cuBLAS"
+    if backend.startswith("quack_all"):
+        return "QuACK"
+    return "Triton"
+
+
 def _ops(name: str) -> MatOps:
     """The product backend of a candidate name `<body>_<backend>` (graph suffix removed)."""
     backend = name.split("_", 1)[1]

@@ -161,6 +161,15 @@ def leave_one_out(entries: Mapping[str, Mapping[str, object]], size: int = PRIOR
     return out
 
 
+_ABS_PREFIX = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)*?(?=(?:reports|conf|tests|runs)/)")
+
+
+def repo_relative(arg: str) -> str:
+    """A command argument with the absolute prefix of a checkout (or a scratch folder) cut before `reports/`,
+    `conf/`, `tests/` or `runs/`: a shipped file names no machine's paths."""
+    return _ABS_PREFIX.sub("", arg)
+
+
 SEED_FIELDS = ("method", "rejected", "times_ms")
 """What a seed entry keeps of a plan-cache entry: the choice and the timings it was made from."""
 
@@ -196,7 +205,7 @@ def from_run(run_dir: Path, report: str, capability: str | None = None) -> dict[
             "report": report,
             "run_id": rec["run_id"],
             "start_time": rec.get("start_time"),
-            "command": rec.get("command"),
+            "command": [repo_relative(str(a)) for a in rec.get("command") or []],
             "git": rec.get("git"),
             "gpu": gpu,
             "compute_capability": capability,

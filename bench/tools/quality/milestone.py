@@ -99,6 +99,7 @@ def gpu_hours(
         "tokens_ratio": r["tokens_ratio"],
         "tokens_ci95": [lo, hi],
         "step_time_ratio": step_s / adamw_step_s,
+        "no_interval": {"step_time_ratio": "the step times given, a scale factor, not a measured comparison"},
         "rests_on": (
             f"{source}: {optimizer} reached AdamW's final validation loss in {_x(r['tokens_ratio'])} of AdamW's "
             f"tokens (95% {_x(lo)}-{_x(hi)}, {r['seeds']} seeds) on a {quality['non_embedding_params'] / 1e6:.1f} M "
