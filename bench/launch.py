@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from bench import cluster, memory
+from bench import cluster, memory, nvsmi
 from bench.results.record import STDERR_TAIL_CHARS
 from muonbench import engines
 from muonbench.compose import config_from_dict
@@ -103,25 +103,11 @@ def check_device(cfg: RootConfig) -> None:
 
 def local_gpus() -> list[tuple[str, float]]:
     """(name, free bytes) of each GPU here, from nvidia-smi (no CUDA context in the launcher); [] without it."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return []
-    try:
-        res = subprocess.run(
-            [smi, "--query-gpu=name,memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
     out = []
-    for line in res.stdout.strip().splitlines() if res.returncode == 0 else []:
-        name, _, free = line.rpartition(",")
+    for row in nvsmi.query(("name", "memory.free"), units=False):
         try:
-            out.append((name.strip(), float(free) * 2**20))  # MiB
-        except ValueError:
+            out.append((",".join(row[:-1]), float(row[-1]) * 2**20))  # MiB
+        except (ValueError, IndexError):
             continue
     return out
 

@@ -18,7 +18,6 @@ import json
 import math
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -30,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import metrics
+from bench import metrics, nvsmi
 from muonbench.compose import config_from_dict
 
 RUN_SCHEMA = "muonbench.run/1"
@@ -340,23 +339,11 @@ def hardware_info() -> dict[str, Any]:
         "gpu_serials": [],
         **host_identity(),
     }
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        try:
-            res = subprocess.run(
-                [smi, "--query-gpu=name,driver_version,uuid,serial", "--format=csv,noheader"],
-                capture_output=True,
-                text=True,
-                timeout=20,
-                check=False,
-            )
-            rows = [r.split(", ") for r in res.stdout.strip().splitlines() if r.strip()]
-            if res.returncode == 0 and rows:
-                info.update(gpu_name=rows[0][0], gpu_count=len(rows), driver=rows[0][1],
-                            gpu_uuids=[r[2] for r in rows if len(r) > 2],
-                            gpu_serials=[r[3] for r in rows if len(r) > 3 and r[3] not in ("[N/A]", "N/A")])
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+    rows = nvsmi.query(("name", "driver_version", "uuid", "serial"))
+    if rows:
+        info.update(gpu_name=rows[0][0], gpu_count=len(rows), driver=rows[0][1],
+                    gpu_uuids=[r[2] for r in rows if len(r) > 2],
+                    gpu_serials=[r[3] for r in rows if len(r) > 3 and r[3] not in ("[N/A]", "N/A")])
     return info
 
 
