@@ -120,9 +120,34 @@ def bridge_h200(report: Path) -> dict[str, Any]:
     return out
 
 
+def ns_kernels(report: Path) -> dict[str, Any]:
+    """The layer optimizer step's medians per layout and warm-up (`bench.tools.optim_step`'s JSON files) and the NS
+    plan against the fastest peer per shape (`bench.tools.ns_kernels.plan_rows` on `results.json`). One run: medians
+    of 20 steps, and of interleaved rounds per shape; no interval."""
+    from bench.tools.ns_kernels import plan_rows
+
+    steps: dict[str, dict[str, Any]] = {}
+    for name in ("optim_step", "optim_step_buckets", "optim_step_capped_separate", "optim_step_capped_buckets"):
+        d = json.loads((report / f"{name}.json").read_text())
+        steps[f"{d['layout']}_warmup{d['warmup']}"] = {
+            "steps": d["repeats"], "median_ms": {r["impl"]: round(r["median_ms"], 2) for r in d["rows"]}}
+    rows = plan_rows(json.loads((report / "results.json").read_text()))
+    vs = [r["ours_vs_fastest_peer"] for r in rows]
+    run = json.loads((report / "run.json").read_text())
+    return {
+        "source": "optim_step*.json and results.json, python -m bench.tools.report_summary",
+        "git_sha": run["git_sha"],
+        "bf16_ceiling_tflops": run["bf16_ceiling_tflops"],
+        "layer_step": steps,
+        "plan_vs_fastest_peer": {"num_shapes": len(vs), "num_within_2pct": sum(v <= 1.02 for v in vs),
+                                 "range": [round(min(vs), 3), round(max(vs), 3)]},
+    }
+
+
 EXTRACTORS: dict[str, Callable[[Path], dict[str, Any]]] = {
     "megatron_h200_flops_202611": megatron_flops,
     "bridge_h200_202612": bridge_h200,
+    "ns_kernels_h200_202612": ns_kernels,
 }
 
 

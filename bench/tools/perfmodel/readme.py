@@ -93,6 +93,48 @@ def _pct(pair: list[float] | None) -> str:
     return "-" if not pair else f"{100 * pair[0]:+.1f}% to {100 * pair[1]:+.1f}%"
 
 
+def _set_ratios(sensitivity: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """(Qwen3-30B-A3B, Kimi K2) Muon/AdamW model-TF ratio under each GEMM / host assumption set."""
+    ratios = []
+    for g, h in dict.fromkeys((r["gemm"], r["eo_loop_ms"]) for r in sensitivity):
+        tf = {r["row"]: r["predicted_tflops"] for r in sensitivity if (r["gemm"], r["eo_loop_ms"]) == (g, h)}
+        labels = list(tf)
+        ratios.append((tf[labels[3]] / tf[labels[2]], tf[labels[1]] / tf[labels[0]]))
+    return ratios
+
+
+SETUPS = (("kimi_k2", "Kimi K2, 256 GB300", 0, 1), ("qwen3_30b_a3b", "Qwen3-30B-A3B, 8 GB300", 2, 3))
+
+
+def summary(
+    *, cal: list[dict[str, Any]], fit: float, worst: float, sensitivity: list[dict[str, Any]], command: str
+) -> dict[str, Any]:
+    """The report's `summary.json`: the Table 1 calibration and the predicted Muon/AdamW ratios. A prediction has no
+    run of ours on GB300 to bound it: each ratio carries the spread over the assumption sets instead."""
+    sets = _set_ratios(sensitivity)
+    out: dict[str, Any] = {
+        "source": command,
+        "gb300_hbm_fit": fit,
+        "table1_worst_rel_error": worst,
+        "calibration": [
+            {k: r[k] for k in ("row", "published_tflops", "predicted_tflops", "rel_error", "ours_tflops")} for r in cal
+        ],
+        "muon_over_adamw": {},
+    }
+    for key, label, a, m in SETUPS:
+        lo, hi = (f(s[0 if key == "qwen3_30b_a3b" else 1] for s in sets) for f in (min, max))
+        spread = (f"a prediction, no GB300 run to bound it; profile published spans {lo:.3f}-{hi:.3f} over the "
+                  f"report's {len(sets)} GEMM / host assumption sets")
+        out["muon_over_adamw"][key] = {
+            "setup": label,
+            "blog": cal[m]["published_tflops"] / cal[a]["published_tflops"],
+            "published_profile_ratio": cal[m]["predicted_tflops"] / cal[a]["predicted_tflops"],
+            "ours_profile_ratio": cal[m]["ours_tflops"] / cal[a]["ours_tflops"],
+            "no_interval": {"published_profile_ratio": spread, "ours_profile_ratio": spread},
+        }
+    return out
+
+
 def _uncertainty(errors: dict[str, Any], sensitivity: list[dict[str, Any]]) -> list[str]:
     """In-sample and out-of-sample errors on the committed GPU runs, and Table 1 under its assumption sets."""
     lines = [
@@ -155,11 +197,7 @@ def _uncertainty(errors: dict[str, Any], sensitivity: list[dict[str, Any]]) -> l
         pub = next(iter(sel.values()))["published_tflops"]
         rows.append([label, f"{pub:.0f}", *[f"{sel[(g, h)]['predicted_tflops']:.0f}" for g, h, _, _ in sets]])
     lines += _table(header, rows)
-    ratios = []
-    for g, h, _, _ in sets:
-        tf = {r["row"]: r["predicted_tflops"] for r in sensitivity if (r["gemm"], r["eo_loop_ms"]) == (g, h)}
-        labels = list(tf)
-        ratios.append((tf[labels[3]] / tf[labels[2]], tf[labels[1]] / tf[labels[0]]))
+    ratios = _set_ratios(sensitivity)
     lines += [
         "",
         (

@@ -320,8 +320,9 @@ def write_report(out_dir: str) -> str:
         par={"world_size": 64, "gbs": 1024, "tp": 4, "sequence_parallel": True},
     )
     from bench.tools.perfmodel import intervals
-    from bench.tools.perfmodel.readme import render
+    from bench.tools.perfmodel.readme import render, summary
 
+    sensitivity = table1_sensitivity(base)
     text = render(
         cal=cal,
         fit=fit,
@@ -337,9 +338,12 @@ def write_report(out_dir: str) -> str:
         ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")},
         ns_hosts={p: nscost.ns_data(p).host_ms for p in ("published", "ours")},
         errors=intervals.shipped(),
-        sensitivity=table1_sensitivity(base),
+        sensitivity=sensitivity,
     )
     (out / "README.md").write_text(text)
+    record.write_json_atomic(
+        out / "summary.json", summary(cal=cal, fit=fit, worst=worst, sensitivity=sensitivity, command=COMMAND)
+    )
     _write_run_json(
         out_dir, files, git=git, ns_sources={p: nscost.ns_data(p).source for p in ("published", "ours")}
     )
@@ -370,6 +374,6 @@ def _write_run_json(
                     p.name: json.loads(p.read_text())["provenance"] for p in (GPU_RUNS, intervals.ERRORS)
                 },
             },
-            "files": ["README.md", "results.csv", *files],
+            "files": ["README.md", "summary.json", "results.csv", *files],
         },
     )
