@@ -1,4 +1,4 @@
-"""Numbers quoted in README.md and docs/ are generated from the reports' `summary.json` files.
+"""Numbers quoted in README.md, docs/ and reports/*/README.md are generated from the reports' `summary.json` files.
 
 A quote is a marked span whose opening comment names the report, the key and the format::
 
@@ -6,7 +6,8 @@ A quote is a marked span whose opening comment names the report, the key and the
 
 `python -m bench.tools.docs` (`make docs`) rewrites every TEXT from `reports/<report>/summary.json`; `--check` only
 reports the quotes that differ (exit 1), which is what the test suite runs. A key path is dot-separated; a segment
-`field=value` picks the element of a list whose `field` equals `value` (`cases.case=muon_megatron.ratio`).
+`field=value` picks the element of a list whose `field` equals `value` (`cases.case=muon_megatron.ratio`), a
+segment `N` its N-th element.
 
 Formats:
 
@@ -32,8 +33,8 @@ QUOTE = re.compile(r"<!-- gen (?P<report>[\w.-]+):(?P<key>\S+) (?P<fmt>\S+) -->(
 
 
 def doc_files(repo: Path = REPO) -> list[Path]:
-    """The files whose quotes are generated: README.md and docs/*.md."""
-    return [repo / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    """The files whose quotes are generated: README.md, docs/*.md and the reports' README.md."""
+    return [repo / "README.md", *sorted((repo / "docs").glob("*.md")), *sorted((repo / "reports").glob("*/README.md"))]
 
 
 def _step(node: Any, segment: str, path: str) -> Any:
@@ -43,6 +44,8 @@ def _step(node: Any, segment: str, path: str) -> Any:
         if len(hits) != 1:
             raise KeyError(f"{path}: {len(hits)} elements with {field}={want}")
         return hits[0]
+    if isinstance(node, list) and segment.isdigit() and int(segment) < len(node):
+        return node[int(segment)]
     if isinstance(node, dict) and segment in node:
         return node[segment]
     raise KeyError(f"{path}: no key {segment!r}")

@@ -25,11 +25,13 @@ def _range(s: pd.Series) -> list[float]:
 
 def megatron_flops(report: Path) -> dict[str, Any]:
     """One group per configuration hash; a run's ratio is its model TF/s over the mean of the same batch's AdamW runs
-    (batch = date, host and commit of the run id), a group's the mean of its runs' ratios."""
+    (batch = date, host and commit of the run id), a group's the mean of its runs' ratios; likewise its
+    forward-backward time minus that batch's AdamW mean."""
     d = pd.read_csv(report / "results.csv")
     d = d[d.status == "ok"].copy()
     d["batch"] = d.run_id.str.split("_").str[:3].str.join("_")
     adamw_mean = d[d.optimizer == "adamw"].groupby("batch").model_tflops_per_gpu.mean()
+    adamw_fwd_bwd = d[d.optimizer == "adamw"].groupby("batch").fwd_bwd_s_median.mean()
     groups = []
     for cfg, g in d.groupby("config_hash", sort=False):
         first = g.iloc[0]
@@ -54,6 +56,7 @@ def megatron_flops(report: Path) -> dict[str, Any]:
                 row["ratio"] = float(r.mean())
                 se = float(r.std() / len(r) ** 0.5) if len(r) > 1 else None
                 row["ratio_se"] = se
+                row["fwd_bwd_minus_adamw_s_range"] = _range((g.fwd_bwd_s_median - g.batch.map(adamw_fwd_bwd)).dropna())
                 row["no_interval"] = {
                     "ratio": (f"s.e. {se:.4f} over {len(r)} runs, each against its batch's AdamW mean"
                               if se is not None else "one run, against its batch's AdamW mean")
