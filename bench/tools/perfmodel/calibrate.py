@@ -1,4 +1,4 @@
-"""Calibration against NVIDIA blog Table 1 (docs/references.md#nvidia-table1, #mb-perf-recipes) and the fit of the GB300 row's one fitted value.
+"""Calibration against NVIDIA blog Table 1 (docs/references.md#nvidia-table1, #mb-perf-recipes) and the fits of the rows' fitted values (constants.FITTED).
 
 The published rows are model TF/GPU (AdamW; Muon without its "Muon" FLOPs). `fit_gb300_hbm` finds the achieved
 HBM fraction of memory-bound kernels that minimises the largest relative error over the four rows (the other

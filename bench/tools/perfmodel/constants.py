@@ -2,8 +2,9 @@
 
 Three kinds: datasheet rows (conf/hardware/*.yaml, read through `HardwareConfig`), our own H200 measurements
 (docs/references.md#h200-baseline), and values taken from papers or public
-benchmarks. Exactly one value per hardware row may be fitted to published throughput (`FITTED`); it is named there
-with the numbers it was fitted to.
+benchmarks. A fitted value's source starts with FITTED and names the runs or published rows it was fitted to: GB300
+has one (the memory-bound fraction, on Table 1), H200 three, one per term (the Megatron-core engine's memory-bound
+fraction, the Bridge engine's, and the optimizer step's element-wise fraction); B200 and H100 borrow them.
 """
 
 from __future__ import annotations
@@ -171,7 +172,7 @@ _GEMM_FRACTION_ASSUMED = (
 H200_HBM_FIT = 0.245  # rounded fit_h200_hbm() (reports/perfmodel_gb300_202611, Single-H200 checks)
 _H200_HBM = Sourced(
     value=H200_HBM_FIT,
-    source="FITTED (the only fitted value of this row) on one single-H200 Megatron run, "
+    source="FITTED (the row's value for the megatron engine's forward-backward) on one single-H200 Megatron run, "
     "reports/megatron_h200_202611/20261129_h200_06a7769/qwen_adamw (TE-free engine: torch grouped_mm experts, SDPA "
     "attention, unfused norms; bench.tools.perfmodel.calibrate.fit_h200_hbm); a standalone fused AdamW kernel "
     "reaches 0.72 (HBM_EFFICIENCY), the engine's memory-bound kernels average far less",
@@ -201,7 +202,7 @@ FITTED: dict[str, HardwareEfficiency] = {
         ),
         hbm=Sourced(
             value=GB300_HBM_FIT,
-            source="FITTED (the only fitted value of this row) to NVIDIA blog Table 1, minimax over its four "
+            source="FITTED (the one fitted value of this row) to NVIDIA blog Table 1, minimax over its four "
             "model-TF rows (Kimi K2 256 GB300: 1,051 / 1,029; Qwen3-30B-A3B 8 GB300: 713 / 686), "
             "bench.tools.perfmodel.calibrate.fit_gb300_hbm",
         ),

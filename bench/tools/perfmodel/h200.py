@@ -199,7 +199,7 @@ def compare(path: Path = MEGATRON_RUNS) -> str:
         "",
         (
             f"{within} of {len(ok)} predicted runs within {100 * TOLERANCE:.0f}% on the step time (the H200 "
-            "row's one fitted value, the memory-bound kernel bandwidth of this TE-free engine, is fitted on the "
+            "row's fitted value for this engine, the memory-bound kernel bandwidth of this TE-free engine, is fitted on the "
             "run marked `fit`; runs outside the model's scope are not counted)."
         ),
     ]

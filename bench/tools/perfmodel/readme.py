@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from types import ModuleType
 from typing import Any
+
+from bench.tools.perfmodel.calibration import NS_KERNELS
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -279,8 +282,9 @@ def render(
             "measurement or a cited public number (list below). GEMM rates keep our measured H200 ceiling "
             f"fraction ({C.H200_GEMM_CEILING_TFLOPS.value:g}/{C.H200_PEAK_BF16_TFLOPS:g} = "
             f"{C.H200_GEMM_CEILING_TFLOPS.value / C.H200_PEAK_BF16_TFLOPS:.3f}) for bf16 and MXFP8 alike. The H200 "
-            "row has its own one fitted value (same kind, for the TE-free single-GPU engine; see Single-H200 "
-            "checks); B200 and H100 borrow these fits."
+            f"row has three fitted values, one per term (sources below): the memory-bound fraction of the "
+            f"Megatron-core engine ({C.H200_HBM_FIT}), of the Bridge engine ({C.H200_BRIDGE_HBM_FIT}) and of the "
+            f"optimizer step's element-wise kernels ({C.H200_OPTIMIZER_HBM_FIT}); B200 and H100 borrow these fits."
         ),
         "",
         *_uncertainty(errors, sensitivity),
@@ -320,8 +324,9 @@ def render(
         (
             "The Qwen3 Muon row is the sensitive one: each GPU runs 1,560 launch-bound NS calls (16 local "
             "experts x 48 layers x 2 + 24 attention matrices). Table 1's +0.33 s for the whole Muon step means at "
-            "most ~0.21 ms per matrix on the GB300 node; our H200 hosts measured 0.33-0.49 ms per isolated EO NS call "
-            "and 0.49-0.79 ms per matrix inside real optimizer steps (the H200 row uses 0.755). The GB300 row "
+            "most ~0.21 ms per matrix on the GB300 node; our H200 hosts' measurements are the sources of "
+            f"`NS_CALL_HOST_MS` and the H200 row's EO loop host cost below (the row uses "
+            f"{C.FITTED['h200'].eo_loop_ms.value}). The GB300 row "
             f"charges {C.FITTED['gb300'].eo_loop_ms.value} ms and "
             f"predicts Muon - AdamW = +{d_q:.2f} s for Qwen3 (blog +0.33 s) and +{d_k:.2f} s for Kimi K2 (blog "
             "+0.27 s); the Qwen3 row stays within 3% because the step is 8.9 s long. One batched call per shape "
@@ -385,13 +390,13 @@ def render(
         h200,
         "",
         (
-            "The H200 row's one fitted value is the bandwidth fraction of memory-bound kernels in "
+            "The H200 row's fitted value for this engine is the bandwidth fraction of memory-bound kernels in "
             f"this TE-free engine ({C.H200_HBM_FIT}, fitted on one run); everything else (GEMM ceiling, NS "
             "kernel times, host costs) is measured. The other runs - two models, three optimizers - are "
-            "predictions. The optimizer-step column runs 40-77% high on the later runs ("
-            "AdamW and ours alike; the earlier runs' steps were slower and land near it), 77-93% on ours with "
+            "predictions. The optimizer-step column (table above) runs high on the later runs ("
+            "AdamW and ours alike; the earlier runs' steps were slower and land near it), higher on ours with "
             "`optimizer.split_gate_up` (not itemised further): the step's element-wise kernels are "
-            "charged at that fitted fraction, while the fused "
+            "charged at the engine's fitted fraction, while the fused "
             f"optimizer kernels reach about {C.HBM_EFFICIENCY.value} (standalone measurement below) and the real "
             "step adds fixed host costs the model does not itemise; for ours the NS table is also the first kernel "
             "run's (bf16, before the fp16 iterate and the TMA symmetric kernel). Not refitted: the step time, "
@@ -430,15 +435,18 @@ def render(
             ],
         )
         ceiling = C.H200_GEMM_CEILING_TFLOPS.value
+        measured = json.loads(NS_KERNELS.read_text())["ceiling_tflops"]
+        ours = {r["layer"]: r["rel_error"] for r in layer_steps if r["impl"] == "ours"}
         lines += [
             "",
             (
-                "Fused AdamW and the GPU-bound EO loop (Kimi K2 layer) are within 8%. The launch-bound EO loop "
-                "(Qwen3 layer: 260 small matrices) is dominated by the host: the same code measured 0.49 and 0.755 "
-                "ms per matrix in two H200 measurements (0.79 inside Megatron); the H200 row uses 0.755. `ours` is "
-                f"over-predicted by ~17%: the H200 row's GEMM ceiling is {ceiling:g} TF/s (H200 measurements) while the "
-                f"kernel run measured 782 TF/s, and its times are scaled by 782/{ceiling:g} = {782 / ceiling:.2f} before "
-                "use."
+                "The launch-bound EO loop (Qwen3 layer: 260 small matrices) is dominated by the host, whose cost per "
+                f"matrix differs between H200 measurements (the H200 row's EO loop source below; the row uses "
+                f"{C.FITTED['h200'].eo_loop_ms.value}). The kernel run's times enter `ours` scaled from its own GEMM "
+                f"ceiling ({measured:.0f} TF/s, `{NS_KERNELS.name}`) to the H200 row's ({ceiling:g} TF/s), a factor "
+                f"{measured / ceiling:.2f}; beyond it `ours`' errors ("
+                + ", ".join(f"{100 * e:+.1f}% {k}" for k, e in ours.items())
+                + ") are not itemised."
             ),
         ]
     else:
