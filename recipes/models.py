@@ -87,8 +87,7 @@ AUTOBRIDGE_RECIPE = "recipes.autobridge:pretrain_config"
 HF_DEFAULTS: Sections = {"model": {"moe_permute_fusion": True, "moe_router_force_load_balancing": True}}
 """For a MoE model with no published recipe: the token-permutation fusion Bridge's own MoE recipes turn on (OLMoE,
 Qwen3-MoE), and balanced routing as in the published perf recipes and the megatron engine: with learned routing the
-experts' load, hence forward-backward time, follows what each optimizer taught the router
-(reports/byo_models_h200_202612)."""
+experts' load, hence forward-backward time, follows what each optimizer taught the router (docs/bridge_recipes.md)."""
 
 
 def model_recipe(model: ModelConfig) -> ModelRecipe:

@@ -19,8 +19,7 @@ splits a CUDA stack of k > 32 into chunks (8 by default, at least 2 matrices eac
 own CUDA stream from its own host thread (the GIL is released inside the call); the streams come from a per-device
 pool, start after the caller's stream, and the caller's stream waits on them all. Every matrix goes through the same
 cuSOLVER call as in the batched eigh, so the result is identical; the fp64 retry is per chunk (a failing chunk is
-recomputed in fp64, the others keep their fp32 result). Eight streams refresh the quality model's factors several
-times faster than the batched call; the measurements are in reports/soap_eigh_h200_202612/README.md.
+recomputed in fp64, the others keep their fp32 result). Why and by how much: docs/soap.md.
 
 Chunks start a multiple of 512 bytes into the stack of matrices and of eigenvalues (fp32 with k a multiple of 128:
 at any matrix), so that inside every call each matrix sits at the same alignment as in the single call: LAPACK's

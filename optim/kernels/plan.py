@@ -604,8 +604,7 @@ class Planner:
         self.complete.add(key)
         self._save()
         # Timing every candidate on a batched expert stack leaves GBs of temporaries (and the losers' graph pools)
-        # cached in the allocator: hand them back (a process that planned its kernels itself still ran slower than a
-        # prewarmed one: reports/megatron_h200_flops_202611/README.md; the remedy is `bench.prewarm`).
+        # cached in the allocator: hand them back (a planning process still runs slower: docs/megatron_h200.md#findings).
         torch.cuda.empty_cache()
         return str(entry["method"]), key
 

@@ -161,12 +161,14 @@ def leave_one_out(entries: Mapping[str, Mapping[str, object]], size: int = PRIOR
     return out
 
 
-_ABS_PREFIX = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)*?(?=(?:reports|conf|tests|runs)/)")
+_ABS_PREFIX = re.compile(r"(?<![\w.])/(?:[\w.+-]+/)*?(?=(?:reports|conf|tests)/)")
 
 
 def repo_relative(arg: str) -> str:
-    """A command argument with the absolute prefix of a checkout (or a scratch folder) cut before `reports/`,
-    `conf/`, `tests/` or `runs/`: a shipped file names no machine's paths."""
+    """A command argument with the absolute prefix of a checkout cut before `reports/`, `conf/` or `tests/` (folders
+    only a checkout has): a shipped file names no checkout's paths. Any other path (an output folder such as
+    `/tmp/runs/x`, which need not lie in a checkout) is kept as given: cutting it would name a place the run never
+    wrote."""
     return _ABS_PREFIX.sub("", arg)
 
 
