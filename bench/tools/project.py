@@ -65,6 +65,7 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
         "engine": cfg.engine.name,
     }
     out["engine_calibration"] = engine_calibration(cfg.engine.name, cfg.hardware.name)
+    out["hardware_profile"] = pred.info["hardware_profile"]
     out.update(interval(cfg, profile, pred.step_time_s))
     out.update(memory_prediction(cfg))
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
@@ -95,6 +96,7 @@ def format_text(res: dict[str, Any]) -> str:
             f"({res['step_time_s_interval_basis']})"
         ),
         f"  engine             {c['engine']} ({res['engine_calibration']})",
+        f"  hardware           {c['hardware']} ({res['hardware_profile']})",
         f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
         f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
         f"  peak memory / GPU  {res['peak_memory_gb']:.1f} GB of {res['info']['memory_gib'] * 2**30 / 1e9:.1f}"

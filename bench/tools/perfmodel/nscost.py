@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel import links
+from bench.tools.perfmodel import hwprofile, links
 from bench.tools.perfmodel.calibration import GPU_RUNS, NS_KERNELS
 from muonbench.schema import HardwareConfig
 from optim import cost
@@ -33,7 +33,7 @@ HALF_EFF_DIM = (
 def ns_rate(hw: HardwareConfig, precision: str = "bf16") -> float:
     """Achievable GEMM FLOP/s of NS on this hardware at large shapes: the bf16 rate for a bf16 or fp16 iterate
     (same tensor-core rate), `constants.FP32_NS_RATE_FRACTION` of it for fp32."""
-    rate = hw.peak_bf16_tflops * 1e12 * C.efficiency(hw.name).gemm_bf16.value
+    rate = hw.peak_bf16_tflops * 1e12 * hwprofile.effective(hw).gemm_bf16.value
     return rate * C.FP32_NS_RATE_FRACTION.value if precision == "fp32" else rate
 
 
@@ -134,16 +134,33 @@ def plan_table(host_ms: float) -> dict[tuple[int, int], float]:
     """Per canonical shape, the GPU milliseconds per matrix of one planned NS call measured by the plan on H200:
     (ms - host_ms) / batch (at least the FLOP floor), the mean over the entries of that shape (plain NS: plans
     without Gram-NS)."""
+    return table_of(plan_entries(), host_ms, C.H200_GEMM_CEILING_TFLOPS.value)
+
+
+def table_of(entries: dict[str, float], host_ms: float, ceiling_tflops: float) -> dict[tuple[int, int], float]:
+    """`plan_table` of plan entries (plan key -> ms) measured on a GPU whose dense GEMMs reach `ceiling_tflops`,
+    normalised to the H200 GEMM ceiling."""
+    to_anchor = ceiling_tflops / C.H200_GEMM_CEILING_TFLOPS.value
     samples: dict[tuple[int, int], list[float]] = {}
-    for key, ms in plan_entries().items():
+    for key, ms in entries.items():
         found = _SHAPE.search(key)
         if found is None or "|gram=True|" in key:
             continue
         batch, rows, cols = (int(g) for g in found.groups())
         shape = canonical((rows, cols))
-        floor = cost.ns_flops(shape[0], shape[1]) / (C.H200_GEMM_CEILING_TFLOPS.value * 1e12) * 1e3
-        samples.setdefault(shape, []).append(max((ms - host_ms) / batch, floor))
+        floor = cost.ns_flops(shape[0], shape[1]) / (ceiling_tflops * 1e12) * 1e3
+        samples.setdefault(shape, []).append(max((ms - host_ms) / batch, floor) * to_anchor)
     return {k: sum(v) / len(v) for k, v in samples.items()}
+
+
+def hardware_table(hw: HardwareConfig, profile: str, *, gram: bool = True) -> dict[tuple[int, int], float]:
+    """`measured_table` with the NS plan times of the hardware profile of `hw` (`hwprofile.select`) in place of the
+    H200 ones for the shapes it measured (our kernels only: the plan times are ours)."""
+    table = measured_table(profile, gram=gram)
+    prof = hwprofile.select(hw.name)
+    if prof is None or not prof.ns_plan_ms or profile != "ours":
+        return table
+    return {**table, **table_of(prof.ns_plan_ms, ns_data(profile, gram=gram).host_ms, prof.tflops["dense"])}
 
 
 def host_call_ms(hw: HardwareConfig, num_ns_steps: int = 5, profile: str = "published") -> float:
