@@ -121,71 +121,89 @@ def median_ms(fn: Callable[[], object], deadline: float, repeats: int = REPEATS,
 
 
 def measure(cfg: Any, shapes: dict[str, Any], budget_s: float) -> dict[str, Any]:
-    """Time `workload`'s shapes on this CUDA device within `budget_s` (`SHARES` per benchmark); shapes whose share
-    ran out are listed under `skipped`."""
+    """Time `workload`'s shapes on this CUDA device within `budget_s` (`SHARES` per benchmark, a share left over
+    passing to the next); shapes whose share ran out are listed under `skipped`."""
     import torch
-    import torch.nn.functional as F
 
-    dev, bf16 = torch.device("cuda"), torch.bfloat16
-    out: dict[str, Any] = {"skipped": []}
     t0 = time.perf_counter()
-    end = t0
-
-    def share(name: str) -> float:
-        nonlocal end
-        end = max(end, time.perf_counter()) + SHARES[name] * budget_s
-        return end
-
-    deadline = share("dense")
-    out["dense"] = []
-    for m, n, k in shapes["dense"]:
-        if time.perf_counter() > deadline:
-            out["skipped"].append(["dense", m, n, k])
-            continue
-        a, w = torch.randn(m, k, device=dev, dtype=bf16), torch.randn(n, k, device=dev, dtype=bf16)
-        ms = median_ms(lambda a=a, w=w: F.linear(a, w), deadline)
-        out["dense"].append({"m": m, "n": n, "k": k, "ms": ms, "flop": 2.0 * m * n * k})
-    deadline = share("grouped")
-    out["grouped"] = []
-    grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-    for g, t, n, k in shapes["grouped"] if grouped_mm is not None else []:
-        if time.perf_counter() > deadline:
-            out["skipped"].append(["grouped", g, t, n, k])
-            continue
-        x = torch.randn(g * t, k, device=dev, dtype=bf16)
-        w = torch.randn(g, k, n, device=dev, dtype=bf16)
-        offs = torch.arange(1, g + 1, device=dev, dtype=torch.int32) * t
-        ms = median_ms(lambda x=x, w=w, offs=offs: grouped_mm(x, w, offs=offs), deadline)
-        out["grouped"].append({"groups": g, "m": t, "n": n, "k": k, "ms": ms, "flop": 2.0 * g * t * n * k})
-    deadline = share("attention")
-    a = shapes["attention"]
-    q = torch.randn(a["batch"], a["heads"], a["seq"], a["head_dim"], device=dev, dtype=bf16, requires_grad=True)
-    kv = [torch.randn(a["batch"], a["kv_heads"], a["seq"], a["head_dim"], device=dev, dtype=bf16,
-                      requires_grad=True) for _ in range(2)]  # fmt: skip
-    grad = torch.randn_like(q)
-
-    def attention() -> None:
-        o = F.scaled_dot_product_attention(q, *kv, is_causal=True, enable_gqa=a["kv_heads"] != a["heads"])
-        o.backward(grad)
-
-    out["attention"] = [{**a, "ms": median_ms(attention, deadline)}]
-    del q, kv, grad
-    deadline = share("hbm")
-    src = torch.empty(HBM_BYTES // 2, device=dev, dtype=bf16)
-    dst = torch.empty_like(src)
-    copy_ms = median_ms(lambda: dst.copy_(src), deadline)
-    del src, dst
-    p = torch.zeros(ADAMW_PARAMS, device=dev, requires_grad=True)
-    p.grad = torch.zeros_like(p)
-    adamw = torch.optim.AdamW([p], fused=True)
-    adamw_ms = median_ms(adamw.step, deadline)
-    del p, adamw
-    out["hbm_gbps"] = {"copy": 2 * HBM_BYTES / copy_ms / 1e6, "adamw": 28 * ADAMW_PARAMS / adamw_ms / 1e6}
-    torch.cuda.empty_cache()
-    deadline = share("ns_plan")
+    out: dict[str, Any] = {"skipped": []}
+    deadline = t0
+    for name, bench in (("dense", _dense), ("grouped", _grouped), ("attention", _attention), ("hbm", _hbm)):
+        deadline = max(deadline, time.perf_counter()) + SHARES[name] * budget_s
+        out.update(bench(shapes, deadline, out["skipped"]))
+        torch.cuda.empty_cache()
+    deadline = max(deadline, time.perf_counter()) + SHARES["ns_plan"] * budget_s
     out["ns_plan_ms"] = ns_plan(cfg, shapes["ns"], deadline, out["skipped"])
     out["seconds"] = time.perf_counter() - t0
     return out
+
+
+def _dense(shapes: dict[str, Any], deadline: float, skipped: list[Any]) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as F
+
+    rows = []
+    for m, n, k in shapes["dense"]:
+        if time.perf_counter() > deadline:
+            skipped.append(["dense", m, n, k])
+            continue
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        ms = median_ms(lambda a=a, w=w: F.linear(a, w), deadline)
+        rows.append({"m": m, "n": n, "k": k, "ms": ms, "flop": 2.0 * m * n * k})
+    return {"dense": rows}
+
+
+def _grouped(shapes: dict[str, Any], deadline: float, skipped: list[Any]) -> dict[str, Any]:
+    """One grouped GEMM over every local expert (as `bench.engines.megatron_experts` runs them)."""
+    import torch
+    import torch.nn.functional as F
+
+    grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    rows = []
+    for g, t, n, k in shapes["grouped"] if grouped_mm is not None else []:
+        if time.perf_counter() > deadline:
+            skipped.append(["grouped", g, t, n, k])
+            continue
+        x = torch.randn(g * t, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(g, k, n, device="cuda", dtype=torch.bfloat16)
+        offs = torch.arange(1, g + 1, device="cuda", dtype=torch.int32) * t
+        ms = median_ms(lambda x=x, w=w, offs=offs: grouped_mm(x, w, offs=offs), deadline)
+        rows.append({"groups": g, "m": t, "n": n, "k": k, "ms": ms, "flop": 2.0 * g * t * n * k})
+    return {"grouped": rows}
+
+
+def _attention(shapes: dict[str, Any], deadline: float, skipped: list[Any]) -> dict[str, Any]:
+    """Causal SDPA forward + backward of one layer at the model's heads, groups and sequence."""
+    import torch
+    import torch.nn.functional as F
+
+    a = shapes["attention"]
+    q = torch.randn(a["batch"], a["heads"], a["seq"], a["head_dim"], device="cuda", dtype=torch.bfloat16,
+                    requires_grad=True)  # fmt: skip
+    k, v = (torch.randn(a["batch"], a["kv_heads"], a["seq"], a["head_dim"], device="cuda", dtype=torch.bfloat16,
+                        requires_grad=True) for _ in range(2))  # fmt: skip
+    grad = torch.randn_like(q)
+
+    def step() -> None:
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=a["kv_heads"] != a["heads"])
+        o.backward(grad)
+
+    return {"attention": [{**a, "ms": median_ms(step, deadline)}]}
+
+
+def _hbm(shapes: dict[str, Any], deadline: float, skipped: list[Any]) -> dict[str, Any]:
+    """GB/s of a device-to-device copy and of a fused AdamW step (28 B per fp32 parameter)."""
+    import torch
+
+    src = torch.empty(HBM_BYTES // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), deadline)
+    p = torch.zeros(ADAMW_PARAMS, device="cuda", requires_grad=True)
+    p.grad = torch.zeros_like(p)
+    adamw = torch.optim.AdamW([p], fused=True)
+    adamw_ms = median_ms(adamw.step, deadline)
+    return {"hbm_gbps": {"copy": 2 * HBM_BYTES / copy_ms / 1e6, "adamw": 28 * ADAMW_PARAMS / adamw_ms / 1e6}}
 
 
 def ns_plan(cfg: Any, stacks: list[tuple[int, int, int]], deadline: float, skipped: list[Any]) -> dict[str, float]:
@@ -194,8 +212,8 @@ def ns_plan(cfg: Any, stacks: list[tuple[int, int, int]], deadline: float, skipp
     import torch
 
     from optim import kernels
-    from optim.kernels import plan
     from optim.functional.newton_schulz import ns_coefficients
+    from optim.kernels import plan
 
     o = cfg.optimizer
     coeffs = ns_coefficients(o.coefficient_type, o.num_ns_steps, o.custom_coefficients or None)

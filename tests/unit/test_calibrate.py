@@ -99,7 +99,7 @@ def test_prediction_names_its_profile_and_rests_on_its_numbers(user: Path) -> No
     assert bare["hardware_profile"].startswith("not calibrated: no hardware profile for h100")
     assert "not calibrated" in project.format_text(bare)
     peak = 989.0  # conf/hardware/h100.yaml
-    path = write(user, "mine", doc(**{"dense": [{"ms": 1.0, "flop": peak / 2 * 1e9}]}))
+    path = write(user, "mine", doc(dense=[{"ms": 1.0, "flop": peak / 2 * 1e9}]))
     res = project.project(H100, "ours")
     assert str(path) in res["hardware_profile"] and str(path) in project.format_text(res)
     from muonbench.schema import HardwareConfig
@@ -145,3 +145,19 @@ def test_calibrate_refuses_bad_arguments_before_measuring(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and named in err
     assert not user.exists()
+
+
+def test_a_shape_the_plan_never_timed_costs_its_nearest_planned_shapes_rate() -> None:
+    """Our NS kernels' cost off the planned shapes comes from the plan's measured neighbours, not the analytic curve
+    (whose m / (m + 600) fit misses our kernels' rate at mid-size shapes)."""
+    from bench.tools.perfmodel import nscost
+    from optim import cost
+
+    table = nscost.measured_table("ours")
+    near = (2048, 4096)
+    assert near in table.planned and (2000, 4000) not in dict(table)  # type: ignore[attr-defined]
+    rate = cost.ns_flops(*near) / table.planned[near]  # type: ignore[attr-defined]
+    assert table[(2000, 4000)] == pytest.approx(cost.ns_flops(2000, 4000) / rate)
+    hw = nscost.load_hardware("h200")
+    curve = nscost.gpu_ms(2000, 4000, hw, table={})
+    assert nscost.gpu_ms(2000, 4000, hw, table=table) != pytest.approx(curve, rel=0.02)

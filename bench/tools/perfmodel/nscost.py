@@ -11,6 +11,7 @@ call is measured (constants; for our kernels, from the same results).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -107,8 +108,35 @@ def ns_data(profile: str, path: Path = NS_KERNELS, *, gram: bool = True) -> NSDa
         plain = per_matrix(("ours",))
         # where the kernel benchmark measured Gram-NS faster than plain, the plan's plain time keeps that ratio
         table.update({k: v * min(1.0, table[k] / plain[k]) if k in plain else v for k, v in planned.items()})
+        table = PriorTable(table, planned=planned)
         source += f"; {len(planned)} shapes from the NS plan's measured times (shipped seeds, committed runs)"
+        source += ", the others on the plan prior"
     return NSData(table=table, host_ms=host, single_call_ms=tuple(sorted(singles)[:3]), source=source)
+
+
+class PriorTable(dict[tuple[int, int], float]):
+    """Per-shape NS milliseconds (`ns_data`'s table) that answers every shape: one it lacks costs its NS FLOPs at
+    the rate our planned kernels reached on the nearest planned shape ((log short side, log long side); the shipped
+    seeds and committed runs, all of one compute capability, SM 9.0), as the plan's prior ranks a shape it never
+    timed on the timings of its neighbours (`optim.kernels.plan_seed.prior`), instead of the analytic curve."""
+
+    def __init__(self, table: dict[tuple[int, int], float], *, planned: dict[tuple[int, int], float]) -> None:
+        super().__init__(table)
+        self.planned = planned
+
+    def __contains__(self, key: object) -> bool:
+        return bool(self.planned) or super().__contains__(key)
+
+    def __missing__(self, key: tuple[int, int]) -> float:
+        m, n = key
+
+        def distance(shape: tuple[int, int]) -> float:
+            return math.log(shape[0] / m) ** 2 + math.log(shape[1] / n) ** 2
+
+        near = min(self.planned, key=distance)
+        rate = cost.ns_flops(*near) / self.planned[near]  # FLOP per ms at the H200 ceiling
+        self[key] = cost.ns_flops(m, n) / rate
+        return self[key]
 
 
 PLAN_SEEDS = Path(__file__).resolve().parents[3] / "optim" / "kernels" / "plan_seeds"
