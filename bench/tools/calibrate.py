@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench.tools.project import split_args
+
 CLI_KEYS = ("budget_s", "out", "slice")
 DEFAULT_BUDGET_S = 170.0
 SHARES = {"dense": 0.2, "grouped": 0.15, "attention": 0.1, "hbm": 0.05, "ns_plan": 0.5}
@@ -262,8 +264,6 @@ def gpu_facts() -> dict[str, str]:
 
 def parse_cli(argv: list[str]) -> tuple[dict[str, Any], list[str]]:
     """The CLI-only keys (checked: ValueError naming the key, its value and the allowed set) and the overrides."""
-    from bench.tools.project import split_args
-
     cli, overrides = split_args(argv, CLI_KEYS)
     try:
         budget = float(cli.get("budget_s", DEFAULT_BUDGET_S))
