@@ -119,7 +119,21 @@ def plan(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         "out_dir": a.bench.out_dir,
         "runs": [],
         "variant_engine": b.engine.name,
+        "predicted": predicted(cfgs),
     }
+
+
+def predicted(cfgs: dict[str, Any]) -> dict[str, Any]:
+    """Each arm's predicted step (`project.prediction_of`: interval, hardware profile), or why there is none."""
+    from bench.tools.project import prediction_of
+
+    out: dict[str, Any] = {}
+    for arm, cfg in cfgs.items():
+        try:
+            out[arm] = prediction_of(cfg)
+        except ValueError as exc:  # a hardware row the model does not price (cpu): the runs still compare
+            out[arm] = {"none": str(exc)}
+    return out
 
 
 def _state_path(out: Path) -> Path:
@@ -393,6 +407,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     summary["stop_reason"] = reason
     state["stop_reason"] = reason
     write_json_atomic(_state_path(out), state)
+    summary["predicted"] = state.get("predicted", {})
     write_outputs(summary, out)
     print(headline(summary))
     print(f"   stopped: {reason}; {out}/summary.json")

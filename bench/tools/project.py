@@ -72,6 +72,27 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     return out
 
 
+def prediction_of(cfg: Any) -> dict[str, Any]:
+    """What the model predicts for one composed run config, as `muonbench compare` records it beside the measured
+    steps: step time, its interval and basis, the hardware profile and engine calibration it rests on (algorithm
+    profile `ours` for our implementation, else `published`, as the intervals' runs are priced)."""
+    from dataclasses import asdict
+
+    from bench.tools.perfmodel.constants import engine_calibration
+    from bench.tools.perfmodel.intervals import _profile, interval
+    from bench.tools.perfmodel.model import predict
+
+    profile = _profile({"optimizer": asdict(cfg.optimizer)})
+    pred = predict(cfg, profile)
+    return {
+        "step_time_s": pred.step_time_s,
+        **interval(cfg, profile, pred.step_time_s),
+        "profile": profile,
+        "hardware_profile": pred.info["hardware_profile"],
+        "engine_calibration": engine_calibration(cfg.engine.name, cfg.hardware.name),
+    }
+
+
 def memory_prediction(cfg: Any) -> dict[str, Any]:
     """`peak_memory_gb` (one rank's predicted peak in GB, or its lower bound where the engine has no fit),
     `peak_memory_basis` and `fits` (against the hardware row's memory; None where it has none)."""

@@ -161,3 +161,16 @@ def test_a_shape_the_plan_never_timed_costs_its_nearest_planned_shapes_rate() ->
     hw = nscost.load_hardware("h200")
     curve = nscost.gpu_ms(2000, 4000, hw, table={})
     assert nscost.gpu_ms(2000, 4000, hw, table=table) != pytest.approx(curve, rel=0.02)
+
+
+def test_compare_records_each_arms_prediction_with_its_profile(user: Path) -> None:
+    """`muonbench compare` keeps what the model predicted beside the runs (the calibration check reads it)."""
+    import muonbench
+    from bench.tools import compare
+
+    path = write(user, "mine", doc(hardware="h200", gpu="NVIDIA H200"))
+    cfgs = {arm: muonbench.load(["experiment=h200/qwen3_moe_short_megatron_1gpu", f"optimizer={opt}"])
+            for arm, opt in (("A", "adamw"), ("B", "muon"))}  # fmt: skip
+    pred = compare.predicted(cfgs)
+    assert pred["B"]["profile"] == "ours" and pred["A"]["profile"] == "published"
+    assert all(str(path) in p["hardware_profile"] and p["step_time_s_interval"][0] < p["step_time_s"] for p in pred.values())
