@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from bench import nvsmi
 from bench.tools.project import split_args
 
 CLI_KEYS = ("budget_s", "out", "slice")
@@ -251,12 +252,11 @@ def run_slice(overrides: list[str], engine: str, folder: Path) -> dict[str, Any]
 def gpu_facts() -> dict[str, str]:
     import torch
 
-    smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
-                         capture_output=True, text=True, check=False)  # fmt: skip
+    rows = nvsmi.query(("driver_version",))
     return {
         "name": torch.cuda.get_device_name(0),
         "compute_capability": "{}.{}".format(*torch.cuda.get_device_capability(0)),
-        "driver": smi.stdout.strip() or "unknown",
+        "driver": rows[0][0] if rows else "unknown",
         "torch": torch.__version__,
         "cuda": str(torch.version.cuda),
     }

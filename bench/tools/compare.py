@@ -35,6 +35,7 @@ from typing import Any
 
 from bench.results import intervals
 from bench.results.record import read_json, write_json_atomic
+from bench.tools.project import prediction_of
 
 OWN_KEYS = ("optimizer", "bench.steps", "bench.out_dir", "hydra.run.dir", "hydra.sweep.dir", "bench.resume")
 """Overrides this command sets itself."""
@@ -125,8 +126,6 @@ def plan(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
 
 def predicted(cfgs: dict[str, Any]) -> dict[str, Any]:
     """Each arm's predicted step (`project.prediction_of`: interval, hardware profile), or why there is none."""
-    from bench.tools.project import prediction_of
-
     out: dict[str, Any] = {}
     for arm, cfg in cfgs.items():
         try:
