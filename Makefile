@@ -17,7 +17,7 @@ UV_VERSION := $(shell sed -n 's/^ *"uv==\(.*\)",*$$/\1/p' pyproject.toml)
 WORKERS ?= 2
 
 .DEFAULT_GOAL := help
-.PHONY: help install test test-gpu bench compare bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend perfmodel optim-step optim-scaling collect report regress quality quality-gpu docs lint typecheck docker-build docker-shell
+.PHONY: help install test test-gpu bench compare bench-hf bench-example bench-bridge bridge-diff bench-cluster bench-ns flops balance model project recommend calibrate perfmodel optim-step optim-scaling collect report regress quality quality-gpu docs lint typecheck docker-build docker-shell
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  %-16s %s\n", $$1, $$2}'
@@ -101,6 +101,9 @@ project: $(STAMP) ## Performance model prediction: make project ARGS="model=kimi
 
 recommend: $(STAMP) ## Recommended Muon settings, predicted cost and DP scaling curve: make recommend ARGS="model=qwen3_30b_a3b parallelism=dp8_ep8 hardware=h200"
 	$(PY) -m bench.tools.recommend $(ARGS)
+
+calibrate: $(STAMP) ## This GPU's hardware profile at a model's shapes, read by project/recommend (needs a GPU, < 3 min): make calibrate ARGS="model=qwen3_8b hardware=h100"
+	$(PY) -m bench.tools.calibrate $(ARGS)
 
 perfmodel: $(STAMP) ## Performance model calibration and sweeps: README, CSV and plots under reports/perfmodel_gb300_202611
 	$(PY) -m bench.tools.project report=reports/perfmodel_gb300_202611

@@ -61,6 +61,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "crossover": Subcommand(
         module="bench.tools.crossover", summary="runs of two optimizers in crossover order: model-only ratio"
     ),
+    "calibrate": Subcommand(module="bench.tools.calibrate", summary="this GPU's hardware profile at a model's shapes (needs a GPU)"),
     "ns-kernels": Subcommand(
         module="bench.tools.ns_kernels", summary="Newton-Schulz kernels against their peers (needs a GPU)"
     ),

@@ -7,11 +7,14 @@ import os
 import random
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HYDRA_FULL_ERROR", "1")
+# predictions in tests rest on the shipped hardware profiles only, never on one `muonbench calibrate` wrote here
+os.environ["MUONBENCH_HARDWARE_PROFILES"] = str(Path(tempfile.mkdtemp(prefix="muonbench_profiles_")))
 
 
 def selects_gpu(markexpr: str) -> bool:

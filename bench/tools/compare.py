@@ -35,6 +35,7 @@ from typing import Any
 
 from bench.results import intervals
 from bench.results.record import read_json, write_json_atomic
+from bench.tools.project import prediction_of
 
 OWN_KEYS = ("optimizer", "bench.steps", "bench.out_dir", "hydra.run.dir", "hydra.sweep.dir", "bench.resume")
 """Overrides this command sets itself."""
@@ -119,7 +120,19 @@ def plan(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any]:
         "out_dir": a.bench.out_dir,
         "runs": [],
         "variant_engine": b.engine.name,
+        "predicted": predicted(cfgs),
     }
+
+
+def predicted(cfgs: dict[str, Any]) -> dict[str, Any]:
+    """Each arm's predicted step (`project.prediction_of`: interval, hardware profile), or why there is none."""
+    out: dict[str, Any] = {}
+    for arm, cfg in cfgs.items():
+        try:
+            out[arm] = prediction_of(cfg)
+        except ValueError as exc:  # a hardware row the model does not price (cpu): the runs still compare
+            out[arm] = {"none": str(exc)}
+    return out
 
 
 def _state_path(out: Path) -> Path:
@@ -393,6 +406,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     summary["stop_reason"] = reason
     state["stop_reason"] = reason
     write_json_atomic(_state_path(out), state)
+    summary["predicted"] = state.get("predicted", {})
     write_outputs(summary, out)
     print(headline(summary))
     print(f"   stopped: {reason}; {out}/summary.json")

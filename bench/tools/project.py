@@ -65,10 +65,32 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
         "engine": cfg.engine.name,
     }
     out["engine_calibration"] = engine_calibration(cfg.engine.name, cfg.hardware.name)
+    out["hardware_profile"] = pred.info["hardware_profile"]
     out.update(interval(cfg, profile, pred.step_time_s))
     out.update(memory_prediction(cfg))
     out["tp_modes"] = tp_mode_table(cfg) if cfg.optimizer.name == "muon" else []
     return out
+
+
+def prediction_of(cfg: Any) -> dict[str, Any]:
+    """What the model predicts for one composed run config, as `muonbench compare` records it beside the measured
+    steps: step time, its interval and basis, the hardware profile and engine calibration it rests on (algorithm
+    profile `ours` for our implementation, else `published`, as the intervals' runs are priced)."""
+    from dataclasses import asdict
+
+    from bench.tools.perfmodel.constants import engine_calibration
+    from bench.tools.perfmodel.intervals import _profile, interval
+    from bench.tools.perfmodel.model import predict
+
+    profile = _profile({"optimizer": asdict(cfg.optimizer)})
+    pred = predict(cfg, profile)
+    return {
+        "step_time_s": pred.step_time_s,
+        **interval(cfg, profile, pred.step_time_s),
+        "profile": profile,
+        "hardware_profile": pred.info["hardware_profile"],
+        "engine_calibration": engine_calibration(cfg.engine.name, cfg.hardware.name),
+    }
 
 
 def memory_prediction(cfg: Any) -> dict[str, Any]:
@@ -95,6 +117,7 @@ def format_text(res: dict[str, Any]) -> str:
             f"({res['step_time_s_interval_basis']})"
         ),
         f"  engine             {c['engine']} ({res['engine_calibration']})",
+        f"  hardware           {c['hardware']} ({res['hardware_profile']})",
         f"  model TF/GPU       {res['tflops_per_gpu_model']:.1f}",
         f"  NS TF/GPU          {res['tflops_per_gpu_ns']:.1f}  (plain count, reported beside model TF)",
         f"  peak memory / GPU  {res['peak_memory_gb']:.1f} GB of {res['info']['memory_gib'] * 2**30 / 1e9:.1f}"

@@ -501,6 +501,7 @@ def recommend(overrides: list[str], *, allow_numerics: bool = False) -> dict[str
         "state_memory_gib_per_gpu": pm.info["state_memory_gib"],
         **project.memory_prediction(muon),
         "engine_calibration": engine_calibration(muon.engine.name, muon.hardware.name),
+        "hardware_profile": pm.info["hardware_profile"],
         "adamw_state_memory_gib_per_gpu": pa.info["state_memory_gib"],
         "memory_gib": muon.hardware.memory_gib,
         "candidates": found["candidates"],
@@ -572,6 +573,7 @@ def format_text(res: dict[str, Any], written: list[Path]) -> str:
             + f" ({res['peak_memory_basis']})"
         ),
         f"  engine                {c['engine']} ({res['engine_calibration']})",
+        f"  hardware              {c['hardware']} ({res['hardware_profile']})",
         "  ratio over data-parallel size: "
         + ", ".join(f"DP{r['dp']} {r['ratio']:.3f}" for r in res["scaling"]),
         *([f"  {milestone.format_line(res['milestone'])}"] if "milestone" in res else []),

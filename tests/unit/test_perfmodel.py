@@ -106,7 +106,7 @@ def test_hand_checked_roofline_and_collectives() -> None:
     """Hand arithmetic: 1024^3 bf16 GEMM at 1 PF/s and 1 TB/s is memory-bound: 3 x 2 MiB operands x 2 B = 6.29 MB
     -> 6.291456 us (compute: 2.147 us). Ring all-reduce of 1 GB over 8 ranks at 100 GB/s, 10 us per hop:
     2 x (7/8 x 10 ms + 7 x 10 us) = 17.64 ms."""
-    r = compute.Rates(gemm_flops=1e15, bf16_flops=1e15, attention_flops=1e15, hbm=1e12, operand_bytes=2.0)
+    r = compute.Rates(gemm_flops=1e15, expert_gemm_flops=1e15, bf16_flops=1e15, attention_flops=1e15, hbm=1e12, operand_bytes=2.0)
     assert compute.gemm_time(1024, 1024, 1024, r, operand_bytes=2.0, out_bytes=2.0) == pytest.approx(
         6.291456e-6
     )

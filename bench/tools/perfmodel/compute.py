@@ -17,12 +17,12 @@ plus the pipeline sends that fill and drain it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import comb
 
 from bench import flops
 from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel import links
+from bench.tools.perfmodel import hwprofile, links
 from muonbench.pipeline import stage_layers
 from muonbench.schema import HardwareConfig, ModelConfig, ParallelismConfig, PrecisionConfig
 
@@ -42,6 +42,8 @@ class Rates:
 
     gemm_flops: float
     """Linear layers at the run's precision (FLOP/s)."""
+    expert_gemm_flops: float
+    """Expert (grouped) linear layers at the run's precision (FLOP/s)."""
     bf16_flops: float
     attention_flops: float
     hbm: float
@@ -51,19 +53,22 @@ class Rates:
 
 
 def rates(hw: HardwareConfig, precision: PrecisionConfig, engine: str = "megatron") -> Rates:
-    """Achievable rates from the datasheet row and `constants.efficiency(hw.name)`; the bridge engine's
-    memory-bound kernels run at the row's `hbm_bridge` where it has one."""
-    eff = C.efficiency(hw.name)
+    """Achievable rates from the datasheet row and its efficiencies (`hwprofile.effective`: `constants.efficiency`,
+    or the hardware profile's measurements); the bridge engine's memory-bound kernels run at the row's `hbm_bridge`
+    where it has one."""
+    eff = hwprofile.effective(hw)
     hbm = eff.hbm_bridge if engine == "bridge" and eff.hbm_bridge is not None else eff.hbm
     bf16 = hw.peak_bf16_tflops * 1e12 * eff.gemm_bf16.value
     fp8 = precision.name == "fp8_mx"
     if fp8 and hw.peak_fp8_tflops <= 0:
         raise ValueError(f"precision.name='fp8_mx' on hardware.name={hw.name!r}: the row has no FP8 peak")
     gemm = hw.peak_fp8_tflops * 1e12 * eff.gemm_fp8.value if fp8 else bf16
+    grouped = gemm if fp8 or eff.gemm_grouped is None else hw.peak_bf16_tflops * 1e12 * eff.gemm_grouped.value
     return Rates(
         gemm_flops=gemm,
+        expert_gemm_flops=grouped,
         bf16_flops=bf16,
-        attention_flops=hw.peak_bf16_tflops * 1e12 * C.ATTENTION_EFFICIENCY.value,
+        attention_flops=hw.peak_bf16_tflops * 1e12 * (eff.attention or C.ATTENTION_EFFICIENCY).value,
         hbm=hw.hbm_tbps * 1e12 * hbm.value,
         operand_bytes=C.FP8_BYTES.value if fp8 else BF16,
     )
@@ -203,7 +208,8 @@ def stage_times(
                 m_tok = tokens
                 out_dim, in_dim = _shard(m, tp)
             ob = BF16 if m.kind == "router" else r.operand_bytes
-            gemm += n_inst * linear_time(m_tok, out_dim, in_dim, r, operand_bytes=ob)
+            rm = replace(r, gemm_flops=r.expert_gemm_flops) if m.expert else r
+            gemm += n_inst * linear_time(m_tok, out_dim, in_dim, rm, operand_bytes=ob)
         attn = len(layer_ids) * bd["attn_core"] / n_layers * tokens / tp / r.attention_flops
         act = (
             (

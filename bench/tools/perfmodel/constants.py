@@ -142,6 +142,11 @@ class HardwareEfficiency:
     hbm_bridge: Sourced | None = None
     """`hbm` for the forward-backward of Megatron-Bridge's own loop (Transformer Engine's fused router, bf16
     gradient buffers, TE cross-entropy, CUDA graphs); None: no Bridge fit on this row, and `hbm` stands in."""
+    gemm_grouped: Sourced | None = None
+    """bf16 expert (grouped) GEMMs' fraction of the bf16 peak; None: `gemm_bf16` stands in (a hardware profile
+    measures it: `hwprofile`)."""
+    attention: Sourced | None = None
+    """Core attention's fraction of the bf16 peak; None: `ATTENTION_EFFICIENCY` (a hardware profile measures it)."""
 
 
 _H200_BF16 = Sourced(

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import flops
-from bench.tools.perfmodel import compute, nscost
+from bench.tools.perfmodel import compute, hwprofile, nscost
 from bench.tools.perfmodel import optimizer as opt
 from muonbench.schema import RootConfig
 
@@ -77,6 +77,7 @@ def predict(cfg: RootConfig, profile: str = "published", *, ns_as_configured: bo
         "ns_s": ns_s,
         "ns_precision": algo.ns_precision,
         "memory_gib": hw.memory_gib,
+        "hardware_profile": hwprofile.describe(hw.name),
     }
     return Prediction(
         step_time_s=total,

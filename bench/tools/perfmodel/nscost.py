@@ -11,6 +11,7 @@ call is measured (constants; for our kernels, from the same results).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel import links
+from bench.tools.perfmodel import hwprofile, links
 from bench.tools.perfmodel.calibration import GPU_RUNS, NS_KERNELS
 from muonbench.schema import HardwareConfig
 from optim import cost
@@ -33,7 +34,7 @@ HALF_EFF_DIM = (
 def ns_rate(hw: HardwareConfig, precision: str = "bf16") -> float:
     """Achievable GEMM FLOP/s of NS on this hardware at large shapes: the bf16 rate for a bf16 or fp16 iterate
     (same tensor-core rate), `constants.FP32_NS_RATE_FRACTION` of it for fp32."""
-    rate = hw.peak_bf16_tflops * 1e12 * C.efficiency(hw.name).gemm_bf16.value
+    rate = hw.peak_bf16_tflops * 1e12 * hwprofile.effective(hw).gemm_bf16.value
     return rate * C.FP32_NS_RATE_FRACTION.value if precision == "fp32" else rate
 
 
@@ -107,8 +108,35 @@ def ns_data(profile: str, path: Path = NS_KERNELS, *, gram: bool = True) -> NSDa
         plain = per_matrix(("ours",))
         # where the kernel benchmark measured Gram-NS faster than plain, the plan's plain time keeps that ratio
         table.update({k: v * min(1.0, table[k] / plain[k]) if k in plain else v for k, v in planned.items()})
+        table = PriorTable(table, planned=planned)
         source += f"; {len(planned)} shapes from the NS plan's measured times (shipped seeds, committed runs)"
+        source += ", the others on the plan prior"
     return NSData(table=table, host_ms=host, single_call_ms=tuple(sorted(singles)[:3]), source=source)
+
+
+class PriorTable(dict[tuple[int, int], float]):
+    """Per-shape NS milliseconds (`ns_data`'s table) that answers every shape: one it lacks costs its NS FLOPs at
+    the rate our planned kernels reached on the nearest planned shape ((log short side, log long side); the shipped
+    seeds and committed runs, all of one compute capability, SM 9.0), as the plan's prior ranks a shape it never
+    timed on the timings of its neighbours (`optim.kernels.plan_seed.prior`), instead of the analytic curve."""
+
+    def __init__(self, table: dict[tuple[int, int], float], *, planned: dict[tuple[int, int], float]) -> None:
+        super().__init__(table)
+        self.planned = planned
+
+    def __contains__(self, key: object) -> bool:
+        return bool(self.planned) or super().__contains__(key)
+
+    def __missing__(self, key: tuple[int, int]) -> float:
+        m, n = key
+
+        def distance(shape: tuple[int, int]) -> float:
+            return math.log(shape[0] / m) ** 2 + math.log(shape[1] / n) ** 2
+
+        near = min(self.planned, key=distance)
+        rate = cost.ns_flops(*near) / self.planned[near]  # FLOP per ms at the H200 ceiling
+        self[key] = cost.ns_flops(m, n) / rate
+        return self[key]
 
 
 PLAN_SEEDS = Path(__file__).resolve().parents[3] / "optim" / "kernels" / "plan_seeds"
@@ -134,16 +162,33 @@ def plan_table(host_ms: float) -> dict[tuple[int, int], float]:
     """Per canonical shape, the GPU milliseconds per matrix of one planned NS call measured by the plan on H200:
     (ms - host_ms) / batch (at least the FLOP floor), the mean over the entries of that shape (plain NS: plans
     without Gram-NS)."""
+    return table_of(plan_entries(), host_ms, C.H200_GEMM_CEILING_TFLOPS.value)
+
+
+def table_of(entries: dict[str, float], host_ms: float, ceiling_tflops: float) -> dict[tuple[int, int], float]:
+    """`plan_table` of plan entries (plan key -> ms) measured on a GPU whose dense GEMMs reach `ceiling_tflops`,
+    normalised to the H200 GEMM ceiling."""
+    to_anchor = ceiling_tflops / C.H200_GEMM_CEILING_TFLOPS.value
     samples: dict[tuple[int, int], list[float]] = {}
-    for key, ms in plan_entries().items():
+    for key, ms in entries.items():
         found = _SHAPE.search(key)
         if found is None or "|gram=True|" in key:
             continue
         batch, rows, cols = (int(g) for g in found.groups())
         shape = canonical((rows, cols))
-        floor = cost.ns_flops(shape[0], shape[1]) / (C.H200_GEMM_CEILING_TFLOPS.value * 1e12) * 1e3
-        samples.setdefault(shape, []).append(max((ms - host_ms) / batch, floor))
+        floor = cost.ns_flops(shape[0], shape[1]) / (ceiling_tflops * 1e12) * 1e3
+        samples.setdefault(shape, []).append(max((ms - host_ms) / batch, floor) * to_anchor)
     return {k: sum(v) / len(v) for k, v in samples.items()}
+
+
+def hardware_table(hw: HardwareConfig, profile: str, *, gram: bool = True) -> dict[tuple[int, int], float]:
+    """`measured_table` with the NS plan times of the hardware profile of `hw` (`hwprofile.select`) in place of the
+    H200 ones for the shapes it measured (our kernels only: the plan times are ours)."""
+    table = measured_table(profile, gram=gram)
+    prof = hwprofile.select(hw.name)
+    if prof is None or not prof.ns_plan_ms or profile != "ours":
+        return table
+    return {**table, **table_of(prof.ns_plan_ms, ns_data(profile, gram=gram).host_ms, prof.tflops["dense"])}
 
 
 def host_call_ms(hw: HardwareConfig, num_ns_steps: int = 5, profile: str = "published") -> float:

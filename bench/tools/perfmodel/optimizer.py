@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from bench import flops
 from bench.tools.perfmodel import constants as C
-from bench.tools.perfmodel import links, nscost
+from bench.tools.perfmodel import hwprofile, links, nscost
 from muonbench.pipeline import stage_layers
 from muonbench.schema import (
     DistributionConfig,
@@ -270,10 +270,10 @@ def optimizer_step(
 
     `backward_s`: the backward compute time of the slowest stage, the window in which gradient syncs overlap.
     """
-    eff = C.efficiency(hw.name)
+    eff = hwprofile.effective(hw)
     rate_hbm = hw.hbm_tbps * 1e12 * eff.hbm.value
     rate_muon = hw.hbm_tbps * 1e12 * (eff.optimizer_hbm or eff.hbm).value  # Muon's fused element-wise kernels
-    table = nscost.measured_table(algo.profile, gram=algo.gram_ns)
+    table = nscost.hardware_table(hw, algo.profile, gram=algo.gram_ns)
     dp, edp = par.dp * par.cp, max(1, par.expert_dp)
     dp_link = links.group_link(hw, dp, stride=par.tp)
     edp_link = links.group_link(hw, edp, stride=par.tp * par.cp * par.ep)
