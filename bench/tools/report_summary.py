@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from bench.tools.docs import REPO
+from bench.tools.ns_kernels import plan_rows
 
 
 def _range(s: pd.Series) -> list[float]:
@@ -127,8 +128,6 @@ def ns_kernels(report: Path) -> dict[str, Any]:
     """The layer optimizer step's medians per layout and warm-up (`bench.tools.optim_step`'s JSON files) and the NS
     plan against the fastest peer per shape (`bench.tools.ns_kernels.plan_rows` on `results.json`). One run: medians
     of 20 steps, and of interleaved rounds per shape; no interval."""
-    from bench.tools.ns_kernels import plan_rows
-
     steps: dict[str, dict[str, Any]] = {}
     for name in ("optim_step", "optim_step_buckets", "optim_step_capped_separate", "optim_step_capped_buckets"):
         d = json.loads((report / f"{name}.json").read_text())
