@@ -228,6 +228,28 @@ def _median(runs: list[dict[str, Any]], field: str) -> float:
     return float(np.median(vals)) if vals else math.nan
 
 
+def _arm_spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's spread: the range of its steady step times, of its runs' medians (step time, SM clock, power), and
+    the largest run median over the smallest less one."""
+    import numpy as np
+
+    def run_medians(field: str) -> list[float]:
+        vals = [_median([r], field) for r in runs]
+        vals = [v for v in vals if math.isfinite(v)]
+        return [min(vals), max(vals)] if vals else []
+
+    steps = [s["step_s"] for r in runs for s in r["steady"]]
+    meds = run_medians("step_s")
+    return {
+        "step_s_steady": [float(np.min(steps)), float(np.max(steps))],
+        "step_s_run_medians": meds,
+        "run_median_spread": meds[1] / meds[0] - 1,
+        "sm_mhz_run_medians": run_medians("sm_mhz"),
+        "power_w_run_medians": run_medians("power_w"),
+        "sm_mhz_median": _median(runs, "sm_mhz"),
+    }
+
+
 def analyze(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
     """The comparison so far (None before one ok run of each arm)."""
     runs = [r for e in state["runs"] if (r := load_run(out, e, state["configured_warmup"])) is not None]
@@ -273,6 +295,7 @@ def analyze(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
             state["baseline"]: max((r["peak_mem_bytes"] or 0) for r in arms["A"]),
             state["variant"]: max((r["peak_mem_bytes"] or 0) for r in arms["B"]),
         },
+        "by_arm": {a: _arm_spread(arms[a]) for a in "AB"},  # A: the baseline, B: the variant
         "order": " ".join(r["arm"] for r in runs),
         "failed_runs": [e["dir"] for e in state["runs"] if e["status"] != "ok"],
         "per_run": [

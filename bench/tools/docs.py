@@ -15,7 +15,7 @@ Formats:
   summary: `<key>_ci95` (or `ci95` beside `ratio`), runs per arm, steady steps per run and whether the order was a
   crossover. A ratio a summary marks `no_interval` is quoted with that text (its spread) instead.
 - `f:SPEC`: `format(value, SPEC)`; `ms:SPEC` the value x 1000; `pct:SPEC` the value x 100 followed by `%`;
-  `x:SPEC` the value followed by `x`; `range:SPEC` a two-element list as `lo-hi`; `text` the value as it stands.
+  `x:SPEC` the value followed by `x`; `gb:SPEC` bytes as GB (1e9); `range:SPEC` a two-element list as `lo-hi`; `text` the value as it stands.
 """
 
 from __future__ import annotations
@@ -151,11 +151,13 @@ def render(summary: Any, key: str, fmt: str) -> str:
         return _num(float(value) * 100, spec) + "%"
     if kind == "x":
         return _num(value, spec) + "x"
+    if kind == "gb":
+        return _num(float(value) / 1e9, spec) + " GB"
     if kind == "range":
         return f"{_num(value[0], spec)}-{_num(value[1], spec)}"
     if kind == "text":
         return str(value)
-    raise ValueError(f"format={fmt!r}: not one of ratio[:N], f:SPEC, ms:SPEC, pct:SPEC, x:SPEC, range:SPEC, text")
+    raise ValueError(f"format={fmt!r}: not one of ratio[:N], f:SPEC, ms:SPEC, pct:SPEC, x:SPEC, gb:SPEC, range:SPEC, text")
 
 
 def regenerate(text: str, reports: Path) -> str:
