@@ -43,7 +43,7 @@ def test_nonfinite_loss_closes_the_run_as_diverged(tmp_path):
 
 def test_ns_plan_of_the_process_is_recorded(tmp_path, monkeypatch):
     """The NS plan entries a process ran (`optim.kernels.plans_in_use`) land in its run.json as `ns_plan`: complete
-    entries only, with method and candidate times; nothing is written when no NS was planned."""
+    entries only, with method, candidate times and the backend that ran; nothing is written when no NS was planned."""
     from optim import kernels
     from optim.kernels.plan import Planner
 
@@ -65,5 +65,9 @@ def test_ns_plan_of_the_process_is_recorded(tmp_path, monkeypatch):
     monkeypatch.setattr(kernels, "_PLANNER", planner)
     worker._record_ns_plan(tmp_path)
     assert record.read_json(tmp_path / "run.json")["ns_plan"] == {
-        "k_used": {"method": "plain_quack_all", "times_ms": {"plain_quack_all": 1.0, "plain_torch": 1.4}}
+        "k_used": {
+            "method": "plain_quack_all",
+            "times_ms": {"plain_quack_all": 1.0, "plain_torch": 1.4},
+            "backend": "QuACK",
+        }
     }
