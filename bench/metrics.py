@@ -12,6 +12,7 @@ No torch: collectors and reports read the registry on machines without it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,7 +33,10 @@ class StepMetric:
     summary: Literal["", "median"] = ""
     """`median`: the run summary has `<name>_median` over the steady window."""
     sink: str = ""
-    """Its scalar name in every metrics sink (`bench.sinks`); '' = not logged there."""
+    """Its scalar name in every metrics sink (`bench.sinks`): Megatron-Bridge's training-log name where Bridge logs
+    it (`megatron.bridge.training.utils.train_utils`); '' = not logged there."""
+    mlflow: str = ""
+    """Its MLflow name where Bridge's MLflow logger uses another one than `sink` ('' = `sink`)."""
     regress: bool | None = None
     """Compared with the golden rows by `bench.results.regress` (its summary column): True when a higher value is
     worse, False when a lower one is; None = not compared."""
@@ -42,8 +46,8 @@ class StepMetric:
 
 METRICS: dict[str, StepMetric] = {
     "step": StepMetric(doc="Step index (0-based).", origin="worker", always=True),
-    "warmup": StepMetric(doc="The step is in the warm-up window (left out of the summary).", origin="worker",
-                         always=True),
+    "warmup": StepMetric(doc="The step is in the warm-up window (left out of the summary): 1 or 0.", origin="worker",
+                         always=True, sink="warmup"),
     "step_s": StepMetric(doc="Wall time of the whole step (s).", origin="field", always=True, sink="iteration-time",
                          regress=True, column="step_s_median"),
     "fwd_bwd_s": StepMetric(doc="Forward + backward of all micro-batches (s).", origin="field", always=True,
@@ -68,7 +72,9 @@ METRICS: dict[str, StepMetric] = {
     ),
     "adamw_s": StepMetric(doc="The AdamW side of the optimizer step (s).", always=True, summary="median"),
     "clip_s": StepMetric(doc="Gradient clipping (s).", always=True, summary="median"),
-    "grad_norm": StepMetric(doc="Global gradient norm before clipping.", always=True),
+    "grad_norm": StepMetric(doc="Global gradient norm before clipping.", always=True, sink="grad-norm"),
+    "lr": StepMetric(doc="Learning rate of the step (the first parameter group; the scheduler's value).",
+                     sink="learning-rate"),
     "alloc_retries": StepMetric(doc="The CUDA caching allocator's cumulative `num_alloc_retries` (a rising count "
                                 "is memory pressure).", always=True),
     "ns_overlap_s": StepMetric(doc="NS started in the backward on a side stream (s, `optimizer.ns_overlap`)."),
@@ -85,7 +91,12 @@ METRICS: dict[str, StepMetric] = {
     "throttled": StepMetric(doc="A thermal or hardware slowdown was among the reasons "
                             "(`bench.results.intervals.throttled`).", origin="telemetry"),
     "model_tflops_per_gpu": StepMetric(doc="Model FLOPs over step time (TF/s per GPU, `record.tflops_per_gpu`).",
-                                       origin="derived", sink="throughput/tflops/device", regress=False),
+                                       origin="derived", sink="throughput/tflops/device",
+                                       mlflow="throughput/tflops_per_device", regress=False),
+    "tokens_per_s": StepMetric(doc="Tokens of the global batch over step time (all GPUs).", origin="derived",
+                               sink="throughput/tokens_per_sec"),
+    "mfu": StepMetric(doc="Model TF/s per GPU over the GPU's dense bf16 peak (`hardware.peak_bf16_tflops`); "
+                      "left out where the peak is unknown.", origin="derived", sink="throughput/mfu"),
     "ns_tflops_per_gpu": StepMetric(doc="NS FLOPs over step time (TF/s per GPU).", origin="derived",
                                     sink="throughput/ns_tflops/device"),
 }  # fmt: skip
@@ -115,6 +126,21 @@ def medians() -> tuple[str, ...]:
 def sink_names() -> dict[str, str]:
     """Metric -> its scalar name in every sink."""
     return {k: m.sink for k, m in METRICS.items() if m.sink}
+
+
+def mlflow_names() -> dict[str, str]:
+    """Metric -> its MLflow name (Bridge's where it differs from the other sinks', through `mlflow_name`)."""
+    return {k: mlflow_name(m.mlflow or m.sink) for k, m in METRICS.items() if m.sink}
+
+
+def mlflow_name(name: str) -> str:
+    """A scalar name as Bridge's MLflow logger writes it (`mlflow_utils._sanitize_mlflow_metrics`): spaces kept,
+    `@` as `_at_`, one `/` after the first part, other characters outside `[/\\w.\\- :]` as `_`."""
+    out = re.sub(r"/+", "/", name.replace("@", "_at_"))
+    if "/" in out:
+        first, rest = out.split("/", 1)
+        out = first + "/" + rest.replace("/", "_")
+    return re.sub(r"[^/\w.\- :]", "_", out)
 
 
 def regressed() -> dict[str, bool]:

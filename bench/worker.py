@@ -180,7 +180,12 @@ def _steps(
         if log is not None:
             log.write({"step": i, "warmup": i < cfg.bench.warmup_steps, **row})
         if rank.rank == 0 and (sink is not None or bar is not None):
-            scalars = sinks.scalars(row, model_flops_per_step=model_flops, world_size=rank.world_size)
+            scalars = sinks.scalars(
+                {**row, "warmup": i < cfg.bench.warmup_steps},
+                model_flops_per_step=model_flops,
+                world_size=rank.world_size,
+                peak_tflops=cfg.hardware.peak_bf16_tflops,
+            )
             if sink is not None:
                 sink.log(scalars, i)
             if bar is not None:
@@ -247,9 +252,11 @@ def run(run_dir: Path) -> None:
                 vocab = (m.vocab_size, flops.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, tp))
                 divergence = record.judge_training(record.read_steps(run_dir), vocab_sizes=vocab)
             if divergence is None:
-                record.finalize(run_dir, status=record.Status.OK)
+                final = record.finalize(run_dir, status=record.Status.OK)
             else:
-                record.finalize(run_dir, status=record.Status.DIVERGED, divergence=divergence)
+                final = record.finalize(run_dir, status=record.Status.DIVERGED, divergence=divergence)
+            if sink is not None:
+                sink.summary(sinks.summary_scalars(final.get("summary")))
         if rank.world_size > 1:
             dist.barrier()  # leave together: a rank tearing down gloo while rank 0 still writes can abort
     except BaseException as exc:

@@ -237,6 +237,7 @@ class HFEngine(Engine):
         (self.layerwise or self.inner).zero_grad(set_to_none=True)
         losses = []
         grad_norm = None
+        lr = None if self.inner is None else float(self.inner.param_groups[0]["lr"])  # this step's (pre-scheduler)
         with t.phase("step"):
             with t.phase("fwd_bwd"):
                 for _ in range(self.grad_accum):
@@ -262,6 +263,10 @@ class HFEngine(Engine):
                     self.scheduler.step()
         s = t.collect()
         loss = float(torch.stack(losses).float().mean())
+        if self.layerwise is not None:
+            grad_norm = self.layerwise.grad_norm
+        elif grad_norm is None:  # no clipping: the norm of the synced gradients, outside the timed step
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
         if self.cuda:
             peak = torch.cuda.max_memory_allocated(self.device)
         else:
@@ -281,7 +286,8 @@ class HFEngine(Engine):
                 "adamw_s": s.get("adamw", 0.0),
                 "clip_s": s.get("clip", 0.0),
             }
-            | ({} if grad_norm is None else {"grad_norm": float(grad_norm)}),
+            | ({} if grad_norm is None else {"grad_norm": float(grad_norm)})
+            | ({} if lr is None else {"lr": lr}),
         )
 
     def skipped_updates(self) -> int | None:

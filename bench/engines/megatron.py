@@ -229,6 +229,7 @@ class MegatronEngine(Engine):
             extra={
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "update_ok": float(bool(ok)),
+                "lr": float(self.optimizer.param_groups[0]["lr"]),
                 # cudaMalloc retries of the caching allocator so far (a full-memory step that frees and re-maps
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),

@@ -308,6 +308,8 @@ class LayerWiseDistributedOptimizer:
         config: LayerWiseConfig | None = None,
     ) -> None:
         self.config = config or LayerWiseConfig()
+        self.grad_norm: float | None = None
+        """Global gradient norm of the last step (set where it clips: `max_grad_norm` > 0)."""
         named = [(n, p) for n, p in named_params if p.requires_grad]
         matrix = is_matrix or _routed_matrix(named)
         e_group = _resolve(expert_dp_group, dp_group, "expert_dp_group")
@@ -443,7 +445,8 @@ class LayerWiseDistributedOptimizer:
         sq = sum((d.owned_sq_norm() for d in self.domains), torch.zeros((), device=self.domains[0].device))
         if self.norm_group is not None and dist.is_initialized():
             dist.all_reduce(sq, group=self.norm_group)
-        scale = self.config.max_grad_norm / (sq.sqrt().item() + 1e-6)
+        self.grad_norm = sq.sqrt().item()
+        scale = self.config.max_grad_norm / (self.grad_norm + 1e-6)
         if scale < 1.0:
             for d in self.domains:
                 for g in d.shard_grads:

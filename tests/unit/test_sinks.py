@@ -1,6 +1,7 @@
-"""Metrics sinks: a step row reaches TensorBoard under Bridge's names and reads back; a tiny CPU run logs every
-step to W&B (offline) and MLflow (file store) and the tools' own readers give back steps.jsonl; a missing extra is
-one line."""
+"""Metrics sinks: a step row reaches TensorBoard under Bridge's names (grad norm, learning rate, tokens/s, MFU and
+the warm-up flag beside them) and reads back with the config as hparams; a tiny CPU run logs every step to W&B
+(offline) and MLflow (file store, Bridge's MLflow names, params from the config, the run summary at the end) and the
+tools' own readers give back steps.jsonl; a missing extra is one line."""
 
 from __future__ import annotations
 
@@ -15,20 +16,35 @@ from muonbench import compose, load
 from recipes.overrides import logger_fields
 from tests.unit._run_fixtures import write_tiny_run
 
-ROW = {"step_s": 0.5, "loss": 6.25, "optim_s": 0.02, "ns_flops": 3e12, "peak_mem_bytes": 2**30, "tokens": 64}
+ROW = {"step_s": 0.5, "loss": 6.25, "optim_s": 0.02, "ns_flops": 3e12, "peak_mem_bytes": 2**30, "tokens": 64,
+       "grad_norm": 1.5, "lr": 3e-4, "warmup": True}  # fmt: skip
 
 
 def test_scalars_carry_loss_times_tflops_and_memory() -> None:
-    got = sinks.scalars(ROW, model_flops_per_step=8e12, world_size=2)
+    got = sinks.scalars(ROW, model_flops_per_step=8e12, world_size=2, peak_tflops=16.0)
     assert got == {
         "lm loss": 6.25,
         "iteration-time": 0.5,
         "throughput/tflops/device": 8.0,  # 8e12 / 0.5 s / 2 GPUs
         "throughput/ns_tflops/device": 6.0,  # 3e12 / 0.5 s, one GPU's NS work
+        "throughput/tokens_per_sec": 128.0,  # 64 tokens / 0.5 s
+        "throughput/mfu": 0.5,  # 8 of 16 TF/s
         "optimizer-time": 0.02,
         "mem-max-allocated-bytes": float(2**30),
+        "grad-norm": 1.5,
+        "learning-rate": 3e-4,
+        "warmup": 1.0,
     }
-    assert "throughput/tflops/device" not in sinks.scalars(ROW, model_flops_per_step=None, world_size=2)
+    unknown = sinks.scalars(ROW, model_flops_per_step=None, world_size=2)
+    assert "throughput/tflops/device" not in unknown and "throughput/mfu" not in unknown
+
+
+def test_mlflow_names_are_bridges() -> None:
+    """Bridge's MLflow logger keeps spaces ("lm loss") and names TF/s per GPU `throughput/tflops_per_device`."""
+    names = metrics.mlflow_names()
+    assert names["loss"] == "lm loss" and names["model_tflops_per_gpu"] == "throughput/tflops_per_device"
+    assert names["ns_tflops_per_gpu"] == "throughput/ns_tflops_device"
+    assert metrics.mlflow_name("a/b/c d@e!") == "a/b_c d_at_e_"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="needs the tensorboard extra")
@@ -38,10 +54,12 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
     sink = sinks.open_sink("tensorboard", tmp_path, run_id="r", project="p", config={})
     assert sink is not None
     for step in range(3):
-        sink.log(sinks.scalars({**ROW, "loss": 6.0 - step}, model_flops_per_step=8e12, world_size=2), step)
+        row = {**ROW, "loss": 6.0 - step}
+        sink.log(sinks.scalars(row, model_flops_per_step=8e12, world_size=2, peak_tflops=16.0), step)
+    sink.summary({"summary/step_s_median": 0.5})
     sink.close()
     acc = EventAccumulator(str(sinks.tensorboard_dir(tmp_path))).Reload()
-    assert set(acc.Tags()["scalars"]) == set(metrics.sink_names().values())
+    assert set(acc.Tags()["scalars"]) == set(metrics.sink_names().values()) | {"summary/step_s_median"}
     assert [(e.step, e.value) for e in acc.Scalars("lm loss")] == [(0, 6.0), (1, 5.0), (2, 4.0)]
     assert [e.value for e in acc.Scalars("throughput/tflops/device")] == [8.0] * 3
 
@@ -112,15 +130,17 @@ def test_wandb_offline_run_holds_every_step(tmp_path: Path, monkeypatch: pytest.
     assert (run.display_name, run.project) == ("wandb_run", "tiny")
     config = {u.key: json.loads(u.value_json) for u in run.config.update}
     assert config["optimizer"]["name"] == "adamw" and config["bench"]["steps"] == 4
-    for name in ("lm loss", "iteration-time", "optimizer-time"):
+    for name in ("lm loss", "iteration-time", "optimizer-time", "grad-norm", "learning-rate"):
         assert [(h["_step"], h[name]) for h in history] == expected(steps, name), name
-    assert all(h["throughput/tflops/device"] > 0 for h in history)
+    assert all(h["throughput/tflops/device"] > 0 and h["throughput/tokens_per_sec"] > 0 for h in history)
+    assert [h["warmup"] for h in history] == [1, 0, 0, 0]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="needs the mlflow extra")
 def test_mlflow_file_store_holds_every_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """MLflow with no tracking server: the file store under the run directory, read with MlflowClient, has one
-    metric per scalar (spaces as `_`) whose history equals steps.jsonl step by step."""
+    metric per scalar under Bridge's MLflow name whose history equals steps.jsonl step by step, the config as
+    params and the run summary."""
     from mlflow.tracking import MlflowClient
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -134,10 +154,14 @@ def test_mlflow_file_store_holds_every_step(tmp_path: Path, monkeypatch: pytest.
     assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == "mlflow_run" and run.info.status == "FINISHED"
-    assert set(run.data.metrics) == {n.replace(" ", "_") for n in metrics.sink_names().values()}
-    for name in ("lm loss", "iteration-time", "optimizer-time"):
-        got = client.get_metric_history(run.info.run_id, name.replace(" ", "_"))
+    step_names = set(metrics.mlflow_names().values()) - {"throughput/mfu"}  # the CPU has no peak
+    assert {n for n in run.data.metrics if not n.startswith("summary/")} == step_names
+    for name in ("lm loss", "iteration-time", "optimizer-time", "grad-norm", "learning-rate"):
+        got = client.get_metric_history(run.info.run_id, name)
         assert sorted((m.step, m.value) for m in got) == expected(steps, name), name
+    summary = record.read_json(run_dir / "run.json")["summary"]
+    assert run.data.metrics["summary/step_s_median"] == summary["step_s_median"]
+    assert run.data.params["optimizer.name"] == "adamw" and run.data.params["bench.steps"] == "4"
 
 
 def test_a_missing_extra_is_one_line_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,3 +187,19 @@ def test_bridge_logger_follows_the_choice(tmp_path: Path, monkeypatch: pytest.Mo
     ml = logger_fields(load(["bench.logger=mlflow"]).bench, run)
     assert ml["mlflow_tracking_uri"] == f"file:{tmp_path / '3_muon' / 'mlruns'}"
     assert logger_fields(load(["bench.logger=tensorboard"]).bench, "") == {"tensorboard_dir": None}
+
+
+def test_every_optimizer_reports_grad_norm_and_lr(tmp_path: Path) -> None:
+    """Muon's steps had no gradient norm (None every step) and no step had a learning rate."""
+    run_dir = tmp_path / "0_muon"
+    write_tiny_run(run_dir, "optimizer=muon", "bench.steps=2", f"bench.out_dir={tmp_path}", "optimizer.clip_grad=0")
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker.run(run_dir)
+    finally:
+        torch.set_num_threads(threads)
+    steps = record.read_steps(run_dir)
+    assert all(s["grad_norm"] > 0 and s["lr"] is not None for s in steps)
