@@ -18,7 +18,6 @@ import json
 import math
 import os
 import platform
-import statistics
 import subprocess
 import tempfile
 import warnings
@@ -28,6 +27,8 @@ from enum import StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench import metrics, nvsmi
 from muonbench.compose import config_from_dict
@@ -416,20 +417,9 @@ def classify_failure(
     return Status.ERROR
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    """Linear-interpolation quantile (numpy's default), for small lists without numpy."""
-    s = sorted(xs)
-    if len(s) == 1:
-        return s[0]
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
 def _median(rows: list[dict[str, Any]], key: str) -> float | None:
     xs = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(xs) if xs else None
+    return float(np.median(xs)) if xs else None
 
 
 def tflops_per_gpu(
@@ -459,8 +449,7 @@ def summarize(
     if not steady:
         return None
     times = [r["step_s"] for r in steady]
-    med = statistics.median(times)
-    p25, p75 = _quantile(times, 0.25), _quantile(times, 0.75)
+    p25, med, p75 = (float(q) for q in np.quantile(times, [0.25, 0.5, 0.75]))
     tokens = steady[-1]["tokens"]
     ns_flops = _median(steady, "ns_flops") or 0.0
     model_tf, ns_tf = tflops_per_gpu(
@@ -473,7 +462,7 @@ def summarize(
         "step_s_p25": p25,
         "step_s_p75": p75,
         "step_s_iqr": p75 - p25,
-        "step_s_mean": statistics.fmean(times),
+        "step_s_mean": float(np.mean(times)),
         **{f"{k}_median": _median(steady, k) for k in metrics.medians()},
         "tokens_per_step": tokens,
         "tokens_per_s": tokens / med,

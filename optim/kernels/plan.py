@@ -2,7 +2,7 @@
 
 A plan key is (batch, m, n, input dtype, coefficients, use_gram, restarts) on one GPU with one torch and Triton
 version (and QuACK version, where installed and usable) and one plan version; the cache file (json) lives in $MUONBENCH_CACHE or
-~/.cache/muonbench and records the times of every candidate, each candidate's first call (`first_call_s`: JIT
+muonbench's cache folder (`optim.cache`) and records the times of every candidate, each candidate's first call (`first_call_s`: JIT
 compilation, graph capture) and the whole warm-up cost (`plan_s`), so a report can show why a method was chosen
 and what compiling it cost. An entry that lacks a candidate the current code offers (written before that kernel
 existed) is measured again. Nothing is guessed: a candidate is
@@ -122,9 +122,11 @@ AGREE_RTOL = 5e-2
 
 
 def cache_path() -> Path:
-    """$MUONBENCH_CACHE/ns_plan.json, else ~/.cache/muonbench/ns_plan.json."""
-    root = os.environ.get("MUONBENCH_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "muonbench")
-    return Path(root) / "ns_plan.json"
+    """`ns_plan.json` in muonbench's cache folder (`optim.cache.cache_root`: $MUONBENCH_CACHE, else the user cache
+    folder, honouring XDG_CACHE_HOME)."""
+    from optim.cache import cache_root
+
+    return cache_root() / "ns_plan.json"
 
 
 def env_string(gpu: str, torch_version: str, triton_version: str, quack_version: str | None) -> str:

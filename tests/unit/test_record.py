@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 
+import numpy as np
 import pytest
 from test_record_fixtures import NS_FLOPS, STEP_S, WARMUP, make_run
 
@@ -141,10 +142,14 @@ def test_config_round_trips_through_run_json():
         muonbench.config_from_dict(d)
 
 
-def test_quantile_matches_statistics_module():
-    xs = [0.3, 0.1, 0.7, 0.2, 0.9]
-    assert record._quantile(xs, 0.5) == statistics.median(xs)
-    assert record._quantile(xs, 0.25) == pytest.approx(statistics.quantiles(xs, n=4, method="inclusive")[0])
+def test_summary_quantiles_are_numpys():
+    """The steady window's median and IQR are numpy's (linear interpolation), not a hand-written quantile."""
+    times = [0.3, 0.1, 0.7, 0.2, 0.9]
+    steps = [{"step": i, "warmup": False, "step_s": t, "tokens": 8} for i, t in enumerate(times)]
+    got = record.summarize(steps, world_size=1, model_flops_per_step=None)
+    assert not hasattr(record, "_quantile")
+    assert (got["step_s_p25"], got["step_s_median"], got["step_s_p75"]) == tuple(np.quantile(times, [0.25, 0.5, 0.75]))
+    assert got["step_s_median"] == statistics.median(times)
 
 
 def test_git_info_env_override_for_copies_without_git(tmp_path, monkeypatch):

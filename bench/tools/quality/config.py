@@ -309,7 +309,7 @@ class QualityConfig:
     measurement, the other optimizers' mean. A rerun with the same `out` resumes. SIGTERM or SIGINT drops the
     trial in progress, records the piece and exits with 128 + the signal number."""
     cache: str = ""
-    """Directory of the encoded corpus; empty = $MUONBENCH_CACHE/quality (or ~/.cache/muontools/quality)."""
+    """Directory of the encoded corpus; empty = quality/ in muonbench's cache folder (optim/cache.py)."""
     lr_grids: dict[str, tuple[float, ...]] = field(default_factory=lambda: dict(LR_GRIDS))
     grids: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """Grid of each tuned dimension but `lr` (the profile's)."""

@@ -58,8 +58,10 @@ def stdlib_corpus(root: Path | None = None) -> Corpus:
 
 
 def cache_dir(override: str = "") -> Path:
-    root = Path(os.environ.get("MUONBENCH_CACHE", Path.home() / ".cache" / "muonbench")) / "quality"
-    d = Path(override) if override else root
+    """`override`, else `quality/` in muonbench's cache folder (`optim.cache.cache_root`); created."""
+    from optim.cache import cache_root
+
+    d = Path(override) if override else cache_root() / "quality"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
