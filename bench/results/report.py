@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.results import plots, record
+from bench.results import markdown, plots, record
 from bench.results.collect import GROUP_COLUMNS, default_report_dir
 from muonbench.cli_help import command
 
@@ -139,12 +139,6 @@ def _status_text(r: dict[str, Any]) -> str:
     """The status cell; a diverged run says at which step."""
     at = _num(r.get("diverged_at_step"))
     return f"{r['status']} at step {int(at)}" if at is not None else str(r["status"])
-
-
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _nearest_baseline(r: dict[str, Any], base: list[dict[str, Any]]) -> dict[str, Any]:
@@ -348,7 +342,7 @@ def table1(rows: list[dict[str, Any]]) -> str:
                 (f"{mfu:.1%}" if mfu is not None else "N/A (no peak for this hardware)") if ok else "-",
             ]
         )
-    return _md_table(header, body)
+    return markdown.table(header, body)
 
 
 REMAINDERS = {
@@ -409,7 +403,7 @@ def breakdown(rows: list[dict[str, Any]]) -> str:
         )
     if not body:  # a header alone says nothing
         return NONE_OK
-    return _md_table(header, body) + (
+    return markdown.table(header, body) + (
         "\n\nTimes in ms, medians over the steady window (each phase's own median, so the parts need not add up "
         "exactly; \"other\" is the median of what each step's optimizer step leaves after its NS, AdamW part and "
         "clipping). Communication = gradient sync and, for the layer-wise optimizer, the parameter all-gather; "
@@ -592,7 +586,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
         "## Optimizer step breakdown",
         breakdown(rows),
         "## Loss",
-        _md_table(
+        markdown.table(
             ["optimizer", "first step", "last step", "skipped updates"],
             [
                 [
@@ -621,7 +615,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     if failed:
         parts += [
             "## Runs that did not end ok",
-            _md_table(
+            markdown.table(
                 ["run", "optimizer", "status", "error"],
                 [
                     [
@@ -646,7 +640,7 @@ def render(results: Any, steps: Any, dest: Path, name: str) -> str:
     if peak:
         parts += [
             "## Memory",
-            _md_table(
+            markdown.table(
                 ["optimizer", "peak memory per rank, MiB"],
                 [[_label(r), fmt(r["peak_mem_bytes"], ".0f", 2**-20)] for r in peak],
             ),

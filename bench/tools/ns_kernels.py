@@ -24,6 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.results import markdown
+
 # name, rows (out), cols (in), batch, model, role
 SHAPES: list[tuple[str, int, int, int, str, str]] = [
     ("qwen_q", 4096, 2048, 1, "qwen3-30b-a3b", "q after QKV split"),
@@ -370,19 +372,17 @@ def render_general(micro: list[dict[str, Any]]) -> list[str]:
         "configs the plan also offers (`optim.kernels.sym_quack.GENERAL_CONFIGS`). TFLOP/s on 2 B m^2 n; err: largest",
         "|out - fp32 product| over the largest |fp32 entry|; first call s: compilation included.",
         "",
-        "| B x m x n | "
-        + " | ".join(backends)
-        + " | fastest (TFLOP/s) | err (same order) | QuACK first call s |",
-        "|---|" + "---|" * (len(backends) + 3),
     ]
+    rows = []
     for r in micro:
         best = r.get("best")
         fastest = f"{best} ({_fmt(r.get(f'{best}_tflops'))})" if best else "-"
         errs = " / ".join(_fmt(r.get(f"{b}_err"), 2) for b in backends)
         first = " / ".join(_fmt(r.get(f"{b}_first_s"), 2) for b in backends if b.startswith("quack"))
-        cells = " | ".join(_fmt(r.get(f"{b}_ms")) for b in backends)
-        lines.append(f"| {r['batch']}x{r['m']}x{r['n']} | {cells} | {fastest} | {errs} | {first or '-'} |")
-    return lines
+        cells = [_fmt(r.get(f"{b}_ms")) for b in backends]
+        rows.append([f"{r['batch']}x{r['m']}x{r['n']}", *cells, fastest, errs, first or "-"])
+    header = ["B x m x n", *backends, "fastest (TFLOP/s)", "err (same order)", "QuACK first call s"]
+    return [*lines, *markdown.table(header, rows).splitlines()]
 
 
 def write_outputs(res: dict[str, Any], out: Path) -> None:

@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.results import markdown
 from bench.results.record import git_info
 from bench.timing import PhaseTimer
 
@@ -344,11 +345,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         "param_gather_ms",
         "other_ms",
     )
-    head = " | ".join(cols)
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(" | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c]) for c in cols))
-    return "\n".join(lines)
+    return markdown.table(cols, [[f"{r[c]:.2f}" if isinstance(r[c], float) else r[c] for c in cols] for r in rows])
 
 
 def scaling_summary(rows: list[dict[str, Any]]) -> str:

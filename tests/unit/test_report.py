@@ -22,6 +22,11 @@ def rendered(tmp_path_factory):
     return text, dest, results
 
 
+def unpad(text: str) -> str:
+    """A Markdown table without the padding of its cells (`to_markdown` aligns the columns)."""
+    return re.sub(r" +\|", " |", text)
+
+
 def test_table1_shows_total_as_model_plus_ns(rendered):
     """Localises NS FLOPs folded into the model figure (the published-sum-only anti-pattern)."""
     text, _, results = rendered
@@ -44,7 +49,7 @@ def test_breakdown_and_failed_runs_and_protocol(rendered):
     text, _, _ = rendered
     assert "## Optimizer step breakdown" in text
     section = text.split("## Optimizer step breakdown")[1]
-    row = next(line for line in section.splitlines() if line.startswith("| muon (1_muon) |"))
+    row = next(line for line in unpad(section).splitlines() if line.startswith("| muon (1_muon) |"))
     assert "| 20.00 | 2.00 |" in row  # NS ms, AdamW-part ms
     assert "## Runs that did not end ok" in text and "FileNotFoundError" in text
     assert "warm-up steps excluded" in text and "median" in text and "IQR" in text
@@ -241,7 +246,7 @@ def test_breakdown_other_is_each_steps_remainder_never_a_difference_of_medians()
     report.add_remainders(rows, steps)
     assert rows[0]["other_optim_s_median"] == pytest.approx(0.001)
     assert rows[0]["rest_s_median"] == pytest.approx(0.001)
-    table_row = next(ln for ln in report.breakdown(rows).splitlines() if ln.startswith("| muon"))
+    table_row = next(ln for ln in unpad(report.breakdown(rows)).splitlines() if ln.startswith("| muon"))
     assert table_row.split(" | ")[8] == "1.00" and "-" not in table_row
     heights = [b.get_height() for b in plots.breakdown_figure(rows, lambda r: r["run_id"]).axes[0].patches]
     assert heights == pytest.approx([5.0, 0.0, 9.0, 9.0, 0.0, 1.0, 1.0])
@@ -257,7 +262,7 @@ def test_a_dry_run_and_an_all_failed_sweep_say_what_happened(tmp_path, capsys):
     dest = tmp_path / "report"
     collect.collect(dirs, dest)
     assert report.main(["--dir", str(dest)]) == 0
-    out = capsys.readouterr().out
+    out = unpad(capsys.readouterr().out)
     assert "nan" not in out and "| 0_adamw | adamw | written | script written, not submitted (launcher.dry_run) |" in out
     assert re.search(r"\| 2_muon \| [^|]+ \| error \| FileNotFoundError: ", out)
     text = (dest / "report.md").read_text()
@@ -300,3 +305,16 @@ def test_an_interrupted_report_leaves_the_old_one_whole(rendered, tmp_path, monk
         report.render(pd.read_csv(copy / "results.csv"), pd.read_csv(copy / "steps.csv"), copy, "r")
     assert {p.name: p.read_bytes() for p in copy.iterdir() if p.is_file()} == before
     assert not list(copy.glob(".report.*"))  # the temporary folder is gone too
+
+
+def test_markdown_tables_are_pandas():
+    """Four report writers joined '|' cells by hand; every table is `markdown.table` (pandas `to_markdown`)."""
+    from pathlib import Path
+
+    from bench.results import markdown
+
+    assert markdown.table(["a", "b"], [["1.50", "x"]]).splitlines() == ["| a    | b   |", "|:-----|:----|",
+                                                                        "| 1.50 | x   |"]  # fmt: skip
+    root = Path(report.__file__).parents[1]
+    hand = [p for p in root.rglob("*.py") if '" | ".join(' in p.read_text() or "\"|---|\"" in p.read_text()]
+    assert hand == []

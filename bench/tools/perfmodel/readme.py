@@ -6,13 +6,12 @@ import json
 from types import ModuleType
 from typing import Any
 
+from bench.results import markdown
 from bench.tools.perfmodel.calibration import NS_KERNELS
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return out
+    return markdown.table(header, rows).splitlines()
 
 
 def _pick(rows: list[dict[str, Any]], study: str, **match: Any) -> list[dict[str, Any]]:
