@@ -39,6 +39,8 @@ CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 ALLOWED: dict[str, tuple[str | int, ...]] = {
     "model.attention": ("gqa", "mla"),
     "model.moe_router_score_function": ("softmax", "sigmoid"),
+    "model.rope_scaling_type": ("yarn", "llama3"),
+    "model.activation": ("silu", "gelu_tanh"),
     "optimizer.implementation": ("ours", "megatron", "eo", "torch"),
     "optimizer.lr_decay": ("cosine", "linear", "constant"),
     "parallelism.distribution.tp_mode": C.TP_MODE_CHOICES,
@@ -491,7 +493,8 @@ def _check_model_sizes(m: schema.ModelConfig) -> None:
             _fail(f"model.{name}", getattr(m, name), "must be >= 1")
     if m.make_vocab_size_divisible_by < 1:
         _fail("model.make_vocab_size_divisible_by", m.make_vocab_size_divisible_by, "must be >= 1")
-    for name in ("num_dense_layers", "num_experts", "moe_shared_expert_intermediate_size", "mtp_num_layers"):
+    for name in ("num_dense_layers", "num_experts", "moe_shared_expert_intermediate_size", "mtp_num_layers",
+                 "sliding_window", "window_attn_skip_freq"):
         if getattr(m, name) < 0:
             _fail(f"model.{name}", getattr(m, name), "must be >= 0")
     if m.family not in FAMILIES:

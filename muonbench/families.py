@@ -35,6 +35,11 @@ class Family:
     Bridge build the family's, so `model.qkv_bias` must equal it there."""
     aliases: tuple[str, ...] = ()
     """Further model_types read as this family (their configs are this family's, from remote code)."""
+    features: tuple[str, ...] = ()
+    """Architecture features every model of the family has beyond the plain pre-norm decoder (`features`): an
+    engine that does not build the family's own layers refuses them."""
+    attn_implementation: str = "sdpa"
+    """transformers' attention of the hf engine: `eager` where its SDPA path would drop a feature (gpt-oss's sinks)."""
 
 
 FAMILIES: dict[str, Family] = {
@@ -55,8 +60,36 @@ FAMILIES: dict[str, Family] = {
                     bridged=True),
     "deepseek_v3": Family(architecture="DeepseekV3ForCausalLM", read=hf_model.deepseek_v3,
                           export=hf_export.deepseek_v3, moe=True, bridged=True, aliases=("kimi_k2",)),
+    "deepseek_v2": Family(architecture="DeepseekV2ForCausalLM", read=hf_model.deepseek_v2,
+                          export=hf_export.deepseek_v2, moe=True, bridged=True),
+    "gpt_oss": Family(architecture="GptOssForCausalLM", read=hf_model.gpt_oss, export=hf_export.gpt_oss, moe=True,
+                      bridged=True, qkv_bias=True, attn_implementation="eager",
+                      features=("attention sinks", "biases on every linear layer", "clamped SwiGLU experts")),
+    # Megatron-Bridge 0.6.2 has no Qwen2-MoE or Phi-3 bridge
+    "qwen2_moe": Family(architecture="Qwen2MoeForCausalLM", read=hf_model.qwen2_moe, export=hf_export.qwen2_moe,
+                        moe=True, bridged=False, qkv_bias=True, features=("shared-expert gate",)),
+    "gemma2": Family(architecture="Gemma2ForCausalLM", read=hf_model.gemma2, export=hf_export.gemma2, moe=False,
+                     bridged=True, features=("logit soft-capping", "post-norms", "embedding scaling")),
+    "phi3": Family(architecture="Phi3ForCausalLM", read=hf_model.phi3, export=hf_export.dense, moe=False,
+                   bridged=False),
 }  # fmt: skip
 """`model.family` (the transformers model_type) -> its entry."""
+
+
+def features(model: ModelConfig) -> dict[str, str]:
+    """The architecture features of `model` beyond the plain pre-norm decoder -> the setting that asks for it
+    (`model.<field>=<value>`); an engine refuses the ones it does not build (`muonbench.engines`)."""
+    out: dict[str, str] = {}
+    if model.sliding_window:
+        out["sliding-window attention"] = f"model.sliding_window={model.sliding_window}"
+    if model.rope_scaling_factor != 1.0 and model.rope_scaling_type == "llama3":
+        out["llama3 RoPE scaling"] = "model.rope_scaling_type='llama3'"
+    if model.activation != "silu":
+        out["GeGLU feed-forward"] = f"model.activation={model.activation!r}"
+    fam = FAMILIES.get(model.family)
+    for name in fam.features if fam else ():
+        out[name] = f"model.family={model.family!r}"
+    return out
 
 
 def model_types() -> dict[str, str]:

@@ -6,9 +6,12 @@
 mapping cannot represent, or that our engines and the Megatron FLOP formula do not cover, is refused naming the
 field (`HFConfigError`), before anything is built or launched.
 
-Not represented (no effect on shapes or FLOPs): Llama 3.1 frequency scaling of RoPE, DeepSeek-V3's group-limited
-routing (n_group / topk_group), multi-token-prediction layers (mtp_num_layers = 0: no engine builds them; set it on
-the command line for the FLOP tools). Values read and their sources: docs/references.md#hugging-face-model-configs.
+RoPE scaling (YaRN, Llama 3.1's) and sliding windows (every layer, or every N-th layer full) are fields of
+`ModelConfig`; features a family always has (Gemma 2's soft-capping, gpt-oss's attention sinks, ...) are its
+entry's `features` in `muonbench.families`; an engine that builds neither refuses them before launch.
+Not represented (no effect on shapes or FLOPs): DeepSeek's group-limited routing (n_group / topk_group) and YaRN
+attention scale (mscale), multi-token-prediction layers (mtp_num_layers = 0: no engine builds them; set it on the
+command line for the FLOP tools). Values read and their sources: docs/references.md#hugging-face-model-configs.
 """
 
 from __future__ import annotations
@@ -166,20 +169,47 @@ def _rope(cfg: Any) -> dict[str, Any]:
     theta = params.get("rope_theta", _get(cfg, "rope_theta", 10000.0))
     out: dict[str, Any] = {"rotary_base": _number("rope_theta", theta)}
     kind = params.get("rope_type", params.get("type", "default"))
-    if kind == "yarn":
+    if kind == "llama3":
+        for name, fixed in (("low_freq_factor", 1.0), ("high_freq_factor", 4.0)):
+            if float(params.get(name, fixed)) != fixed:
+                _fail(f"rope_parameters.{name}", params[name], f"Llama 3.1's value is represented; allowed: [{fixed}]")
+    if kind in ("yarn", "llama3"):
         out |= {
             "rope_scaling_factor": float(params["factor"]),
             "rope_original_max_position_embeddings": int(params["original_max_position_embeddings"]),
+            "rope_scaling_type": kind,
         }
-    elif kind not in ("default", "llama3", None):
+    elif kind not in ("default", None):
         _fail("rope_parameters.rope_type", kind, "allowed: ['default', 'llama3', 'yarn']")
     return out
 
 
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
+"""transformers' `hidden_act` -> `ModelConfig.activation` (the gate of a gated feed-forward)."""
+
+
+def _window(cfg: Any) -> dict[str, Any]:
+    """Sliding-window attention: the window and which layers slide (transformers' `layer_types` where it has them,
+    else every layer), as `ModelConfig.sliding_window` / `window_attn_skip_freq`."""
+    window = _get(cfg, "sliding_window")
+    if not window or not _get(cfg, "use_sliding_window", True):
+        return {"sliding_window": 0, "window_attn_skip_freq": 0}
+    if _get(cfg, "max_window_layers") is not None:  # Qwen2's: full attention below max_window_layers
+        _fail("use_sliding_window", True, "Qwen2's sliding window over the top layers only is not built; allowed: false")
+    types = list(_get(cfg, "layer_types") or [])
+    sliding = [t == "sliding_attention" for t in types] or [True] * cfg.num_hidden_layers
+    if not any(sliding):
+        return {"sliding_window": 0, "window_attn_skip_freq": 0}
+    freq = 0 if all(sliding) else next(i + 1 for i, s in enumerate(sliding) if not s)
+    if any(s != bool(freq == 0 or (i + 1) % freq) for i, s in enumerate(sliding)):
+        _fail("layer_types", types, "only every layer sliding, or every N-th layer full, is represented")
+    return {"sliding_window": int(window), "window_attn_skip_freq": freq}
+
+
 def _common(cfg: Any) -> dict[str, Any]:
-    act = _get(cfg, "hidden_act", "silu")
-    if act != "silu":
-        _fail("hidden_act", act, "the engines build SwiGLU feed-forward layers; allowed: ['silu']")
+    act = _get(cfg, "hidden_activation") or _get(cfg, "hidden_act", "silu")
+    if act not in ACTIVATIONS:
+        _fail("hidden_act", act, f"the engines build gated feed-forward layers; allowed: {list(ACTIVATIONS)}")
     hidden, heads = _need(cfg, "hidden_size"), _need(cfg, "num_attention_heads")
     for name in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
         if not _is_int(_need(cfg, name)) or _get(cfg, name) < 1:
@@ -192,14 +222,12 @@ def _common(cfg: Any) -> dict[str, Any]:
         "vocab_size": cfg.vocab_size,
         "seq_length": min(SEQ_LENGTH, _get(cfg, "max_position_embeddings") or SEQ_LENGTH),
         "gated_linear_unit": True,
+        "activation": ACTIVATIONS[act],
         "norm_eps": _number("rms_norm_eps", _get(cfg, "rms_norm_eps", 1e-6)),
         "tie_embeddings": bool(_get(cfg, "tie_word_embeddings", False)),
         **_rope(cfg),
+        **_window(cfg),
     }
-    if _get(cfg, "use_sliding_window") or (
-        _get(cfg, "sliding_window") is not None and _get(cfg, "use_sliding_window", True)
-    ):
-        _fail("sliding_window", _get(cfg, "sliding_window"), "sliding-window attention is not built; allowed: null")
     return out
 
 
@@ -263,21 +291,13 @@ def qwen3(cfg: Any) -> dict[str, Any]:
 
 
 def qwen3_moe(cfg: Any) -> dict[str, Any]:
-    n = cfg.num_hidden_layers
-    dense = sorted(_get(cfg, "mlp_only_layers") or [])
-    if dense != list(range(len(dense))):
-        _fail("mlp_only_layers", dense, "only leading dense layers are built: [0, 1, ..., k-1]")
-    step = _get(cfg, "decoder_sparse_step", 1)
-    if step != 1:
-        _fail("decoder_sparse_step", step, "allowed: 1 (every layer after the leading dense ones is MoE)")
-    out = {
+    return {
         **_common(cfg),
         **_gqa(cfg, qk_layernorm=True),
         **_experts(cfg, num="num_experts", ffn="moe_intermediate_size"),
         "ffn_hidden_size": _need(cfg, "intermediate_size"),
-        "num_dense_layers": min(len(dense), n),
+        "num_dense_layers": _moe_layers(cfg, cfg.num_hidden_layers),
     }
-    return out
 
 
 def mixtral(cfg: Any) -> dict[str, Any]:
@@ -301,7 +321,7 @@ def olmoe(cfg: Any) -> dict[str, Any]:
 
 
 def deepseek_v3(cfg: Any) -> dict[str, Any]:
-    score = _get(cfg, "scoring_func", "sigmoid")
+    score = _get(cfg, "scoring_func", "sigmoid" if cfg.model_type == "deepseek_v3" else "softmax")
     if score not in ("sigmoid", "softmax"):
         _fail("scoring_func", score, "allowed: ['sigmoid', 'softmax']")
     routed = _get(cfg, "n_routed_experts") or 0
@@ -335,6 +355,66 @@ def deepseek_v3(cfg: Any) -> dict[str, Any]:
         "moe_router_enable_expert_bias": _get(cfg, "topk_method", "noaux_tc") == "noaux_tc",
         "make_vocab_size_divisible_by": 1280,  # Megatron-Bridge's MLA providers (DeepSeek-V3, Kimi K2)
     }
+
+
+def _moe_layers(cfg: Any, n: int) -> int:
+    """The leading dense layers of a Qwen-MoE config (mlp_only_layers), refused unless they lead."""
+    dense = sorted(_get(cfg, "mlp_only_layers") or [])
+    if dense != list(range(len(dense))):
+        _fail("mlp_only_layers", dense, "only leading dense layers are built: [0, 1, ..., k-1]")
+    step = _get(cfg, "decoder_sparse_step", 1)
+    if step != 1:
+        _fail("decoder_sparse_step", step, "allowed: 1 (every layer after the leading dense ones is MoE)")
+    return min(len(dense), n)
+
+
+def qwen2_moe(cfg: Any) -> dict[str, Any]:
+    # Qwen2 attention (q/k/v biases); one shared expert behind a sigmoid gate (muonbench.families features)
+    return {
+        **_common(cfg),
+        **_gqa(cfg, qk_layernorm=False, qkv_bias=True),
+        **_experts(cfg, num="num_experts", ffn="moe_intermediate_size"),
+        "ffn_hidden_size": _need(cfg, "intermediate_size"),
+        "num_dense_layers": _moe_layers(cfg, cfg.num_hidden_layers),
+        "moe_shared_expert_intermediate_size": _get(cfg, "shared_expert_intermediate_size") or 0,
+    }
+
+
+def gemma2(cfg: Any) -> dict[str, Any]:
+    out = {**_common(cfg), **_gqa(cfg, qk_layernorm=False), "ffn_hidden_size": _need(cfg, "intermediate_size")}
+    fixed = {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "query_pre_attn_scalar": out["kv_channels"]}
+    for name, value in fixed.items():  # the family's soft-capping and query scale: written back as these values
+        if _get(cfg, name) != value:
+            _fail(name, _get(cfg, name), f"Gemma 2's value is represented (query scale = head_dim); allowed: [{value}]")
+    return out
+
+
+def phi3(cfg: Any) -> dict[str, Any]:
+    if _get(cfg, "partial_rotary_factor", 1.0) != 1.0:
+        _fail("partial_rotary_factor", cfg.partial_rotary_factor, "partial rotary embeddings are not built; allowed: 1.0")
+    return llama(cfg)
+
+
+def gpt_oss(cfg: Any) -> dict[str, Any]:
+    # attention sinks, biases on every linear layer and the clamped SwiGLU experts: muonbench.families features
+    return {
+        **_common(cfg),
+        **_gqa(cfg, qk_layernorm=False, qkv_bias=True),
+        **_experts(cfg, num="num_local_experts", ffn="intermediate_size"),
+        "ffn_hidden_size": cfg.intermediate_size,
+    }
+
+
+def deepseek_v2(cfg: Any) -> dict[str, Any]:
+    """DeepSeek-V2 (Lite): the DeepSeek-V3 layout with softmax routing, no expert bias, weights not renormalised
+    where norm_topk_prob is false."""
+    out = deepseek_v3(cfg)
+    out |= {
+        "family": "deepseek_v2",
+        "moe_router_enable_expert_bias": False,
+        "moe_router_pre_softmax": not _get(cfg, "norm_topk_prob", False),
+    }
+    return out
 
 
 def model_name(spec: str) -> str:

@@ -33,9 +33,9 @@ class ModelConfig:
     name: str = MISSING
     """Config name, e.g. `qwen3_30b_a3b`."""
     family: str = MISSING
-    """The transformers model_type: llama, mistral, qwen2, qwen3 (dense GQA); qwen3_moe, mixtral, olmoe (MoE GQA);
-    deepseek_v3 (MLA, DeepSeek-V3 and Kimi K2). `model=hf:<config.json>` reads it from a config
-    (muonbench/hf_model.py)."""
+    """The transformers model_type: llama, mistral, qwen2, qwen3, gemma2, phi3 (dense GQA); qwen3_moe, qwen2_moe,
+    mixtral, olmoe, gpt_oss (MoE GQA); deepseek_v2, deepseek_v3 (MLA; DeepSeek-V3 and Kimi K2 are deepseek_v3).
+    `model=hf:<config.json>` reads it from a config (muonbench/hf_model.py); the table: muonbench/families.py."""
     num_layers: int = MISSING
     hidden_size: int = MISSING
     num_attention_heads: int = MISSING
@@ -86,9 +86,20 @@ class ModelConfig:
     """Softmax over all experts before top-k, weights not renormalised (OLMoE: norm_topk_prob false); False = softmax
     over the top-k scores (Qwen3-MoE, Mixtral)."""
     rope_scaling_factor: float = 1.0
-    """YaRN factor (Kimi K2: 32); 1.0 = no rope scaling."""
+    """RoPE scaling factor (Kimi K2 YaRN: 32; Llama 3.1/3.2: 8/32); 1.0 = no rope scaling."""
     rope_original_max_position_embeddings: int = 0
-    """YaRN original context (Kimi K2: 4096); 0 when rope_scaling_factor == 1."""
+    """The context the scaling stretches (Kimi K2: 4096; Llama 3.1: 8192); 0 when rope_scaling_factor == 1."""
+    rope_scaling_type: str = "yarn"
+    """`yarn` or `llama3` (Llama 3.1 frequency scaling, low/high frequency factors 1 and 4); read only when
+    rope_scaling_factor != 1."""
+    sliding_window: int = 0
+    """Sliding-window attention: the tokens a query of a sliding layer sees, itself included (the Hugging Face
+    `sliding_window`; Mistral v0.1 4096, Gemma 2 4096, gpt-oss 128, Phi-3-mini 2047); 0 = full attention everywhere."""
+    window_attn_skip_freq: int = 0
+    """With a sliding window: every N-th layer (1-based) attends fully, the others slide (Megatron's
+    `window_attn_skip_freq`; Gemma 2 and gpt-oss: 2); 0 = every layer slides."""
+    activation: str = "silu"
+    """The gated feed-forward's activation: `silu` (SwiGLU) or `gelu_tanh` (GeGLU, Gemma 2)."""
     mtp_num_layers: int = 0
     """Multi-token-prediction layers (both published models: 0)."""
     source: str = ""
