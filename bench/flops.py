@@ -45,6 +45,20 @@ def _layer_counts(model: ModelConfig) -> tuple[int, int]:
     )
 
 
+def sliding_layers(model: ModelConfig, num_layers: int) -> int:
+    """How many of `num_layers` slide (every one, or all but every `window_attn_skip_freq`-th); 0 without a window."""
+    if not model.sliding_window:
+        return 0
+    freq = model.window_attn_skip_freq
+    return num_layers - (num_layers // freq if freq else 0)
+
+
+def window_context(window: int, s: int) -> float:
+    """Mean keys a query sees under a causal window of `window` tokens over `s`: W - W (W - 1) / (2 s) for W < s,
+    else the full causal s / 2 (MB `flop_utils`, window_size = (W - 1, 0))."""
+    return window - window * (window - 1) / (2 * s) if window < s else s / 2
+
+
 def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float]:
     """Training FLOPs per token by term (forward + backward), at sequence length `model.seq_length`.
 
@@ -89,7 +103,9 @@ def model_flops_breakdown(model: ModelConfig, *, tp: int = 1) -> dict[str, float
         q = nh * model.kv_channels  # query projection width
         kv = model.num_query_groups * model.kv_channels  # key (and value) width under GQA
         attn_linear = 6 * n_layers * (h * (q + 2 * kv) + q * h)  # fused QKV + output projection
-        attn_core = 6 * n_layers * q * s  # QK^T and AV: 2 GEMMs x 2 FLOP x 3 x q x s / 2 (causal)
+        # QK^T and AV: 2 GEMMs x 2 FLOP x 3 x q x (mean causal context: s / 2, or the window's on a sliding layer)
+        n_slide = sliding_layers(model, n_layers)
+        attn_core = 12 * q * ((n_layers - n_slide) * s / 2 + n_slide * window_context(model.sliding_window, s))
     mtp = 6 * model.mtp_num_layers * (3 * h + 2 * h * h)  # MTP norms and eh projection
     v_pad = padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
     logits = 6 * h * v_pad * (1 + model.mtp_num_layers)  # output layer over the padded vocabulary

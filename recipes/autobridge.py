@@ -68,6 +68,76 @@ def provider_of(model: ModelConfig) -> Any:
     return provider
 
 
+ACTIVATIONS = {"silu": "silu", "fast_gelu": "gelu_tanh", "gelu_tanh": "gelu_tanh", "quick_gelu": "silu"}
+"""Megatron's `activation_func` name -> `ModelConfig.activation` (gpt-oss's clamped `quick_gelu` is its SwiGLU
+variant, a family feature)."""
+
+ALTERNATING_WINDOW = ("Gemma2ModelProvider",)
+"""Providers that slide on odd layers in their own attention (gemma2_provider.py) instead of through
+`window_attn_skip_freq`."""
+
+
+def provider_fields(provider: Any) -> dict[str, Any]:
+    """The architecture fields of `ModelConfig` as Bridge's provider holds them (AutoBridge's reading of a
+    config.json): what `muonbench.families` reads without Bridge, for the tests that both agree and for the
+    architectures the family table does not list. Sizes of the benchmark (seq_length) are not the provider's."""
+    p = provider
+    mla = bool(getattr(p, "multi_latent_attention", False))
+    freq = p.moe_layer_freq if p.num_moe_experts else 1
+    dense = next((i for i, f in enumerate(freq) if f), len(freq)) if isinstance(freq, list) else 0
+    if isinstance(freq, list) and any(not f for f in freq[dense:]):
+        raise ValueError(f"moe_layer_freq={freq}: only leading dense layers are represented")
+    window = getattr(p, "window_size", None)
+    skip = getattr(p, "window_attn_skip_freq", None) or (2 if type(p).__name__ in ALTERNATING_WINDOW else 0)
+    if getattr(p, "rope_scaling", False):
+        rope = {"rope_scaling_type": "llama3", "rope_scaling_factor": float(p.rope_scaling_factor),
+                "rope_original_max_position_embeddings": 8192}  # fmt: skip  (Megatron's fixed llama3 context)
+    elif mla and getattr(p, "rope_type", "") == "yarn":
+        rope = {"rope_scaling_type": "yarn", "rope_scaling_factor": float(p.rotary_scaling_factor),
+                "rope_original_max_position_embeddings": int(p.original_max_position_embeddings)}  # fmt: skip
+    elif getattr(p, "position_embedding_type", "") == "yarn":
+        rope = {"rope_scaling_type": "yarn", "rope_scaling_factor": float(p.yarn_rotary_scaling_factor),
+                "rope_original_max_position_embeddings": int(p.yarn_original_max_position_embeddings)}  # fmt: skip
+    else:
+        rope = {"rope_scaling_factor": 1.0}
+    out: dict[str, Any] = {
+        "num_layers": p.num_layers,
+        "hidden_size": p.hidden_size,
+        "num_attention_heads": p.num_attention_heads,
+        "attention": "mla" if mla else "gqa",
+        "vocab_size": p.vocab_size,
+        "ffn_hidden_size": p.ffn_hidden_size,
+        "num_experts": p.num_moe_experts or 0,
+        "num_dense_layers": dense,
+        "qkv_bias": bool(p.add_qkv_bias or p.add_bias_linear),
+        "norm_eps": float(p.layernorm_epsilon),
+        "rotary_base": float(p.rotary_base),
+        "tie_embeddings": bool(p.share_embeddings_and_output_weights),
+        "gated_linear_unit": bool(p.gated_linear_unit),
+        "activation": ACTIVATIONS[p.activation_func.__name__],
+        "sliding_window": window[0] + window[1] + 1 if window else 0,
+        "window_attn_skip_freq": skip if window else 0,
+        **rope,
+    }
+    if mla:
+        out |= {"q_lora_rank": p.q_lora_rank or 0, "kv_lora_rank": p.kv_lora_rank, "qk_head_dim": p.qk_head_dim,
+                "qk_pos_emb_head_dim": p.qk_pos_emb_head_dim, "v_head_dim": p.v_head_dim}  # fmt: skip
+    else:
+        out |= {"num_query_groups": p.num_query_groups or p.num_attention_heads, "qk_layernorm": bool(p.qk_layernorm),
+                "kv_channels": p.kv_channels or p.hidden_size // p.num_attention_heads}  # fmt: skip
+    if p.num_moe_experts:
+        out |= {
+            "moe_router_topk": p.moe_router_topk,
+            "moe_ffn_hidden_size": p.moe_ffn_hidden_size,
+            "moe_shared_expert_intermediate_size": p.moe_shared_expert_intermediate_size or 0,
+            "moe_router_score_function": p.moe_router_score_function,
+            "moe_router_pre_softmax": bool(p.moe_router_pre_softmax),
+            "moe_router_enable_expert_bias": bool(p.moe_router_enable_expert_bias),
+            "moe_router_topk_scaling_factor": float(p.moe_router_topk_scaling_factor or 1.0),
+        }
+    return out
+
+
 def pretrain_config(model: ModelConfig) -> Any:
     """A Bridge ConfigContainer training `model` from scratch: Bridge's template with AutoBridge's provider.
 
