@@ -119,6 +119,7 @@ def _validate_bridge(engine: Any) -> None:
 def _check_hf(root: Any) -> None:
     par, opt = root.parallelism, root.optimizer
     check_family_bias(root)
+    check_features(root)
     for knob in ("tp", "pp", "cp", "ep", "etp"):
         if getattr(par, knob) != 1:
             fail(
@@ -142,6 +143,15 @@ def _check_hf(root: Any) -> None:
 
 def _check_megatron(root: Any) -> None:
     opt, par, impl = root.optimizer, root.parallelism, root.optimizer.implementation
+    check_features(root)
+    m = root.model
+    if "llama3 RoPE scaling" in features(m) and m.rope_original_max_position_embeddings != LLAMA3_CONTEXT:
+        fail(
+            "model.rope_original_max_position_embeddings",
+            m.rope_original_max_position_embeddings,
+            f"Megatron-Core's llama3 RoPE scaling stretches a {LLAMA3_CONTEXT}-token context; allowed: "
+            f"[{LLAMA3_CONTEXT}] (engine=hf builds any)",
+        )
     if not registry.spec(opt.name).matrix:
         return
     if impl not in ("ours", "megatron"):
@@ -170,9 +180,32 @@ def _check_megatron(root: Any) -> None:
 
 def _check_bridge(root: Any) -> None:
     check_family_bias(root)
+    check_features(root)
     if registry.spec(root.optimizer.name).matrix and root.optimizer.implementation == "ours":
         check_layerwise_ours(root)
         check_adapter_overlap(root)
+
+
+LLAMA3_CONTEXT = 8192
+"""The original context Megatron-Core's llama3 RoPE scaling assumes (`RotaryEmbedding._apply_scaling`)."""
+
+
+def features(model: Any) -> dict[str, tuple[str, Any]]:
+    from muonbench.families import features as of
+
+    return of(model)
+
+
+def check_features(root: Any) -> None:
+    """Refuse, naming the setting, an architecture feature of the model (`muonbench.families.features`) that the
+    engine does not build, so it is never dropped; the message names the engines that build it."""
+    builds = spec(root.engine.name).features
+    for name, (field, value) in features(root.model).items():
+        if builds is not None and name not in builds:
+            others = [n for n, e in ENGINES.items() if e.features is None or name in e.features]
+            fail(field, value, f"{name} is not built by engine={root.engine.name} (engines that build it: {others})")
+        if root.engine.name == "bridge" and not root.model.source:  # a conf/model model: Bridge's recipe has none
+            fail(field, value, f"engine=bridge builds {name} only as AutoBridge reads it (model=hf:<spec>)")
 
 
 def check_family_bias(root: Any) -> None:
@@ -251,6 +284,9 @@ class EngineSpec:
     """`bench.prewarm` applies to it (one untimed step before the timed run, our kernels compiled on disk)."""
     param_bytes: int = 2
     """Bytes of one weight (and one gradient) element it keeps (the memory lower bound, `bench.memory`)."""
+    features: frozenset[str] | None = None
+    """The architecture features (`muonbench.families.features`) it builds; None = every one (it builds each
+    family's own layers: transformers' classes, Bridge's AutoBridge providers). The others are refused."""
 
 
 ENGINES: dict[str, EngineSpec] = {
@@ -269,6 +305,7 @@ ENGINES: dict[str, EngineSpec] = {
         data=("mock", "indexed"),
         probes=True,
         prewarm=True,
+        features=frozenset({"llama3 RoPE scaling", "shared-expert gate"}),
     ),
     "bridge": EngineSpec(
         config=BridgeEngineConfig,

@@ -76,19 +76,19 @@ FAMILIES: dict[str, Family] = {
 """`model.family` (the transformers model_type) -> its entry."""
 
 
-def features(model: ModelConfig) -> dict[str, str]:
-    """The architecture features of `model` beyond the plain pre-norm decoder -> the setting that asks for it
-    (`model.<field>=<value>`); an engine refuses the ones it does not build (`muonbench.engines`)."""
-    out: dict[str, str] = {}
+def features(model: ModelConfig) -> dict[str, tuple[str, Any]]:
+    """The architecture features of `model` beyond the plain pre-norm decoder -> the (field, value) that asks for
+    it; an engine refuses the ones it does not build (`muonbench.engines.check_features`)."""
+    out: dict[str, tuple[str, Any]] = {}
     if model.sliding_window:
-        out["sliding-window attention"] = f"model.sliding_window={model.sliding_window}"
+        out["sliding-window attention"] = ("model.sliding_window", model.sliding_window)
     if model.rope_scaling_factor != 1.0 and model.rope_scaling_type == "llama3":
-        out["llama3 RoPE scaling"] = "model.rope_scaling_type='llama3'"
+        out["llama3 RoPE scaling"] = ("model.rope_scaling_type", model.rope_scaling_type)
     if model.activation != "silu":
-        out["GeGLU feed-forward"] = f"model.activation={model.activation!r}"
+        out["GeGLU feed-forward"] = ("model.activation", model.activation)
     fam = FAMILIES.get(model.family)
     for name in fam.features if fam else ():
-        out[name] = f"model.family={model.family!r}"
+        out[name] = ("model.family", model.family)
     return out
 
 

@@ -411,6 +411,7 @@ def deepseek_v2(cfg: Any) -> dict[str, Any]:
     out = deepseek_v3(cfg)
     out |= {
         "family": "deepseek_v2",
+        "make_vocab_size_divisible_by": 3200,  # Megatron-Bridge's DeepSeek-V2 provider
         "moe_router_enable_expert_bias": False,
         "moe_router_pre_softmax": not _get(cfg, "norm_topk_prob", False),
     }

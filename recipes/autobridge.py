@@ -106,6 +106,7 @@ def provider_fields(provider: Any) -> dict[str, Any]:
         "num_attention_heads": p.num_attention_heads,
         "attention": "mla" if mla else "gqa",
         "vocab_size": p.vocab_size,
+        "make_vocab_size_divisible_by": p.make_vocab_size_divisible_by,
         "ffn_hidden_size": p.ffn_hidden_size,
         "num_experts": p.num_moe_experts or 0,
         "num_dense_layers": dense,

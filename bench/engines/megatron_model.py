@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.flops import padded_vocab_size
 from muonbench.engines import MegatronEngineConfig
+from muonbench.families import features
 from muonbench.schema import ModelConfig, ParallelismConfig, RootConfig
 
 
@@ -175,6 +176,7 @@ def transformer_config_kwargs(
         )
         if model.moe_shared_expert_intermediate_size:
             kw["moe_shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size
+            kw["moe_shared_expert_gate"] = "shared-expert gate" in features(model)  # Qwen2-MoE
         kw.update(
             moe_router_score_function=model.moe_router_score_function,
             moe_router_enable_expert_bias=model.moe_router_enable_expert_bias,
@@ -240,4 +242,7 @@ def gpt_model_kwargs(model: ModelConfig, *, tp: int) -> dict[str, Any]:
         "share_embeddings_and_output_weights": model.tie_embeddings,
         "position_embedding_type": "rope",  # MLA layers carry their own rotary embedding; GPTModel skips it
         "rotary_base": int(model.rotary_base),
+        # Llama 3.1's frequency scaling (Megatron's fixed 8192-token context, checked by muonbench.engines)
+        **({"rope_scaling": True, "rope_scaling_factor": model.rope_scaling_factor}
+           if "llama3 RoPE scaling" in features(model) else {}),  # fmt: skip
     }

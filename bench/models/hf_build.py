@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.flops import padded_vocab_size
-from muonbench.families import config_json
+from muonbench.families import FAMILIES, config_json
 from muonbench.schema import ModelConfig
 
 
@@ -31,7 +31,7 @@ def build_model(model: ModelConfig, *, seed: int, dtype: Any = None) -> Any:
     from transformers import AutoModelForCausalLM
 
     config = hf_config(model)
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = FAMILIES[model.family].attn_implementation
     torch.manual_seed(seed)
     net = AutoModelForCausalLM.from_config(config)
     if dtype is not None:

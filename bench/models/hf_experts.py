@@ -51,7 +51,10 @@ def use_autocast_grouped_experts(model: Any) -> int:
     forward; returns how many modules were changed."""
     n = 0
     for module in model.modules():
-        if type(module).__name__.endswith("Experts") and hasattr(module, "gate_up_proj"):
+        # experts with biases (gpt-oss: interleaved, clamped gate/up) keep their own forward
+        if type(module).__name__.endswith("Experts") and hasattr(module, "gate_up_proj") and not hasattr(
+            module, "gate_up_proj_bias"
+        ):
             original = module.forward
             module.forward = types.MethodType(
                 lambda self, h, i, w, _orig=original: grouped_experts_forward(self, h, i, w, fallback=_orig),

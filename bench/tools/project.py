@@ -51,8 +51,10 @@ def project(overrides: list[str], profile: str = "published") -> dict[str, Any]:
     from bench.tools.perfmodel.intervals import interval
     from bench.tools.perfmodel.model import predict, tp_mode_table
     from muonbench import load
+    from muonbench.engines import check_features
 
     cfg = load(with_default_engine(overrides))
+    check_features(cfg)  # a model the engine cannot build is not projected for it
     pred = predict(cfg, profile)
     out = pred.as_dict()
     out["config"] = {

@@ -35,6 +35,11 @@ EXPECTED = {
     "mixtral_8x7b": ("mixtral", 32, 4096, 32, 8, 128, 14336, 8, 2, 14336, 0, 0, 32000, False, False),
     "olmoe_1b_7b": ("olmoe", 16, 2048, 16, 16, 128, 1024, 64, 8, 1024, 0, 0, 50304, True, True),
     "deepseek_v3": ("deepseek_v3", 61, 7168, 128, 0, 0, 18432, 256, 8, 2048, 2048, 3, 129280, True, False),
+    "deepseek_v2_lite": ("deepseek_v2", 27, 2048, 16, 0, 0, 10944, 64, 6, 1408, 2816, 1, 102400, True, True),
+    "gpt_oss_20b": ("gpt_oss", 24, 2880, 64, 8, 64, 2880, 32, 4, 2880, 0, 0, 201088, False, False),
+    "qwen1_5_moe_a2_7b": ("qwen2_moe", 24, 2048, 16, 16, 128, 5632, 60, 4, 1408, 5632, 0, 151936, False, True),
+    "gemma2_9b": ("gemma2", 42, 3584, 16, 8, 256, 14336, 0, 0, 0, 0, 0, 256000, False, False),
+    "phi3_mini": ("phi3", 32, 3072, 32, 32, 96, 8192, 0, 0, 0, 0, 0, 32064, False, False),
 }
 FIELDS = [
     "family",
@@ -60,7 +65,7 @@ def test_family_fields(name: str) -> None:
     m = hf(name).model
     assert tuple(getattr(m, f) for f in FIELDS) == EXPECTED[name]
     assert m.name == name and m.source == f"hf:{FIXTURES / name}"
-    assert m.seq_length == 4096 and not m.tie_embeddings
+    assert m.seq_length == 4096 and m.tie_embeddings is (name == "gemma2_9b")  # Gemma ties its embeddings
 
 
 def test_deepseek_v3_mla_and_router() -> None:
@@ -191,7 +196,11 @@ def _write(tmp_path: Path, base: str, **changes: object) -> Path:
         ("mixtral_8x7b", {"num_experts_per_tok": 9}, "num_experts_per_tok=9"),
         ("llama3_8b", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
         ("qwen3_30b_a3b", {"mlp_only_layers": [3]}, "mlp_only_layers=[3]"),
-        ("mixtral_8x7b", {"sliding_window": 4096}, "sliding_window=4096"),
+        ("qwen1_5_moe_a2_7b", {"use_sliding_window": True}, "use_sliding_window=True"),
+        ("gemma2_9b", {"attn_logit_softcapping": 40.0}, "attn_logit_softcapping=40.0"),
+        ("llama3_2_1b", {"rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 2.0,
+                                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+         "low_freq_factor=2.0"),
     ],
 )
 def test_bad_config_names_the_field(tmp_path: Path, base: str, changes: dict, field: str) -> None:
