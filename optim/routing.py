@@ -123,8 +123,10 @@ def classify(name: str, shape: tuple[int, ...], naming: Naming) -> str:
 def _shape_kind(name: str, shape: tuple[int, ...], naming: Naming) -> str:
     """Kind of a parameter that is neither an embedding nor the output layer."""
     parts = name.split(".")
+    if parts[-1] == "bias" or parts[-1].endswith("_bias"):  # any rank: stacked experts' biases are 2-D (gpt-oss)
+        return "bias"
     if len(shape) == 1:
-        return "bias" if parts[-1] == "bias" or parts[-1].endswith("_bias") else "norm"
+        return "norm"
     if _is_router(parts, naming):
         return "router"
     if len(shape) == 3:
@@ -137,7 +139,7 @@ def _shape_kind(name: str, shape: tuple[int, ...], naming: Naming) -> str:
 def _is_router(parts: list[str], naming: Naming) -> bool:
     if len(parts) < 3 or parts[-3] != "mlp" or not _WEIGHT.fullmatch(parts[-1]):
         return False
-    return parts[-2] == ("gate" if naming == "hf" else "router")
+    return parts[-2] in (("gate", "router") if naming == "hf" else ("router",))  # hf: gpt-oss names it router
 
 
 def split_for(
