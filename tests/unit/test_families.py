@@ -59,8 +59,11 @@ def test_every_moe_family_refuses_zero_experts() -> None:
     """Localises the MoE rule knowing only qwen3_moe and deepseek_v3 (mixtral and olmoe passed with 0 experts)."""
     assert {n for n, f in families.FAMILIES.items() if f.moe} == {
         "qwen3_moe",
+        "qwen2_moe",
         "mixtral",
         "olmoe",
+        "gpt_oss",
+        "deepseek_v2",
         "deepseek_v3",
     }
     with pytest.raises(
