@@ -236,13 +236,14 @@ def build_gpt_model(
 
 def gpt_model_kwargs(model: ModelConfig, *, tp: int) -> dict[str, Any]:
     """The `GPTModel` arguments that fix shapes and embeddings (the rest of `build_gpt_model`'s call)."""
+    # Llama 3.1's frequency scaling (Megatron's fixed 8192-token context, checked by muonbench.engines)
+    llama3 = "llama3 RoPE scaling" in features(model)
+    scaling = {"rope_scaling": True, "rope_scaling_factor": model.rope_scaling_factor} if llama3 else {}
     return {
         "vocab_size": padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp),
         "max_sequence_length": model.seq_length,
         "share_embeddings_and_output_weights": model.tie_embeddings,
         "position_embedding_type": "rope",  # MLA layers carry their own rotary embedding; GPTModel skips it
         "rotary_base": int(model.rotary_base),
-        # Llama 3.1's frequency scaling (Megatron's fixed 8192-token context, checked by muonbench.engines)
-        **({"rope_scaling": True, "rope_scaling_factor": model.rope_scaling_factor}
-           if "llama3 RoPE scaling" in features(model) else {}),  # fmt: skip
+        **scaling,
     }
