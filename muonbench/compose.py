@@ -497,9 +497,9 @@ def _check_model_sizes(m: schema.ModelConfig) -> None:
                  "sliding_window", "window_attn_skip_freq"):
         if getattr(m, name) < 0:
             _fail(f"model.{name}", getattr(m, name), "must be >= 0")
-    if m.family not in FAMILIES:
+    if m.family not in FAMILIES and not m.source.startswith(f"{HF_MODEL}:"):  # read by AutoBridge: engine=bridge
         _fail("model.family", m.family, f"must be one of {list(FAMILIES)}")
-    if FAMILIES[m.family].moe and m.num_experts < 1:
+    if m.family in FAMILIES and FAMILIES[m.family].moe and m.num_experts < 1:
         _fail("model.num_experts", m.num_experts, f"must be >= 1: model.family={m.family!r} is a mixture of experts")
     if m.num_experts and m.num_dense_layers < m.num_layers and m.moe_ffn_hidden_size < 1:
         _fail("model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "must be >= 1 for the MoE layers")

@@ -118,6 +118,7 @@ def _validate_bridge(engine: Any) -> None:
 
 def _check_hf(root: Any) -> None:
     par, opt = root.parallelism, root.optimizer
+    check_family_read(root)
     check_family_bias(root)
     check_features(root)
     for knob in ("tp", "pp", "cp", "ep", "etp"):
@@ -143,6 +144,7 @@ def _check_hf(root: Any) -> None:
 
 def _check_megatron(root: Any) -> None:
     opt, par, impl = root.optimizer, root.parallelism, root.optimizer.implementation
+    check_family_read(root)
     check_features(root)
     m = root.model
     if "llama3 RoPE scaling" in features(m) and m.rope_original_max_position_embeddings != LLAMA3_CONTEXT:
@@ -196,6 +198,19 @@ def features(model: Any) -> dict[str, tuple[str, Any]]:
     return of(model)
 
 
+def check_family_read(root: Any) -> None:
+    """A family outside the table (read through Megatron-Bridge's AutoBridge) has no builder here but Bridge's."""
+    from muonbench.families import FAMILIES
+
+    if root.model.family not in FAMILIES:
+        fail(
+            "model.family",
+            root.model.family,
+            f"read through Megatron-Bridge's AutoBridge (muonbench.families has no reader of its own), so only "
+            f"engine=bridge builds it (engine={root.engine.name}); the families read here: {list(FAMILIES)}",
+        )
+
+
 def check_features(root: Any) -> None:
     """Refuse, naming the setting, an architecture feature of the model (`muonbench.families.features`) that the
     engine does not build, so it is never dropped; the message names the engines that build it."""
@@ -214,6 +229,8 @@ def check_family_bias(root: Any) -> None:
     from muonbench.families import FAMILIES
 
     m = root.model
+    if m.family not in FAMILIES:  # AutoBridge's provider: its own biases
+        return
     built = FAMILIES[m.family].qkv_bias
     if m.qkv_bias != built:
         fail(

@@ -104,19 +104,47 @@ def family(name: str) -> Family:
     return FAMILIES[name]
 
 
-def read(spec: str, *, trust_remote_code: bool = False) -> Any:
-    """The transformers config of `spec`, of a model_type in the table (`hf_model.read`)."""
-    return hf_model.read(spec, supported=model_types(), trust_remote_code=trust_remote_code)
+BRIDGE_READER = "recipes.autobridge:model_fields"
+"""Where a model_type outside the table is read, through Megatron-Bridge's AutoBridge (engine=bridge only)."""
+
+
+def read(spec: str, *, trust_remote_code: bool = False, any_type: bool = False) -> Any:
+    """The transformers config of `spec`, of a model_type in the table (`hf_model.read`); `any_type`: of any
+    model_type transformers reads (AutoBridge decides whether it bridges it)."""
+    supported = model_types()
+    if any_type:
+        supported = {**supported, hf_model.model_type(spec): ""}
+    return hf_model.read(spec, supported=supported, trust_remote_code=trust_remote_code)
+
+
+def bridge_importable() -> bool:
+    """Megatron-Bridge imports here (it needs Transformer Engine: a GPU node or its container, not a login node)."""
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("megatron.bridge") is None:
+            return False
+        import megatron.bridge  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
-    """The `ModelConfig` fields of `spec` (name and source included), ready to fill the model group.
+    """The `ModelConfig` fields of `spec` (name and source included), ready to fill the model group: the table's
+    reader of its family, or, for another model_type, the fields of the provider Megatron-Bridge's AutoBridge
+    builds of it where Bridge imports (`BRIDGE_READER`; such a model runs on engine=bridge only).
 
     Raises:
         HFConfigError: naming the field when the config cannot be read or represented.
     """
-    cfg = read(spec, trust_remote_code=trust_remote_code)
-    out = FAMILIES[model_types()[cfg.model_type]].read(cfg)
+    if hf_model.model_type(spec) not in model_types() and bridge_importable():
+        from optim import registry
+
+        out = registry.load(BRIDGE_READER)(spec, trust_remote_code=trust_remote_code)
+    else:
+        cfg = read(spec, trust_remote_code=trust_remote_code)
+        out = FAMILIES[model_types()[cfg.model_type]].read(cfg)
     return {
         "name": hf_model.model_name(spec),
         **out,

@@ -70,6 +70,15 @@ def resolve(spec: str) -> Path:
     raise AssertionError  # unreachable: _fail raises
 
 
+def model_type(spec: str) -> str | None:
+    """The model_type the config.json of `spec` names (None where it cannot be read: `read` says why)."""
+    try:
+        raw = json.loads(resolve(spec).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return raw.get("model_type") if isinstance(raw, dict) else None
+
+
 def read(spec: str, *, supported: Collection[str], trust_remote_code: bool = False) -> Any:
     """The transformers config of `spec` (`AutoConfig`, local files only), of a model_type in `supported`.
 
@@ -103,7 +112,12 @@ def read(spec: str, *, supported: Collection[str], trust_remote_code: bool = Fal
     if model_type not in CONFIG_MAPPING and not remote:
         _fail("model_type", model_type, f"unknown to transformers; supported: {sorted(supported)}")
     if model_type not in supported:
-        _fail("model_type", model_type, f"not supported; supported: {sorted(supported)}")
+        _fail(
+            "model_type",
+            model_type,
+            f"not supported; supported: {sorted(supported)} (and, where Megatron-Bridge imports, any model type its "
+            "AutoBridge maps, for engine=bridge)",
+        )
     _check_heads(raw)
     # A file path reads that file; remote code is found beside it, so a folder is passed for it.
     source = str(path.parent if trust_remote_code and remote else path)

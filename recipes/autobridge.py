@@ -34,9 +34,10 @@ def hf_spec(model: ModelConfig) -> str:
 
 
 def check_bridged(model: ModelConfig) -> None:
-    """Raise ValueError (naming `model`, its family and the bridged ones) unless Bridge has a bridge for it."""
+    """Raise ValueError (naming `model`, its family and the bridged ones) unless Bridge has a bridge for it (a
+    family outside the table was read through AutoBridge itself: `model_fields`)."""
     bridged = [name for name, fam in FAMILIES.items() if fam.bridged]
-    if model.family not in bridged:
+    if model.family in FAMILIES and model.family not in bridged:
         raise ValueError(
             f"model.family={model.family!r} ({model.source or model.name}): Megatron-Bridge 0.6.2 has no bridge for "
             f"it (engine=bridge); allowed {sorted(bridged)}. Use engine=megatron or engine=hf"
@@ -59,9 +60,8 @@ def provider_of(model: ModelConfig) -> Any:
 
     from muonbench.families import read
 
-    provider = AutoBridge.from_hf_config(read(spec, trust_remote_code=model.trust_remote_code)).to_megatron_provider(
-        load_weights=False
-    )
+    config = read(spec, trust_remote_code=model.trust_remote_code, any_type=True)
+    provider = AutoBridge.from_hf_config(config).to_megatron_provider(load_weights=False)
     provider.mtp_num_layers = None
     if getattr(provider, "kv_channels", 0) is None and model.kv_channels:
         provider.kv_channels = model.kv_channels  # Qwen2: Megatron would derive the same at finalize
@@ -137,6 +137,38 @@ def provider_fields(provider: Any) -> dict[str, Any]:
             "moe_router_topk_scaling_factor": float(p.moe_router_topk_scaling_factor or 1.0),
         }
     return out
+
+
+def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The `ModelConfig` fields of a config.json whose model_type the family table does not list, read from the
+    provider AutoBridge builds of it (`muonbench.families.model_fields` calls this where Bridge imports). Such a
+    model runs on engine=bridge only (`muonbench.engines`).
+
+    Raises:
+        HFConfigError: AutoBridge maps no bridge to it, or its provider holds what ModelConfig cannot represent.
+    """
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
+
+    from muonbench.families import model_types, read
+    from muonbench.hf_model import SEQ_LENGTH, HFConfigError
+
+    cfg = read(spec, trust_remote_code=trust_remote_code, any_type=True)
+    known = sorted(model_types())
+    if not AutoBridge.supports(cfg):
+        raise HFConfigError(
+            f"model_type={cfg.model_type!r}: neither in the family table ({known}) nor mapped by Megatron-Bridge's "
+            "AutoBridge"
+        )
+    provider = AutoBridge.from_hf_config(cfg).to_megatron_provider(load_weights=False)
+    try:
+        fields = provider_fields(provider)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise HFConfigError(
+            f"model_type={cfg.model_type!r}: AutoBridge's provider holds a setting ModelConfig cannot represent "
+            f"({type(exc).__name__}: {exc}); supported without it: {known}"
+        ) from exc
+    context = getattr(cfg, "max_position_embeddings", None) or SEQ_LENGTH
+    return {**fields, "family": cfg.model_type, "seq_length": min(SEQ_LENGTH, context)}
 
 
 def pretrain_config(model: ModelConfig) -> Any:

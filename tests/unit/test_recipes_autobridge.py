@@ -1,6 +1,7 @@
 """A model read from a Hugging Face config (`model=hf:<spec>`) built by the bridge engine through Bridge's own
-AutoBridge: real Megatron-Bridge 0.6.2 ConfigContainers on CPU, Bridge's FLOP count equal to the one we record, and
-families Bridge has no bridge for refused before launch."""
+AutoBridge: real Megatron-Bridge 0.6.2 ConfigContainers on CPU, Bridge's FLOP count equal to the one we record,
+families Bridge has no bridge for refused before launch, and a model_type outside our family table (Gemma) read from
+AutoBridge's provider, for engine=bridge only."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ CASES: dict[str, list[str]] = {
     "llama3_8b": ["model.num_layers=2"],
     "olmoe_1b_7b": ["model.num_layers=2"],
     "qwen2_5_7b": ["model.num_layers=2"],
+    "gemma_2b": ["model.num_layers=2"],  # no reader in muonbench.families: AutoBridge's provider is read
 }
 
 
@@ -120,3 +122,28 @@ def test_bridged_families_are_registered_in_bridge_source() -> None:
     for family, fam in FAMILIES.items():
         registered = f"source={fam.architecture}" in source or f'source="{fam.architecture}"' in source
         assert registered == fam.bridged, family
+
+
+def test_family_outside_the_table_is_bridge_only(built) -> None:
+    """Gemma (model_type `gemma`) was refused as unsupported although Bridge maps it; now its fields are the
+    provider's, and the engines without a builder of it refuse it naming engine=bridge."""
+    import muonbench
+    from muonbench.families import FAMILIES
+
+    root, cfg, _ = built["gemma_2b"]
+    m = root.model
+    assert m.family == "gemma" and "gemma" not in FAMILIES
+    assert (m.activation, m.num_query_groups, m.kv_channels, m.tie_embeddings) == ("gelu_tanh", 1, 256, True)
+    assert type(cfg.model).__name__ == "GemmaModelProvider"
+    for engine in ("hf", "megatron"):
+        with pytest.raises(muonbench.ConfigError, match=r"model.family='gemma': .*only engine=bridge builds it"):
+            muonbench.check_runnable(_root("gemma_2b", f"engine={engine}", "parallelism=single_gpu"))
+
+
+def test_without_bridge_a_family_outside_the_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import muonbench
+    from muonbench import families
+
+    monkeypatch.setattr(families, "bridge_importable", lambda: False)
+    with pytest.raises(muonbench.ConfigError, match=r"model_type='gemma': not supported; supported: .*AutoBridge"):
+        _root("gemma_2b")
