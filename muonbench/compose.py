@@ -486,6 +486,18 @@ def _check_finite(node: Any, path: str) -> None:
         _fail(path, node, "must be a finite number")
 
 
+def _read_by_bridge(m: schema.ModelConfig) -> bool:
+    """The family is the model_type of the config `model=hf:` read through AutoBridge (outside the table)."""
+    from muonbench.hf_model import HFConfigError, model_type
+
+    if not m.source.startswith(f"{HF_MODEL}:"):
+        return False
+    try:
+        return model_type(m.source.removeprefix(f"{HF_MODEL}:").strip("'\"")) == m.family
+    except HFConfigError:
+        return False
+
+
 def _check_model_sizes(m: schema.ModelConfig) -> None:
     """Sizes that no builder can make (0 or negative), checked before the divisibility rules use them."""
     for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
@@ -497,7 +509,7 @@ def _check_model_sizes(m: schema.ModelConfig) -> None:
                  "sliding_window", "window_attn_skip_freq"):
         if getattr(m, name) < 0:
             _fail(f"model.{name}", getattr(m, name), "must be >= 0")
-    if m.family not in FAMILIES and not m.source.startswith(f"{HF_MODEL}:"):  # read by AutoBridge: engine=bridge
+    if m.family not in FAMILIES and not _read_by_bridge(m):
         _fail("model.family", m.family, f"must be one of {list(FAMILIES)}")
     if m.family in FAMILIES and FAMILIES[m.family].moe and m.num_experts < 1:
         _fail("model.num_experts", m.num_experts, f"must be >= 1: model.family={m.family!r} is a mixture of experts")

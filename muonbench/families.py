@@ -117,28 +117,16 @@ def read(spec: str, *, trust_remote_code: bool = False, any_type: bool = False) 
     return hf_model.read(spec, supported=supported, trust_remote_code=trust_remote_code)
 
 
-def bridge_importable() -> bool:
-    """Megatron-Bridge imports here (it needs Transformer Engine: a GPU node or its container, not a login node)."""
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("megatron.bridge") is None:
-            return False
-        import megatron.bridge  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
     """The `ModelConfig` fields of `spec` (name and source included), ready to fill the model group: the table's
     reader of its family, or, for another model_type, the fields of the provider Megatron-Bridge's AutoBridge
     builds of it where Bridge imports (`BRIDGE_READER`; such a model runs on engine=bridge only).
+    Bridge itself is imported only there, never by this package.
 
     Raises:
         HFConfigError: naming the field when the config cannot be read or represented.
     """
-    if hf_model.model_type(spec) not in model_types() and bridge_importable():
+    if hf_model.model_type(spec) not in model_types():  # refused as the table refuses it where Bridge does not import
         from optim import registry
 
         out = registry.load(BRIDGE_READER)(spec, trust_remote_code=trust_remote_code)

@@ -139,6 +139,23 @@ def provider_fields(provider: Any) -> dict[str, Any]:
     return out
 
 
+def bridge_importable() -> bool:
+    """Megatron-Bridge is imported already, or imports here: it needs Transformer Engine (a GPU node or its
+    container; on a login node without it nothing is tried, which would cost seconds to fail)."""
+    import importlib.util
+    import sys
+
+    if "megatron.bridge" in sys.modules:
+        return True
+    if importlib.util.find_spec("transformer_engine") is None or importlib.util.find_spec("megatron.bridge") is None:
+        return False
+    try:
+        import megatron.bridge  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any]:
     """The `ModelConfig` fields of a config.json whose model_type the family table does not list, read from the
     provider AutoBridge builds of it (`muonbench.families.model_fields` calls this where Bridge imports). Such a
@@ -147,10 +164,12 @@ def model_fields(spec: str, *, trust_remote_code: bool = False) -> dict[str, Any
     Raises:
         HFConfigError: AutoBridge maps no bridge to it, or its provider holds what ModelConfig cannot represent.
     """
-    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
-
     from muonbench.families import model_types, read
     from muonbench.hf_model import SEQ_LENGTH, HFConfigError
+
+    if not bridge_importable():
+        read(spec, trust_remote_code=trust_remote_code)  # the table's refusal, naming the model_type
+    from megatron.bridge.models.conversion.auto_bridge import AutoBridge
 
     cfg = read(spec, trust_remote_code=trust_remote_code, any_type=True)
     known = sorted(model_types())

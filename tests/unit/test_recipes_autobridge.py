@@ -142,8 +142,8 @@ def test_family_outside_the_table_is_bridge_only(built) -> None:
 
 def test_without_bridge_a_family_outside_the_table_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     import muonbench
-    from muonbench import families
+    from recipes import autobridge
 
-    monkeypatch.setattr(families, "bridge_importable", lambda: False)
+    monkeypatch.setattr(autobridge, "bridge_importable", lambda: False)
     with pytest.raises(muonbench.ConfigError, match=r"model_type='gemma': not supported; supported: .*AutoBridge"):
         _root("gemma_2b")
