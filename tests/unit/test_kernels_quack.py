@@ -4,6 +4,7 @@ product tables."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tomllib
@@ -316,10 +317,11 @@ def test_plan_table_holds_ours_to_the_fastest_peer() -> None:
         "0.98 (plain_quack_all) | 1.01 | 0.99 (quack) | 1.02 |"
     ) in md
     assert "| poly | 128x1536x1536 | 1.2 | 0.9 (ptma128) | 0.866 | 1.04 | 0.004 / 0.004 / 0.004 | 2.8 |" in md
-    assert "| B x m x n | cublas | quack | quack_coop256x208_cl1x2 | fastest (TFLOP/s) |" in md
+    flat = re.sub(r" +\|", " |", md)  # the micro table's cells are padded (pandas to_markdown)
+    assert "| B x m x n | cublas | quack | quack_coop256x208_cl1x2 | fastest (TFLOP/s) |" in flat
     assert (
         "| 128x768x2048 | 1.1 | 0.9 | 0.62 | quack_coop256x208_cl1x2 (399) | 0.003 / 0.003 / 0.003 | 0.01 / 3.2 |"
-    ) in md
+    ) in flat
 
 
 def test_product_table_shows_quack_symmetric_configs_where_measured() -> None:
