@@ -142,6 +142,8 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
             step_s = time.perf_counter() - self.t0
             cpu_s = time.thread_time() - self.cpu0
             phases = self.timer.collect()
+            groups = getattr(context.optimizer, "param_groups", None) or [{}]  # Megatron's chained optimizers have them
+            lr = groups[0].get("lr")
             losses = context.loss_dict or {}
             loss = losses.get("lm loss")
             lock.events.put(
@@ -150,6 +152,7 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
                     {
                         "step_s": step_s,
                         "cpu_s": cpu_s,
+                        "lr": None if lr is None else float(lr),
                         "optim_s": self.opt_s,
                         "ns_s": phases.get("ns"),
                         "ns_flops": float(self.timer.counters.get("ns_flops", 0.0)),
@@ -255,6 +258,7 @@ class BridgeEngine(Engine):
                     ("grad_norm", row["grad_norm"]),
                     ("skipped", row["skipped"]),
                     ("cpu_s", row.get("cpu_s")),
+                    ("lr", row.get("lr")),
                     ("alloc_retries", _alloc_retries()),
                     (
                         "bridge_tflops_per_gpu",
