@@ -75,6 +75,11 @@ METRICS: dict[str, StepMetric] = {
     "grad_norm": StepMetric(doc="Global gradient norm before clipping.", always=True, sink="grad-norm"),
     "lr": StepMetric(doc="Learning rate of the step (the first parameter group; the scheduler's value).",
                      sink="learning-rate"),
+    "mem_end_bytes": StepMetric(
+        doc="GPU memory still allocated when the step has ended (bytes): weights, gradients and optimizer state; "
+        "`peak_mem_bytes` less it is what the step held only while it ran.",
+        summary="median",
+    ),
     "alloc_retries": StepMetric(doc="The CUDA caching allocator's cumulative `num_alloc_retries` (a rising count "
                                 "is memory pressure).", always=True),
     "ns_overlap_s": StepMetric(doc="NS started in the backward on a side stream (s, `optimizer.ns_overlap`)."),

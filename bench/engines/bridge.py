@@ -161,6 +161,7 @@ def _make_callback(lock: _Lockstep, device: Any, cfg: RootConfig, plan: Any) -> 
                         "grad_norm": None if context.grad_norm is None else float(context.grad_norm),
                         "skipped": bool(context.skipped_iter),
                         "peak_mem_bytes": int(torch.cuda.max_memory_allocated(device)),
+                        "mem_end_bytes": float(torch.cuda.memory_allocated(device)),
                     },
                 )
             )
@@ -259,6 +260,7 @@ class BridgeEngine(Engine):
                     ("skipped", row["skipped"]),
                     ("cpu_s", row.get("cpu_s")),
                     ("lr", row.get("lr")),
+                    ("mem_end_bytes", row.get("mem_end_bytes")),
                     ("alloc_retries", _alloc_retries()),
                     (
                         "bridge_tflops_per_gpu",

@@ -230,6 +230,7 @@ class MegatronEngine(Engine):
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "update_ok": float(bool(ok)),
                 "lr": float(self.optimizer.param_groups[0]["lr"]),
+                "mem_end_bytes": float(torch.cuda.memory_allocated()),
                 # cudaMalloc retries of the caching allocator so far (a full-memory step that frees and re-maps
                 # blocks runs slower; compare with the other optimizer's run)
                 "alloc_retries": float(torch.cuda.memory_stats().get("num_alloc_retries", 0)),

@@ -295,6 +295,10 @@ def analyze(state: dict[str, Any], out: Path) -> dict[str, Any] | None:
             state["baseline"]: max((r["peak_mem_bytes"] or 0) for r in arms["A"]),
             state["variant"]: max((r["peak_mem_bytes"] or 0) for r in arms["B"]),
         },
+        "mem_end_bytes_median": {
+            state["baseline"]: _median(arms["A"], "mem_end_bytes"),
+            state["variant"]: _median(arms["B"], "mem_end_bytes"),
+        },
         "by_arm": {a: _arm_spread(arms[a]) for a in "AB"},  # A: the baseline, B: the variant
         "order": " ".join(r["arm"] for r in runs),
         "failed_runs": [e["dir"] for e in state["runs"] if e["status"] != "ok"],
