@@ -105,21 +105,16 @@ def profile_doc(
 
 
 def median_ms(fn: Callable[[], object], deadline: float, repeats: int = REPEATS, warmup: int = 2) -> float:
-    """Median milliseconds of `fn` on the current CUDA stream: `warmup` untimed calls, then up to `repeats` calls
-    each between CUDA events (at least 3; no more once `deadline`, a `time.perf_counter` value, has passed)."""
-    import torch
+    """Median milliseconds of `fn` by the NS plan's timing protocol (`optim.kernels.timing.latency_ms`: one call
+    started on an idle GPU): `warmup` untimed calls, then up to `repeats` timed ones (at least 3; no more once
+    `deadline`, a `time.perf_counter` value, has passed)."""
+    from optim.kernels.timing import latency_ms
 
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    times = []
+    times: list[float] = []
     while len(times) < repeats and (len(times) < 3 or time.perf_counter() < deadline):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(float(start.elapsed_time(end)))
+        times.append(latency_ms(fn))
     return statistics.median(times)
 
 
