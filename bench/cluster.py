@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import slurm
+from muonbench import engines
 from muonbench.schema import RootConfig
 
 EXTRA = "nemo-run"
@@ -102,7 +103,7 @@ def launch_run(cfg: RootConfig, run_dir: Path, *, nproc: int, nodes: int) -> tup
     run = _nemo_run()
     from invoke.exceptions import UnexpectedExit
 
-    if cfg.engine.name == "bridge" and cfg.launcher.name == "slurm":
+    if engines.spec(cfg.engine.name).plans_bridge and cfg.launcher.name == "slurm":
         slurm.check_bridge_plan(cfg, run_dir)
     ex = executor(cfg, run_dir, nproc=nproc, nodes=nodes)
     local = cfg.launcher.name == "local"

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench.results import collect, record, report
+from muonbench import engines
 from muonbench.schema import RootConfig
 
 CODE_ROOT = Path(__file__).resolve().parent.parent
@@ -256,7 +257,7 @@ def write_sbatch(cfg: RootConfig, run_dir: str | Path, command: list[str]) -> st
     run_dir = Path(run_dir).resolve()
     la, par = cfg.launcher, cfg.parallelism
     check_job(cfg, run_dir)
-    if cfg.engine.name == "bridge":
+    if engines.spec(cfg.engine.name).plans_bridge:
         check_bridge_plan(cfg, run_dir)
     gpus = la.nproc_per_node or par.gpus_per_node
     copy_code(run_dir / CODE_DIR)

@@ -301,6 +301,11 @@ class EngineSpec:
     """`bench.prewarm` applies to it (one untimed step before the timed run, our kernels compiled on disk)."""
     param_bytes: int = 2
     """Bytes of one weight (and one gradient) element it keeps (the memory lower bound, `bench.memory`)."""
+    plans_bridge: bool = False
+    """It runs a Megatron-Bridge recipe: a Slurm launch builds and keeps the recipe plan before the job queues
+    (`bench.slurm.check_bridge_plan`)."""
+    ns_overlap: bool = False
+    """Its backward runs the Newton-Schulz overlap hooks (`optimizer.ns_overlap`), a setting `recommend` searches."""
     features: frozenset[str] | None = None
     """The architecture features (`muonbench.families.features`) it builds; None = every one (it builds each
     family's own layers: transformers' classes, Bridge's AutoBridge providers). The others are refused."""
@@ -322,6 +327,7 @@ ENGINES: dict[str, EngineSpec] = {
         data=("mock", "indexed"),
         probes=True,
         prewarm=True,
+        ns_overlap=True,
         features=frozenset({"llama3 RoPE scaling", "shared-expert gate"}),
     ),
     "bridge": EngineSpec(
@@ -331,6 +337,7 @@ ENGINES: dict[str, EngineSpec] = {
         check=_check_bridge,
         data=("mock", "indexed"),
         preflight="recipes.overrides:preflight",
+        plans_bridge=True,
     ),
 }
 """`engine.name` -> its entry."""

@@ -147,7 +147,7 @@ def options(root: RootConfig, *, allow_numerics: bool) -> dict[str, tuple[Any, .
         "assignment": first("assignment", tuple(s.value for s in Strategy)),
         "split_qkv": first("split_qkv", (True, False) if model.attention == "gqa" and allow_numerics else ()),
         "split_gate_up": first("split_gate_up", (False, True) if model.gated_linear_unit else ()),
-        "ns_overlap": first("ns_overlap", (False, True) if root.engine.name == "megatron" else ()),
+        "ns_overlap": first("ns_overlap", (False, True) if engines.spec(root.engine.name).ns_overlap else ()),
     }
     base = (opt.coefficient_type, opt.num_ns_steps)
     coeffs: list[tuple[str, int]] = [base]
