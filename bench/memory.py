@@ -38,8 +38,6 @@ FIT = Path(__file__).resolve().parent / "tools" / "perfmodel" / "data" / "memory
 """Fitted coefficients of the predicted peak per engine, with the runs and errors of the fit."""
 WEIGHT_BYTES = 2.0
 """bf16 weights (megatron and bridge engines)."""
-GRAD_BYTES = {"megatron": 4.0, "bridge": 2.0}
-"""Gradient bytes per parameter: Megatron-core's fp32 main_grad; Bridge's bf16 gradient buffers."""
 ADAMW_STATE_BYTES = 12.0
 """fp32 master weight, first and second moment."""
 MATRIX_STATE_BYTES = 8.0
@@ -92,14 +90,14 @@ def features(cfg: RootConfig) -> tuple[dict[str, float], dict[str, float]]:
     local_dense = (dense - vocab) / (p.tp * p.pp) + vocab / p.tp / (1 if p.pp == 1 else 2)
     local_expert = expert / (p.ep * p.etp * p.pp)
     local = local_dense + local_expert
-    if cfg.optimizer.name == "adamw":
+    if not registry.spec(cfg.optimizer.name).matrix:
         state = local * ADAMW_STATE_BYTES
     else:
         nonmatrix = vocab / p.tp / (1 if p.pp == 1 else 2)
         state = (local - nonmatrix) * MATRIX_STATE_BYTES + nonmatrix * ADAMW_STATE_BYTES
     exact = {
         "weights": local * WEIGHT_BYTES,
-        "gradients": local * GRAD_BYTES.get(engine, 4.0),
+        "gradients": local * engines.spec(engine).grad_bytes,
         "optimizer_state": state / (p.dp * p.cp),
     }
     tokens = p.mbs * m.seq_length / p.cp
@@ -120,6 +118,11 @@ def features(cfg: RootConfig) -> tuple[dict[str, float], dict[str, float]]:
 @functools.cache
 def _fit(path: Path = FIT) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def has_fit(engine: str) -> bool:
+    """Whether `FIT` holds the fitted terms of `engine` (the engines whose peak `features` models)."""
+    return engine in _fit().get("engines", {})
 
 
 def predict(cfg: RootConfig) -> dict[str, Any] | None:

@@ -301,6 +301,9 @@ class EngineSpec:
     """`bench.prewarm` applies to it (one untimed step before the timed run, our kernels compiled on disk)."""
     param_bytes: int = 2
     """Bytes of one weight (and one gradient) element it keeps (the memory lower bound, `bench.memory`)."""
+    grad_bytes: int = 4
+    """Bytes of one gradient element in the buffer it reduces (Megatron-Core's fp32 `main_grad`; Bridge's bf16
+    buffers), for the predicted peak (`bench.memory.features`)."""
     plans_bridge: bool = False
     """It runs a Megatron-Bridge recipe: a Slurm launch builds and keeps the recipe plan before the job queues
     (`bench.slurm.check_bridge_plan`)."""
@@ -337,6 +340,7 @@ ENGINES: dict[str, EngineSpec] = {
         check=_check_bridge,
         data=("mock", "indexed"),
         preflight="recipes.overrides:preflight",
+        grad_bytes=2,
         plans_bridge=True,
     ),
 }

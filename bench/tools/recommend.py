@@ -440,7 +440,7 @@ def check_state_fits(root: RootConfig) -> None:
     from bench import memory
 
     cap = memory.capacity(root)
-    if cap is None or root.engine.name not in memory.GRAD_BYTES:
+    if cap is None or not memory.has_fit(root.engine.name):
         return
     exact, _ = memory.features(root)
     need = sum(exact.values())
