@@ -44,6 +44,9 @@ class OptimizerSpec:
     none."""
     no_megatron: str = "Megatron-Core has no implementation of it"
     """Why `to_megatron` is empty (the refusal names it)."""
+    refresh_every: str = ""
+    """The config field whose number of steps its per-step work repeats after (SOAP-REKLS refreshes its eigenbases
+    every `precondition_frequency` steps); '' for the same work every step."""
 
     @property
     def matrix(self) -> bool:
@@ -70,6 +73,7 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     "soap_rekls": OptimizerSpec(
         config=SOAPConfig,
         optimizer="optim.optimizers.soap:SOAP",
+        refresh_every="precondition_frequency",
         to_megatron="optim.megatron.config:megatron_soap_section",
     ),
 }

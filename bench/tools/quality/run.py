@@ -46,6 +46,7 @@ from bench.tools.quality.config import (  # noqa: F401 - re-exported: the bench'
 from bench.tools.quality.data import Batches
 from bench.tools.quality.summary import crossing  # noqa: F401 - re-exported
 from bench.tools.quality.tuning import Hparams, as_dict, is_adamw, point
+from optim import registry
 
 
 def lr_factor(step: int, cfg: QualityConfig, warmup_frac: float) -> float:
@@ -212,7 +213,8 @@ class Prewarm:
 def refresh_period(name: str, cfg: QualityConfig) -> int:
     """Steps after which `name`'s per-step work repeats: SOAP-REKLS refreshes its eigenbases at step 1 and then
     every `precondition_frequency` steps; the others do the same work every step."""
-    return cfg.precondition_frequency if base_optimizer(name) == "soap_rekls" else 1
+    field = registry.spec(base_optimizer(name)).refresh_every
+    return getattr(cfg, field) if field else 1
 
 
 def prewarm(name: str, cfg: QualityConfig, train_tokens, val, vocab: int, *, num_steps: int) -> Prewarm:

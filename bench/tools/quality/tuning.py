@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from bench.tools.quality.config import DIMS, QualityConfig, base_optimizer
+from optim import registry
 
 LR_DIMS = ("lr", "adamw_lr")
 """Dimensions extended past a grid edge (log-spaced learning rates)."""
@@ -55,8 +56,8 @@ def _round(x: float) -> float:
 
 
 def is_adamw(name: str) -> bool:
-
-    return base_optimizer(name) == "adamw"
+    """`name` is the AdamW baseline (no matrix optimizer), tuned on the AdamW dimensions."""
+    return not registry.spec(base_optimizer(name)).matrix
 
 
 def tuned_dims(name: str, cfg: QualityConfig) -> tuple[str, ...]:
