@@ -304,6 +304,9 @@ class EngineSpec:
     grad_bytes: int = 4
     """Bytes of one gradient element in the buffer it reduces (Megatron-Core's fp32 `main_grad`; Bridge's bf16
     buffers), for the predicted peak (`bench.memory.features`)."""
+    megatron_core: bool = False
+    """Its step is Megatron-Core's (its DDP, optimizer and layers): the performance model describes it
+    (`bench.tools.perfmodel.constants.engine_calibration`)."""
     plans_bridge: bool = False
     """It runs a Megatron-Bridge recipe: a Slurm launch builds and keeps the recipe plan before the job queues
     (`bench.slurm.check_bridge_plan`)."""
@@ -330,6 +333,7 @@ ENGINES: dict[str, EngineSpec] = {
         data=("mock", "indexed"),
         probes=True,
         prewarm=True,
+        megatron_core=True,
         ns_overlap=True,
         features=frozenset({"llama3 RoPE scaling", "shared-expert gate"}),
     ),
@@ -341,6 +345,7 @@ ENGINES: dict[str, EngineSpec] = {
         data=("mock", "indexed"),
         preflight="recipes.overrides:preflight",
         grad_bytes=2,
+        megatron_core=True,
         plans_bridge=True,
     ),
 }

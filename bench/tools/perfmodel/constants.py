@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from muonbench import engines
 from optim import cost
 
 
@@ -260,7 +261,7 @@ def engine_calibration(engine: str, hardware_name: str) -> str:
     fitted = CALIBRATED.get((hardware_name, engine))
     if fitted is not None:
         return f"calibrated: {fitted}"
-    if engine not in ("megatron", "bridge"):
+    if not engines.spec(engine).megatron_core:
         return f"not calibrated: the model describes Megatron-core's step, not the {engine} engine's"
     stands_in = [hw for (hw, e) in CALIBRATED if e == engine]
     if hardware_name in {hw for hw, _ in CALIBRATED}:
