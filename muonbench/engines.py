@@ -219,8 +219,8 @@ def check_features(root: Any) -> None:
         if builds is not None and name not in builds:
             others = [n for n, e in ENGINES.items() if e.features is None or name in e.features]
             fail(field, value, f"{name} is not built by engine={root.engine.name} (engines that build it: {others})")
-        if root.engine.name == "bridge" and not root.model.source:  # a conf/model model: Bridge's recipe has none
-            fail(field, value, f"engine=bridge builds {name} only as AutoBridge reads it (model=hf:<spec>)")
+        if spec(root.engine.name).features_from_source and not root.model.source:
+            fail(field, value, f"engine={root.engine.name} builds {name} only as AutoBridge reads it (model=hf:<spec>)")
 
 
 def check_family_bias(root: Any) -> None:
@@ -307,6 +307,9 @@ class EngineSpec:
     megatron_core: bool = False
     """Its step is Megatron-Core's (its DDP, optimizer and layers): the performance model describes it
     (`bench.tools.perfmodel.constants.engine_calibration`)."""
+    features_from_source: bool = False
+    """It builds the architecture features only as AutoBridge reads them from a checkpoint (`model.source`,
+    `model=hf:<spec>`): a conf/model model with one is refused (Bridge's recipes have none)."""
     plans_bridge: bool = False
     """It runs a Megatron-Bridge recipe: a Slurm launch builds and keeps the recipe plan before the job queues
     (`bench.slurm.check_bridge_plan`)."""
@@ -346,6 +349,7 @@ ENGINES: dict[str, EngineSpec] = {
         preflight="recipes.overrides:preflight",
         grad_bytes=2,
         megatron_core=True,
+        features_from_source=True,
         plans_bridge=True,
     ),
 }
