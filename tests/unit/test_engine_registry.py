@@ -80,3 +80,17 @@ def test_old_records_keep_only_their_engines_fields() -> None:
     d = muonbench.as_dict(root)
     d["engine"] |= {"compile": False, "manual_gc": False, "ab_mode": "published", "layers": "auto"}
     assert muonbench.config_from_dict(d) == root
+
+
+def test_features_only_from_a_checkpoint_follow_the_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine whose entry builds architecture features only as AutoBridge reads them refuses a conf/model model
+    with one, naming the engine. Localises a refusal keyed on an engine name instead of the entry's field."""
+    entry = engines.EngineSpec(
+        config=ToyEngineConfig, engine=f"{__name__}:ToyEngine", check=engines.check_features,
+        features_from_source=True,
+    )  # fmt: skip
+    monkeypatch.setitem(engines.ENGINES, "toy", entry)
+    root = muonbench.load(["engine=base_toy", "model.sliding_window=8"])
+    with pytest.raises(muonbench.ConfigError, match=r"^model.sliding_window=8: .*engine=toy builds sliding-window"):
+        muonbench.check_runnable(root)
+    muonbench.check_runnable(muonbench.load(["engine=base_toy"]))
