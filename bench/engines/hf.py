@@ -187,24 +187,16 @@ class HFEngine(Engine):
 
     def _instrument(self) -> None:
         """Time the matrix optimizer's orthogonalize calls (NS FLOPs from their shapes) and the AdamW step."""
-        from optim.optimizers.mop import MOP
-        from optim.optimizers.muon import Muon
+        from optim import registry
 
         self.ns_timed = False
         if self.inner is None:
             return
         subs = self.inner.optimizers
         matrix = subs.get("matrix")
-        match matrix:
-            case Muon():
-                k = matrix.config.num_ns_steps
-            case MOP() if matrix.config.polar_method == "polar_express":
-                k = matrix.config.num_ns_steps
-            case MOP():
-                k = 0  # exact SVD polar factor: timed, no NS FLOPs
-            case _:
-                k = -1
-        if k >= 0:
+        entry = None if matrix is None else registry.spec_of(matrix.config)
+        if entry is not None and entry.tensor_parallel:  # an orthogonalizing optimizer: its calls are timed
+            k = entry.ns_steps(matrix.config)  # 0: exact polar factor (SVD), timed without NS FLOPs
 
             def count(x: torch.Tensor) -> float:
                 return ns_flops_plain(x.shape[-2], x.shape[-1], k, batch=x.shape[0])  # x: (B, m, n)
