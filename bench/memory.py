@@ -110,7 +110,7 @@ def features(cfg: RootConfig) -> tuple[dict[str, float], dict[str, float]]:
     fitted = {
         "activations": tokens * in_flight * per_token / (p.pp * p.tp),
         "logits": tokens * padded / p.tp,
-        "optimizer_transient": local_expert if cfg.optimizer.name != "adamw" else 0.0,
+        "optimizer_transient": local_expert if registry.spec(cfg.optimizer.name).matrix else 0.0,
     }
     return exact, fitted
 

@@ -275,8 +275,9 @@ def reasons_for(search: Search, best: dict[str, Any]) -> dict[str, str]:
         ),
     }
     overlap = search.price(search.with_(best, "ns_overlap", not best["ns_overlap"]))
-    if search.root.engine.name != "megatron":
-        reasons["ns_overlap"] = f"{best['ns_overlap']}: runs on engine=megatron only"
+    if not engines.spec(search.root.engine.name).ns_overlap:
+        where = "|".join(name for name, e in engines.ENGINES.items() if e.ns_overlap)
+        reasons["ns_overlap"] = f"{best['ns_overlap']}: runs on engine={where} only"
     elif not overlap["runnable"] and not best["ns_overlap"]:
         reasons["ns_overlap"] = f"False: True is {_fmt(overlap)}"
     else:

@@ -21,6 +21,7 @@ from bench.tools.perfmodel.calibration import FLOPS_RUNS, GPU_RUNS, MEGATRON_RUN
 from bench.tools.perfmodel.model import predict, tp_mode_table
 from muonbench import validate
 from muonbench.schema import RootConfig
+from optim import registry
 
 COMMAND = "python -m bench.tools.project report=reports/perfmodel_gb300_202611"
 
@@ -60,7 +61,7 @@ def _row(study: str, x: Any, cfg: RootConfig, profile: str, **extra: Any) -> dic
         "expert_dp": p.expert_dp,
         "gbs": p.gbs,
         "num_ns_steps": getattr(cfg.optimizer, "num_ns_steps", ""),
-        "tp_mode": p.distribution.tp_mode if cfg.optimizer.name != "adamw" else "",
+        "tp_mode": p.distribution.tp_mode if registry.spec(cfg.optimizer.name).matrix else "",
         "assignment": pred.info["assignment"],
         "step_time_s": pred.step_time_s,
         "tflops_per_gpu_model": pred.tflops_per_gpu_model,
