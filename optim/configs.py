@@ -79,7 +79,7 @@ def _check_custom(coefficients: object) -> None:
         raise ConfigFieldError("custom_coefficients", coefficients, rule)
     for i, t in enumerate(coefficients):
         ok = isinstance(t, list | tuple) and len(t) == 3 and all(_is_number(x) for x in t)
-        if not ok or not all(math.isfinite(x) and abs(x) <= MAX_CUSTOM_COEFFICIENT for x in t):  # type: ignore[union-attr]
+        if not ok or not all(math.isfinite(x) and abs(x) <= MAX_CUSTOM_COEFFICIENT for x in t):
             raise ConfigFieldError(f"custom_coefficients[{i}]", t, rule)
 
 

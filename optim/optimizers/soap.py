@@ -114,7 +114,7 @@ class SOAP(torch.optim.Optimizer):
             if ok:
                 try:
                     u = self._direction(p, group, st)
-                except torch.linalg.LinAlgError:  # eigh of a factor that overflowed: a breakdown, kind "update"
+                except torch.linalg.LinAlgError:  # type: ignore[attr-defined]  # an overflowed factor: kind "update"
                     u = torch.full_like(p, float("nan"))
                 updates.append((p, group, u))
         upd_ok = finite_flags(u for _, _, u in updates)
