@@ -387,6 +387,18 @@ def headline(summary: dict[str, Any]) -> str:
     )
 
 
+def progress(summary: dict[str, Any] | None, args: argparse.Namespace, elapsed_s: float) -> str:
+    """One line after each run: the ratio and its interval so far against the target, and the budget used."""
+    used = f"{elapsed_s / 60:.1f} of {args.budget_min:g} min"
+    if summary is None or not math.isfinite(summary["half_width"]):
+        return f"== compare: no interval yet (two runs of each arm needed); {used}"
+    lo, hi = summary["ci95"]
+    return (
+        f"== compare: ratio {summary['ratio']:.4f} ({lo:.4f}-{hi:.4f}), half-width {summary['half_width']:.4f} "
+        f"against {args.precision:g}; {summary['runs']} runs; {used}"
+    )
+
+
 def run(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         fresh = plan(args, overrides)
@@ -426,6 +438,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             reason = "two runs in a row did not end ok"
             print(f"error: {reason}: see {out / entry['dir']}", file=sys.stderr)
             break
+        print(progress(analyze(state, out), args, time.time() - t_start), flush=True)
     summary = analyze(state, out)
     if summary is None:
         print(f"no comparison yet: {out} has no ok run of each arm ({reason})", file=sys.stderr)

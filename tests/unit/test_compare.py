@@ -150,6 +150,10 @@ def test_a_wide_interval_stops_at_the_run_limit_without_a_verdict(tmp_path, caps
     assert compare.main([*TINY, "--variant", "adamw", "--max-runs", "4", "--out", str(out)]) == 1
     text = capsys.readouterr().out
     assert "no verdict" in text and "--max-runs=4 reached" in text
+    args, _ = compare.parse([*TINY, "--variant", "adamw"])
+    line = compare.progress(json.loads((out / "summary.json").read_text()), args, 90.0)
+    assert "half-width" in line and "against 0.005" in line and "1.5 of 30 min" in line
+    assert "no interval yet" in compare.progress(None, args, 0.0)
 
 
 def test_aa_end_to_end_on_gloo(tmp_path) -> None:
