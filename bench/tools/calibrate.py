@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from bench import nvsmi
+from bench import entry, nvsmi
 from bench.tools.project import split_args
 
 CLI_KEYS = ("budget_s", "out", "slice")
@@ -287,11 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         examples=("model=qwen3_8b hardware=h100",),
     ):
         return 0
-    try:
-        return _main(args)
-    except ValueError as exc:  # user and config errors: one line, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return entry.run(lambda: _main(args))  # one line and exit 2 on a user or config error
 
 
 def _main(args: list[str]) -> int:
@@ -337,6 +333,4 @@ def _main(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench import entry
-
     raise SystemExit(entry.run(main))

@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Any
 
+from bench import entry
+
 CLI_KEYS = ("profile", "format", "report")
 DEFAULT_ENGINE = "megatron"
 """The engine `project` and `recommend` price unless the overrides choose one (an `engine=` or an `experiment=`,
@@ -158,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
     ):
         return 0
-    try:
-        return _main(args)
-    except ValueError as exc:  # user and config errors: one line, no traceback
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return entry.run(lambda: _main(args))  # one line and exit 2 on a user or config error
 
 
 def _main(argv: list[str]) -> int:
@@ -181,6 +179,4 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    from bench import entry
-
     raise SystemExit(entry.run(main))
