@@ -20,6 +20,18 @@ ROW = {"step_s": 0.5, "loss": 6.25, "optim_s": 0.02, "ns_flops": 3e12, "peak_mem
        "grad_norm": 1.5, "lr": 3e-4, "warmup": True}  # fmt: skip
 
 
+
+def run_on_one_thread(run_dir: Path) -> None:
+    """`worker.run` of a tiny run with torch on one thread (as the suite's other in-process runs)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        worker.run(run_dir)
+    finally:
+        torch.set_num_threads(threads)
+
 def test_scalars_carry_loss_times_tflops_and_memory() -> None:
     got = sinks.scalars(ROW, model_flops_per_step=8e12, world_size=2, peak_tflops=16.0)
     assert got == {
@@ -67,7 +79,6 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
 def tiny_run(run_dir: Path, logger: str) -> list[dict[str, float]]:
     """A 4-step AdamW run of the tiny Qwen3-MoE proxy in this process (the worker opens the sink as on a cluster);
     returns its steps.jsonl rows."""
-    import torch
 
     write_tiny_run(
         run_dir,
@@ -78,12 +89,7 @@ def tiny_run(run_dir: Path, logger: str) -> list[dict[str, float]]:
         "bench.logger_project=tiny",
         run_id=f"{logger}_run",
     )
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        worker.run(run_dir)
-    finally:
-        torch.set_num_threads(threads)
+    run_on_one_thread(run_dir)
     assert record.read_json(run_dir / "run.json")["status"] == "ok"
     steps = record.read_steps(run_dir)
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
@@ -193,13 +199,6 @@ def test_every_optimizer_reports_grad_norm_and_lr(tmp_path: Path) -> None:
     """Muon's steps had no gradient norm (None every step) and no step had a learning rate."""
     run_dir = tmp_path / "0_muon"
     write_tiny_run(run_dir, "optimizer=muon", "bench.steps=2", f"bench.out_dir={tmp_path}", "optimizer.clip_grad=0")
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        worker.run(run_dir)
-    finally:
-        torch.set_num_threads(threads)
+    run_on_one_thread(run_dir)
     steps = record.read_steps(run_dir)
     assert all(s["grad_norm"] > 0 and s["lr"] is not None for s in steps)
