@@ -412,9 +412,9 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
     budget_s = args.budget_min * 60
     reason = "analysis only"
     failures = 0
+    summary = analyze(state, out)  # after every run, then read by the stop rule, the progress line and the outputs
     while not args.analyze:
         ok = [e for e in state["runs"] if e["status"] == "ok"]
-        summary = analyze(state, out)
         arms_ok = {a: sum(1 for e in ok if e["arm"] == a) for a in "AB"}
         if (
             summary is not None
@@ -434,12 +434,12 @@ def run(args: argparse.Namespace, overrides: list[str]) -> int:
             break
         entry = launch_one(state, out)
         failures = failures + 1 if entry["status"] != "ok" else 0
+        summary = analyze(state, out)
         if failures >= 2:
             reason = "two runs in a row did not end ok"
             print(f"error: {reason}: see {out / entry['dir']}", file=sys.stderr)
             break
-        print(progress(analyze(state, out), args, time.time() - t_start), flush=True)
-    summary = analyze(state, out)
+        print(progress(summary, args, time.time() - t_start), flush=True)
     if summary is None:
         print(f"no comparison yet: {out} has no ok run of each arm ({reason})", file=sys.stderr)
         return 1
